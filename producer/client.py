@@ -1,0 +1,280 @@
+"""``Client``, ``AgentHandle`` and ``Run``: how work gets in and results get out, from any process.
+
+Input is written to the run's inbox in Postgres before ``advance`` is enqueued, so a send is
+never lost: a lost message is repaired by the recovery sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import Engine
+
+from producer.enqueue import Enqueuer
+from store import errors, payloads, records
+from store.checkpoints import PostgresCheckpointStore
+from store.database import make_engine
+from store.leases import LeaseManager
+from store.records import Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
+from store.settings import Settings
+
+MAX_INPUT_MESSAGES = 1000
+_KNOWN_AGENTS_TTL_S = 5.0
+
+Input = str | Sequence[dict[str, Any] | Message]
+
+
+class RunResult(BaseModel):
+    """How a run settled: finished (``stop``/``max-steps``) or paused (``awaiting-approval``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    finish_reason: str | None
+    text: str | None
+    messages: list[Message]
+    steps: int
+    usage: Usage
+    tool_calls: list[ToolCall]
+    approval_id: str | None = None
+    approval_ids: list[str] = []
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> RunResult:
+        """The result a settled checkpoint describes."""
+        finish = checkpoint.finish_reason or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
+        return cls(
+            session_id=checkpoint.session_id, finish_reason=finish, text=checkpoint.final_text,
+            messages=list(checkpoint.messages), steps=checkpoint.step, usage=checkpoint.usage,
+            tool_calls=checkpoint.run_tool_calls,
+            approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
+            approval_ids=list(checkpoint.approval_ids),
+        )
+
+
+class Run:
+    """A handle on one send or resume; ``wait`` returns its result or raises its error."""
+
+    def __init__(self, client: Client, session_id: str, input_number: int) -> None:
+        self._client = client
+        self.session_id = session_id
+        self.input_number = input_number
+
+    def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> RunResult:
+        """Block until the run settles with this input applied.
+
+        Raises:
+            RunTimeoutError: it did not settle within ``timeout`` seconds (it goes on).
+            CheckpointNotFoundError: the run was deleted meanwhile.
+            LoushoError: the typed error the run was parked with (non-retryable).
+        """
+        deadline = time.monotonic() + timeout
+        interval = min(poll_interval, 0.02)
+        while True:
+            checkpoint = self._client.store.load(self.session_id)
+            if checkpoint is None:
+                raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
+            if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
+                raise errors.from_record(checkpoint.last_error.model_dump())
+            if checkpoint.inbox_cursor >= self.input_number and checkpoint.status != "in-progress":
+                return RunResult.of(checkpoint)
+            if time.monotonic() >= deadline:
+                raise errors.RunTimeoutError(f"run {self.session_id!r} did not settle within {timeout} s")
+            time.sleep(interval)
+            interval = min(interval * 1.5, poll_interval * 4)
+
+    def __repr__(self) -> str:
+        return f"Run({self.session_id!r})"
+
+
+class Client:
+    """Entry point for producers: ``Client().agent("shop").send(...)``."""
+
+    def __init__(self, settings: Settings | None = None, *, engine: Engine | None = None) -> None:
+        self.settings = settings or Settings()
+        self._engine = engine
+        self._store: PostgresCheckpointStore | None = None
+        self._redis: redis.Redis | None = None
+        self._enqueuer: Enqueuer | None = None
+        self._known: tuple[float, list[str]] = (0.0, [])
+
+    @property
+    def store(self) -> PostgresCheckpointStore:
+        """The checkpoint store (connects on first use)."""
+        if self._store is None:
+            engine = self._engine or make_engine(self.settings)
+            self._store = PostgresCheckpointStore(engine, self.settings.history_limit)
+        return self._store
+
+    @property
+    def leases(self) -> LeaseManager:
+        """Read access to run leases (to refuse a resume of a live run)."""
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        return LeaseManager(self._redis, self.settings.lease_ttl_ms)
+
+    @property
+    def enqueuer(self) -> Enqueuer:
+        """The step-message publisher."""
+        if self._enqueuer is None:
+            self._enqueuer = Enqueuer(self.settings)
+        return self._enqueuer
+
+    def agent(self, name: str) -> AgentHandle:
+        """A handle for sending to and inspecting the runs of agent ``name``."""
+        if not name or not isinstance(name, str):
+            raise errors.ConfigurationError("agent name must be a non-empty string")
+        return AgentHandle(self, name)
+
+    def known_agents(self) -> list[str]:
+        """Agents registered by workers (cached for a few seconds)."""
+        stamp, names = self._known
+        if time.monotonic() - stamp > _KNOWN_AGENTS_TTL_S:
+            names = self.store.known_agents()
+            self._known = (time.monotonic(), names)
+        return names
+
+    def resume(self, session_id: str) -> Run | None:
+        """Finish an interrupted run of any agent; None when nothing is pending.
+
+        Raises:
+            SessionIdInvalidError, SessionAwaitingApprovalError, SessionBusyError.
+        """
+        records.validate_session_id(session_id)
+        checkpoint = self.store.load(session_id)
+        if checkpoint is None:
+            return None
+        return self._resume(checkpoint)
+
+    def _resume(self, checkpoint: Checkpoint) -> Run | None:
+        session_id = checkpoint.session_id
+        if checkpoint.status == "awaiting-approval":
+            approval = checkpoint.approval_ids[0] if checkpoint.approval_ids else None
+            raise errors.SessionAwaitingApprovalError(session_id, approval)
+        if checkpoint.status == "finished":
+            return None
+        if self.leases.holder(session_id) is not None:
+            raise errors.SessionBusyError(session_id)
+        if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
+            # The caller fixed the cause (that is what resuming a parked run means): try again.
+            self.store.reset_attempts(session_id)
+        self.enqueuer.advance(session_id)
+        return Run(self, session_id, checkpoint.inbox_cursor)
+
+    def close(self) -> None:
+        """Close connections."""
+        if self._enqueuer is not None:
+            self._enqueuer.close()
+        if self._redis is not None:
+            self._redis.close()
+        if self._store is not None and self._engine is None:
+            self._store.engine.dispose()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AgentHandle:
+    """Sends, resumes and inspects the runs of one agent."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def send(self, input: Input, session_id: str, *, check_agent: bool = True) -> Run:
+        """Queue input for the run ``session_id`` and ask a worker to advance it.
+
+        A new id starts a run; an unfinished run resumes (pending calls first, input after
+        their results); a finished run continues as a conversation.
+
+        Raises:
+            SessionIdInvalidError: the id breaks the id rules (nothing is written).
+            InputTooLargeError: the input is too large or too deep.
+            AgentNotFoundError: workers registered agents and this name is not among them.
+            SessionAwaitingApprovalError: the run waits on an approval.
+        """
+        records.validate_session_id(session_id)
+        messages = normalize_input(input)
+        if check_agent:
+            known = self._client.known_agents()
+            if known and self.name not in known:
+                raise errors.AgentNotFoundError(self.name, known)
+        number = self._client.store.append_input(session_id, self.name, messages)
+        self._client.enqueuer.advance(session_id)
+        return Run(self._client, session_id, number)
+
+    def resume(self, session_id: str) -> Run | None:
+        """Finish an interrupted run; None when nothing is pending.
+
+        Raises:
+            SessionAwaitingApprovalError: the run waits on an approval.
+            SessionBusyError: the run is running right now elsewhere.
+        """
+        records.validate_session_id(session_id)
+        checkpoint = self._client.store.load(session_id)
+        if checkpoint is None or checkpoint.agent != self.name:
+            return None
+        return self._client._resume(checkpoint)
+
+    def pending(self) -> list[PendingRun]:
+        """Runs of this agent that are interrupted, running, or paused on an approval."""
+        found = self._client.store.list(statuses=["in-progress", "awaiting-approval"], agent=self.name)
+        return [entry if isinstance(entry, PendingRun) else _pending(entry) for entry in found]
+
+    def load(self, session_id: str) -> Checkpoint | None:
+        """The run's latest checkpoint."""
+        return self._client.store.load(records.validate_session_id(session_id))
+
+    def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
+        """Saved states of the run, newest first; ``[]`` for an unknown run."""
+        return self._client.store.history(records.validate_session_id(session_id), limit)
+
+    def delete(self, session_id: str, keep_history: bool = False) -> bool:
+        """Drop the run's checkpoint (and history unless ``keep_history``)."""
+        return self._client.store.delete(records.validate_session_id(session_id), keep_history=keep_history)
+
+
+def _pending(checkpoint: Checkpoint) -> PendingRun:
+    return PendingRun(
+        session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
+        approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
+        approval_kind="tool" if checkpoint.approval_ids else None,
+        step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts,
+        agent=checkpoint.agent)
+
+
+def normalize_input(input: Input) -> list[Message]:
+    """Messages from a string or a list of chat dicts, checked against the input limits.
+
+    Raises:
+        InputTooLargeError: too many messages, a string over 1 MiB, or nesting over 32 levels.
+        ConfigurationError: a message does not have the chat shape.
+    """
+    if isinstance(input, str):
+        raw: list[Any] = [{"role": "user", "content": input}]
+    elif isinstance(input, Sequence):
+        raw = list(input)
+    else:
+        raise errors.ConfigurationError("input must be a string or a list of messages")
+    if len(raw) > MAX_INPUT_MESSAGES:
+        raise errors.InputTooLargeError(f"at most {MAX_INPUT_MESSAGES} messages per send")
+    messages = []
+    for item in raw:
+        if isinstance(item, Message):
+            item = item.dump()
+        payloads.check_depth(item)
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str) and len(content) > payloads.MAX_INPUT_STRING:
+            raise errors.InputTooLargeError(f"a message is over {payloads.MAX_INPUT_STRING} characters")
+        try:
+            messages.append(Message.model_validate(payloads.sanitize(item)))
+        except ValidationError as exc:
+            raise errors.ConfigurationError(f"not a chat message: {exc.errors()[0]['msg']}") from None
+    return messages

@@ -1,0 +1,42 @@
+"""Sending ``advance`` messages from producer processes, by task name (no worker import).
+
+One Celery app per client, reusing its pooled broker connection for every send.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from store.settings import Settings
+
+ADVANCE = "lousho.advance"
+
+
+class Enqueuer:
+    """Publishes step messages (ids only, JSON) to the runs' queue."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._queue = settings.queue
+        self._app = Celery("lousho-producer", set_as_current=False)
+        self._app.conf.update(
+            broker_url=settings.broker,
+            task_serializer="json",
+            accept_content=["json"],
+            task_ignore_result=True,
+            result_backend=None,
+            broker_connection_retry_on_startup=True,
+            task_publish_retry=True,
+            task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
+                                       "interval_max": 2},
+            # Must equal the workers' value or the shortest wins on a shared Redis (celery#7651).
+            broker_transport_options={"visibility_timeout": settings.visibility_timeout_s,
+                                      "socket_connect_timeout": 5, "socket_timeout": 15},
+        )
+
+    def advance(self, session_id: str, seq: int | None = None) -> None:
+        """Ask a worker for the next step of ``session_id``. A lost message is repaired by the sweep."""
+        self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._queue)
+
+    def close(self) -> None:
+        """Release the broker connections."""
+        self._app.close()

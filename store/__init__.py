@@ -1,0 +1,55 @@
+"""Durable state of Lousho Worker: records, the Postgres checkpoint store, Redis leases, errors.
+
+Imports neither Celery nor the worker or producer packages.
+"""
+
+from __future__ import annotations
+
+from store.errors import (
+    AgentDriftError,
+    AgentNotFoundError,
+    ApprovalNotFoundError,
+    ApprovalOrphanedError,
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    InputTooLargeError,
+    LoushoError,
+    ProviderError,
+    ResumeToolMissingError,
+    RunTimeoutError,
+    SessionAwaitingApprovalError,
+    SessionBusyError,
+    SessionIdInvalidError,
+    StepAttemptsExceededError,
+    StorageError,
+)
+from store.records import Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
+from store.settings import Settings
+
+__all__ = [
+    "AgentDriftError",
+    "AgentNotFoundError",
+    "ApprovalNotFoundError",
+    "ApprovalOrphanedError",
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointNotFoundError",
+    "ConfigurationError",
+    "HistoryEntry",
+    "InputTooLargeError",
+    "LoushoError",
+    "Message",
+    "PendingRun",
+    "ProviderError",
+    "ResumeToolMissingError",
+    "RunTimeoutError",
+    "SessionAwaitingApprovalError",
+    "SessionBusyError",
+    "SessionIdInvalidError",
+    "Settings",
+    "StepAttemptsExceededError",
+    "StorageError",
+    "ToolCall",
+    "Usage",
+]

@@ -1,0 +1,330 @@
+"""The Postgres checkpoint store: claim-and-load, fenced save with history, inbox, listing, pruning.
+
+Every statement on the step's hot path is one round trip of plain SQL (``text()``, compiled once).
+Times come from Postgres ``now()``, never from worker clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import DBAPIError
+
+from store import errors, payloads, records
+
+_COLUMNS = "session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document, updated_at"
+
+# Claim the fencing token and load the run in one statement. A start counts as an attempt only
+# when the step will do work (matching seq, and a run that is in progress or has new input).
+_CLAIM = text(f"""
+UPDATE runs SET fence = :token,
+  attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
+    AND (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor)) THEN 1 ELSE 0 END
+WHERE session_id = :sid AND fence < :token
+RETURNING {_COLUMNS}
+""")
+_FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
+_LOAD = text(f"SELECT {_COLUMNS} FROM runs WHERE session_id = :sid")
+_INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
+
+_SAVE_HEAD = """
+WITH doc AS (SELECT CAST(:doc AS jsonb) AS body),
+saved AS (
+  UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL,
+    inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now()
+  WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
+  RETURNING session_id, updated_at
+)"""
+_SAVE_HISTORY = """,
+hist AS (
+  INSERT INTO checkpoint_history (session_id, seq, fence, step, status, saved_at, document)
+  SELECT session_id, :seq, :fence, :step, :status, updated_at, (SELECT body FROM doc) FROM saved
+),
+trimmed AS (
+  DELETE FROM checkpoint_history
+  WHERE session_id = :sid AND seq <= :seq - :keep AND EXISTS (SELECT 1 FROM saved)
+)"""
+_SAVE_INBOX = """,
+drained AS (
+  DELETE FROM inbox WHERE session_id = :sid AND n <= :cursor AND EXISTS (SELECT 1 FROM saved)
+)"""
+_SAVE_TAIL = "\nSELECT updated_at FROM saved"
+_SAVES = {
+    (history, inbox): text(_SAVE_HEAD + (_SAVE_HISTORY if history else "") + (_SAVE_INBOX if inbox else "")
+                           + _SAVE_TAIL)
+    for history in (True, False) for inbox in (True, False)
+}
+
+_FAIL = text("""
+UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now()
+WHERE session_id = :sid AND fence = :fence RETURNING attempts
+""")
+_RESET_ATTEMPTS = text("""
+UPDATE runs SET attempts = 0, last_error = NULL
+WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
+""")
+_LOCK_RUN = text("SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
+_CREATE_RUN = text("""
+INSERT INTO runs (session_id, agent, inbox_head) VALUES (:sid, :agent, 1)
+""")
+_BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
+_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
+_STALE = text("""
+SELECT session_id, seq FROM runs
+WHERE ((status = 'in-progress' AND (last_error IS NULL OR (last_error ->> 'retryable')::boolean))
+       OR (status = 'finished' AND inbox_head > inbox_cursor))
+  AND updated_at < now() - make_interval(secs => :stale)
+ORDER BY updated_at LIMIT :limit
+""")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Result of claiming a run's fence: the run as loaded, or the fence that beat our token."""
+
+    checkpoint: records.Checkpoint | None
+    inbox_head: int = 0
+    stored_fence: int | None = None
+
+
+def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
+    mapping = row._mapping
+    document = dict(mapping["document"] or {})
+    document.pop("session_id", None)
+    try:
+        return records.Checkpoint(
+            session_id=session_id,
+            status=mapping["status"],
+            seq=mapping["seq"],
+            fence=mapping["fence"],
+            attempts=mapping["attempts"],
+            last_error=mapping["last_error"],
+            inbox_cursor=mapping["inbox_cursor"],
+            updated_at=mapping["updated_at"],
+            **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
+        )
+    except (ValueError, TypeError) as exc:
+        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+
+
+class PostgresCheckpointStore:
+    """Checkpoints, history and inbox of runs in Postgres."""
+
+    def __init__(self, engine: Engine, history_limit: int = 50) -> None:
+        self.engine = engine
+        self.history_limit = history_limit
+
+    # -- the step's hot path ---------------------------------------------------------------
+
+    def claim(self, session_id: str, token: int, seq: int | None) -> Claim:
+        """Claim ``token`` as the run's fence and load the run, in one statement.
+
+        Returns a ``Claim`` without checkpoint when the run is unknown (``stored_fence`` None)
+        or when the stored fence is not below ``token`` (a Redis counter that was lost).
+        """
+        with self._begin() as conn:
+            row = conn.execute(_CLAIM, {"sid": session_id, "token": token, "seq": seq}).first()
+            if row is None:
+                fence = conn.execute(_FENCE_OF, {"sid": session_id}).scalar()
+                return Claim(None, stored_fence=None if fence is None else int(fence))
+        return Claim(_checkpoint(row, session_id), inbox_head=int(row._mapping["inbox_head"]))
+
+    def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
+        """Input sent after ``cursor``, in send order."""
+        with self._begin() as conn:
+            rows = conn.execute(_INBOX, {"sid": session_id, "cursor": cursor}).all()
+        return [records.InboxEntry(n=row.n, messages=row.messages) for row in rows]
+
+    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False) -> datetime | None:
+        """Write ``checkpoint`` (its ``seq`` must be the stored one plus one) if its fence still holds.
+
+        The history row, the ring trim and the inbox trim go in the same statement. Returns the
+        save time, or None when the fence or seq no longer matched (another holder took over).
+
+        Raises:
+            InputTooLargeError: the serialized checkpoint is over the size limit.
+        """
+        body = payloads.dumps(checkpoint.document())
+        if len(body) > payloads.MAX_CHECKPOINT:
+            raise errors.InputTooLargeError(f"checkpoint of {len(body)} bytes is over the limit")
+        params = {
+            "sid": checkpoint.session_id, "doc": body, "status": checkpoint.status, "seq": checkpoint.seq,
+            "fence": checkpoint.fence, "cursor": checkpoint.inbox_cursor, "step": checkpoint.step,
+            "keep": self.history_limit,
+        }
+        statement = _SAVES[(self.history_limit > 0, drained_inbox)]
+        with self._begin() as conn:
+            saved: datetime | None = conn.execute(statement, params).scalar()
+        return saved
+
+    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
+        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
+        with self._begin() as conn:
+            attempts = conn.execute(
+                _FAIL, {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
+            ).scalar()
+        return None if attempts is None else int(attempts)
+
+    # -- producers -------------------------------------------------------------------------
+
+    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
+        """Queue input for a run (creating the run) and return its inbox number.
+
+        The run row is locked while the number is taken, so numbers follow commit order and
+        sends from many processes are applied in the order they committed.
+
+        Raises:
+            SessionAwaitingApprovalError: the run waits on an approval.
+            ConfigurationError: the session belongs to another agent.
+        """
+        body = payloads.dumps([m.dump() for m in messages])
+        with self._begin() as conn:
+            row = conn.execute(_LOCK_RUN, {"sid": session_id}).first()
+            if row is None:
+                conn.execute(_CREATE_RUN, {"sid": session_id, "agent": agent})
+                number = 1
+            else:
+                if row.agent != agent:
+                    raise errors.ConfigurationError(
+                        f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
+                if row.status == "awaiting-approval":
+                    approvals = row.approvals or []
+                    raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
+                number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
+            conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body})
+        return number
+
+    def reset_attempts(self, session_id: str) -> int | None:
+        """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
+        with self._begin() as conn:
+            seq = conn.execute(_RESET_ATTEMPTS, {"sid": session_id}).scalar()
+        return None if seq is None else int(seq)
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def load(self, session_id: str) -> records.Checkpoint | None:
+        """The latest checkpoint of a run, or None.
+
+        Raises:
+            CheckpointCorruptError: the stored document does not parse as a checkpoint.
+        """
+        with self._begin() as conn:
+            row = conn.execute(_LOAD, {"sid": session_id}).first()
+        return None if row is None else _checkpoint(row, session_id)
+
+    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
+             limit: int = 1000) -> list[records.Checkpoint | records.PendingRun]:
+        """Latest checkpoints, optionally filtered; an unreadable one comes as a corrupt PendingRun."""
+        clauses, params = [], {"limit": limit}
+        if statuses is not None:
+            clauses.append("status = ANY(:statuses)")
+            params["statuses"] = list(statuses)  # type: ignore[assignment]  # bound as a text array
+        if agent is not None:
+            clauses.append("agent = :agent")
+            params["agent"] = agent  # type: ignore[assignment]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        query = text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY created_at, session_id LIMIT :limit")
+        with self._begin() as conn:
+            rows = conn.execute(query, params).all()
+        found: list[records.Checkpoint | records.PendingRun] = []
+        for row in rows:
+            try:
+                found.append(_checkpoint(row, row.session_id))
+            except errors.CheckpointCorruptError as exc:
+                found.append(records.PendingRun(
+                    session_id=row.session_id, checkpoint_id=row.session_id, status="in-progress",
+                    step=0, last_error=records.LastError(**exc.to_record()), attempts=row.attempts,
+                    agent=row.agent))
+        return found
+
+    def history(self, session_id: str, limit: int | None = None) -> list[records.HistoryEntry]:
+        """Saved states of a run, newest first; ``[]`` for an unknown run."""
+        query = text(
+            "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
+            " LEFT JOIN runs r ON r.session_id = h.session_id"
+            " WHERE h.session_id = :sid ORDER BY h.seq DESC LIMIT :limit")
+        with self._begin() as conn:
+            rows = conn.execute(query, {"sid": session_id, "limit": limit if limit is not None else 1 << 30}).all()
+        entries = []
+        for row in rows:
+            document = dict(row.document)
+            document.setdefault("agent", row.agent or "")
+            checkpoint = records.Checkpoint(
+                session_id=session_id, status=row.status, seq=row.seq, fence=row.fence, updated_at=row.saved_at,
+                **{k: v for k, v in document.items() if k != "session_id"})
+            entries.append(records.HistoryEntry(step=row.step, seq=row.seq, saved_at=row.saved_at,
+                                                status=row.status, checkpoint=checkpoint))
+        return entries
+
+    def stale_runs(self, stale_after_s: float, limit: int = 500) -> list[tuple[str, int]]:
+        """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
+        with self._begin() as conn:
+            rows = conn.execute(_STALE, {"stale": stale_after_s, "limit": limit}).all()
+        return [(row.session_id, int(row.seq)) for row in rows]
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
+        with self._begin() as conn:
+            deleted = conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount
+            conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
+            if not keep_history:
+                conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
+        return bool(deleted)
+
+    def prune(self, older_than: datetime) -> int:
+        """Drop finished runs last saved before ``older_than`` and history entries older than it."""
+        if older_than.tzinfo is None:
+            raise errors.ConfigurationError("prune needs a timezone-aware cutoff")
+        with self._begin() as conn:
+            runs = conn.execute(
+                text("DELETE FROM runs WHERE status = 'finished' AND inbox_head <= inbox_cursor"
+                     " AND updated_at < :cutoff"), {"cutoff": older_than}).rowcount
+            conn.execute(text("DELETE FROM checkpoint_history WHERE saved_at < :cutoff"), {"cutoff": older_than})
+        return int(runs)
+
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
+        if not fingerprints:
+            return
+        statement = text("""
+            INSERT INTO agents (name, fingerprint, seen_at) VALUES (:name, CAST(:fp AS jsonb), now())
+            ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, seen_at = now()""")
+        with self._begin() as conn:
+            conn.execute(statement, [{"name": n, "fp": payloads.dumps(fp)} for n, fp in fingerprints.items()])
+
+    def known_agents(self) -> list[str]:
+        """Names of agents some worker registered."""
+        with self._begin() as conn:
+            return [row.name for row in conn.execute(text("SELECT name FROM agents ORDER BY name"))]
+
+    def _begin(self) -> _Transaction:
+        return _Transaction(self.engine)
+
+
+class _Transaction:
+    """``engine.begin()`` that turns driver errors into ``StorageError`` (never leaking parameters)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._context = engine.begin()
+
+    def __enter__(self) -> Connection:
+        try:
+            return self._context.__enter__()
+        except DBAPIError as exc:
+            raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        try:
+            self._context.__exit__(*exc_info)
+        except DBAPIError as exc:
+            raise errors.StorageError(f"database error: {type(exc.orig).__name__}") from exc
+        if exc_info[0] is not None and issubclass(exc_info[0], DBAPIError):
+            raise errors.StorageError(f"database error: {type(exc_info[1].orig).__name__}") from exc_info[1]
+        return False

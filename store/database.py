@@ -1,0 +1,34 @@
+"""Engine creation and migrations. Engines are made per process (after a fork), never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+
+from store.settings import Settings
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def make_engine(settings: Settings, *, pool_size: int = 2) -> Engine:
+    """A small pooled engine: pre-ping for restarted servers, no parameters in error text."""
+    return create_engine(
+        settings.sqlalchemy_url,
+        pool_size=pool_size,
+        max_overflow=4,
+        pool_pre_ping=True,
+        hide_parameters=True,  # bound parameters are checkpoint contents: keep them out of errors
+        connect_args={"connect_timeout": 5, "application_name": "lousho"},
+    )
+
+
+def migrate(settings: Settings, revision: str = "head") -> None:
+    """Bring the database schema to ``revision`` with Alembic (safe to run concurrently)."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
+    command.upgrade(config, revision)

@@ -1,0 +1,188 @@
+"""Run leases in Redis with fencing tokens, and the heartbeat that renews the ones held.
+
+A lease only avoids duplicate work; correctness comes from the fencing token claimed in
+Postgres (``checkpoints.PostgresCheckpointStore.claim``). Every change is a Lua script so a
+lease is renewed or released only by its owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from store import keys, records
+
+log = logging.getLogger(__name__)
+
+# KEYS: lease, fence counter. ARGV: owner, ttl ms, floor, counter expiry ms.
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local floor = tonumber(ARGV[3])
+  local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if current < floor then redis.call('SET', KEYS[2], floor) end
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  return token
+end
+return 0
+"""
+
+# Mint a token above ``floor`` while still owning the lease (the counter was lost with a Redis wipe).
+_RAISE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local floor = tonumber(ARGV[2])
+  local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if current < floor then redis.call('SET', KEYS[2], floor) end
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return token
+end
+return 0
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass
+class Lease:
+    """A lease held on one run; ``lost`` is set when a renewal found another owner."""
+
+    session_id: str
+    owner: str
+    token: int
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class LeaseManager:
+    """Takes, renews and releases run leases on one Redis client."""
+
+    def __init__(self, client: redis.Redis, ttl_ms: int) -> None:
+        self._client = client
+        self.ttl_ms = ttl_ms
+        self._acquire = client.register_script(_ACQUIRE)
+        self._raise = client.register_script(_RAISE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self, session_id: str, floor: int = 0) -> Lease | None:
+        """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held."""
+        records.validate_session_id(session_id)
+        owner = _owner_id()
+        token = int(self._acquire(
+            keys=[keys.lease_key(session_id), keys.fence_key(session_id)],
+            args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS],
+        ))
+        return Lease(session_id, owner, token) if token else None
+
+    def raise_token(self, lease: Lease, floor: int) -> bool:
+        """Give ``lease`` a new token above ``floor`` if it is still held; False when it is not."""
+        token = int(self._raise(
+            keys=[keys.lease_key(lease.session_id), keys.fence_key(lease.session_id)],
+            args=[lease.owner, floor, keys.FENCE_EXPIRE_MS],
+        ))
+        if token:
+            lease.token = token
+        return bool(token)
+
+    def renew(self, lease: Lease) -> bool:
+        """Push the lease's expiry out by one TTL; False (and ``lost`` set) when not ours anymore."""
+        held = bool(self._renew(keys=[keys.lease_key(lease.session_id)], args=[lease.owner, self.ttl_ms]))
+        if not held:
+            lease.lost.set()
+        return held
+
+    def renew_many(self, leases: list[Lease]) -> None:
+        """Renew several leases in one round trip."""
+        if not leases:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for lease in leases:
+            self._renew(keys=[keys.lease_key(lease.session_id)], args=[lease.owner, self.ttl_ms], client=pipe)
+        for lease, held in zip(leases, pipe.execute(raise_on_error=False), strict=True):
+            if held == 0:
+                lease.lost.set()
+            elif isinstance(held, Exception):
+                log.warning("lease renewal failed for a run: %s", type(held).__name__)
+
+    def release(self, lease: Lease) -> bool:
+        """Drop the lease if we still own it."""
+        return bool(self._release(keys=[keys.lease_key(lease.session_id)], args=[lease.owner]))
+
+    def holder(self, session_id: str) -> str | None:
+        """The owner id of the live lease on a run, if any."""
+        value: Any = self._client.get(keys.lease_key(records.validate_session_id(session_id)))
+        return value.decode() if isinstance(value, bytes) else value
+
+    def held(self, session_ids: list[str]) -> set[str]:
+        """Which of these runs have a live lease (one round trip)."""
+        if not session_ids:
+            return set()
+        pipe = self._client.pipeline(transaction=False)
+        for session_id in session_ids:
+            pipe.exists(keys.lease_key(session_id))
+        return {sid for sid, live in zip(session_ids, pipe.execute(), strict=True) if live}
+
+
+class Heartbeat:
+    """One daemon thread per process renewing every lease its steps hold, every ``renew_ms``."""
+
+    def __init__(self, manager: LeaseManager, renew_ms: int) -> None:
+        self._manager = manager
+        self._interval = renew_ms / 1000
+        self._held: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def hold(self, lease: Lease) -> None:
+        """Keep ``lease`` renewed until ``drop``."""
+        with self._lock:
+            self._held[lease.owner] = lease
+            if self._thread is None or self._pid != os.getpid():
+                # A forked child inherits the object but not the thread: start one of its own.
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="lousho-heartbeat", daemon=True)
+                self._thread.start()
+
+    def drop(self, lease: Lease) -> None:
+        """Stop renewing ``lease``."""
+        with self._lock:
+            self._held.pop(lease.owner, None)
+
+    def stop(self) -> None:
+        """End the thread (tests and shutdown)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            with self._lock:
+                leases = list(self._held.values())
+            try:
+                self._manager.renew_many(leases)
+            except redis.RedisError as exc:
+                # Renewal failing repeatedly lets the lease expire; the fence keeps saves safe.
+                log.warning("lease heartbeat could not reach Redis: %s", type(exc).__name__)

@@ -1,0 +1,113 @@
+"""Make arbitrary values safe to store as Postgres JSON: no NUL, no NaN, bounded size and depth.
+
+Postgres refuses ``\\u0000`` and ``NaN`` in ``jsonb``; a value carrying them would fail every save
+of its run forever (a poison pill), so every value that reaches a checkpoint passes through here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from store import errors
+
+MAX_DEPTH = 32
+MAX_INPUT_STRING = 1024 * 1024          # one input string (user message)
+MAX_TOOL_RESULT = 256 * 1024            # one tool result's text, truncated past it
+MAX_CHECKPOINT = 8 * 1024 * 1024        # one serialized checkpoint
+MAX_TOOL_CALLS_PER_TURN = 64
+MAX_INT_DIGITS = 1000
+NUL_REPLACEMENT = "\ufffd"
+TRUNCATION_MARK = "\n[truncated: {dropped} of {total} characters not kept]"
+
+
+def clean_text(text: str) -> str:
+    """Text with every NUL replaced (Postgres text and jsonb cannot hold it)."""
+    return text.replace("\x00", NUL_REPLACEMENT) if "\x00" in text else text
+
+
+def truncate_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with a marker saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + TRUNCATION_MARK.format(dropped=len(text) - limit, total=len(text))
+
+
+def sanitize(value: Any, *, depth: int = 0) -> Any:
+    """A JSON-safe copy of ``value``: NUL replaced, NaN/Infinity as strings, deep parts as text.
+
+    Unknown objects become their ``str()``; nothing raises, so a tool's odd output can always be
+    recorded as its result.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, int):
+        return value if abs(value).bit_length() < MAX_INT_DIGITS * 3 else str(value)[:MAX_INT_DIGITS]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth >= MAX_DEPTH:
+        return clean_text(_shallow_repr(value))
+    if isinstance(value, dict):
+        return {clean_text(str(k)): sanitize(v, depth=depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [sanitize(v, depth=depth + 1) for v in value]
+    if hasattr(value, "model_dump"):
+        return sanitize(value.model_dump(mode="json"), depth=depth)
+    return clean_text(str(value))
+
+
+def _shallow_repr(value: Any) -> str:
+    try:
+        return repr(value)[:1000]
+    except RecursionError:
+        return "<too deeply nested>"
+
+
+def dumps(value: Any) -> str:
+    """Strict JSON text (NaN refused) of an already sanitized value."""
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise errors.InputTooLargeError(f"JSON constant {name} is not accepted")
+
+
+def loads_untrusted(text: str | bytes) -> Any:
+    """Parse JSON from outside: NaN/Infinity refused, depth capped, no RecursionError escapes.
+
+    Raises:
+        InputTooLargeError: the document is too deep, has a refused constant or is not JSON.
+    """
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError as exc:
+        raise errors.InputTooLargeError("JSON nested too deeply") from exc
+    except ValueError as exc:
+        raise errors.InputTooLargeError(f"not valid JSON: {str(exc)[:200]}") from exc
+    check_depth(value)
+    return value
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Raise ``InputTooLargeError`` when ``value`` nests deeper than ``limit`` (iteratively)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise errors.InputTooLargeError(f"input nested deeper than {limit} levels")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def tool_result_text(value: Any) -> str:
+    """The text a tool message carries for a tool's return value, sanitized and size-capped."""
+    if isinstance(value, str):
+        text = clean_text(value)
+    else:
+        text = dumps(sanitize(value))
+    return truncate_text(text, MAX_TOOL_RESULT)

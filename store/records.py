@@ -1,0 +1,195 @@
+"""Pydantic records that cross package boundaries: messages, checkpoints, history, pending runs.
+
+Rows become these records inside ``store/`` only; nothing here touches a database.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from store import errors
+
+Role = Literal["system", "user", "assistant", "tool"]
+Status = Literal["in-progress", "awaiting-approval", "finished"]
+FinishReason = Literal["stop", "awaiting-approval", "max-steps", "aborted"]
+
+#: Run ids: 1-200 of letters, digits, ``_ - .``; no leading or trailing dot.
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+#: Suffixes that other keys of a run use (session turns, paused sessions, schedule fire claims).
+_RESERVED_SUFFIX = re.compile(r"(\.turn-\d+|\.paused|\.fire)$")
+
+
+def validate_session_id(session_id: object) -> str:
+    """Return ``session_id`` when it is a valid run id.
+
+    Checked before the id reaches a Redis key or a row, so a bad id writes nothing.
+
+    Raises:
+        SessionIdInvalidError: the id breaks one of the rules.
+    """
+    if not isinstance(session_id, str):
+        raise errors.SessionIdInvalidError(session_id, "must be a string")
+    if not _RUN_ID.fullmatch(session_id):
+        raise errors.SessionIdInvalidError(session_id, "use 1-200 letters, digits, '_', '-' or '.'")
+    if session_id.startswith(".") or session_id.endswith("."):
+        raise errors.SessionIdInvalidError(session_id, "must not start or end with '.'")
+    if _RESERVED_SUFFIX.search(session_id):
+        raise errors.SessionIdInvalidError(session_id, "ends with a reserved suffix (.turn-N, .paused, .fire)")
+    return session_id
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(_Record):
+    """One call an assistant turn asks for; ``id`` is stable across re-runs of the call."""
+
+    id: str
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Message(_Record):
+    """One transcript entry in the usual chat shape."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    role: Role
+    content: Any = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool | None = None
+
+    def dump(self) -> dict[str, Any]:
+        """The message as a plain dict without unset fields."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class Usage(_Record):
+    """Token totals; they add up across the steps and resumes of one run."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+
+class LastError(_Record):
+    """Why the last attempt at a step failed; ``retryable=False`` parks the run."""
+
+    code: str
+    message: str = ""
+    retryable: bool = False
+
+
+class Checkpoint(_Record):
+    """The whole state of one run: its transcript, counters and control fields.
+
+    ``seq`` counts saves (each save writes ``seq + 1``); ``fence`` is the fencing token of the
+    lease holder that may write next. ``run_start`` is the index in ``messages`` where the
+    current run's input begins, ``inbox_cursor`` the last inbox entry merged into it.
+    """
+
+    session_id: str
+    agent: str
+    status: Status = "in-progress"
+    messages: list[Message] = Field(default_factory=list)
+    step: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    business_state: Any = None
+    approval_ids: list[str] = Field(default_factory=list)
+    started_tool_call_ids: list[str] = Field(default_factory=list)
+    last_error: LastError | None = None
+    attempts: int = 0
+    fingerprint: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
+    run_start: int = 0
+    inbox_cursor: int = 0
+    seq: int = 0
+    fence: int = 0
+    updated_at: datetime | None = None
+
+    @field_validator("updated_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("timestamps must be timezone-aware")
+        return value
+
+    def document(self) -> dict[str, Any]:
+        """The part stored as the checkpoint's JSON body (control fields live in columns)."""
+        return self.model_dump(
+            mode="json",
+            exclude={"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at", "inbox_cursor"},
+            exclude_none=True,
+        )
+
+    @property
+    def pending_tool_calls(self) -> list[ToolCall]:
+        """Calls of the last assistant turn that have no result yet, in call order."""
+        for index in range(len(self.messages) - 1, -1, -1):
+            message = self.messages[index]
+            if message.role == "assistant":
+                if not message.tool_calls:
+                    return []
+                answered = {m.tool_call_id for m in self.messages[index + 1:] if m.role == "tool"}
+                return [call for call in message.tool_calls if call.id not in answered]
+        return []
+
+
+    @property
+    def run_tool_calls(self) -> list[ToolCall]:
+        """Every call made since the current run started."""
+        return [c for m in self.messages[self.run_start:] if m.role == "assistant" for c in m.tool_calls or ()]
+
+    @property
+    def final_text(self) -> str | None:
+        """The last assistant text of the transcript."""
+        for message in reversed(self.messages):
+            if message.role == "assistant" and isinstance(message.content, str) and message.content:
+                return message.content
+        return None
+
+
+class InboxEntry(_Record):
+    """One ``send`` waiting to be merged into its run at the next step boundary."""
+
+    n: int
+    messages: list[Message]
+
+
+class HistoryEntry(_Record):
+    """One saved state of a run, as kept by the per-run history ring."""
+
+    step: int
+    seq: int
+    saved_at: datetime
+    status: Status
+    checkpoint: Checkpoint
+
+
+class PendingRun(_Record):
+    """A run that is not finished: interrupted, running now, or paused on an approval."""
+
+    session_id: str
+    kind: Literal["run"] = "run"
+    checkpoint_id: str
+    status: Status
+    approval_id: str | None = None
+    approval_kind: str | None = None
+    step: int
+    last_error: LastError | None = None
+    attempts: int = 0
+    agent: str

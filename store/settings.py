@@ -1,0 +1,65 @@
+"""Settings from the environment (prefix ``LOUSHO_``), built once at the edge and passed down."""
+
+from __future__ import annotations
+
+from pydantic import field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store import errors
+
+
+class Settings(BaseSettings):
+    """Everything a worker, producer or CLI needs to reach the services and pace recovery."""
+
+    model_config = SettingsConfigDict(env_prefix="LOUSHO_", extra="ignore")
+
+    database_url: str = "postgresql://127.0.0.1:5432/lousho"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str | None = None
+    agents: str = ""
+    lease_ttl_ms: int = 30_000
+    lease_renew_ms: int = 10_000
+    recover_interval_s: float = 30.0
+    history_limit: int = 50
+    #: Starts of one step in a row without progress before the run is parked (poison-pill guard).
+    max_attempts: int = 5
+    step_soft_time_limit_s: float = 240.0
+    step_time_limit_s: float = 300.0
+    visibility_timeout_s: int = 3600
+    queue: str = "lousho"
+
+    @field_validator("history_limit", "max_attempts")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Settings:
+        if self.lease_renew_ms <= 0 or self.lease_renew_ms * 2 > self.lease_ttl_ms:
+            raise errors.ConfigurationError("LOUSHO_LEASE_RENEW_MS must be > 0 and at most half the lease TTL")
+        if self.step_soft_time_limit_s >= self.step_time_limit_s:
+            raise errors.ConfigurationError("the soft step time limit must be below the hard one")
+        if self.visibility_timeout_s < 2 * self.step_time_limit_s:
+            raise errors.ConfigurationError("LOUSHO_VISIBILITY_TIMEOUT_S must be at least twice the step time limit")
+        return self
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver named, as SQLAlchemy wants it."""
+        url = self.database_url
+        for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix):]
+        raise errors.ConfigurationError("LOUSHO_DATABASE_URL must be a postgresql:// URL")
+
+    @property
+    def broker(self) -> str:
+        """The Celery broker URL: ``LOUSHO_BROKER_URL`` or the Redis URL."""
+        return self.broker_url or self.redis_url
+
+    @property
+    def agent_modules(self) -> list[str]:
+        """Modules named in ``LOUSHO_AGENTS``."""
+        return [name.strip() for name in self.agents.split(",") if name.strip()]

@@ -1,0 +1,192 @@
+"""Agent and tool definitions, the agent registry, and agent fingerprints.
+
+An ``Agent`` is configuration only; running it is the step machine's and the task's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from store import errors
+from worker.providers.base import Model, ToolSpec
+
+DriftPolicy = Literal["warn", "error", "ignore"]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool learns about the call it serves.
+
+    ``tool_call_id`` is stable across re-runs of the same call: use it as the idempotency key
+    of side effects.
+    """
+
+    tool_call_id: str
+    session_id: str
+    agent: str
+    step: int
+    business_state: Any = None
+
+
+class ToolArgsInvalid(Exception):
+    """The model's arguments do not match the tool's input schema."""
+
+
+ApprovalRule = bool | Callable[[dict[str, Any], ToolContext], bool]
+
+
+class Tool:
+    """A function the model may call, with its input schema derived from the signature."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+                 needs_approval: ApprovalRule = False) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = (description or inspect.getdoc(fn) or "").strip()
+        self.needs_approval = needs_approval
+        self._context_param, self.input_model = _input_model(fn, self.name)
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """JSON schema of the arguments."""
+        return self.input_model.model_json_schema()
+
+    def spec(self) -> ToolSpec:
+        """What a model provider is told about the tool."""
+        return ToolSpec(name=self.name, description=self.description, input_schema=self.input_schema)
+
+    def validate(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The validated keyword arguments; raises ``ToolArgsInvalid`` with a short reason."""
+        try:
+            parsed = self.input_model.model_validate(args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:10])
+            raise ToolArgsInvalid(problems) from None
+        return {field: getattr(parsed, field) for field in type(parsed).model_fields}
+
+    def invoke(self, args: dict[str, Any], context: ToolContext) -> Any:
+        """Validate and run the tool with its context."""
+        kwargs = self.validate(args)
+        if self._context_param:
+            kwargs[self._context_param] = context
+        if self.is_async:
+            return asyncio.run(self.fn(**kwargs))
+        return self.fn(**kwargs)
+
+    def requires_approval(self, args: dict[str, Any], context: ToolContext) -> bool:
+        """Whether this call must wait for a human decision."""
+        rule = self.needs_approval
+        return bool(rule(args, context)) if callable(rule) else bool(rule)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
+    try:
+        hints = get_type_hints(fn)
+    except Exception:  # unresolvable annotations: fall back to the raw ones
+        hints = dict(getattr(fn, "__annotations__", {}))
+    fields: dict[str, Any] = {}
+    context_param = None
+    for param in inspect.signature(fn).parameters.values():
+        annotation = hints.get(param.name, Any)
+        if annotation is ToolContext or param.name == "ctx":
+            context_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = create_model(  # type: ignore[call-overload]  # dynamic fields
+        f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
+    return context_param, model
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         needs_approval: ApprovalRule = False) -> Any:
+    """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``)."""
+    def wrap(target: Callable[..., Any]) -> Tool:
+        return Tool(target, name=name, description=description, needs_approval=needs_approval)
+    return wrap(fn) if fn is not None else wrap
+
+
+class Agent:
+    """A model, instructions and tools, under a name the workers and producers share."""
+
+    def __init__(self, name: str, model: Model, instructions: str = "", tools: Iterable[Tool] = (),
+                 max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn") -> None:
+        if not name or not isinstance(name, str):
+            raise errors.ConfigurationError("an agent needs a non-empty name")
+        if max_steps < 1:
+            raise errors.ConfigurationError("max_steps must be at least 1")
+        if tool_concurrency < 1:
+            raise errors.ConfigurationError("tool_concurrency must be at least 1")
+        if on_agent_drift not in ("warn", "error", "ignore"):
+            raise errors.ConfigurationError("on_agent_drift must be 'warn', 'error' or 'ignore'")
+        self.name = name
+        self.model = model
+        self.instructions = instructions
+        listed = list(tools)
+        self.tools = {t.name: t for t in listed}
+        if len(self.tools) != len(listed):
+            raise errors.ConfigurationError(f"agent {name!r} has two tools with one name")
+        self.max_steps = max_steps
+        self.tool_concurrency = tool_concurrency
+        self.on_agent_drift = on_agent_drift
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """What the model is told about the tools."""
+        return [t.spec() for t in self.tools.values()]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Model id, each tool's name with a hash of its input schema, a hash of the instructions."""
+        tools = {name: _sha(json.dumps(t.input_schema, sort_keys=True)) for name, t in sorted(self.tools.items())}
+        parts = {"model": getattr(self.model, "model_id", type(self.model).__name__), "tools": tools,
+                 "instructions": _sha(self.instructions)}
+        parts["hash"] = _sha(json.dumps(parts, sort_keys=True))[:16]
+        return parts
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, tools={list(self.tools)})"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_agents(modules: Iterable[str]) -> dict[str, Agent]:
+    """Import each module and collect the ``Agent`` objects defined at its top level.
+
+    Raises:
+        ConfigurationError: a module cannot be imported, or two agents share a name.
+    """
+    found: dict[str, Agent] = {}
+    # Like ``celery -A``: modules next to where the worker was started are importable.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise errors.ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
+        for value in vars(module).values():
+            if isinstance(value, Agent):
+                other = found.get(value.name)
+                if other is not None and other is not value:
+                    raise errors.ConfigurationError(f"two agents are named {value.name!r}")
+                found[value.name] = value
+    return found

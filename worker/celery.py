@@ -1,0 +1,98 @@
+"""The Celery app (``celery -A worker worker|beat|flower`` finds it here), its configuration and beat.
+
+Each setting below exists for a reason listed in RELIABILITY.md section 2; the comments name the
+Celery or kombu issue behind the ones that guard against known bugs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from store.settings import Settings
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    """Redis transport options shared by the broker and result sides (one visibility timeout)."""
+    return {
+        # Only late duplicates depend on it; recovery is our sweep (celery#5935, kombu PR#2558).
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+        "health_check_interval": 10,
+        "socket_timeout": 15,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+    }
+
+
+def configure(app: Celery, settings: Settings) -> None:
+    """Apply the production configuration to ``app``."""
+    options = broker_options(settings)
+    app.conf.update(
+        broker_url=settings.broker,
+        # JSON only, sent and accepted: a pickle message in the queue is refused, never run.
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        # Redeliver a step whose process died (celery#1628); the attempts cap stops message loops.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # Failures are recorded in Postgres and retried by our bounded logic, not by broker loops.
+        task_acks_on_failure=True,
+        task_acks_on_timeout=True,
+        worker_prefetch_multiplier=1,
+        # A step that lost the broker connection cannot ack; cancel it (celery PR#6654, default in 6.0).
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_soft_shutdown_timeout=10.0,
+        task_soft_time_limit=settings.step_soft_time_limit_s,
+        task_time_limit=settings.step_time_limit_s,
+        broker_transport_options=options,
+        # The visibility timeout must be the same everywhere or the shortest wins (celery#7651).
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
+                                   "interval_max": 2},
+        # State lives in Postgres; tasks return None and store no results.
+        task_ignore_result=True,
+        result_backend=None,
+        enable_utc=True,
+        timezone="UTC",
+        task_default_queue=settings.queue,
+        task_queues=[Queue(settings.queue)],
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
+                               "options": {"expires": max(settings.recover_interval_s * 2, 2.0)}},
+        },
+    )
+
+
+def check_configuration(app: Celery) -> None:
+    """Refuse to start with settings that break the guarantees (pickle, early acks, prefetch)."""
+    conf = app.conf
+    problems = []
+    if set(conf.accept_content or []) != {"json"} or conf.task_serializer != "json":
+        problems.append("only JSON may be sent and accepted")
+    if not (conf.task_acks_late and conf.task_reject_on_worker_lost):
+        problems.append("task_acks_late and task_reject_on_worker_lost must both be on")
+    if conf.worker_prefetch_multiplier != 1:
+        problems.append("worker_prefetch_multiplier must be 1")
+    visibility = (conf.broker_transport_options or {}).get("visibility_timeout", 3600)
+    if conf.task_time_limit and visibility < 2 * conf.task_time_limit:
+        problems.append("visibility_timeout must be at least twice task_time_limit")
+    if problems:
+        raise RuntimeError("unsafe Celery configuration: " + "; ".join(problems))
+
+
+settings = Settings()
+app = Celery("lousho", include=["worker.tasks"])
+configure(app, settings)
+check_configuration(app)

@@ -1,0 +1,206 @@
+"""The pure step machine: a checkpoint (and queued input) in, the next action and new checkpoint out.
+
+No database, Redis, Celery or clock here: every guarantee of a run lives in these functions, so
+they are tested in microseconds and replayed deterministically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from store import payloads
+from store.records import Checkpoint, InboxEntry, Message, ToolCall, Usage
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """Call the model on ``checkpoint.messages`` (input already merged)."""
+
+    checkpoint: Checkpoint
+    drained_inbox: bool
+
+
+@dataclass(frozen=True)
+class ToolBatch:
+    """Run ``calls`` (the last turn's calls without a result), then save each result."""
+
+    checkpoint: Checkpoint
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class Save:
+    """Nothing to run: store ``checkpoint`` as it is (finished by max steps, or input consumed)."""
+
+    checkpoint: Checkpoint
+    drained_inbox: bool
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Nothing to do; the run is paused, finished or waiting for input."""
+
+    reason: str
+
+
+Action = ModelTurn | ToolBatch | Save | Idle
+
+
+def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str, max_steps: int) -> Action:
+    """Decide the one step a task performs for this run.
+
+    Pending tool calls always come first; queued input is merged only at a boundary where every
+    call of the last turn has its result, so input never lands between a call and its result.
+    """
+    if checkpoint.status == "awaiting-approval":
+        return Idle("awaiting-approval")
+    pending = checkpoint.pending_tool_calls
+    if pending:
+        return ToolBatch(checkpoint, pending)
+    merged = merge_input(checkpoint, inbox, instructions=instructions) if inbox else checkpoint
+    drained = merged.inbox_cursor != checkpoint.inbox_cursor
+    if merged.status == "finished":
+        return Save(merged, drained) if drained else Idle("finished")
+    if not any(m.role == "user" for m in merged.messages[merged.run_start:]):
+        return Save(merged, drained) if drained else Idle("no input")
+    last = merged.messages[-1]
+    if last.role == "assistant" and not last.tool_calls:
+        return Save(finish(merged, "stop"), drained)
+    if merged.step >= max_steps:
+        return Save(finish(merged, "max-steps"), drained)
+    return ModelTurn(merged, drained)
+
+
+def finish(checkpoint: Checkpoint, reason: str) -> Checkpoint:
+    """The checkpoint of a run that ended with ``reason``."""
+    return checkpoint.model_copy(update={"status": "finished", "finish_reason": reason})
+
+
+def _signature(message: Message) -> tuple[Any, ...]:
+    calls = tuple((c.name, payloads.dumps(c.args)) for c in message.tool_calls or ())
+    return message.role, payloads.dumps(message.content), calls
+
+
+def _starts_with(items: Sequence[Message], prefix: Sequence[Message]) -> bool:
+    return len(prefix) <= len(items) and all(
+        _signature(a) == _signature(b) for a, b in zip(items, prefix, strict=False))
+
+
+def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str) -> Checkpoint:
+    """Apply queued sends in order, following the send-again rules.
+
+    - A finished run continues as a conversation: a new run starts with zeroed step and usage.
+    - Input that re-sends the stored history contributes only what follows it.
+    - Input that re-sends the message the unfinished run started from is a retry, not new input.
+    - System messages in input are ignored once the run has a transcript.
+    """
+    current = checkpoint
+    for entry in inbox:
+        if entry.n <= current.inbox_cursor:
+            continue
+        current = _merge_one(current, [m for m in entry.messages], instructions)
+        current = current.model_copy(update={"inbox_cursor": entry.n})
+    return current
+
+
+def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: str) -> Checkpoint:
+    messages = list(checkpoint.messages)
+    if not messages:
+        # A new run: its own system prompt, then the first input (system input ignored).
+        head = [Message(role="system", content=instructions)] if instructions else []
+        body = [m for m in incoming if m.role != "system"]
+        if not body:
+            return checkpoint
+        return checkpoint.model_copy(update={"messages": head + body, "run_start": len(head), "step": 0,
+                                             "status": "in-progress", "finish_reason": None})
+    incoming = [m for m in incoming if m.role != "system"]
+    stored = [m for m in messages if m.role != "system"]
+    if _starts_with(incoming, stored):
+        incoming = incoming[len(stored):]
+    elif checkpoint.status != "finished":
+        started_with = [m for m in messages[checkpoint.run_start:] if m.role == "user"][:len(incoming)]
+        if incoming and len(started_with) == len(incoming) and _starts_with(started_with, incoming):
+            incoming = []
+    if not incoming:
+        return checkpoint
+    if checkpoint.status == "finished":
+        return checkpoint.model_copy(update={
+            "messages": messages + incoming, "run_start": len(messages), "step": 0, "usage": Usage(),
+            "status": "in-progress", "finish_reason": None, "business_state": checkpoint.business_state})
+    return checkpoint.model_copy(update={"messages": messages + incoming})
+
+
+def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage) -> Checkpoint:
+    """Record one model turn. With calls the run stays in progress; without, it finished (``stop``)."""
+    content = payloads.clean_text(text) if text is not None else None
+    turn = Message(role="assistant", content=content, tool_calls=calls or None)
+    update: dict[str, Any] = {
+        "messages": [*checkpoint.messages, turn],
+        "step": checkpoint.step + 1,
+        "usage": checkpoint.usage + usage,
+    }
+    if not calls:
+        update.update(status="finished", finish_reason="stop")
+    return checkpoint.model_copy(update=update)
+
+
+def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
+    """Insert a tool result at its call's position among the last turn's results.
+
+    Results settle in any order; keeping them sorted by call order means the transcript is
+    valid as soon as the last one lands. A second result for the same call is ignored.
+    """
+    messages = list(checkpoint.messages)
+    turn_index = max(i for i, m in enumerate(messages) if m.role == "assistant")
+    order = {c.id: k for k, c in enumerate(messages[turn_index].tool_calls or ())}
+    if result.tool_call_id not in order:
+        raise ValueError(f"result for unknown call {result.tool_call_id!r}")
+    position = turn_index + 1
+    while position < len(messages) and messages[position].role == "tool":
+        if messages[position].tool_call_id == result.tool_call_id:
+            return checkpoint
+        if order.get(messages[position].tool_call_id or "", -1) > order[result.tool_call_id]:
+            break
+        position += 1
+    messages.insert(position, result)
+    return checkpoint.model_copy(update={"messages": messages})
+
+
+def tool_message(call: ToolCall, value: Any) -> Message:
+    """A tool's return value as its result message (sanitized, size-capped)."""
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.tool_result_text(value))
+
+
+def tool_error(call: ToolCall, kind: str, error: str, message: str) -> Message:
+    """A structured error result the model sees instead of a crash."""
+    body = {"error": error, "tool_name": call.name, "message": payloads.clean_text(message)[:2000],
+            "kind": kind, "tool_call_id": call.id}
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
+
+
+def transcript_problems(messages: Sequence[Message]) -> list[str]:
+    """Why a transcript is not valid for a provider (empty when valid).
+
+    Every call's result follows its turn, one per call, in call order; nothing else sits
+    between a turn and its results; no result without a call.
+    """
+    problems: list[str] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        if message.role == "tool":
+            problems.append(f"message {index}: result {message.tool_call_id!r} without a call turn")
+            index += 1
+            continue
+        index += 1
+        if message.role == "assistant" and message.tool_calls:
+            expected = [c.id for c in message.tool_calls]
+            got: list[str | None] = []
+            while index < len(messages) and messages[index].role == "tool":
+                got.append(messages[index].tool_call_id)
+                index += 1
+            if got != expected:
+                problems.append(f"turn {index}: results {got} do not match calls {expected}")
+    return problems

@@ -1,0 +1,69 @@
+"""``MockModel``: a scripted model for tests and demos, deterministic across processes and crashes.
+
+The response used is picked by the number of assistant turns already in the transcript, so a
+worker that takes over a crashed one gets the same answer the crashed one would have.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from store import errors
+from store.records import Message, ToolCall, Usage
+from worker import machine
+from worker.providers.base import ModelResponse, ToolSpec
+
+Script = Sequence[Any] | Callable[[list[Message]], Any]
+
+
+class MockModel:
+    """Answers from ``script``: a list of responses, or a callable of the transcript.
+
+    A response is a string (final text) or a dict with ``tool_calls`` (``[{"name", "args"}]``),
+    and optionally ``text``, ``usage`` (``{"input_tokens", "output_tokens"}``), ``delay_ms`` and
+    ``error`` (a message; ``retryable`` says whether a retry may pass). Every transcript it
+    receives is checked for validity; an invalid one fails the call.
+    """
+
+    def __init__(self, script: Script, *, model_id: str = "mock") -> None:
+        self.script = script
+        self.model_id = model_id
+
+    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        problems = machine.transcript_problems(messages)
+        if problems:
+            raise errors.ProviderError(f"invalid transcript: {problems[0]}", retryable=False)
+        turn = sum(1 for m in messages if m.role == "assistant")
+        if callable(self.script):
+            response = self.script(messages)
+        elif turn < len(self.script):
+            response = self.script[turn]
+        else:
+            raise errors.ProviderError(f"MockModel script has no response for turn {turn + 1}", retryable=False)
+        return self._response(response, turn, messages)
+
+    def _response(self, response: Any, turn: int, messages: list[Message]) -> ModelResponse:
+        if isinstance(response, str):
+            response = {"text": response}
+        if not isinstance(response, dict):
+            raise errors.ConfigurationError(f"MockModel response must be a str or dict, got {type(response).__name__}")
+        if response.get("delay_ms"):
+            time.sleep(float(response["delay_ms"]) / 1000)
+        if response.get("error"):
+            raise errors.ProviderError(str(response["error"]), retryable=bool(response.get("retryable", True)))
+        calls = [
+            ToolCall(id=call.get("id") or f"call_{turn}_{k}", name=call["name"], args=call.get("args") or {})
+            for k, call in enumerate(response.get("tool_calls") or [])
+        ]
+        text = response.get("text")
+        scripted = response.get("usage")
+        if scripted:
+            usage = Usage(input_tokens=int(scripted.get("input_tokens", 0)),
+                          output_tokens=int(scripted.get("output_tokens", 0)))
+        else:
+            prompt = sum(len(str(m.content or "")) for m in messages) // 4 + 1
+            usage = Usage(input_tokens=prompt, output_tokens=len(text or "") // 4 + len(calls) + 1)
+        usage = usage.model_copy(update={"total_tokens": usage.input_tokens + usage.output_tokens})
+        return ModelResponse(text=text, tool_calls=calls, usage=usage)

@@ -1,0 +1,103 @@
+"""Celery tasks: ``lousho.advance`` (one step of one run) and ``lousho.recover`` (the sweep).
+
+Messages carry ids only (session id and seq). Per-process state (engine, Redis client,
+heartbeat, agents) is created lazily in the process that uses it, so prefork children never
+share a connection inherited from the parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import redis
+
+from store import errors, records
+from store.checkpoints import PostgresCheckpointStore
+from store.database import make_engine
+from store.leases import Heartbeat, LeaseManager
+from worker import agents as agent_registry
+from worker.celery import app, settings
+from worker.steps import Outcome, StepDeps, run_step
+
+log = logging.getLogger("lousho.tasks")
+
+_state: dict[str, Any] = {"pid": None, "deps": None}
+_state_lock = threading.Lock()
+#: Agents defined in code rather than in LOUSHO_AGENTS modules (tests, embedding apps).
+extra_agents: dict[str, agent_registry.Agent] = {}
+
+
+def deps() -> StepDeps:
+    """This process's step dependencies, made on first use after a fork."""
+    with _state_lock:
+        if _state["pid"] != os.getpid():
+            _state["deps"] = _build()
+            _state["pid"] = os.getpid()
+        built: StepDeps = _state["deps"]
+        return built
+
+
+def _build() -> StepDeps:
+    store = PostgresCheckpointStore(make_engine(settings), settings.history_limit)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
+                                  health_check_interval=10)
+    leases = LeaseManager(client, settings.lease_ttl_ms)
+    agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
+    built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
+                     agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts)
+    try:
+        store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
+    except errors.StorageError:
+        log.warning("could not register agents; producers will not check names until the next start")
+    return built
+
+
+def enqueue(session_id: str, seq: int | None, countdown: float = 0.0) -> None:
+    """Send ``advance`` for a run (reuses the app's pooled producer connection)."""
+    advance.apply_async((session_id, seq), countdown=countdown or None)
+
+
+@app.task(name="lousho.advance", ignore_result=True)
+def advance(session_id: str, seq: int | None = None) -> None:
+    """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates."""
+    try:
+        outcome = run_step(deps(), session_id, seq)
+    except errors.SessionIdInvalidError:
+        log.warning("advance for an invalid session id dropped")
+        return
+    except errors.ConfigurationError as exc:
+        log.error("worker misconfigured, step of %s not run: %s", session_id, exc)
+        return
+    except (errors.StorageError, redis.RedisError) as exc:
+        # The sweep re-enqueues the run once the services are back; no broker loop here.
+        log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
+        return
+    log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
+
+
+@app.task(name="lousho.recover", ignore_result=True)
+def recover() -> int:
+    """Re-enqueue in-progress runs that stopped moving and hold no live lease; returns how many."""
+    built = deps()
+    stale_after = max(settings.lease_ttl_ms / 1000, 0.5)
+    candidates = built.store.stale_runs(stale_after)
+    live = built.leases.held([sid for sid, _ in candidates])
+    sent = 0
+    for session_id, seq in candidates:
+        if session_id in live:
+            continue
+        try:
+            records.validate_session_id(session_id)
+        except errors.SessionIdInvalidError:
+            continue
+        enqueue(session_id, seq)
+        sent += 1
+    if sent:
+        log.info("recover: re-enqueued %d run(s)", sent)
+    return sent
+
+
+__all__ = ["Outcome", "advance", "deps", "enqueue", "extra_agents", "recover"]

@@ -37,6 +37,8 @@ class ToolContext:
     agent: str
     step: int
     business_state: Any = None
+    #: The saved state (checkpoint seq) the call's batch started from; for diagnostics and checkers.
+    checkpoint_seq: int = 0
 
 
 class ToolArgsInvalid(Exception):

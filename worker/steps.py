@@ -243,7 +243,8 @@ def _execute(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> Message:
     if tool is None:
         return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}")
     context = ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
-                          step=checkpoint.step, business_state=checkpoint.business_state)
+                          step=checkpoint.step, business_state=checkpoint.business_state,
+                          checkpoint_seq=checkpoint.seq)
     try:
         tool.validate(call.args)
         if tool.requires_approval(call.args, context):

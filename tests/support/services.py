@@ -1,0 +1,103 @@
+"""Test access to the real Postgres and Redis: a throwaway database and Redis db per test session."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import psycopg
+import redis
+
+from store.database import migrate
+from store.settings import Settings
+
+SERVER_URL = os.environ.get("LOUSHO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/0")
+TEST_DATABASE = os.environ.get("LOUSHO_TEST_DATABASE", "lousho_test")
+TEST_REDIS_DB = int(os.environ.get("LOUSHO_TEST_REDIS_DB", "14"))
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, query = url.partition("?")
+    base = re.sub(r"/[^/]*$", f"/{name}", base) if base.count("/") >= 3 else f"{base}/{name}"
+    return f"{base}?{query}" if query else base
+
+
+def _with_redis_db(url: str, db: int) -> str:
+    base, _, query = url.partition("?")
+    base = re.sub(r"/\d*$", "", base)
+    return f"{base}/{db}" + (f"?{query}" if query else "")
+
+
+def test_database_url() -> str:
+    """URL of the database the tests own (created fresh once per session)."""
+    return _with_database(SERVER_URL, TEST_DATABASE)
+
+
+def test_redis_url() -> str:
+    """URL of the Redis database the tests own (flushed per test)."""
+    return _with_redis_db(REDIS_URL, TEST_REDIS_DB)
+
+
+def services_available() -> str | None:
+    """None when both services answer, else why not."""
+    try:
+        with psycopg.connect(SERVER_URL.replace("postgresql+psycopg://", "postgresql://"), connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        return f"Postgres not reachable at {SERVER_URL}: {type(exc).__name__}"
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        return f"Redis not reachable at {REDIS_URL}: {type(exc).__name__}"
+    return None
+
+
+def recreate_database() -> None:
+    """Drop and create the test database, then migrate it."""
+    admin = SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
+    migrate(test_settings())
+
+
+def test_settings(**overrides: object) -> Settings:
+    """Settings for tests: the test database and Redis db, CI timing (TTL 2 s, sweep 1 s)."""
+    values: dict[str, object] = {
+        "database_url": test_database_url(),
+        "redis_url": test_redis_url(),
+        "lease_ttl_ms": 2000,
+        "lease_renew_ms": 500,
+        "recover_interval_s": 1.0,
+        "history_limit": 10_000,
+        "step_soft_time_limit_s": 8.0,
+        "step_time_limit_s": 10.0,
+        "visibility_timeout_s": 30,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def test_environment(**overrides: object) -> dict[str, str]:
+    """Environment variables that make a subprocess (worker, beat, CLI) use the test services."""
+    settings = test_settings(**overrides)
+    env = {
+        "LOUSHO_DATABASE_URL": settings.database_url,
+        "LOUSHO_REDIS_URL": settings.redis_url,
+        "LOUSHO_LEASE_TTL_MS": str(settings.lease_ttl_ms),
+        "LOUSHO_LEASE_RENEW_MS": str(settings.lease_renew_ms),
+        "LOUSHO_RECOVER_INTERVAL_S": str(settings.recover_interval_s),
+        "LOUSHO_HISTORY_LIMIT": str(settings.history_limit),
+        "LOUSHO_STEP_SOFT_TIME_LIMIT_S": str(settings.step_soft_time_limit_s),
+        "LOUSHO_STEP_TIME_LIMIT_S": str(settings.step_time_limit_s),
+        "LOUSHO_VISIBILITY_TIMEOUT_S": str(settings.visibility_timeout_s),
+    }
+    return env
+
+
+def reset_state() -> None:
+    """Empty every table and the test Redis db."""
+    with psycopg.connect(test_database_url(), autocommit=True) as conn:
+        conn.execute("TRUNCATE runs, checkpoint_history, inbox, agents")
+    redis.Redis.from_url(test_redis_url()).flushdb()

@@ -138,6 +138,11 @@ class Client:
             self._known = (time.monotonic(), names)
         return names
 
+    def pending(self, agent: str | None = None) -> list[PendingRun]:
+        """Runs that are interrupted, running now, or paused on an approval (of one agent, or all)."""
+        found = self.store.list(statuses=["in-progress", "awaiting-approval"], agent=agent)
+        return [entry if isinstance(entry, PendingRun) else _pending(entry) for entry in found]
+
     def resume(self, session_id: str) -> Run | None:
         """Finish an interrupted run of any agent; None when nothing is pending.
 
@@ -225,8 +230,7 @@ class AgentHandle:
 
     def pending(self) -> list[PendingRun]:
         """Runs of this agent that are interrupted, running, or paused on an approval."""
-        found = self._client.store.list(statuses=["in-progress", "awaiting-approval"], agent=self.name)
-        return [entry if isinstance(entry, PendingRun) else _pending(entry) for entry in found]
+        return self._client.pending(self.name)
 
     def load(self, session_id: str) -> Checkpoint | None:
         """The run's latest checkpoint."""

@@ -69,9 +69,7 @@ UPDATE runs SET attempts = 0, last_error = NULL
 WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
 """)
 _LOCK_RUN = text("SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
-_CREATE_RUN = text("""
-INSERT INTO runs (session_id, agent, inbox_head) VALUES (:sid, :agent, 1)
-""")
+_CREATE_RUN = text("INSERT INTO runs (session_id, agent) VALUES (:sid, :agent) ON CONFLICT (session_id) DO NOTHING")
 _BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
 _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 _STALE = text("""
@@ -184,18 +182,15 @@ class PostgresCheckpointStore:
         """
         body = payloads.dumps([m.dump() for m in messages])
         with self._begin() as conn:
-            row = conn.execute(_LOCK_RUN, {"sid": session_id}).first()
-            if row is None:
-                conn.execute(_CREATE_RUN, {"sid": session_id, "agent": agent})
-                number = 1
-            else:
-                if row.agent != agent:
-                    raise errors.ConfigurationError(
-                        f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
-                if row.status == "awaiting-approval":
-                    approvals = row.approvals or []
-                    raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
-                number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
+            conn.execute(_CREATE_RUN, {"sid": session_id, "agent": agent})
+            row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
+            if row.agent != agent:
+                raise errors.ConfigurationError(
+                    f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
+            if row.status == "awaiting-approval":
+                approvals = row.approvals or []
+                raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
+            number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
             conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body})
         return number
 

@@ -1,0 +1,158 @@
+"""The ``lousho`` command: migrate the database, send, list pending runs, resume, show history.
+
+Every listing prints JSON with ``--json``. Errors print their stable code and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from producer.client import Client, RunResult
+from store import errors
+from store.database import migrate
+from store.settings import Settings
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _result_dict(result: RunResult) -> dict[str, Any]:
+    return result.model_dump(mode="json", exclude_none=True)
+
+
+def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
+    migrate(client.settings)
+    if args.json:
+        _print_json({"migrated": True})
+    else:
+        print("database schema is up to date")
+    return 0
+
+
+def cmd_send(client: Client, args: argparse.Namespace) -> int:
+    run = client.agent(args.agent).send(args.message, session_id=args.session)
+    if not args.wait:
+        if args.json:
+            _print_json({"session_id": run.session_id, "input": run.input_number, "queued": True})
+        else:
+            print(f"queued input {run.input_number} for run {run.session_id}")
+        return 0
+    result = run.wait(timeout=args.timeout)
+    if args.json:
+        _print_json(_result_dict(result))
+    else:
+        print(f"{result.session_id}: {result.finish_reason} after {result.steps} step(s)")
+        if result.text:
+            print(result.text)
+    return 0
+
+
+def cmd_pending(client: Client, args: argparse.Namespace) -> int:
+    runs = client.pending(args.agent)
+    if args.json:
+        _print_json([run.model_dump(mode="json") for run in runs])
+        return 0
+    if not runs:
+        print("no pending runs")
+    for run in runs:
+        error = run.last_error
+        problem = f"  last error {error.code} (retryable={error.retryable})" if error else ""
+        approval = f"  approval {run.approval_id}" if run.approval_id else ""
+        print(f"{run.session_id}  {run.agent}  {run.status}  step {run.step}  attempts {run.attempts}"
+              f"{approval}{problem}")
+    return 0
+
+
+def cmd_resume(client: Client, args: argparse.Namespace) -> int:
+    run = client.resume(args.session)
+    if run is None:
+        if args.json:
+            _print_json({"session_id": args.session, "resumed": False})
+        else:
+            print(f"nothing pending for {args.session}")
+        return 0
+    if args.wait:
+        result = run.wait(timeout=args.timeout)
+        if args.json:
+            _print_json(_result_dict(result))
+        else:
+            print(f"{result.session_id}: {result.finish_reason} after {result.steps} step(s)")
+        return 0
+    if args.json:
+        _print_json({"session_id": args.session, "resumed": True})
+    else:
+        print(f"resumed {args.session}")
+    return 0
+
+
+def cmd_history(client: Client, args: argparse.Namespace) -> int:
+    entries = client.store.history(args.session, args.limit)
+    if args.json:
+        _print_json([{"step": e.step, "seq": e.seq, "saved_at": e.saved_at.isoformat(), "status": e.status,
+                      "checkpoint": e.checkpoint.model_dump(mode="json", exclude_none=True)} for e in entries])
+        return 0
+    if not entries:
+        print(f"no history for {args.session}")
+    for entry in entries:
+        messages = entry.checkpoint.messages
+        last = messages[-1].role if messages else "-"
+        print(f"seq {entry.seq:>4}  step {entry.step:>3}  {entry.status:<17}  {entry.saved_at.isoformat()}"
+              f"  {len(messages)} messages, last {last}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``lousho``."""
+    parser = argparse.ArgumentParser(prog="lousho", description="Durable agent runs on Celery.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text)
+        sp.add_argument("--json", action="store_true", help="print JSON")
+        return sp
+
+    command("migrate", "create or upgrade the database schema").set_defaults(fn=cmd_migrate)
+    send = command("send", "send a message to an agent's run")
+    send.add_argument("agent")
+    send.add_argument("message")
+    send.add_argument("--session", required=True, help="run id (1-200 of A-Za-z0-9_.-)")
+    send.add_argument("--wait", action="store_true", help="wait for the run to settle")
+    send.add_argument("--timeout", type=float, default=60.0)
+    send.set_defaults(fn=cmd_send)
+    pending = command("pending", "list runs that are interrupted, running or awaiting approval")
+    pending.add_argument("--agent", default=None)
+    pending.set_defaults(fn=cmd_pending)
+    resume = command("resume", "finish an interrupted run")
+    resume.add_argument("session")
+    resume.add_argument("--wait", action="store_true")
+    resume.add_argument("--timeout", type=float, default=60.0)
+    resume.set_defaults(fn=cmd_resume)
+    history = command("history", "show a run's saved states, newest first")
+    history.add_argument("session")
+    history.add_argument("--limit", type=int, default=None)
+    history.set_defaults(fn=cmd_history)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``lousho``; returns the exit status (1 for a Lousho error, 2 for usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        with Client(Settings()) as client:
+            code: int = args.fn(client, args)
+            return code
+    except errors.LoushoError as exc:
+        if getattr(args, "json", False):
+            _print_json({"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable}})
+        else:
+            print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Whole runs on the real services, stepped in-process: send-again rules, bad input, typed errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from producer.client import Client
+from store import errors
+from worker import Agent, ToolContext, tool
+from worker.providers import MockModel
+from worker.steps import Outcome
+
+executions: list[str] = []
+
+
+@tool
+def lookup(city: str, ctx: ToolContext) -> str:
+    """Weather of a city."""
+    executions.append(ctx.tool_call_id)
+    return f"sunny in {city}"
+
+
+@tool
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"boom: {reason}")
+
+
+@tool
+def odd_output(kind: str) -> object:
+    """Returns awkward values."""
+    if kind == "nul":
+        return "a\x00b"
+    if kind == "nan":
+        return {"value": float("nan"), "big": float("inf")}
+    return "x" * (10 * 1024 * 1024)
+
+
+def _three_turns() -> Agent:
+    return Agent(name="weather", model=MockModel([
+        {"tool_calls": [{"name": "lookup", "args": {"city": "Oslo"}}, {"name": "lookup", "args": {"city": "Rome"}}]},
+        {"tool_calls": [{"name": "lookup", "args": {"city": "Lima"}}]},
+        "All sunny.",
+        "Still sunny.",
+        "Sunny again.",
+    ]), instructions="Report the weather.", tools=[lookup])
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    executions.clear()
+
+
+def test_a_three_turn_run_with_parallel_calls_finishes_with_every_result_in_order(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    run = client.agent("weather").send("Weather please", session_id="w-1")
+    driver.drain("w-1")
+    result = run.wait(timeout=5)
+    assert result.finish_reason == "stop" and result.text == "All sunny." and result.steps == 3
+    assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "tool", "assistant",
+                                                 "tool", "assistant"]
+    assert [m.tool_call_id for m in result.messages if m.role == "tool"] == ["call_0_0", "call_0_1", "call_1_0"]
+    assert sorted(executions) == ["call_0_0", "call_0_1", "call_1_0"]
+    assert result.usage.total_tokens > 0 and len(result.tool_calls) == 3
+
+
+def test_duplicate_and_late_messages_do_nothing(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    client.agent("weather").send("Weather please", session_id="w-1")
+    driver.drain("w-1")
+    final = client.store.load("w-1")
+    assert final is not None
+    # Every message of the run delivered again, stale seqs and unseq'd: nothing runs twice.
+    outcomes = [driver.drain("w-1")[0] for _ in range(3)]
+    driver.queue.extend(("w-1", seq) for seq in range(final.seq))
+    outcomes += driver.drain()
+    assert set(outcomes) <= {Outcome.IDLE, Outcome.STALE}
+    assert len(executions) == 3
+    assert client.store.load("w-1").seq == final.seq  # type: ignore[union-attr]
+
+
+def test_a_finished_run_continues_as_a_conversation_counting_from_zero(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    agent = client.agent("weather")
+    agent.send("Weather please", session_id="w-1")
+    driver.drain("w-1")
+    first = client.store.load("w-1")
+    assert first is not None
+    history = [m.dump() for m in first.messages]
+    # Re-sending the stored history followed by a new message: the history is recognised.
+    run = agent.send([*history, {"role": "system", "content": "ignored"}, {"role": "user", "content": "And now?"}],
+                     session_id="w-1")
+    driver.drain("w-1")
+    result = run.wait(timeout=5)
+    assert result.text == "Still sunny." and result.steps == 1 and result.tool_calls == []
+    assert result.usage.total_tokens < first.usage.total_tokens
+    assert [m.content for m in result.messages if m.role == "user"] == ["Weather please", "And now?"]
+    assert sum(1 for m in result.messages if m.role == "system") == 1
+
+
+def test_input_sent_mid_run_lands_after_the_pending_results(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    agent = client.agent("weather")
+    agent.send("Weather please", session_id="w-1")
+    driver.queue.append(("w-1", None))
+    assert driver.drain(limit=1) == [Outcome.ADVANCED]  # the model turn with two calls is saved
+    driver.queue.clear()
+    agent.send("Weather please", session_id="w-1")  # a retry of the starting message: not new input
+    run = agent.send("Also Paris", session_id="w-1")
+    driver.drain("w-1")
+    result = run.wait(timeout=5)
+    roles = [(m.role, m.content) for m in result.messages]
+    paris = roles.index(("user", "Also Paris"))
+    assert [r for r, _ in roles[paris - 2:paris]] == ["tool", "tool"]
+    assert sum(1 for r in roles if r == ("user", "Weather please")) == 1
+
+
+def test_sends_from_many_threads_are_all_applied_in_commit_order(make_driver, settings, store):
+    agent_def = Agent(name="echo", model=MockModel(lambda messages: f"seen {len(messages)}"))
+    driver = make_driver(agent_def)
+    numbers: list[int] = []
+    lock = threading.Lock()
+
+    def send(k: int) -> None:
+        with Client(settings, engine=store.engine) as own:
+            run = own.agent("echo").send(f"message {k}", session_id="e-1")
+        with lock:
+            numbers.append(run.input_number)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(numbers) == list(range(1, 13))
+    driver.drain("e-1")
+    checkpoint = store.load("e-1")
+    users = [m.content for m in checkpoint.messages if m.role == "user"]
+    assert sorted(users) == sorted(f"message {k}" for k in range(12))
+    assert checkpoint.inbox_cursor == 12 and checkpoint.status == "finished"
+    assert store.inbox("e-1", 0) == []
+
+
+def test_invalid_session_ids_fail_before_anything_is_written(make_driver, client: Client):
+    make_driver(_three_turns())
+    for bad in ["", "has space", ".lead", "trail.", "x" * 201, "run.turn-2", "run.paused", "run.fire", "ünï"]:
+        with pytest.raises(errors.SessionIdInvalidError) as caught:
+            client.agent("weather").send("hi", session_id=bad)
+        assert caught.value.code == "LOUSHO_SESSION_ID_INVALID"
+    assert client.store.list() == []
+
+
+def test_unknown_agents_fail_at_send_time_and_as_the_runs_last_error(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    with pytest.raises(errors.AgentNotFoundError):
+        client.agent("nobody").send("hi", session_id="n-1")
+    assert client.store.load("n-1") is None
+    # A producer that cannot know (check skipped): the worker parks the run with a clear error.
+    run = client.agent("nobody").send("hi", session_id="n-1", check_agent=False)
+    assert driver.drain("n-1") == [Outcome.PARKED]
+    with pytest.raises(errors.AgentNotFoundError) as caught:
+        run.wait(timeout=2)
+    assert "nobody" in str(caught.value) and caught.value.retryable is False
+    assert client.agent("nobody").pending()[0].last_error.code == "LOUSHO_AGENT_NOT_FOUND"  # type: ignore[union-attr]
+
+
+def test_bad_tool_arguments_raising_tools_and_odd_outputs_become_results(make_driver, client: Client):
+    agent_def = Agent(name="messy", model=MockModel([
+        {"tool_calls": [{"name": "lookup", "args": {"town": "Oslo"}}, {"name": "explode", "args": {"reason": "x"}},
+                        {"name": "missing", "args": {}}, {"name": "odd_output", "args": {"kind": "nul"}},
+                        {"name": "odd_output", "args": {"kind": "nan"}}, {"name": "odd_output", "args": {"kind": "big"}}]},
+        "Done anyway.",
+    ]), tools=[lookup, explode, odd_output])
+    driver = make_driver(agent_def)
+    run = client.agent("messy").send("go", session_id="m-1")
+    driver.drain("m-1")
+    result = run.wait(timeout=5)
+    assert result.finish_reason == "stop"
+    results = [m for m in result.messages if m.role == "tool"]
+    kinds = [json.loads(m.content)["kind"] if m.is_error else None for m in results]
+    assert kinds == ["validation", "execution", "not-found", None, None, None]
+    assert "\x00" not in results[3].content
+    assert json.loads(results[4].content) == {"value": "nan", "big": "inf"}
+    assert len(results[5].content) < 300 * 1024 and "truncated" in results[5].content
+    assert executions == []
+
+
+def test_oversized_or_too_deep_input_is_refused(make_driver, client: Client):
+    make_driver(_three_turns())
+    agent = client.agent("weather")
+    with pytest.raises(errors.InputTooLargeError):
+        agent.send("x" * (1024 * 1024 + 1), session_id="big-1")
+    deep: dict[str, object] = {"role": "user", "content": "x"}
+    nested: dict[str, object] = {}
+    cursor = nested
+    for _ in range(40):
+        cursor["a"] = {}
+        cursor = cursor["a"]  # type: ignore[assignment]
+    deep["extra"] = nested
+    with pytest.raises(errors.InputTooLargeError):
+        agent.send([deep], session_id="deep-1")
+    run = agent.send("nul \x00 inside", session_id="nul-1")
+    assert client.store.inbox("nul-1", 0)[0].messages[0].content == "nul \ufffd inside"
+    assert run.input_number == 1
+
+
+def test_a_failing_model_is_retried_then_parked_with_its_error(make_driver, client: Client):
+    flaky = Agent(name="flaky", model=MockModel([{"error": "upstream 503", "retryable": True}]))
+    driver = make_driver(flaky, max_attempts=3)
+    run = client.agent("flaky").send("hi", session_id="f-1")
+    outcomes = driver.drain("f-1")
+    assert outcomes.count(Outcome.FAILED) == 2 and outcomes[-1] == Outcome.PARKED
+    with pytest.raises(errors.ProviderError) as caught:
+        run.wait(timeout=2)
+    assert caught.value.retryable is False
+    (pending,) = client.agent("flaky").pending()
+    assert pending.attempts == 3 and pending.last_error is not None
+    # Nothing runs a parked run until someone resumes it.
+    assert driver.drain("f-1") == [Outcome.IDLE]
+
+
+def test_resume_reports_nothing_pending_for_finished_and_unknown_runs(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    agent = client.agent("weather")
+    assert agent.resume("never-seen") is None
+    agent.send("Weather please", session_id="w-1")
+    driver.drain("w-1")
+    assert agent.resume("w-1") is None
+
+
+def test_resume_of_a_live_run_is_busy(make_driver, client: Client, leases):
+    driver = make_driver(_three_turns())
+    agent = client.agent("weather")
+    agent.send("Weather please", session_id="w-1")
+    lease = leases.acquire("w-1")
+    assert lease is not None
+    with pytest.raises(errors.SessionBusyError):
+        agent.resume("w-1")
+    assert driver.drain("w-1") == [Outcome.BUSY]
+    leases.release(lease)
+    assert agent.resume("w-1") is not None

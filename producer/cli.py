@@ -106,6 +106,12 @@ def cmd_history(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(client: Client, args: argparse.Namespace) -> int:
+    from producer.demo import run_demo
+
+    return run_demo(client.settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lousho``."""
     parser = argparse.ArgumentParser(prog="lousho", description="Durable agent runs on Celery.")
@@ -136,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("session")
     history.add_argument("--limit", type=int, default=None)
     history.set_defaults(fn=cmd_history)
+    command("demo", "show a run surviving a killed worker").set_defaults(fn=cmd_demo)
     return parser
 
 

@@ -6,6 +6,7 @@ Times come from Postgres ``now()``, never from worker clocks.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -68,7 +69,8 @@ _RESET_ATTEMPTS = text("""
 UPDATE runs SET attempts = 0, last_error = NULL
 WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
 """)
-_LOCK_RUN = text("SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
+_LOCK_RUN = text(
+    "SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
 _CREATE_RUN = text("INSERT INTO runs (session_id, agent) VALUES (:sid, :agent) ON CONFLICT (session_id) DO NOTHING")
 _BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
 _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
@@ -213,7 +215,7 @@ class PostgresCheckpointStore:
         return None if row is None else _checkpoint(row, session_id)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000) -> list[records.Checkpoint | records.PendingRun]:
+             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints, optionally filtered; an unreadable one comes as a corrupt PendingRun."""
         clauses, params = [], {"limit": limit}
         if statuses is not None:
@@ -226,7 +228,7 @@ class PostgresCheckpointStore:
         query = text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY created_at, session_id LIMIT :limit")
         with self._begin() as conn:
             rows = conn.execute(query, params).all()
-        found: list[records.Checkpoint | records.PendingRun] = []
+        found: builtins.list[records.Checkpoint | records.PendingRun] = []
         for row in rows:
             try:
                 found.append(_checkpoint(row, row.session_id))
@@ -237,7 +239,7 @@ class PostgresCheckpointStore:
                     agent=row.agent))
         return found
 
-    def history(self, session_id: str, limit: int | None = None) -> list[records.HistoryEntry]:
+    def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""
         query = text(
             "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
@@ -256,7 +258,7 @@ class PostgresCheckpointStore:
                                                 status=row.status, checkpoint=checkpoint))
         return entries
 
-    def stale_runs(self, stale_after_s: float, limit: int = 500) -> list[tuple[str, int]]:
+    def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
         with self._begin() as conn:
             rows = conn.execute(_STALE, {"stale": stale_after_s, "limit": limit}).all()
@@ -294,7 +296,7 @@ class PostgresCheckpointStore:
         with self._begin() as conn:
             conn.execute(statement, [{"name": n, "fp": payloads.dumps(fp)} for n, fp in fingerprints.items()])
 
-    def known_agents(self) -> list[str]:
+    def known_agents(self) -> builtins.list[str]:
         """Names of agents some worker registered."""
         with self._begin() as conn:
             return [row.name for row in conn.execute(text("SELECT name FROM agents ORDER BY name"))]
@@ -315,11 +317,10 @@ class _Transaction:
         except DBAPIError as exc:
             raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
 
-    def __exit__(self, *exc_info: Any) -> bool:
+    def __exit__(self, *exc_info: Any) -> None:
         try:
             self._context.__exit__(*exc_info)
         except DBAPIError as exc:
             raise errors.StorageError(f"database error: {type(exc.orig).__name__}") from exc
         if exc_info[0] is not None and issubclass(exc_info[0], DBAPIError):
             raise errors.StorageError(f"database error: {type(exc_info[1].orig).__name__}") from exc_info[1]
-        return False

@@ -32,3 +32,24 @@ def migrate(settings: Settings, revision: str = "head") -> None:
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
     command.upgrade(config, revision)
+
+
+def ensure_database(settings: Settings) -> bool:
+    """Create the database named in the URL if the server lacks it; True when it was created."""
+    import psycopg
+    from psycopg import sql
+
+    url = settings.sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://")
+    base, _, query = url.partition("?")
+    server, _, name = base.removeprefix("postgresql://").rpartition("/")
+    server = "postgresql://" + server
+    try:
+        with psycopg.connect(url, connect_timeout=5):
+            return False
+    except psycopg.OperationalError as exc:
+        if not name or "does not exist" not in str(exc):
+            raise
+    admin = f"{server}/postgres" + (f"?{query}" if query else "")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return True

@@ -113,7 +113,7 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
             continue
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(  # type: ignore[call-overload]  # dynamic fields
+    model = create_model(
         f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
     return context_param, model
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
 
 from store.settings import Settings
 
@@ -66,7 +65,6 @@ def configure(app: Celery, settings: Settings) -> None:
         enable_utc=True,
         timezone="UTC",
         task_default_queue=settings.queue,
-        task_queues=[Queue(settings.queue)],
         worker_hijack_root_logger=False,
         beat_schedule={
             "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,

@@ -113,14 +113,16 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
         return Outcome.IDLE
     if checkpoint.attempts > deps.max_attempts:
-        error = errors.StepAttemptsExceededError(
+        exceeded = errors.StepAttemptsExceededError(
             f"step started {checkpoint.attempts} times without progress; run parked")
-        return _park(deps, checkpoint, LastError(**error.to_record()))
+        return _park(deps, checkpoint, LastError(**exceeded.to_record()))
     agent = deps.agents.get(checkpoint.agent)
     if agent is None:
-        error = errors.AgentNotFoundError(checkpoint.agent, list(deps.agents))
-        return _park(deps, checkpoint, LastError(**error.to_record()))
-    inbox = deps.store.inbox(checkpoint.session_id, checkpoint.inbox_cursor) if inbox_head > checkpoint.inbox_cursor else []
+        unknown = errors.AgentNotFoundError(checkpoint.agent, list(deps.agents))
+        return _park(deps, checkpoint, LastError(**unknown.to_record()))
+    inbox = []
+    if inbox_head > checkpoint.inbox_cursor:
+        inbox = deps.store.inbox(checkpoint.session_id, checkpoint.inbox_cursor)
     action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps)
     if isinstance(action, machine.Idle):
         return Outcome.IDLE

@@ -171,7 +171,8 @@ def test_bad_tool_arguments_raising_tools_and_odd_outputs_become_results(make_dr
     agent_def = Agent(name="messy", model=MockModel([
         {"tool_calls": [{"name": "lookup", "args": {"town": "Oslo"}}, {"name": "explode", "args": {"reason": "x"}},
                         {"name": "missing", "args": {}}, {"name": "odd_output", "args": {"kind": "nul"}},
-                        {"name": "odd_output", "args": {"kind": "nan"}}, {"name": "odd_output", "args": {"kind": "big"}}]},
+                        {"name": "odd_output", "args": {"kind": "nan"}},
+                        {"name": "odd_output", "args": {"kind": "big"}}]},
         "Done anyway.",
     ]), tools=[lookup, explode, odd_output])
     driver = make_driver(agent_def)

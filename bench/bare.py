@@ -1,0 +1,39 @@
+"""The baseline: a bare Celery chain whose every hop only enqueues the next one.
+
+The app gets exactly the Lousho worker's Celery configuration (``worker.celery.configure``: JSON
+only, ``acks_late`` with ``reject_on_worker_lost``, prefetch 1, the same broker transport options
+and time limits) on its own queue, so the difference measured against Lousho is the step's own
+work: lease, claim-and-load, model or tool call, fenced save, release.
+
+Start a worker with ``celery -A bench.bare worker -Q <queue>`` and ``LOUSHO_QUEUE=<queue>``.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from bench import timing
+from store.settings import Settings
+from worker.celery import check_configuration, configure
+
+HOP = "bench.hop"
+
+
+def make_app(settings: Settings) -> Celery:
+    """A Celery app with Lousho's production configuration, on ``settings.queue``, with the hop task."""
+    bare = Celery("bench-bare", set_as_current=False)
+    configure(bare, settings)
+    bare.conf.beat_schedule = {}
+    check_configuration(bare)
+
+    @bare.task(name=HOP, ignore_result=True)
+    def hop(chain: str, n: int, total: int) -> None:
+        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop, nothing else."""
+        if n < total:
+            hop.apply_async((chain, n + 1, total))
+
+    return bare
+
+
+app = make_app(Settings())
+timing.install()

@@ -1,0 +1,1 @@
+"""Example agents used by the README and ``lousho demo``."""

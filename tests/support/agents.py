@@ -1,0 +1,211 @@
+"""Agents for the crash tests: a scripted model and sleeping tools that log every call they serve.
+
+Workers import this module through ``LOUSHO_AGENTS=tests.support.agents``. Every model call and
+tool execution appends one JSONL line to ``LOUSHO_TEST_LOG`` with a single ``os.write`` on an
+``O_APPEND`` descriptor, so the line survives a SIGKILL of the writer a moment later. The checker
+(``tests.support.checker``) reads these lines; nothing here decides whether a run was correct.
+
+A run's shape comes from its first user message, ``run <session_id> [key=value ...]``:
+
+``turns=N``          model turns including the final text (default 3)
+``calls=3,2``        tool calls per tool turn (default ``3,2``; repeated when shorter than needed)
+``sleep=20-100``     range of each call's sleep in ms (chosen deterministically per call)
+``slow=T.K:MS``      call K of turn T sleeps MS ms instead (several allowed, comma separated)
+``model=MS``         model latency of every turn (default 50 ms)
+``slowmodel=T:MS``   model latency of turn T (several allowed, comma separated)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.records import Message
+from tests.support.checker import LOG_ENV, response_tag, transcript_digest
+from worker import Agent, ToolContext, tool
+from worker.machine import transcript_problems
+from worker.providers import MockModel, ModelResponse, ToolSpec
+
+DUPLICATE_ENV = "LOUSHO_TEST_DUPLICATE"
+
+_fds: dict[tuple[int, str], int] = {}
+_fd_lock = threading.Lock()
+
+
+def log_event(record: dict[str, Any]) -> None:
+    """Append one JSON line to the test log (no-op when ``LOUSHO_TEST_LOG`` is unset)."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    line = {"ts": time.time(), "pid": os.getpid(), **record}
+    data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    key = (os.getpid(), path)
+    with _fd_lock:
+        fd = _fds.get(key)
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            _fds[key] = fd
+    os.write(fd, data)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a run asks of the model and tools, parsed from its first user message."""
+
+    run_id: str
+    turns: int = 3
+    calls: tuple[int, ...] = (3, 2)
+    sleep_ms: tuple[int, int] = (20, 100)
+    slow: dict[tuple[int, int], int] = field(default_factory=dict)
+    model_ms: int = 50
+    slow_model: dict[int, int] = field(default_factory=dict)
+
+    def calls_in(self, turn: int) -> int:
+        """How many tool calls tool turn ``turn`` makes."""
+        return self.calls[turn % len(self.calls)]
+
+    def sleep_of(self, turn: int, index: int) -> int:
+        """The sleep of one call: fixed by (run, turn, index), so a regenerated turn asks the same."""
+        if (turn, index) in self.slow:
+            return self.slow[(turn, index)]
+        seed = int(hashlib.sha256(f"{self.run_id}/{turn}/{index}".encode()).hexdigest()[:8], 16)
+        return random.Random(seed).randint(*self.sleep_ms)
+
+    def latency_of(self, turn: int) -> int:
+        """The model latency of turn ``turn`` in ms."""
+        return self.slow_model.get(turn, self.model_ms)
+
+
+def parse_shape(text: str) -> RunShape:
+    """The shape of a run from ``run <id> key=value ...``."""
+    words = text.split()
+    if len(words) < 2 or words[0] != "run":
+        raise ValueError(f"crash-test input must start with 'run <id>', got {text[:80]!r}")
+    values: dict[str, Any] = {"run_id": words[1]}
+    slow: dict[tuple[int, int], int] = {}
+    slow_model: dict[int, int] = {}
+    for word in words[2:]:
+        key, _, value = word.partition("=")
+        if key == "turns":
+            values["turns"] = int(value)
+        elif key == "calls":
+            values["calls"] = tuple(int(n) for n in value.split(","))
+        elif key == "sleep":
+            low, _, high = value.partition("-")
+            values["sleep_ms"] = (int(low), int(high or low))
+        elif key == "model":
+            values["model_ms"] = int(value)
+        elif key == "slow":
+            for item in value.split(","):
+                where, _, ms = item.partition(":")
+                turn, _, index = where.partition(".")
+                slow[(int(turn), int(index))] = int(ms)
+        elif key == "slowmodel":
+            for item in value.split(","):
+                turn, _, ms = item.partition(":")
+                slow_model[int(turn)] = int(ms)
+        else:
+            raise ValueError(f"unknown crash-test option {key!r}")
+    return RunShape(slow=slow, slow_model=slow_model, **values)
+
+
+def run_input(run_id: str, **options: object) -> str:
+    """The first user message of a crash-test run."""
+    return " ".join(["run", run_id, *(f"{key}={value}" for key, value in options.items())])
+
+
+def _shape_of(messages: list[Message]) -> RunShape:
+    first = next(m for m in messages if m.role == "user")
+    return parse_shape(str(first.content))
+
+
+def _script(messages: list[Message]) -> dict[str, Any]:
+    """The scripted answer: tool turns until the last one, then final text; each carries a fresh nonce."""
+    shape = _shape_of(messages)
+    turn = sum(1 for m in messages if m.role == "assistant")
+    nonce = uuid.uuid4().hex[:12]
+    if turn >= shape.turns - 1:
+        return {"text": f"done {shape.run_id} {response_tag(nonce)}"}
+    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": "work", "args": {"ms": shape.sleep_of(turn, k)}}
+             for k in range(shape.calls_in(turn))]
+    return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls}
+
+
+class LoggedModel(MockModel):
+    """``MockModel`` that logs each call (start and end) and the validity of what it received."""
+
+    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        shape = _shape_of(messages)
+        turn = sum(1 for m in messages if m.role == "assistant")
+        call = uuid.uuid4().hex[:12]
+        problems = transcript_problems(messages)
+        log_event({"kind": "model", "phase": "start", "call": call, "run_id": shape.run_id, "turn_index": turn,
+                   "transcript_valid": not problems, "problems": problems[:3],
+                   "digest": transcript_digest([m.dump() for m in messages])})
+        time.sleep(shape.latency_of(turn) / 1000)
+        response = super().generate(messages, tools)
+        log_event({"kind": "model", "phase": "end", "call": call, "run_id": shape.run_id, "turn_index": turn,
+                   "transcript_valid": not problems, "response_id": _response_id(response),
+                   "tool_call_ids": [c.id for c in response.tool_calls]})
+        return response
+
+
+def _response_id(response: ModelResponse) -> str | None:
+    text = response.text or ""
+    start = text.rfind("[resp:")
+    return text[start + 6:text.find("]", start)] if start >= 0 else None
+
+
+@tool
+def work(ms: int, ctx: ToolContext) -> str:
+    """Sleep ``ms`` milliseconds, logging the start and end of this execution."""
+    execution = uuid.uuid4().hex[:12]
+    record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
+              "base_seq": ctx.checkpoint_seq, "exec": execution}
+    log_event({**record, "phase": "start", "ms": ms})
+    time.sleep(ms / 1000)
+    log_event({**record, "phase": "end"})
+    return json.dumps({"exec": execution, "pid": os.getpid(), "slept_ms": ms})
+
+
+#: Parallel tools (a batch runs its calls on up to 4 threads).
+chaos = Agent(name="chaos", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
+              tools=[work], max_steps=50, tool_concurrency=4)
+#: Sequential tools, so a crash point inside a batch has exactly one call in flight.
+serial = Agent(name="serial", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
+               tools=[work], max_steps=50, tool_concurrency=1)
+
+
+def _install_duplicator(spec: str) -> None:
+    """Publish every ``lousho.advance`` this process sends a second time, after a random jitter."""
+    from celery.signals import after_task_publish
+
+    from worker.celery import app, settings
+
+    low, _, high = spec.partition("-")
+    jitter = (int(low) / 1000, int(high or low) / 1000)
+
+    def send_again(args: list[Any]) -> None:
+        app.send_task("lousho.advance", args=args, queue=settings.queue, headers={"lousho_duplicate": 1})
+        log_event({"kind": "duplicate", "run_id": args[0], "seq": args[1] if len(args) > 1 else None})
+
+    def on_publish(sender: object = None, headers: dict[str, Any] | None = None, body: Any = None,
+                   **_: object) -> None:
+        if sender != "lousho.advance" or (headers or {}).get("lousho_duplicate"):
+            return
+        timer = threading.Timer(random.uniform(*jitter), send_again, (list(body[0]),))
+        timer.daemon = True
+        timer.start()
+
+    after_task_publish.connect(on_publish, weak=False)
+
+
+if os.environ.get(DUPLICATE_ENV):
+    _install_duplicator(os.environ[DUPLICATE_ENV])

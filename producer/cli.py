@@ -106,6 +106,38 @@ def cmd_history(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
+    approvals = client.agent(args.agent).approvals if args.agent else client.approvals
+    if args.action == "list":
+        pending = approvals.list()
+        if args.json:
+            _print_json([a.model_dump(mode="json", exclude={"fingerprint"}) for a in pending])
+            return 0
+        if not pending:
+            print("no pending approvals")
+        for a in pending:
+            created = a.created_at.isoformat() if a.created_at else "-"
+            print(f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
+                  f"  call {a.tool_call_id}  since {created}")
+        return 0
+    if not args.approval_id:
+        raise errors.ConfigurationError(f"approvals {args.action} needs an approval id")
+    run = approvals.resolve(args.approval_id, approved=args.action == "approve", note=args.note)
+    decision = "approved" if args.action == "approve" else "rejected"
+    if args.wait:
+        result = run.wait(timeout=args.timeout)
+        if args.json:
+            _print_json(_result_dict(result))
+        else:
+            print(f"{decision} {args.approval_id}; {result.session_id}: {result.finish_reason}")
+        return 0
+    if args.json:
+        _print_json({"approval_id": args.approval_id, "decision": decision, "session_id": run.session_id})
+    else:
+        print(f"{decision} {args.approval_id} (run {run.session_id})")
+    return 0
+
+
 def cmd_demo(client: Client, args: argparse.Namespace) -> int:
     from producer.demo import run_demo
 
@@ -142,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("session")
     history.add_argument("--limit", type=int, default=None)
     history.set_defaults(fn=cmd_history)
+    approvals = command("approvals", "list, approve or reject gated tool calls")
+    approvals.add_argument("action", choices=["list", "approve", "reject"])
+    approvals.add_argument("approval_id", nargs="?")
+    approvals.add_argument("--note", default=None, help="a note for the model (with approve/reject)")
+    approvals.add_argument("--agent", default=None)
+    approvals.add_argument("--wait", action="store_true", help="wait for the run to settle again")
+    approvals.add_argument("--timeout", type=float, default=60.0)
+    approvals.set_defaults(fn=cmd_approvals)
     command("demo", "show a run surviving a killed worker").set_defaults(fn=cmd_demo)
     return parser
 

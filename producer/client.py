@@ -16,10 +16,12 @@ from sqlalchemy import Engine
 
 from producer.enqueue import Enqueuer
 from store import errors, payloads, records
+from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
+from store.faults import crash_point
 from store.leases import LeaseManager
-from store.records import Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
+from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings
 
 MAX_INPUT_MESSAGES = 1000
@@ -124,6 +126,11 @@ class Client:
             self._enqueuer = Enqueuer(self.settings)
         return self._enqueuer
 
+    @property
+    def approvals(self) -> Approvals:
+        """Pending approvals of every agent, and their decisions."""
+        return Approvals(self, None)
+
     def agent(self, name: str) -> AgentHandle:
         """A handle for sending to and inspecting the runs of agent ``name``."""
         if not name or not isinstance(name, str):
@@ -186,12 +193,54 @@ class Client:
         self.close()
 
 
+class Approvals:
+    """Human decisions on gated tool calls, from any process, hours or days later."""
+
+    def __init__(self, client: Client, agent: str | None) -> None:
+        self._client = client
+        self._agent = agent
+        self._store = PostgresApprovalStore(client.store.engine)
+
+    def list(self) -> list[Approval]:
+        """Undecided approvals (session, call id, tool name, arguments, created at), oldest first."""
+        return self._store.pending(self._agent)
+
+    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> Run:
+        """Decide an approval. When it is the last pending one of its pause, the run continues.
+
+        Returns a ``Run`` whose ``wait`` gives the run's next settled state (another pause, or the end).
+
+        Raises:
+            ApprovalNotFoundError: unknown, already decided, or of another agent.
+            ApprovalOrphanedError: the run was deleted or replaced; the approval is withdrawn and nothing runs.
+        """
+        if not isinstance(approval_id, str) or not approval_id or len(approval_id) > 200:
+            raise errors.ApprovalNotFoundError(f"approval {str(approval_id)[:80]!r} is unknown")
+        if self._agent is not None:
+            found = self._store.by_ids([approval_id]).get(approval_id)
+            if found is None or found.agent != self._agent:
+                raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is unknown to agent {self._agent!r}")
+        decision = self._store.resolve(approval_id, approved, note)
+        session_id = decision.approval.session_id
+        checkpoint = self._client.store.load(session_id)
+        cursor = checkpoint.inbox_cursor if checkpoint is not None else 0
+        if decision.run_continues:
+            crash_point("approval_decided_before_resume_enqueue", session_id)
+            self._client.enqueuer.advance(session_id)
+        return Run(self._client, session_id, cursor)
+
+
 class AgentHandle:
     """Sends, resumes and inspects the runs of one agent."""
 
     def __init__(self, client: Client, name: str) -> None:
         self._client = client
         self.name = name
+
+    @property
+    def approvals(self) -> Approvals:
+        """Pending approvals of this agent's runs, and their decisions."""
+        return Approvals(self._client, self.name)
 
     def send(self, input: Input, session_id: str, *, check_agent: bool = True) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.

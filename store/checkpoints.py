@@ -13,10 +13,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import Connection, Row
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import Row
 
+from store import approvals as approval_rows
 from store import errors, payloads, records
+from store.database import Transaction
 
 _COLUMNS = "session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document, updated_at"
 
@@ -71,7 +72,13 @@ WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
 """)
 _LOCK_RUN = text(
     "SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
-_CREATE_RUN = text("INSERT INTO runs (session_id, agent) VALUES (:sid, :agent) ON CONFLICT (session_id) DO NOTHING")
+# A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
+# after that history: restarting at 0 would collide with the kept rows on every save.
+_CREATE_RUN = text("""
+INSERT INTO runs (session_id, agent, seq)
+SELECT :sid, :agent, COALESCE(MAX(seq), 0) FROM checkpoint_history WHERE session_id = :sid
+ON CONFLICT (session_id) DO NOTHING
+""")
 _BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
 _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 _STALE = text("""
@@ -140,11 +147,13 @@ class PostgresCheckpointStore:
             rows = conn.execute(_INBOX, {"sid": session_id, "cursor": cursor}).all()
         return [records.InboxEntry(n=row.n, messages=row.messages) for row in rows]
 
-    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False) -> datetime | None:
+    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
+             approvals: Sequence[records.Approval] = ()) -> datetime | None:
         """Write ``checkpoint`` (its ``seq`` must be the stored one plus one) if its fence still holds.
 
-        The history row, the ring trim and the inbox trim go in the same statement. Returns the
-        save time, or None when the fence or seq no longer matched (another holder took over).
+        The history row, the ring trim and the inbox trim go in the same statement; new approval
+        rows (a pausing save) in the same transaction. Returns the save time, or None when the
+        fence or seq no longer matched (another holder took over).
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
@@ -160,7 +169,13 @@ class PostgresCheckpointStore:
         statement = _SAVES[(self.history_limit > 0, drained_inbox)]
         with self._begin() as conn:
             saved: datetime | None = conn.execute(statement, params).scalar()
+            if saved is not None and approvals:
+                approval_rows.insert(conn, approvals)
         return saved
+
+    def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """The approvals of a pause, by id (for the step that continues the run)."""
+        return approval_rows.PostgresApprovalStore(self.engine).by_ids(approval_ids)
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
@@ -270,6 +285,7 @@ class PostgresCheckpointStore:
         """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
         with self._begin() as conn:
             deleted = conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount
+            approval_rows.withdraw_for_run(conn, session_id)
             conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
             if not keep_history:
                 conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
@@ -301,26 +317,5 @@ class PostgresCheckpointStore:
         with self._begin() as conn:
             return [row.name for row in conn.execute(text("SELECT name FROM agents ORDER BY name"))]
 
-    def _begin(self) -> _Transaction:
-        return _Transaction(self.engine)
-
-
-class _Transaction:
-    """``engine.begin()`` that turns driver errors into ``StorageError`` (never leaking parameters)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._context = engine.begin()
-
-    def __enter__(self) -> Connection:
-        try:
-            return self._context.__enter__()
-        except DBAPIError as exc:
-            raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
-
-    def __exit__(self, *exc_info: Any) -> None:
-        try:
-            self._context.__exit__(*exc_info)
-        except DBAPIError as exc:
-            raise errors.StorageError(f"database error: {type(exc.orig).__name__}") from exc
-        if exc_info[0] is not None and issubclass(exc_info[0], DBAPIError):
-            raise errors.StorageError(f"database error: {type(exc_info[1].orig).__name__}") from exc_info[1]
+    def _begin(self) -> Transaction:
+        return Transaction(self.engine)

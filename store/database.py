@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
+from store import errors
 from store.settings import Settings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -53,3 +57,24 @@ def ensure_database(settings: Settings) -> bool:
     with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return True
+
+
+class Transaction:
+    """``engine.begin()`` that turns driver errors into ``StorageError`` (never leaking parameters)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._context = engine.begin()
+
+    def __enter__(self) -> Connection:
+        try:
+            return self._context.__enter__()
+        except DBAPIError as exc:
+            raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._context.__exit__(*exc_info)
+        except DBAPIError as exc:
+            raise errors.StorageError(f"database error: {type(exc.orig).__name__}") from exc
+        if exc_info[0] is not None and issubclass(exc_info[0], DBAPIError):
+            raise errors.StorageError(f"database error: {type(exc_info[1].orig).__name__}") from exc_info[1]

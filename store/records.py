@@ -163,6 +163,25 @@ class Checkpoint(_Record):
         return None
 
 
+ApprovalStatus = Literal["pending", "approved", "rejected", "withdrawn"]
+
+
+class Approval(_Record):
+    """A gated tool call waiting for (or given) a human decision."""
+
+    approval_id: str
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    agent: str
+    status: ApprovalStatus = "pending"
+    note: str | None = None
+    fingerprint: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    decided_at: datetime | None = None
+
+
 class InboxEntry(_Record):
     """One ``send`` waiting to be merged into its run at the next step boundary."""
 

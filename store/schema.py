@@ -75,3 +75,22 @@ agents = Table(
     Column("fingerprint", JSONB, nullable=True),
     Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+#: One row per gated tool call of a paused run; decided once, or withdrawn when its run is gone.
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", Text, primary_key=True),
+    Column("session_id", Text, nullable=False),
+    Column("tool_call_id", Text, nullable=False),
+    Column("tool_name", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("agent", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("note", Text, nullable=True),
+    Column("fingerprint", JSONB, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("decided_at", DateTime(timezone=True), nullable=True),
+    Index("approvals_session_idx", "session_id"),
+    Index("approvals_pending_idx", "created_at", postgresql_where=text("status = 'pending'")),
+)

@@ -165,7 +165,35 @@ def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
             break
         position += 1
     messages.insert(position, result)
-    return checkpoint.model_copy(update={"messages": messages})
+    started = [c for c in checkpoint.started_tool_call_ids if c != result.tool_call_id]
+    return checkpoint.model_copy(update={"messages": messages, "started_tool_call_ids": started})
+
+
+def mark_started(checkpoint: Checkpoint, call_id: str) -> Checkpoint:
+    """Record that an approved call is about to run; a resume that finds it without a result
+    gives it an ``interrupted`` result instead of running it again."""
+    if call_id in checkpoint.started_tool_call_ids:
+        return checkpoint
+    return checkpoint.model_copy(update={"started_tool_call_ids": [*checkpoint.started_tool_call_ids, call_id]})
+
+
+def pause(checkpoint: Checkpoint, approval_ids: list[str]) -> Checkpoint:
+    """The checkpoint of a run waiting on a decision for each of ``approval_ids``."""
+    return checkpoint.model_copy(update={"status": "awaiting-approval", "approval_ids": list(approval_ids)})
+
+
+def interrupted(call: ToolCall) -> Message:
+    """The result of an approved call that was running when its worker died: never run twice."""
+    return tool_error(call, "interrupted", "ToolInterrupted",
+                      "this approved call was interrupted while running; it may or may not have taken effect."
+                      " Check before trying it again.")
+
+
+def rejected(call: ToolCall, note: str | None) -> Message:
+    """The result of a call a human rejected, with the human's note."""
+    body = {"error": "ApprovalRejected", "tool_name": call.name, "kind": "rejected", "tool_call_id": call.id,
+            "message": "a human rejected this call", "note": note}
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
 def tool_message(call: ToolCall, value: Any) -> Message:

@@ -6,66 +6,23 @@ write is fenced, so a stalled holder's late save is refused and leaves no trace.
 
 from __future__ import annotations
 
-import enum
 import logging
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import redis
 
 from store import errors, payloads, records
-from store.checkpoints import PostgresCheckpointStore
-from store.leases import Heartbeat, Lease, LeaseManager
-from store.records import Checkpoint, LastError, Message, ToolCall
+from store.leases import Lease
+from store.records import Checkpoint, LastError, ToolCall
 from worker import machine
-from worker.agents import Agent, ToolArgsInvalid, ToolContext
+from worker.agents import Agent
+from worker.batch import run_batch
+from worker.context import Enqueue, Next, Outcome, StepDeps, save
 from worker.faults import crash_point
 
+__all__ = ["Enqueue", "Outcome", "StepDeps", "run_step"]
+
 log = logging.getLogger("lousho.step")
-
-Enqueue = Callable[[str, int | None, float], None]
-
-
-class Outcome(enum.StrEnum):
-    """What a step did (logged, counted by the benchmark and tests)."""
-
-    BUSY = "busy"            #: another holder has the lease; dropped, the holder goes on
-    UNKNOWN = "unknown"      #: no such run
-    STALE = "stale"          #: the message's seq is behind the run; a duplicate, dropped
-    IDLE = "idle"            #: nothing to do (paused, finished, parked)
-    ADVANCED = "advanced"    #: progress saved, next step enqueued
-    FINISHED = "finished"    #: the run finished
-    FENCED = "fenced"        #: our save was refused: another holder took over
-    FAILED = "failed"        #: the step failed; error recorded, retry scheduled
-    PARKED = "parked"        #: the run stopped with a non-retryable error
-
-
-@dataclass
-class StepDeps:
-    """What a step needs, built once per worker process."""
-
-    store: PostgresCheckpointStore
-    leases: LeaseManager
-    heartbeat: Heartbeat
-    agents: dict[str, Agent]
-    enqueue: Enqueue
-    max_attempts: int = 5
-    fingerprints: dict[str, dict[str, object]] = field(default_factory=dict)
-
-    def fingerprint(self, agent: Agent) -> dict[str, object]:
-        """The agent's fingerprint, computed once per process."""
-        if agent.name not in self.fingerprints:
-            self.fingerprints[agent.name] = agent.fingerprint()
-        return self.fingerprints[agent.name]
-
-
-@dataclass
-class _Next:
-    seq: int | None = None
-    countdown: float = 0.0
 
 
 def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome:
@@ -79,7 +36,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     if lease is None:
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
-    after = _Next()
+    after = Next()
     try:
         crash_point("after_lease_before_epoch", session_id)
         claim = deps.store.claim(session_id, lease.token, seq)
@@ -109,7 +66,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     return outcome
 
 
-def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, after: _Next) -> Outcome:
+def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, after: Next) -> Outcome:
     if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
         return Outcome.IDLE
     if checkpoint.attempts > deps.max_attempts:
@@ -131,29 +88,20 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
             return _save_only(deps, agent, action)
         if isinstance(action, machine.ModelTurn):
             return _model_turn(deps, agent, action, after)
-        return _tool_batch(deps, lease, agent, action.checkpoint, action.calls, after)
+        return run_batch(deps, lease, agent, action.checkpoint, action.calls, after)
     except errors.FencedOutError:
         return Outcome.FENCED
     except Exception as exc:  # classified and recorded below, never swallowed
         return _record_failure(deps, checkpoint, exc, after)
 
 
-def _save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False) -> Checkpoint:
-    """Fenced save of ``checkpoint`` as the next seq; raises ``FencedOutError`` when refused."""
-    new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
-    if deps.store.save(new, drained_inbox=drained_inbox) is None:
-        log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
-        raise errors.FencedOutError(new.session_id, new.fence)
-    return new
-
-
 def _save_only(deps: StepDeps, agent: Agent, action: machine.Save) -> Outcome:
     checkpoint = action.checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)})
-    saved = _save(deps, checkpoint, drained_inbox=action.drained_inbox)
+    saved = save(deps, checkpoint, drained_inbox=action.drained_inbox)
     return Outcome.FINISHED if saved.status == "finished" else Outcome.IDLE
 
 
-def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, after: _Next) -> Outcome:
+def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, after: Next) -> Outcome:
     checkpoint = action.checkpoint
     sid = checkpoint.session_id
     crash_point("during_model_call", sid)
@@ -171,94 +119,12 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, after: 
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
-    saved = _save(deps, updated, drained_inbox=action.drained_inbox)
+    saved = save(deps, updated, drained_inbox=action.drained_inbox)
     crash_point("after_model_save_before_enqueue", sid)
     if saved.status == "finished":
         return Outcome.FINISHED
     after.seq = saved.seq
     return Outcome.ADVANCED
-
-
-class _Batch:
-    """Results of one tool batch, saved one by one as they settle, by tool call id."""
-
-    def __init__(self, deps: StepDeps, lease: Lease, checkpoint: Checkpoint) -> None:
-        self.deps = deps
-        self.lease = lease
-        self.checkpoint = checkpoint
-        self.lock = threading.Lock()
-        self.closed = False
-        self.fenced = False
-
-    def may_start(self) -> bool:
-        return not (self.closed or self.fenced or self.lease.lost.is_set())
-
-    def settle(self, result: Message) -> None:
-        with self.lock:
-            if self.closed or self.fenced:
-                return
-            crash_point("after_tool_effect_before_result_save", self.checkpoint.session_id)
-            updated = machine.record_tool_result(self.checkpoint, result)
-            try:
-                self.checkpoint = _save(self.deps, updated)
-            except errors.FencedOutError:
-                self.fenced = True
-                self.lease.lost.set()
-                return
-            crash_point("between_results", self.checkpoint.session_id)
-
-
-def _tool_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
-                after: _Next) -> Outcome:
-    batch = _Batch(deps, lease, checkpoint)
-
-    def run_one(call: ToolCall) -> None:
-        if not batch.may_start():
-            return
-        batch.settle(_execute(agent, checkpoint, call))
-
-    try:
-        workers = min(agent.tool_concurrency, len(calls))
-        if workers <= 1:
-            for call in calls:
-                run_one(call)
-        else:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
-                for future in [pool.submit(run_one, call) for call in calls]:
-                    future.result()
-    finally:
-        with batch.lock:
-            batch.closed = True
-    if batch.fenced:
-        return Outcome.FENCED
-    if batch.checkpoint.pending_tool_calls:
-        # The lease was lost before every call ran; the new holder runs the rest.
-        return Outcome.FENCED
-    crash_point("after_batch_save_before_enqueue", checkpoint.session_id)
-    after.seq = batch.checkpoint.seq
-    return Outcome.ADVANCED
-
-
-def _execute(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> Message:
-    """Run one call and turn whatever happens into its result message."""
-    tool = agent.tools.get(call.name)
-    if tool is None:
-        return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}")
-    context = ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
-                          step=checkpoint.step, business_state=checkpoint.business_state,
-                          checkpoint_seq=checkpoint.seq)
-    try:
-        tool.validate(call.args)
-        if tool.requires_approval(call.args, context):
-            return machine.tool_error(call, "denied", "ApprovalUnavailable",
-                                      "this tool needs a human approval, which this release cannot ask for")
-        crash_point("tool_before_effect", checkpoint.session_id)
-        value = tool.invoke(call.args, context)
-    except ToolArgsInvalid as exc:
-        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
-    except Exception as exc:  # a raising tool becomes an error result for the model
-        return machine.tool_error(call, "execution", type(exc).__name__, str(exc))
-    return machine.tool_message(call, value)
 
 
 def _park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> Outcome:
@@ -267,7 +133,7 @@ def _park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> Outcome:
     return Outcome.PARKED
 
 
-def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, after: _Next) -> Outcome:
+def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, after: Next) -> Outcome:
     if isinstance(exc, errors.LoushoError):
         error = LastError(code=exc.code, message=exc.message[:2000], retryable=exc.retryable)
     else:

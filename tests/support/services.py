@@ -99,5 +99,5 @@ def test_environment(**overrides: object) -> dict[str, str]:
 def reset_state() -> None:
     """Empty every table and the test Redis db."""
     with psycopg.connect(test_database_url(), autocommit=True) as conn:
-        conn.execute("TRUNCATE runs, checkpoint_history, inbox, agents")
+        conn.execute("TRUNCATE runs, checkpoint_history, inbox, agents, approvals")
     redis.Redis.from_url(test_redis_url()).flushdb()

@@ -1,0 +1,82 @@
+"""What a step runs with: its dependencies, its outcome, and the fenced save every write goes through.
+
+Framework-free (no Celery); shared by the step executor and the tool batch.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from store import errors
+from store.checkpoints import PostgresCheckpointStore
+from store.leases import Heartbeat, LeaseManager
+from store.records import Approval, Checkpoint
+from worker.agents import Agent
+
+log = logging.getLogger("lousho.step")
+
+Enqueue = Callable[[str, int | None, float], None]
+
+
+class Outcome(enum.StrEnum):
+    """What a step did (logged, counted by the benchmark and tests)."""
+
+    BUSY = "busy"            #: another holder has the lease; dropped, the holder goes on
+    UNKNOWN = "unknown"      #: no such run
+    STALE = "stale"          #: the message's seq is behind the run; a duplicate, dropped
+    IDLE = "idle"            #: nothing to do (paused, finished, parked)
+    ADVANCED = "advanced"    #: progress saved, next step enqueued
+    PAUSED = "paused"        #: the run now waits on approvals
+    FINISHED = "finished"    #: the run finished
+    FENCED = "fenced"        #: our save was refused: another holder took over
+    FAILED = "failed"        #: the step failed; error recorded, retry scheduled
+    PARKED = "parked"        #: the run stopped with a non-retryable error
+
+
+@dataclass
+class StepDeps:
+    """What a step needs, built once per worker process."""
+
+    store: PostgresCheckpointStore
+    leases: LeaseManager
+    heartbeat: Heartbeat
+    agents: dict[str, Agent]
+    enqueue: Enqueue
+    max_attempts: int = 5
+    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def fingerprint(self, agent: Agent) -> dict[str, Any]:
+        """The agent's fingerprint, computed once per process."""
+        if agent.name not in self.fingerprints:
+            self.fingerprints[agent.name] = agent.fingerprint()
+        return self.fingerprints[agent.name]
+
+
+@dataclass
+class Next:
+    """The follow-up message a step asks for once its lease is released."""
+
+    seq: int | None = None
+    countdown: float = 0.0
+
+
+def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
+         approvals: Sequence[Approval] = ()) -> Checkpoint:
+    """Fenced save of ``checkpoint`` as the next seq.
+
+    Raises:
+        FencedOutError: another holder claimed the run since we loaded it.
+    """
+    new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
+    if approvals:
+        saved = deps.store.save(new, drained_inbox=drained_inbox, approvals=approvals)
+    else:
+        saved = deps.store.save(new, drained_inbox=drained_inbox)
+    if saved is None:
+        log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
+        raise errors.FencedOutError(new.session_id, new.fence)
+    return new

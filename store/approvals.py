@@ -31,7 +31,13 @@ _LOCK_RUN = text("SELECT status, document -> 'approval_ids' AS ids FROM runs WHE
 _DECIDE = text("UPDATE approvals SET status = :status, note = :note, decided_at = now() WHERE approval_id = :id")
 _STILL_PENDING = text("SELECT count(*) FROM approvals WHERE approval_id = ANY(:ids) AND status = 'pending'")
 # Leave updated_at alone: the sweep then sees the run as stale at once if the enqueue is lost.
-_CONTINUE_RUN = text("UPDATE runs SET status = 'in-progress' WHERE session_id = :sid")
+_CONTINUE_RUN = text(
+    "UPDATE runs SET status = 'in-progress', last_error = NULL, attempts = 0 WHERE session_id = :sid")
+_UNDECIDE = text("""
+UPDATE approvals SET status = 'pending', note = NULL, decided_at = NULL
+WHERE approval_id = ANY(:ids) AND status IN ('approved', 'rejected')
+""")
+_PAUSE_AGAIN = text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = :sid AND status = 'in-progress'")
 _WITHDRAW_RUN = text(
     "UPDATE approvals SET status = 'withdrawn', decided_at = now() WHERE session_id = :sid AND status = 'pending'")
 
@@ -55,6 +61,12 @@ def insert(conn: Connection, approvals: Sequence[Approval]) -> None:
 def withdraw_for_run(conn: Connection, session_id: str) -> None:
     """Withdraw the pending approvals of a run being deleted (inside the caller's transaction)."""
     conn.execute(_WITHDRAW_RUN, {"sid": session_id})
+
+
+def put_back(conn: Connection, session_id: str, approval_ids: Sequence[str]) -> None:
+    """Return decided approvals to pending and their run to awaiting approval (caller's transaction)."""
+    conn.execute(_UNDECIDE, {"ids": list(approval_ids)})
+    conn.execute(_PAUSE_AGAIN, {"sid": session_id})
 
 
 def _approval(row: Any) -> Approval:

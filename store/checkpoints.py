@@ -71,7 +71,7 @@ UPDATE runs SET attempts = 0, last_error = NULL
 WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
 """)
 _LOCK_RUN = text(
-    "SELECT agent, status, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
+    f"SELECT {_COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
 # A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
 # after that history: restarting at 0 would collide with the kept rows on every save.
 _CREATE_RUN = text("""
@@ -173,6 +173,21 @@ class PostgresCheckpointStore:
                 approval_rows.insert(conn, approvals)
         return saved
 
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+        """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
+
+        Decisions of ``approval_ids`` that the run was about to act on go back to pending and
+        the run back to awaiting approval, so a fixed agent can resolve them again.
+        """
+        body = payloads.dumps(error.model_copy(update={"retryable": False}).model_dump())
+        with self._begin() as conn:
+            parked = conn.execute(_FAIL, {"sid": session_id, "fence": fence, "error": body}).first()
+            if parked is None:
+                return False
+            if approval_ids:
+                approval_rows.put_back(conn, session_id, approval_ids)
+        return True
+
     def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
         """The approvals of a pause, by id (for the step that continues the run)."""
         return approval_rows.PostgresApprovalStore(self.engine).by_ids(approval_ids)
@@ -196,11 +211,14 @@ class PostgresCheckpointStore:
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
             ConfigurationError: the session belongs to another agent.
+            CheckpointCorruptError: the stored run cannot be read.
         """
         body = payloads.dumps([m.dump() for m in messages])
         with self._begin() as conn:
             conn.execute(_CREATE_RUN, {"sid": session_id, "agent": agent})
             row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
+            if row.document:
+                _checkpoint(row, session_id)  # an unreadable run takes no input: delete it first
             if row.agent != agent:
                 raise errors.ConfigurationError(
                     f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")

@@ -14,7 +14,7 @@ import redis
 from store import errors, payloads, records
 from store.leases import Lease
 from store.records import Checkpoint, LastError, ToolCall
-from worker import machine
+from worker import drift, machine
 from worker.agents import Agent
 from worker.batch import run_batch
 from worker.context import Enqueue, Next, Outcome, StepDeps, save
@@ -23,6 +23,7 @@ from worker.faults import crash_point
 __all__ = ["Enqueue", "Outcome", "StepDeps", "run_step"]
 
 log = logging.getLogger("lousho.step")
+drift_log = logging.getLogger("lousho.drift")
 
 
 def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome:
@@ -39,7 +40,12 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     after = Next()
     try:
         crash_point("after_lease_before_epoch", session_id)
-        claim = deps.store.claim(session_id, lease.token, seq)
+        try:
+            claim = deps.store.claim(session_id, lease.token, seq)
+        except errors.CheckpointCorruptError as exc:
+            # The fence was claimed before the document failed to parse: park the run under it.
+            deps.store.record_failure(session_id, lease.token, LastError(**exc.to_record()))
+            return Outcome.PARKED
         if claim.checkpoint is None:
             if claim.stored_fence is None:
                 return Outcome.UNKNOWN
@@ -83,6 +89,10 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps)
     if isinstance(action, machine.Idle):
         return Outcome.IDLE
+    if isinstance(action, machine.ModelTurn | machine.ToolBatch):
+        refusal = _check_resume(deps, agent, checkpoint, action)
+        if refusal is not None:
+            return _refuse(deps, checkpoint, refusal)
     try:
         if isinstance(action, machine.Save):
             return _save_only(deps, agent, action)
@@ -93,6 +103,35 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
         return Outcome.FENCED
     except Exception as exc:  # classified and recorded below, never swallowed
         return _record_failure(deps, checkpoint, exc, after)
+
+
+def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
+                  action: machine.ModelTurn | machine.ToolBatch) -> errors.LoushoError | None:
+    """Before any model call or tool runs: is the agent still the one that saved the run?"""
+    saved_tools = (checkpoint.fingerprint or {}).get("tools") or {}
+    if isinstance(action, machine.ToolBatch):
+        missing = sorted({c.name for c in action.calls if c.name not in agent.tools and c.name in saved_tools})
+        if missing:
+            return errors.ResumeToolMissingError(
+                f"pending calls of run {checkpoint.session_id!r} use tools agent {agent.name!r} no longer has:"
+                f" {', '.join(missing)}")
+    found = drift.compare(checkpoint.fingerprint, deps.fingerprint(agent))
+    if found is None or agent.on_agent_drift == "ignore":
+        return None
+    if agent.on_agent_drift == "error":
+        return errors.AgentDriftError(
+            f"agent {agent.name!r} changed since run {checkpoint.session_id!r} was saved: {found.describe()}")
+    drift_log.warning("agent %s changed under run %s: %s", agent.name, checkpoint.session_id, found.describe(),
+                      extra={"lousho_event": "agent.drift", "drift": found.as_event()})
+    return None
+
+
+def _refuse(deps: StepDeps, checkpoint: Checkpoint, error: errors.LoushoError) -> Outcome:
+    """Stop without touching the checkpoint; decisions the run was about to act on are put back."""
+    deps.store.refuse(checkpoint.session_id, checkpoint.fence, LastError(**error.to_record()),
+                      checkpoint.approval_ids)
+    log.warning("run %s refused: %s", checkpoint.session_id, error.code)
+    return Outcome.PARKED
 
 
 def _save_only(deps: StepDeps, agent: Agent, action: machine.Save) -> Outcome:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from producer.client import AgentHandle, Client, Run, RunResult
+from producer.client import AgentHandle, Approvals, Client, Run, RunResult
+from producer.forks import Fork
+from producer.trajectories import TrajectoryComparison, compare_trajectories
 from store.errors import (
     AgentDriftError,
     AgentNotFoundError,
@@ -25,10 +27,12 @@ __all__ = [
     "AgentHandle",
     "AgentNotFoundError",
     "ApprovalOrphanedError",
+    "Approvals",
     "CheckpointCorruptError",
     "CheckpointNotFoundError",
     "Client",
     "ConfigurationError",
+    "Fork",
     "HistoryEntry",
     "InputTooLargeError",
     "LoushoError",
@@ -40,4 +44,6 @@ __all__ = [
     "SessionAwaitingApprovalError",
     "SessionBusyError",
     "SessionIdInvalidError",
+    "TrajectoryComparison",
+    "compare_trajectories",
 ]

@@ -6,12 +6,14 @@ Every listing prints JSON with ``--json``. Errors print their stable code and ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from producer.client import Client, RunResult
+from producer.trajectories import compare_trajectories
 from store import errors
 from store.database import migrate
 from store.settings import Settings
@@ -138,6 +140,47 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fork(client: Client, args: argparse.Namespace) -> int:
+    checkpoint = client.store.load(args.session)
+    if checkpoint is None and not client.store.history(args.session, 1):
+        raise errors.CheckpointNotFoundError(f"run {args.session!r} is not stored")
+    agent = checkpoint.agent if checkpoint else client.store.history(args.session, 1)[0].checkpoint.agent
+    patch = {"append_input": args.append_input} if args.append_input else None
+    made = client.agent(agent).fork(args.session, args.from_step, patch=patch, new_session_id=args.new_id)
+    if args.json:
+        _print_json({"session_id": made.session_id, "step": made.step,
+                     "checkpoint": made.checkpoint.model_dump(mode="json", exclude_none=True)})
+    else:
+        print(f"forked {args.session} at step {made.step} as {made.session_id}; run it with: lousho resume "
+              f"{made.session_id}")
+    return 0
+
+
+def cmd_compare(client: Client, args: argparse.Namespace) -> int:
+    runs = []
+    for session_id in (args.a, args.b):
+        checkpoint = client.store.load(session_id)
+        if checkpoint is None:
+            raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+        runs.append(checkpoint)
+    comparison = compare_trajectories(runs[0], runs[1])
+    if args.json:
+        _print_json(dataclasses.asdict(comparison))
+        return 0
+    where = "identical" if comparison.diverged_at is None else f"diverged at step {comparison.diverged_at}"
+    print(f"{args.a} ({len(comparison.a)} steps) vs {args.b} ({len(comparison.b)} steps): {where}")
+    drift = comparison.drift
+    for item in drift.tool_order:
+        print(f"  step {item['step']}: tools {item['a']} vs {item['b']}")
+    for item in drift.arguments:
+        print(f"  step {item['step']}: {item['tool']} arguments {json.dumps(item['a'])} vs {json.dumps(item['b'])}")
+    if drift.step_count:
+        print(f"  step count {drift.step_count['a']} vs {drift.step_count['b']}")
+    if drift.finish_reason:
+        print(f"  finish reason {drift.finish_reason['a']} vs {drift.finish_reason['b']}")
+    return 0
+
+
 def cmd_demo(client: Client, args: argparse.Namespace) -> int:
     from producer.demo import run_demo
 
@@ -174,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("session")
     history.add_argument("--limit", type=int, default=None)
     history.set_defaults(fn=cmd_history)
+    fork = command("fork", "start a new run from a step of a run's history")
+    fork.add_argument("session")
+    fork.add_argument("--from-step", type=int, required=True)
+    fork.add_argument("--append-input", default=None, help="a user message queued after pending calls")
+    fork.add_argument("--new-id", default=None, help="the fork's run id (default <id>.fork-<n>)")
+    fork.set_defaults(fn=cmd_fork)
+    compare = command("compare", "compare two runs step by step")
+    compare.add_argument("a")
+    compare.add_argument("b")
+    compare.set_defaults(fn=cmd_compare)
     approvals = command("approvals", "list, approve or reject gated tool calls")
     approvals.add_argument("action", choices=["list", "approve", "reject"])
     approvals.add_argument("approval_id", nargs="?")

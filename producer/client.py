@@ -14,7 +14,9 @@ import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import Engine
 
+from producer import forks
 from producer.enqueue import Enqueuer
+from producer.forks import Fork
 from store import errors, payloads, records
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
@@ -298,6 +300,16 @@ class AgentHandle:
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
         """Saved states of the run, newest first; ``[]`` for an unknown run."""
         return self._client.store.history(records.validate_session_id(session_id), limit)
+
+    def fork(self, session_id: str, from_step: int, patch: dict[str, Any] | None = None,
+             new_session_id: str | None = None) -> Fork:
+        """A new run from the newest saved state of ``from_step``; resume the fork to run it.
+
+        Raises:
+            CheckpointNotFoundError: the step is not in the run's history (the message lists those kept).
+            ConfigurationError: ``new_session_id`` is taken, or the patch is malformed.
+        """
+        return forks.fork(self._client.store, session_id, from_step, patch, new_session_id, agent=self.name)
 
     def delete(self, session_id: str, keep_history: bool = False) -> bool:
         """Drop the run's checkpoint (and history unless ``keep_history``)."""

@@ -79,6 +79,12 @@ INSERT INTO runs (session_id, agent, seq)
 SELECT :sid, :agent, COALESCE(MAX(seq), 0) FROM checkpoint_history WHERE session_id = :sid
 ON CONFLICT (session_id) DO NOTHING
 """)
+_NEW_RUN = text("""
+INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
+SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
+FROM checkpoint_history WHERE session_id = :sid
+ON CONFLICT (session_id) DO NOTHING RETURNING session_id
+""")
 _BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
 _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 _STALE = text("""
@@ -228,6 +234,20 @@ class PostgresCheckpointStore:
             number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
             conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body})
         return number
+
+    def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
+        """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
+        body = payloads.dumps(checkpoint.document())
+        with self._begin() as conn:
+            created = conn.execute(_NEW_RUN, {
+                "sid": checkpoint.session_id, "agent": checkpoint.agent, "status": checkpoint.status,
+                "doc": body, "head": 1 if queued else 0}).first()
+            if created is None:
+                return False
+            if queued:
+                conn.execute(_ADD_INBOX, {"sid": checkpoint.session_id, "n": 1,
+                                          "messages": payloads.dumps([m.dump() for m in queued])})
+        return True
 
     def reset_attempts(self, session_id: str) -> int | None:
         """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""

@@ -45,13 +45,13 @@ def sanitize(value: Any, *, depth: int = 0) -> Any:
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, int):
-        return value if abs(value).bit_length() < MAX_INT_DIGITS * 3 else str(value)[:MAX_INT_DIGITS]
+        return value if abs(value).bit_length() < MAX_INT_DIGITS * 3 else _huge_int_text(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if depth >= MAX_DEPTH:
         return clean_text(_shallow_repr(value))
     if isinstance(value, dict):
-        return {clean_text(str(k)): sanitize(v, depth=depth + 1) for k, v in value.items()}
+        return {_key_text(k): sanitize(v, depth=depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [sanitize(v, depth=depth + 1) for v in value]
     if hasattr(value, "model_dump"):
@@ -59,11 +59,26 @@ def sanitize(value: Any, *, depth: int = 0) -> Any:
     return clean_text(str(value))
 
 
+def _key_text(key: Any) -> str:
+    if isinstance(key, int):
+        return str(sanitize(key))
+    return clean_text(str(key))
+
+
+def _huge_int_text(value: int) -> str:
+    try:
+        return str(value)[:MAX_INT_DIGITS]
+    except ValueError:  # past Python's int-to-str digit limit (4300 by default) str() raises
+        return f"<integer of {abs(value).bit_length()} bits>"
+
+
 def _shallow_repr(value: Any) -> str:
     try:
         return repr(value)[:1000]
     except RecursionError:
         return "<too deeply nested>"
+    except ValueError:  # an int past the digit limit somewhere inside
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 def dumps(value: Any) -> str:

@@ -149,6 +149,31 @@ class Checkpoint(_Record):
         return []
 
 
+    def with_tool_result(self, result: Message) -> Checkpoint:
+        """This checkpoint with ``result`` placed at its call's position among the last turn's results.
+
+        Results settle in any order; keeping them sorted by call order makes the transcript valid
+        as soon as the last one lands. A second result for the same call is ignored.
+
+        Raises:
+            ValueError: the last assistant turn has no call with that id.
+        """
+        messages = list(self.messages)
+        turn_index = max(i for i, m in enumerate(messages) if m.role == "assistant")
+        order = {c.id: k for k, c in enumerate(messages[turn_index].tool_calls or ())}
+        if result.tool_call_id not in order:
+            raise ValueError(f"result for unknown call {result.tool_call_id!r}")
+        position = turn_index + 1
+        while position < len(messages) and messages[position].role == "tool":
+            if messages[position].tool_call_id == result.tool_call_id:
+                return self
+            if order.get(messages[position].tool_call_id or "", -1) > order[result.tool_call_id]:
+                break
+            position += 1
+        messages.insert(position, result)
+        started = [c for c in self.started_tool_call_ids if c != result.tool_call_id]
+        return self.model_copy(update={"messages": messages, "started_tool_call_ids": started})
+
     @property
     def run_tool_calls(self) -> list[ToolCall]:
         """Every call made since the current run started."""

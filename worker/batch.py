@@ -137,7 +137,8 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     """Run the pending calls of the last turn; pause on the ones that need a human."""
     plan = _sort_calls(deps, agent, checkpoint, calls)
     # The decisions are consumed by this batch: later saves no longer point at them.
-    batch = _Batch(deps, lease, checkpoint.model_copy(update={"approval_ids": []}))
+    batch = _Batch(deps, lease, checkpoint.model_copy(
+        update={"approval_ids": [], "fingerprint": deps.fingerprint(agent)}))
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:

@@ -152,21 +152,7 @@ def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
     Results settle in any order; keeping them sorted by call order means the transcript is
     valid as soon as the last one lands. A second result for the same call is ignored.
     """
-    messages = list(checkpoint.messages)
-    turn_index = max(i for i, m in enumerate(messages) if m.role == "assistant")
-    order = {c.id: k for k, c in enumerate(messages[turn_index].tool_calls or ())}
-    if result.tool_call_id not in order:
-        raise ValueError(f"result for unknown call {result.tool_call_id!r}")
-    position = turn_index + 1
-    while position < len(messages) and messages[position].role == "tool":
-        if messages[position].tool_call_id == result.tool_call_id:
-            return checkpoint
-        if order.get(messages[position].tool_call_id or "", -1) > order[result.tool_call_id]:
-            break
-        position += 1
-    messages.insert(position, result)
-    started = [c for c in checkpoint.started_tool_call_ids if c != result.tool_call_id]
-    return checkpoint.model_copy(update={"messages": messages, "started_tool_call_ids": started})
+    return checkpoint.with_tool_result(result)
 
 
 def mark_started(checkpoint: Checkpoint, call_id: str) -> Checkpoint:

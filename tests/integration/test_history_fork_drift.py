@@ -1,0 +1,234 @@
+"""History, fork and replay, trajectory comparison, drift checks and corrupt checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import psycopg
+import pytest
+
+from producer import compare_trajectories
+from producer.client import Client
+from store import errors
+from tests.support import services
+from worker import Agent, ToolContext, tool
+from worker.providers import MockModel
+from worker.steps import Outcome
+
+calls: list[str] = []
+
+
+@tool
+def weather(city: str, ctx: ToolContext) -> str:
+    """The weather of a city."""
+    calls.append(ctx.tool_call_id)
+    return f"sunny in {city}"
+
+
+@tool(needs_approval=True)
+def book(city: str) -> str:
+    """Book a trip."""
+    calls.append(f"book {city}")
+    return f"booked {city}"
+
+
+def _planner(model_id: str = "mock", instructions: str = "Plan trips.", tools=(weather, book),  # type: ignore[no-untyped-def]
+             drift: str = "warn") -> Agent:
+    def script(messages):  # type: ignore[no-untyped-def]
+        turn = sum(1 for m in messages if m.role == "assistant")
+        last_user = [m.content for m in messages if m.role == "user"][-1]
+        if turn == 0:
+            return {"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]}
+        if "rain" in str(last_user):
+            return "Pack an umbrella."
+        results = [m.content for m in messages if m.role == "tool"]
+        return f"Plan based on: {results[-1]}"
+    return Agent(name="planner", model=MockModel(script, model_id=model_id), instructions=instructions,
+                 tools=list(tools), on_agent_drift=drift)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+
+
+def _finished_trip(make_driver, client: Client, agent: Agent | None = None):  # type: ignore[no-untyped-def]
+    driver = make_driver(agent or _planner())
+    run = client.agent("planner").send("Plan my trip", session_id="trip")
+    driver.drain("trip")
+    return driver, run.wait(timeout=5)
+
+
+def test_history_lists_each_save_newest_first(make_driver, client: Client):
+    _, result = _finished_trip(make_driver, client)
+    entries = client.agent("planner").history("trip")
+    assert [e.step for e in entries] == [2, 1, 1]
+    assert entries[0].status == "finished" and entries[-1].status == "in-progress"
+    assert entries[0].saved_at >= entries[-1].saved_at
+    assert [e.step for e in client.agent("planner").history("trip", limit=1)] == [2]
+    assert client.agent("planner").history("no-such-run") == []
+
+
+def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(make_driver, client: Client):
+    driver, original = _finished_trip(make_driver, client)
+    planner = client.agent("planner")
+    fork = planner.fork("trip", from_step=1, patch={"append_input": "It will rain, plan for that."})
+    assert fork.session_id == "trip.fork-1" and fork.step == 1 and fork.checkpoint.status == "in-progress"
+    assert client.store.load("trip").messages == original.messages  # type: ignore[union-attr]
+    run = planner.resume(fork.session_id)
+    assert run is not None
+    driver.drain(fork.session_id)
+    replayed = run.wait(timeout=5)
+    assert replayed.text == "Pack an umbrella."
+    assert planner.fork("trip", from_step=1).session_id == "trip.fork-2"
+    comparison = compare_trajectories(client.store.load("trip"), client.store.load(fork.session_id))  # type: ignore[arg-type]
+    assert comparison.diverged_at == 1 and len(comparison.a) == len(comparison.b) == 2
+    assert comparison.drift.tool_order == [] and comparison.drift.step_count is None
+
+
+def test_fork_patches_a_tool_result_in_place_and_replaces_business_state(make_driver, client: Client):
+    driver, _ = _finished_trip(make_driver, client)
+    planner = client.agent("planner")
+    fork = planner.fork("trip", from_step=2, new_session_id="trip-b", patch={
+        "tool_result": {"tool_call_id": "call_0_0", "result": {"forecast": "storm"}},
+        "business_state": {"budget": 10}})
+    tool_messages = [m for m in fork.checkpoint.messages if m.role == "tool"]
+    assert json.loads(tool_messages[0].content) == {"forecast": "storm"}
+    assert tool_messages[0].tool_call_id == "call_0_0" and tool_messages[0].name == "weather"
+    assert fork.checkpoint.business_state == {"budget": 10}
+    with pytest.raises(errors.ConfigurationError):
+        planner.fork("trip", from_step=1, new_session_id="trip-b")
+    assert len(calls) == 1
+
+
+def test_forking_an_unkept_step_lists_the_steps_kept(make_driver, client: Client):
+    _finished_trip(make_driver, client)
+    with pytest.raises(errors.CheckpointNotFoundError) as caught:
+        client.agent("planner").fork("trip", from_step=7)
+    assert caught.value.code == "LOUSHO_CHECKPOINT_NOT_FOUND" and "1, 2" in str(caught.value)
+
+
+def test_a_fork_of_a_paused_entry_asks_for_a_new_approval(make_driver, client: Client):
+    agent = Agent(name="planner", model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
+                                                   "done"]), tools=[book])
+    driver = make_driver(agent)
+    client.agent("planner").send("Book Rome", session_id="trip")
+    driver.drain("trip")
+    original = client.store.load("trip")
+    assert original is not None and original.status == "awaiting-approval"
+    fork = client.agent("planner").fork("trip", from_step=1)
+    assert fork.checkpoint.approval_ids == []
+    client.agent("planner").resume(fork.session_id)
+    driver.drain(fork.session_id)
+    forked = client.store.load(fork.session_id)
+    assert forked is not None and forked.status == "awaiting-approval"
+    assert forked.approval_ids and forked.approval_ids != original.approval_ids
+    assert calls == []
+
+
+def test_compare_trajectories_reports_tool_order_arguments_and_length():
+    a = [{"role": "user", "content": "go"},
+         {"role": "assistant", "tool_calls": [{"id": "1", "name": "x", "args": {"n": 1}}]},
+         {"role": "tool", "tool_call_id": "1", "content": "ok"}, {"role": "assistant", "content": "end"}]
+    b = [{"role": "user", "content": "go"},
+         {"role": "assistant", "tool_calls": [{"id": "9", "name": "x", "args": {"n": 2}}]},
+         {"role": "tool", "tool_call_id": "9", "content": "ok"},
+         {"role": "assistant", "tool_calls": [{"id": "8", "name": "y", "args": {}}]},
+         {"role": "tool", "tool_call_id": "8", "content": "ok"}, {"role": "assistant", "content": "end"}]
+    same = compare_trajectories(a, [dict(m, id="z") if m.get("role") == "x" else m for m in a])
+    assert same.diverged_at is None
+    result = compare_trajectories(a, b)
+    assert result.diverged_at == 0
+    assert result.drift.arguments == [{"step": 0, "tool": "x", "a": {"n": 1}, "b": {"n": 2}}]
+    assert result.drift.tool_order == [{"step": 1, "a": [], "b": ["y"]}]
+    assert result.drift.step_count == {"a": 2, "b": 3}
+
+
+def _interrupted_after_model_turn(make_driver, client: Client, agent: Agent):  # type: ignore[no-untyped-def]
+    driver = make_driver(agent)
+    run = client.agent("planner").send("Plan my trip", session_id="trip")
+    driver.queue.append(("trip", None))
+    assert driver.drain(limit=1) == [Outcome.ADVANCED]
+    driver.queue.clear()
+    return run
+
+
+def test_a_changed_agent_warns_and_continues_by_default(make_driver, client: Client, caplog):
+    run = _interrupted_after_model_turn(make_driver, client, _planner())
+    changed = make_driver(_planner(model_id="mock-2", instructions="Plan cheap trips."))
+    with caplog.at_level(logging.WARNING, logger="lousho.drift"):
+        changed.drain("trip")
+    assert run.wait(timeout=5).finish_reason == "stop"
+    (record,) = [r for r in caplog.records if r.name == "lousho.drift"]
+    assert "model mock -> mock-2" in record.getMessage() and "instructions changed" in record.getMessage()
+    assert "Plan cheap" not in record.getMessage()  # prompts are never logged
+
+
+def test_a_changed_agent_with_drift_error_refuses_and_leaves_the_checkpoint(make_driver, client: Client):
+    run = _interrupted_after_model_turn(make_driver, client, _planner())
+    before = client.store.load("trip")
+    strict = make_driver(_planner(model_id="mock-2", drift="error"))
+    assert strict.drain("trip") == [Outcome.PARKED]
+    with pytest.raises(errors.AgentDriftError) as caught:
+        run.wait(timeout=2)
+    assert "model mock -> mock-2" in str(caught.value)
+    after = client.store.load("trip")
+    assert after is not None and before is not None
+    assert after.messages == before.messages and after.seq == before.seq and calls == []
+
+
+def test_drift_error_puts_a_decided_approval_back_for_the_right_agent(make_driver, client: Client):
+    gated = Agent(name="planner", model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
+                                                   "booked"]), tools=[book])
+    driver = make_driver(gated)
+    paused = client.agent("planner").send("Book", session_id="trip")
+    driver.drain("trip")
+    approval_id = paused.wait(timeout=2).approval_id
+    strict = make_driver(Agent(name="planner", model=MockModel(["x"], model_id="other"), tools=[book],
+                               on_agent_drift="error"))
+    client.agent("planner").approvals.resolve(approval_id, approved=True)  # type: ignore[arg-type]
+    assert strict.drain("trip") == [Outcome.PARKED]
+    assert [a.approval_id for a in client.agent("planner").approvals.list()] == [approval_id]
+    assert client.store.load("trip").status == "awaiting-approval"  # type: ignore[union-attr]
+    run = client.agent("planner").approvals.resolve(approval_id, approved=True)  # type: ignore[arg-type]
+    driver.drain("trip")
+    assert run.wait(timeout=5).text == "booked" and calls == ["book Rome"]
+
+
+def test_a_pending_call_whose_tool_was_removed_fails_whatever_the_drift_option(make_driver, client: Client):
+    run = _interrupted_after_model_turn(make_driver, client, _planner())
+    without = make_driver(_planner(tools=(book,), drift="ignore"))
+    assert without.drain("trip") == [Outcome.PARKED]
+    with pytest.raises(errors.ResumeToolMissingError):
+        run.wait(timeout=2)
+
+
+def test_a_checkpoint_without_fingerprint_resumes_without_a_warning(make_driver, client: Client, caplog):
+    run = _interrupted_after_model_turn(make_driver, client, _planner())
+    with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+        conn.execute("UPDATE runs SET document = document - 'fingerprint'")
+    changed = make_driver(_planner(model_id="brand-new", drift="error"))
+    with caplog.at_level(logging.WARNING, logger="lousho.drift"):
+        changed.drain("trip")
+    assert run.wait(timeout=5).finish_reason == "stop" and caplog.records == []
+
+
+def test_a_corrupt_checkpoint_is_parked_listed_refused_and_deletable(make_driver, client: Client):
+    run = _interrupted_after_model_turn(make_driver, client, _planner())
+    with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+        conn.execute("""UPDATE runs SET document = '{"messages": 42}'""")
+    driver = make_driver(_planner())
+    assert driver.drain("trip") == [Outcome.PARKED]
+    (pending,) = client.agent("planner").pending()
+    assert pending.status == "in-progress" and pending.last_error is not None
+    assert pending.last_error.code == "LOUSHO_CHECKPOINT_CORRUPT" and not pending.last_error.retryable
+    with pytest.raises(errors.CheckpointCorruptError):
+        client.agent("planner").send("more", session_id="trip")
+    with pytest.raises(errors.CheckpointCorruptError):
+        client.agent("planner").resume("trip")
+    with pytest.raises(errors.CheckpointCorruptError):
+        run.wait(timeout=1)
+    assert client.store.stale_runs(0) == []
+    assert client.agent("planner").delete("trip")
+    assert client.agent("planner").pending() == []

@@ -182,7 +182,7 @@ def test_ten_concurrent_resolves_decide_an_approval_once(make_driver, client: Cl
 
 
 def test_resolving_after_the_run_was_deleted_is_orphaned_and_runs_nothing(make_driver, client: Client):
-    driver, paused = _paused(make_driver, client, [{"tool_calls": [{"name": "transfer", "args": {"amount": 4}}]}, "x"])
+    _driver, paused = _paused(make_driver, client, [{"tool_calls": [{"name": "transfer", "args": {"amount": 4}}]}, "x"])
     assert client.agent("bank").delete("b-1")
     # A new run under the same id must not be touched by the stale approval.
     client.agent("bank").send("new request", session_id="b-1")

@@ -61,7 +61,7 @@ def _finished_trip(make_driver, client: Client, agent: Agent | None = None):  # 
 
 
 def test_history_lists_each_save_newest_first(make_driver, client: Client):
-    _, result = _finished_trip(make_driver, client)
+    _, _result = _finished_trip(make_driver, client)
     entries = client.agent("planner").history("trip")
     assert [e.step for e in entries] == [2, 1, 1]
     assert entries[0].status == "finished" and entries[-1].status == "in-progress"
@@ -88,7 +88,7 @@ def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(make_d
 
 
 def test_fork_patches_a_tool_result_in_place_and_replaces_business_state(make_driver, client: Client):
-    driver, _ = _finished_trip(make_driver, client)
+    _driver, _ = _finished_trip(make_driver, client)
     planner = client.agent("planner")
     fork = planner.fork("trip", from_step=2, new_session_id="trip-b", patch={
         "tool_result": {"tool_call_id": "call_0_0", "result": {"forecast": "storm"}},

@@ -127,13 +127,31 @@ class CheckpointNotFoundError(LoushoError):
 
 
 class ProviderError(LoushoError):
-    """The model provider failed; ``retryable`` follows the failure's class."""
+    """The model provider failed; ``retryable`` follows the failure's class.
+
+    ``category`` is one of ``rate-limit``, ``timeout``, ``connection``, ``server``, ``invalid-request``,
+    ``auth``, ``not-found``, ``context-length`` or ``unknown``; ``retry_after`` (seconds) is the
+    provider's own hint (a 429's ``Retry-After``).
+    """
 
     code = "LOUSHO_PROVIDER_REQUEST_FAILED"
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, category: str = "unknown",
+                 retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable  # type: ignore[misc]  # per instance: 5xx retry, 400 does not
+        self.category = category
+        self.retry_after = retry_after
+        self.status = status
+
+
+class ProviderRateLimitedError(ProviderError):
+    """The provider answered 429; retried after its ``Retry-After`` (or our backoff)."""
+
+    code = "LOUSHO_PROVIDER_RATE_LIMITED"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, retryable=True, category="rate-limit", retry_after=retry_after, status=429)
 
 
 class StepAttemptsExceededError(LoushoError):
@@ -188,6 +206,10 @@ def from_record(record: dict[str, Any]) -> LoushoError:
     retryable = bool(record.get("retryable", False))
     if code == ProviderError.code:
         return ProviderError(message, retryable=retryable)
+    if code == ProviderRateLimitedError.code:
+        limited = ProviderRateLimitedError(message)
+        limited.retryable = retryable  # type: ignore[misc]  # parked after too many attempts
+        return limited
     cls = _BY_CODE.get(code)
     if cls is None:
         return RunFailedError(code, message, retryable)

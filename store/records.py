@@ -47,11 +47,16 @@ class _Record(BaseModel):
 
 
 class ToolCall(_Record):
-    """One call an assistant turn asks for; ``id`` is stable across re-runs of the call."""
+    """One call an assistant turn asks for; ``id`` is stable across re-runs of the call.
+
+    ``invalid_args`` holds the model's raw argument text when it was not a JSON object; the call
+    then gets a validation error result the model can correct, instead of running.
+    """
 
     id: str
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
+    invalid_args: str | None = None
 
 
 class Message(_Record):
@@ -77,12 +82,16 @@ class Usage(_Record):
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )
 
 

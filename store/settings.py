@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     history_limit: int = 50
     #: Starts of one step in a row without progress before the run is parked (poison-pill guard).
     max_attempts: int = 5
+    #: Longest backoff before a failed step is retried (exponential with jitter below it).
+    retry_backoff_max_s: float = 30.0
     step_soft_time_limit_s: float = 240.0
     step_time_limit_s: float = 300.0
     visibility_timeout_s: int = 3600

@@ -106,6 +106,10 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
         if tool is None:
             plan.results.append(machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"))
             continue
+        if call.invalid_args is not None:
+            plan.results.append(machine.tool_error(
+                call, "validation", "ToolArgsInvalid", "the arguments were not a JSON object; send valid JSON"))
+            continue
         try:
             tool.validate(call.args)
             gated = tool.requires_approval(call.args, _context(agent, checkpoint, call))

@@ -47,6 +47,8 @@ class StepDeps:
     agents: dict[str, Agent]
     enqueue: Enqueue
     max_attempts: int = 5
+    #: Longest wait before retrying a failed step (kept far below the broker's visibility timeout).
+    retry_backoff_max_s: float = 30.0
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def fingerprint(self, agent: Agent) -> dict[str, Any]:

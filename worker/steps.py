@@ -7,6 +7,7 @@ write is fenced, so a stalled holder's late save is refused and leaves no trace.
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 import redis
@@ -188,5 +189,13 @@ def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, afte
     if not error.retryable:
         return Outcome.PARKED
     after.seq = checkpoint.seq
-    after.countdown = min(0.25 * 2 ** checkpoint.attempts, 5.0)
+    after.countdown = retry_delay(checkpoint.attempts, getattr(exc, "retry_after", None), deps.retry_backoff_max_s)
     return Outcome.FAILED
+
+
+def retry_delay(attempts: int, retry_after: float | None, cap: float) -> float:
+    """Exponential backoff with full jitter, at least the provider's ``Retry-After``, at most ``cap``."""
+    backoff = random.uniform(0, min(cap, 0.5 * 2 ** max(attempts - 1, 0)))
+    if retry_after is not None and retry_after > 0:
+        backoff = max(backoff, retry_after)
+    return min(backoff, cap)

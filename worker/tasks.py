@@ -47,7 +47,8 @@ def _build() -> StepDeps:
     leases = LeaseManager(client, settings.lease_ttl_ms)
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
-                     agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts)
+                     agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
+                     retry_backoff_max_s=min(settings.retry_backoff_max_s, settings.visibility_timeout_s / 4))
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:

@@ -19,15 +19,31 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ModelResponse:
-    """One model turn: final text, or tool calls (with optional text)."""
+    """One model turn: final text, or tool calls (with optional text).
+
+    ``finish_reason`` is the provider's own (``stop``, ``tool_calls``, ``length``…) and
+    ``model_id`` the model that answered, when the provider says.
+    """
 
     text: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    model_id: str | None = None
 
 
 class Model(Protocol):
-    """A chat model; ``generate`` must not keep state between calls that a crash would lose."""
+    """A chat model; ``generate`` must not keep state between calls that a crash would lose.
+
+    To add a provider: convert ``messages`` (system/user/assistant/tool ``Message`` records; an
+    assistant turn's ``tool_calls`` carry ``id``, ``name`` and parsed ``args``; a tool result
+    carries ``tool_call_id`` and text ``content``) to the provider's request, and its answer back
+    to a ``ModelResponse``. Raise ``store.errors.ProviderError`` with ``retryable`` set by the
+    failure's class (rate limit, timeout, connection, 5xx: True; 400/401/403/404, context length:
+    False) and ``retry_after`` when the provider gives one. Turn malformed argument JSON into a
+    ``ToolCall`` with ``invalid_args`` set rather than raising. ``model_id`` is part of the agent
+    fingerprint.
+    """
 
     model_id: str
 

@@ -19,7 +19,8 @@ from store import approvals as approval_rows
 from store import errors, payloads, records
 from store.database import Transaction
 
-_COLUMNS = "session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document, updated_at"
+_COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
+            " updated_at, uncounted_usage")
 
 # Claim the fencing token and load the run in one statement. A start counts as an attempt only
 # when the step will do work (matching seq, and a run that is in progress or has new input).
@@ -37,7 +38,7 @@ _INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cu
 _SAVE_HEAD = """
 WITH doc AS (SELECT CAST(:doc AS jsonb) AS body),
 saved AS (
-  UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL,
+  UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now()
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at
@@ -66,6 +67,8 @@ _FAIL = text("""
 UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now()
 WHERE session_id = :sid AND fence = :fence RETURNING attempts
 """)
+_NOTE_USAGE = text(
+    "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
 _RESET_ATTEMPTS = text("""
 UPDATE runs SET attempts = 0, last_error = NULL
 WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
@@ -109,8 +112,9 @@ def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
     mapping = row._mapping
     document = dict(mapping["document"] or {})
     document.pop("session_id", None)
+    uncounted = mapping["uncounted_usage"]
     try:
-        return records.Checkpoint(
+        checkpoint = records.Checkpoint(
             session_id=session_id,
             status=mapping["status"],
             seq=mapping["seq"],
@@ -121,6 +125,10 @@ def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
             updated_at=mapping["updated_at"],
             **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
         )
+        if uncounted:
+            extra = records.Usage.model_validate(uncounted)
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
+        return checkpoint
     except (ValueError, TypeError) as exc:
         raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
 
@@ -197,6 +205,13 @@ class PostgresCheckpointStore:
     def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
         """The approvals of a pause, by id (for the step that continues the run)."""
         return approval_rows.PostgresApprovalStore(self.engine).by_ids(approval_ids)
+
+    def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
+        """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
+        with self._begin() as conn:
+            row = conn.execute(_NOTE_USAGE, {"sid": session_id, "fence": fence,
+                                             "usage": payloads.dumps(usage.model_dump())}).first()
+        return row is not None
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""

@@ -1,8 +1,9 @@
-"""In-memory checkpoint store and run leases, for the unit tests of the step machine only.
+"""In-memory checkpoint store, approvals and run leases, for the unit tests of the step machine only.
 
-The product always runs on Postgres (``store.checkpoints``) and Redis (``store.leases``). These
-mirror their semantics (fence claims, seq, history ring, inbox, attempts, fencing tokens) under a
-lock, with an injectable clock so lease expiry and staleness are simulated without sleeping.
+The product always runs on Postgres (``store.checkpoints``, ``store.approvals``) and Redis
+(``store.leases``). These mirror their semantics (fence claims, seq, history ring, inbox, attempts,
+decisions, fencing tokens) under a lock, with an injectable clock so lease expiry and staleness are
+simulated without sleeping.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from store import errors, keys, payloads, records
+from store.approvals import Decision
 from store.checkpoints import Claim
 from store.leases import Lease
 
@@ -166,7 +168,9 @@ class MemoryCheckpointStore:
                 for n in [n for n in inbox if n <= checkpoint.inbox_cursor]:
                     del inbox[n]
             for approval in approvals:
-                self._approvals.setdefault(approval.approval_id, approval.model_copy(update={"created_at": now}))
+                stored = approval.model_copy(update={"args": payloads.sanitize(approval.args), "created_at": now,
+                                                     "status": "pending", "note": None, "decided_at": None})
+                self._approvals.setdefault(approval.approval_id, stored)
             return now
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
@@ -182,6 +186,32 @@ class MemoryCheckpointStore:
             run.updated_at = self._clock()
             return run.attempts
 
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+        """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
+
+        Decisions of ``approval_ids`` go back to pending and the run back to awaiting approval.
+        """
+        record = error.model_copy(update={"retryable": False}).model_dump()
+        with self._lock:
+            run = self._runs.get(session_id)
+            if run is None or run.fence != fence:
+                return False
+            run.last_error, run.updated_at = record, self._clock()
+            if approval_ids:
+                for approval_id in approval_ids:
+                    approval = self._approvals.get(approval_id)
+                    if approval is not None and approval.status in ("approved", "rejected"):
+                        self._approvals[approval_id] = approval.model_copy(
+                            update={"status": "pending", "note": None, "decided_at": None})
+                if run.status == "in-progress":
+                    run.status = "awaiting-approval"
+            return True
+
+    def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """The approvals of a pause, by id (missing ids are left out)."""
+        with self._lock:
+            return {a: self._approvals[a] for a in approval_ids if a in self._approvals}
+
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
@@ -190,6 +220,7 @@ class MemoryCheckpointStore:
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
             ConfigurationError: the session belongs to another agent.
+            CheckpointCorruptError: the stored run cannot be read.
         """
         dumped = [m.dump() for m in messages]
         body = payloads.dumps(dumped)
@@ -204,6 +235,8 @@ class MemoryCheckpointStore:
                 self._runs[session_id] = run
                 number = 1
             else:
+                if json.loads(run.document):
+                    _to_checkpoint(session_id, run)  # an unreadable run takes no input: delete it first
                 if run.agent != agent:
                     raise errors.ConfigurationError(
                         f"session {session_id!r} belongs to agent {run.agent!r}, not {agent!r}")
@@ -214,6 +247,24 @@ class MemoryCheckpointStore:
                 number = run.inbox_head
             self._inbox.setdefault(session_id, {})[number] = body
             return number
+
+    def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
+        """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
+        document = checkpoint.document()
+        body = payloads.dumps(document)
+        queued_body = payloads.dumps([m.dump() for m in queued])
+        _refuse_nul([document, checkpoint.agent])
+        sid = checkpoint.session_id
+        with self._lock:
+            if sid in self._runs:
+                return False
+            now = self._clock()
+            self._runs[sid] = _Run(agent=checkpoint.agent, created_at=now, updated_at=now,
+                                   status=checkpoint.status, seq=max(self._history.get(sid, {}), default=0),
+                                   inbox_head=1 if queued else 0, document=body)
+            if queued:
+                self._inbox.setdefault(sid, {})[1] = queued_body
+            return True
 
     def reset_attempts(self, session_id: str) -> int | None:
         """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
@@ -337,6 +388,61 @@ class MemoryCheckpointStore:
         """Replace a run's stored document verbatim (to simulate corruption in tests)."""
         with self._lock:
             self._runs[session_id].document = json.dumps(document)
+
+
+class MemoryApprovalStore:
+    """``PostgresApprovalStore`` semantics over the approvals of a ``MemoryCheckpointStore``."""
+
+    def __init__(self, store: MemoryCheckpointStore) -> None:
+        self._store = store
+
+    def by_ids(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """Approvals by id (missing ids are left out)."""
+        return self._store.decisions(approval_ids)
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.Approval]:
+        """Undecided approvals, oldest first."""
+        with self._store._lock:
+            found = [a for a in self._store._approvals.values()
+                     if a.status == "pending" and (agent is None or a.agent == agent)]
+        return sorted(found, key=lambda a: (a.created_at or datetime.min.replace(tzinfo=UTC), a.approval_id))[:limit]
+
+    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> Decision:
+        """Decide an approval once.
+
+        Raises:
+            ApprovalNotFoundError: unknown, or already decided.
+            ApprovalOrphanedError: its run is gone, replaced or waits on other approvals; it is
+                withdrawn (or was already) and nothing runs.
+        """
+        if note is not None:
+            note = payloads.truncate_text(payloads.clean_text(note), 10_000)
+        store = self._store
+        with store._lock:
+            approval = store._approvals.get(approval_id)
+            if approval is not None and approval.status == "withdrawn":
+                raise errors.ApprovalOrphanedError(
+                    f"approval {approval_id!r} was withdrawn: its run was deleted or replaced",
+                    approval_id=approval_id, session_id=approval.session_id)
+            if approval is None or approval.status != "pending":
+                state = "unknown" if approval is None else f"already {approval.status}"
+                raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is {state}")
+            now = store._clock()
+            run = store._runs.get(approval.session_id)
+            waiting_on = (json.loads(run.document).get("approval_ids") or []) if run is not None else []
+            if run is None or run.status != "awaiting-approval" or approval_id not in waiting_on:
+                store._approvals[approval_id] = approval.model_copy(
+                    update={"status": "withdrawn", "note": None, "decided_at": now})
+                raise errors.ApprovalOrphanedError(
+                    f"approval {approval_id!r} belongs to a run that no longer waits on it; it was withdrawn",
+                    approval_id=approval_id, session_id=approval.session_id)
+            status: records.ApprovalStatus = "approved" if approved else "rejected"
+            store._approvals[approval_id] = approval.model_copy(
+                update={"status": status, "note": note, "decided_at": now})
+            waiting = sum(1 for a in waiting_on if a in store._approvals and store._approvals[a].status == "pending")
+            if waiting == 0:
+                run.status, run.last_error, run.attempts = "in-progress", None, 0
+            return Decision(approval.model_copy(update={"status": status, "note": note}), waiting == 0)
 
 
 @dataclass

@@ -129,6 +129,8 @@ class Checkpoint(_Record):
     seq: int = 0
     fence: int = 0
     updated_at: datetime | None = None
+    #: Usage reported for model calls whose turn is not saved yet (already included in ``usage``).
+    uncounted_usage: Usage | None = None
 
     @field_validator("updated_at")
     @classmethod
@@ -141,7 +143,8 @@ class Checkpoint(_Record):
         """The part stored as the checkpoint's JSON body (control fields live in columns)."""
         return self.model_dump(
             mode="json",
-            exclude={"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at", "inbox_cursor"},
+            exclude={"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at", "inbox_cursor",
+                     "uncounted_usage"},
             exclude_none=True,
         )
 

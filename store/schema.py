@@ -38,6 +38,8 @@ runs = Table(
     Column("document", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    #: Usage of a model call whose turn was not saved (its worker died); folded in at the next save.
+    Column("uncounted_usage", JSONB, nullable=True),
     Index("runs_status_updated_idx", "status", "updated_at"),
 )
 

@@ -14,7 +14,7 @@ import redis
 
 from store import errors, payloads, records
 from store.leases import Lease
-from store.records import Checkpoint, LastError, ToolCall
+from store.records import Checkpoint, LastError, ToolCall, Usage
 from worker import drift, machine
 from worker.agents import Agent
 from worker.batch import run_batch
@@ -148,6 +148,11 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, after: 
     started = time.perf_counter()
     response = agent.model.generate(list(checkpoint.messages), agent.tool_specs())
     log.debug("model turn of %s took %.1f ms", sid, (time.perf_counter() - started) * 1000)
+    if getattr(agent.model, "reports_usage", True) and response.usage.total_tokens:
+        # Billed usage must survive a crash before the save (the turn is then generated again).
+        pending = (checkpoint.uncounted_usage or Usage()) + response.usage
+        if not deps.store.note_usage(sid, checkpoint.fence, pending):
+            raise errors.FencedOutError(sid, checkpoint.fence)
     calls = response.tool_calls
     overflow: list[ToolCall] = []
     if len(calls) > payloads.MAX_TOOL_CALLS_PER_TURN:

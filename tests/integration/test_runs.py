@@ -254,3 +254,37 @@ def test_sending_no_input_only_resumes(make_driver, client: Client):
     driver.drain("w-1")
     result = agent.send([], session_id="w-1").wait(timeout=2)
     assert result.text == "All sunny." and len(executions) == 3
+
+
+class BilledModel(MockModel):
+    """A scripted model whose usage counts as billed (kept across crashes)."""
+
+    reports_usage = True
+
+
+def test_usage_of_a_model_call_lost_to_a_crash_before_its_save_still_counts(
+        make_driver, client: Client, monkeypatch: pytest.MonkeyPatch):
+    billed = Agent(name="billed", model=BilledModel(
+        [{"text": "hello", "usage": {"input_tokens": 100, "output_tokens": 10}}]))
+    driver = make_driver(billed)
+
+    class Died(BaseException):
+        pass
+
+    def die_before_save(point: str, session_id: str) -> None:
+        if point == "after_model_response_before_save":
+            raise Died
+
+    import worker.steps
+
+    monkeypatch.setattr(worker.steps, "crash_point", die_before_save)
+    run = client.agent("billed").send("hi", session_id="u-1")
+    with pytest.raises(Died):
+        driver.drain("u-1")
+    monkeypatch.undo()
+    driver.queue.clear()
+    driver.drain("u-1")
+    result = run.wait(timeout=5)
+    # The turn was generated twice (the first answer was never saved) and both calls were billed.
+    assert result.usage.input_tokens == 200 and result.usage.output_tokens == 20 and result.steps == 1
+    assert client.store.load("u-1").uncounted_usage is None  # type: ignore[union-attr]

@@ -27,6 +27,9 @@ class MockModel:
     receives is checked for validity; an invalid one fails the call.
     """
 
+    #: Its usage is an estimate, not a bill: no extra write to keep it across crashes.
+    reports_usage = False
+
     def __init__(self, script: Script, *, model_id: str = "mock") -> None:
         self.script = script
         self.model_id = model_id

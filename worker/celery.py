@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
+from store import redaction
 from store.settings import Settings
 
 
@@ -94,3 +95,10 @@ settings = Settings()
 app = Celery("lousho", include=["worker.tasks"])
 configure(app, settings)
 check_configuration(app)
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _redact_logs(logger: Any = None, **_: Any) -> None:
+    """Mask secret-shaped text in every worker and beat log line."""
+    redaction.install(logger)

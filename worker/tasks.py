@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import redis
+from celery import signals
 
 from store import errors, records
 from store.checkpoints import PostgresCheckpointStore
@@ -59,6 +60,15 @@ def _build() -> StepDeps:
 def enqueue(session_id: str, seq: int | None, countdown: float = 0.0) -> None:
     """Send ``advance`` for a run (reuses the app's pooled producer connection)."""
     advance.apply_async((session_id, seq), countdown=countdown or None)
+
+
+@signals.worker_init.connect
+def _preload_agents(**_: Any) -> None:
+    """Import the agent modules once in the parent so prefork children inherit them warm."""
+    try:
+        agent_registry.load_agents(settings.agent_modules)
+    except errors.ConfigurationError as exc:
+        log.error("agent modules could not be loaded: %s", exc)
 
 
 @app.task(name="lousho.advance", ignore_result=True)

@@ -1,0 +1,144 @@
+"""Provider-test fixtures: the fake provider server, models pointed at it, and an in-process step driver.
+
+Every test here runs with the provider keys and base URLs removed from the environment and with
+connections to anything but loopback refused, so no test can reach a real model.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from producer.client import Client
+from store.checkpoints import PostgresCheckpointStore
+from store.leases import Heartbeat, LeaseManager
+from store.settings import Settings
+from tests.providers.fake_server import FakeProviderServer
+from worker.agents import Agent
+from worker.steps import Outcome, StepDeps, run_step
+
+pytest.importorskip("openai")
+pytest.importorskip("anthropic")
+
+from worker.providers.anthropic import AnthropicModel
+from worker.providers.openai import OpenAIModel
+
+#: The key the fake server expects when a test turns the check on.
+TEST_KEY = "sk-test-0123456789abcdefghijklmnop"
+_PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID", "ANTHROPIC_API_KEY",
+                 "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ANTHROPIC_PROFILE", "ANTHROPIC_CONFIG_DIR")
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+@pytest.fixture(autouse=True)
+def _no_real_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _PROVIDER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    real_connect = socket.socket.connect
+
+    def connect(sock: socket.socket, address: Any) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in _LOOPBACK:
+            raise AssertionError(f"provider tests may not connect to {address[0]}")
+        real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[FakeProviderServer]:
+    """The fake provider server, started once."""
+    server = FakeProviderServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(fake_server: FakeProviderServer) -> FakeProviderServer:
+    """The fake provider server with nothing scripted and no request recorded."""
+    fake_server.reset()
+    return fake_server
+
+
+@pytest.fixture
+def make_model(server: FakeProviderServer) -> Iterator[Callable[..., OpenAIModel | AnthropicModel]]:
+    """``make_model(provider, **options)``: a model of ``provider`` pointed at the fake server."""
+    made: list[OpenAIModel | AnthropicModel] = []
+
+    def make(provider: str, **options: Any) -> OpenAIModel | AnthropicModel:
+        options.setdefault("api_key", TEST_KEY)
+        options.setdefault("timeout", 5.0)
+        model: OpenAIModel | AnthropicModel
+        if provider == "openai":
+            model = OpenAIModel(options.pop("model", "gpt-test"), base_url=options.pop("base_url", server.openai_url),
+                                **options)
+        else:
+            model = AnthropicModel(options.pop("model", "claude-test"),
+                                   base_url=options.pop("base_url", server.anthropic_url), **options)
+        made.append(model)
+        return model
+
+    yield make
+    for model in made:
+        model.close()
+
+
+@dataclass
+class Driver:
+    """Runs steps in this process, delivering the messages steps enqueue, until the run settles."""
+
+    deps: StepDeps
+    queue: list[tuple[str, int | None]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    countdowns: list[float] = field(default_factory=list)
+
+    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0) -> None:
+        self.queue.append((session_id, seq))
+        self.countdowns.append(countdown)
+
+    def step(self, session_id: str | None = None) -> Outcome:
+        """Deliver one message: the oldest queued, or a fresh one for ``session_id``."""
+        message = self.queue.pop(0) if self.queue else (session_id or "", None)
+        outcome = run_step(self.deps, *message)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def drain(self, session_id: str | None = None, limit: int = 50) -> list[Outcome]:
+        """Deliver messages (countdowns are not waited for) until none is left."""
+        if session_id is not None:
+            self.queue.append((session_id, None))
+        done: list[Outcome] = []
+        while self.queue and len(done) < limit:
+            done.append(self.step())
+        return done
+
+
+@pytest.fixture
+def make_driver(store: PostgresCheckpointStore, leases: LeaseManager,
+                settings: Settings) -> Iterator[Callable[..., Driver]]:
+    """``make_driver(*agents, max_attempts=5)``: an in-process step driver on the real services."""
+    heartbeats: list[Heartbeat] = []
+
+    def make(*agents: Agent, max_attempts: int = 5) -> Driver:
+        heartbeat = Heartbeat(leases, settings.lease_renew_ms)
+        heartbeats.append(heartbeat)
+        driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
+                                 agents={a.name: a for a in agents}, enqueue=lambda *a: None,
+                                 max_attempts=max_attempts))
+        driver.deps.enqueue = driver.enqueue
+        store.register_agents({a.name: a.fingerprint() for a in agents})
+        return driver
+
+    yield make
+    for heartbeat in heartbeats:
+        heartbeat.stop()
+
+
+@pytest.fixture
+def client(settings: Settings, store: PostgresCheckpointStore) -> Iterator[Client]:
+    """A producer client on the test services (its enqueued messages are never consumed here)."""
+    with Client(settings, engine=store.engine) as made:
+        yield made

@@ -1,0 +1,146 @@
+"""SDK clients for the real providers: lazy import with an install hint, keys, one client per process,
+and the translation of SDK exceptions into ``ProviderError``.
+
+A client holds a connection pool, which must not cross a ``fork`` (Celery's prefork pool forks
+after the agents may have been imported), so each process builds its own on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from store import errors
+from worker.providers import _failures
+
+#: Seconds a model request may take; keep it below ``LOUSHO_STEP_SOFT_TIME_LIMIT_S`` (240 by default).
+DEFAULT_TIMEOUT_S = 60.0
+#: Stands in for a key on local OpenAI-compatible servers that do not check one.
+NO_KEY = "not-needed"
+
+#: Client options that the models set themselves; the SDK's own retries stay off.
+_RESERVED_CLIENT_OPTIONS = frozenset({"api_key", "base_url", "max_retries", "timeout"})
+_SDK_REQUEST_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body"})
+_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret")
+
+
+def import_sdk(module: str, model_class: str) -> ModuleType:
+    """Import an optional provider SDK.
+
+    Raises:
+        ConfigurationError: the SDK is not installed (the message says which extra to install).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise errors.ConfigurationError(
+            f"{model_class} needs the {module!r} package: pip install 'lousho-worker[{module}]'") from exc
+
+
+def resolve_key(given: str | None, env_var: str, base_url: str | None, model_class: str) -> str:
+    """The API key: ``given``, else ``env_var``; a placeholder for a custom ``base_url`` without one.
+
+    Raises:
+        ConfigurationError: no key anywhere and no ``base_url`` (the hosted API always needs one).
+    """
+    key = given or os.environ.get(env_var) or ""
+    if key:
+        return key
+    if base_url:
+        return NO_KEY
+    raise errors.ConfigurationError(f"{model_class} needs an API key: set {env_var} or pass api_key=")
+
+
+def request_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for an SDK ``create`` call carrying ``settings``.
+
+    Settings are request body fields, sent as given through ``extra_body``, so any field the
+    server knows works whatever the installed SDK's signature; ``extra_headers``, ``extra_query``
+    and ``extra_body`` keep their SDK meaning.
+    """
+    body = {k: v for k, v in settings.items() if k not in _SDK_REQUEST_OPTIONS}
+    options = {k: v for k, v in settings.items() if k in _SDK_REQUEST_OPTIONS}
+    if body:
+        options["extra_body"] = {**body, **(options.get("extra_body") or {})}
+    return options
+
+
+def check_timeout(timeout: float) -> float:
+    """``timeout`` as seconds.
+
+    Raises:
+        ConfigurationError: not a positive number.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise errors.ConfigurationError("timeout must be a positive number of seconds")
+    return float(timeout)
+
+
+def client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Extra SDK client options (``organization``, ``default_headers``…).
+
+    Raises:
+        ConfigurationError: an option the model sets itself (key, URL, retries, timeout).
+    """
+    chosen = dict(options or {})
+    clashing = sorted(_RESERVED_CLIENT_OPTIONS & chosen.keys())
+    if clashing:
+        raise errors.ConfigurationError(
+            f"client_options may not set {', '.join(clashing)}: use the model's own arguments")
+    return chosen
+
+
+def header_secrets(options: Mapping[str, Any]) -> list[str]:
+    """Values of default headers that look like credentials (scrubbed like the key)."""
+    headers = options.get("default_headers") or {}
+    return [str(value) for name, value in headers.items()
+            if any(word in str(name).lower() for word in _SECRET_HEADER_WORDS)]
+
+
+class ProcessClient:
+    """One SDK client per process, built on first use by ``build``."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._client: Any = None
+
+    def get(self) -> Any:
+        """This process's client (a forked child builds a fresh one)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._client = self._build()
+                self._pid = os.getpid()
+            return self._client
+
+    def close(self) -> None:
+        """Close this process's client, if built; the next ``get`` builds another."""
+        with self._lock:
+            if self._client is not None and self._pid == os.getpid():
+                self._client.close()
+            self._client = None
+            self._pid = None
+
+
+def translate(provider: str, sdk: ModuleType, exc: Exception, *, timeout: float, request_id_header: str,
+              secrets: list[str]) -> errors.ProviderError:
+    """The ``ProviderError`` for an exception of the ``openai`` or ``anthropic`` SDK (both share one shape).
+
+    Timeouts and connection failures are retryable; HTTP failures are classified by status and body.
+    """
+    if isinstance(exc, sdk.APITimeoutError):
+        return _failures.timed_out(provider, timeout)
+    if isinstance(exc, sdk.APIStatusError):
+        headers = exc.response.headers
+        return _failures.from_status(provider, exc.status_code, headers, exc.body,
+                                     request_id=headers.get(request_id_header), secrets=secrets)
+    if isinstance(exc, sdk.APIConnectionError):
+        cause = exc.__cause__
+        detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        return _failures.unreachable(provider, detail, secrets)
+    return _failures.unexpected(provider, f"{type(exc).__name__}: {exc}", secrets)

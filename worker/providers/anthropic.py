@@ -1,0 +1,301 @@
+"""``AnthropicModel``: the Anthropic Messages API with tool use.
+
+Owns the conversion between our transcript and Messages content blocks (both ways: system prompt
+apart, tool results as ``tool_result`` blocks in a user turn) and the translation of the
+``anthropic`` SDK's failures into ``ProviderError``. It keeps no state a crash would lose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from store import errors
+from store.records import Message, ToolCall, Usage
+from worker.providers import _clients, _failures, _transcript
+from worker.providers.base import ModelResponse, ToolSpec
+
+PROVIDER = "anthropic"
+API_KEY_ENV = "ANTHROPIC_API_KEY"
+#: ``max_tokens`` is required by the Messages API; this is ours unless given.
+DEFAULT_MAX_TOKENS = 4096
+
+_RESERVED_SETTINGS = frozenset({"model", "messages", "system", "tools", "stream"})
+_EPHEMERAL = {"type": "ephemeral"}
+
+System = str | list[dict[str, Any]] | None
+
+
+class AnthropicModel:
+    """A Claude model behind the Messages API.
+
+    The SDK's own retries are off: our step policy is the only retry loop. Each process builds its
+    own client on first use.
+
+    Args:
+        model: The model name (``claude-sonnet-4-5``…).
+        api_key: The key; ``ANTHROPIC_API_KEY`` when not given. With a ``base_url`` and no key, a
+            placeholder is sent.
+        base_url: Another endpoint speaking the Messages API (a proxy or gateway).
+        timeout: Seconds one request may take; keep it below ``LOUSHO_STEP_SOFT_TIME_LIMIT_S``.
+        max_tokens: The most tokens one answer may have (the API requires a value).
+        cache_prompt: Mark the tools, the system prompt and the transcript so far for prompt
+            caching on every turn; the cache tokens show in ``Usage``.
+        client_options: More SDK client options (``default_headers``…).
+        **settings: Request body fields sent with every request as they are (``temperature``,
+            ``tool_choice``, ``metadata``…); ``extra_headers`` and ``extra_query`` keep their SDK
+            meaning. Extended ``thinking`` does not mix with tools here: thinking blocks are not
+            kept in the transcript, and the API wants them back on the turn after a tool call.
+
+    Raises:
+        ConfigurationError: the ``anthropic`` package is missing, no key is found for the hosted API,
+            or an argument is unusable.
+    """
+
+    #: Usage is what the provider billed, so the step executor keeps it even if the turn is lost.
+    reports_usage = True
+
+    def __init__(self, model: str, api_key: str | None = None, base_url: str | None = None, *,
+                 timeout: float = _clients.DEFAULT_TIMEOUT_S, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 cache_prompt: bool = False, client_options: Mapping[str, Any] | None = None,
+                 **settings: Any) -> None:
+        if not model or not isinstance(model, str):
+            raise errors.ConfigurationError("AnthropicModel needs a model name")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise errors.ConfigurationError("max_tokens must be a positive integer")
+        clashing = sorted(_RESERVED_SETTINGS & settings.keys())
+        if clashing:
+            raise errors.ConfigurationError(f"AnthropicModel settings may not set {', '.join(clashing)}")
+        self._sdk = _clients.import_sdk("anthropic", "AnthropicModel")
+        self.model = model
+        self.model_id = f"{PROVIDER}:{model}"
+        self.base_url = base_url
+        self.timeout = _clients.check_timeout(timeout)
+        self.max_tokens = max_tokens
+        self.cache_prompt = cache_prompt
+        self.settings = dict(settings)
+        self._request_options = _clients.request_options(self.settings)
+        self._options = _clients.client_options(client_options)
+        self._key = _clients.resolve_key(api_key, API_KEY_ENV, base_url, "AnthropicModel")
+        self._secrets = [self._key, *_clients.header_secrets(self._options)]
+        self._client = _clients.ProcessClient(self._build_client)
+
+    def __repr__(self) -> str:
+        """The model and its endpoint; never the key."""
+        where = f", base_url={self.base_url!r}" if self.base_url else ""
+        return f"AnthropicModel({self.model!r}{where})"
+
+    def _build_client(self) -> Any:
+        return self._sdk.Anthropic(api_key=self._key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
+                                   **self._options)
+
+    def close(self) -> None:
+        """Close this process's HTTP connections (the next call opens new ones)."""
+        self._client.close()
+
+    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        """Ask for the next assistant turn of ``messages``.
+
+        Raises:
+            ProviderError: the request failed; ``retryable`` and ``category`` say how
+                (``ProviderRateLimitedError`` for a 429, with the server's ``retry_after``).
+        """
+        system, wire = to_anthropic_messages(messages)
+        specs = anthropic_tools(tools)
+        if self.cache_prompt:
+            system, wire, specs = mark_cache_points(system, wire, specs)
+        request: dict[str, Any] = {**self._request_options, "max_tokens": self.max_tokens, "model": self.model,
+                                   "messages": wire}
+        if system:
+            request["system"] = system
+        if specs:
+            request["tools"] = specs
+        try:
+            reply = self._client.get().messages.create(**request)
+        except self._sdk.AnthropicError as exc:
+            # ``from None``: the SDK error holds the request, whose headers carry the key.
+            raise _clients.translate(PROVIDER, self._sdk, exc, timeout=self.timeout, request_id_header="request-id",
+                                      secrets=self._secrets) from None
+        dump = getattr(reply, "model_dump", None)
+        if dump is None:
+            raise _failures.unexpected(PROVIDER, f"the answer is not a message: {str(reply)[:200]}", self._secrets)
+        return parse_message(dump(mode="json", warnings=False), messages)
+
+
+def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Tool specs as Messages API tools."""
+    found = []
+    for spec in tools:
+        entry: dict[str, Any] = {"name": spec.name, "input_schema": spec.input_schema}
+        if spec.description:
+            entry["description"] = spec.description
+        found.append(entry)
+    return found
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    # The API refuses empty text blocks; other parts (images, documents) pass as given.
+    return [p for p in _transcript.content_parts(content) if p.get("type") != "text" or p.get("text")]
+
+
+def _result_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    return _blocks(content) if isinstance(content, list) else _transcript.dumps(content)
+
+
+def to_anthropic_messages(messages: Sequence[Message]) -> tuple[System, list[dict[str, Any]]]:
+    """Our transcript as (``system``, ``messages``) of a Messages request.
+
+    System messages go to ``system`` (a string for one text prompt, else text blocks). Tool results
+    become ``tool_result`` blocks, consecutive ones in one user turn, with ``is_error`` kept. Empty
+    text is left out, since the API refuses it. A malformed call's arguments go back as ``{}`` (the
+    API wants an object); its error result tells the model what was wrong.
+    """
+    system: list[dict[str, Any]] = []
+    plain_system: list[str] = []
+    wire: list[dict[str, Any]] = []
+    results_open = False
+    for message in messages:
+        if message.role == "system":
+            system.extend(_blocks(message.content))
+            if isinstance(message.content, str):
+                plain_system.append(message.content)
+            continue
+        if message.role == "tool":
+            block: dict[str, Any] = {"type": "tool_result",
+                                     "tool_use_id": _transcript.wire_call_id(message.tool_call_id or ""),
+                                     "content": _result_content(message.content)}
+            if message.is_error:
+                block["is_error"] = True
+            if results_open:
+                wire[-1]["content"].append(block)
+            else:
+                wire.append({"role": "user", "content": [block]})
+                results_open = True
+            continue
+        results_open = False
+        calls = (message.tool_calls or []) if message.role == "assistant" else []
+        if isinstance(message.content, str) and not calls:
+            if message.content:
+                wire.append({"role": message.role, "content": message.content})
+            continue
+        blocks = _blocks(message.content)
+        blocks.extend({"type": "tool_use", "id": _transcript.wire_call_id(c.id), "name": c.name,
+                       "input": {} if c.invalid_args is not None else dict(c.args)} for c in calls)
+        if blocks:
+            wire.append({"role": message.role, "content": blocks})
+    if len(plain_system) == 1 and len(system) == 1:
+        return plain_system[0] or None, wire
+    return system or None, wire
+
+
+def _from_blocks(blocks: Sequence[Mapping[str, Any]]) -> Any:
+    # One plain text block reads back as a string (what we send for string content), more as parts.
+    parts = [dict(b) for b in blocks]
+    if len(parts) == 1 and parts[0].get("type") == "text" and set(parts[0]) == {"type", "text"}:
+        return parts[0]["text"]
+    return parts or None
+
+
+def from_anthropic_messages(system: System, wire: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """(``system``, ``messages``) of a Messages request as our transcript (the inverse of ``to_anthropic_messages``).
+
+    Each system block becomes a system message; each ``tool_result`` block a tool message named
+    after its call; an input that is not an object is kept in ``invalid_args``.
+
+    Raises:
+        ConfigurationError: a message has a role other than ``user`` or ``assistant``.
+    """
+    messages: list[Message] = []
+    if isinstance(system, str):
+        messages.append(Message(role="system", content=system))
+    else:
+        messages.extend(Message(role="system", content=_from_blocks([b])) for b in system or ())
+    names: dict[str, str] = {}
+    for entry in wire:
+        role = entry.get("role")
+        if role not in ("user", "assistant"):
+            raise errors.ConfigurationError(f"unsupported Messages API role {role!r}")
+        content = entry.get("content")
+        if isinstance(content, str):
+            messages.append(Message(role=role, content=content))
+            continue
+        blocks = list(content or ())
+        if role == "assistant":
+            calls = [_call(b["id"], b) for b in blocks if b.get("type") == "tool_use"]
+            names.update((c.id, c.name) for c in calls)
+            text = _from_blocks([b for b in blocks if b.get("type") != "tool_use"])
+            messages.append(Message(role="assistant", content=text, tool_calls=calls or None))
+            continue
+        pending: list[Mapping[str, Any]] = []
+        for block in blocks:
+            if block.get("type") != "tool_result":
+                pending.append(block)
+                continue
+            if pending:
+                messages.append(Message(role="user", content=[dict(b) for b in pending]))
+                pending = []
+            result = block.get("content")
+            call_id = str(block.get("tool_use_id") or "")
+            messages.append(Message(role="tool", tool_call_id=call_id, name=names.get(call_id),
+                                    content=result if isinstance(result, str) else _from_blocks(result or []),
+                                    is_error=True if block.get("is_error") else None))
+        if pending:
+            messages.append(Message(role="user", content=[dict(b) for b in pending]))
+    return messages
+
+
+def _call(call_id: str, block: Mapping[str, Any]) -> ToolCall:
+    args, invalid = _transcript.parse_arguments(block.get("input"))
+    return ToolCall(id=call_id, name=str(block.get("name") or ""), args=args, invalid_args=invalid)
+
+
+def mark_cache_points(system: System, wire: list[dict[str, Any]], tools: list[dict[str, Any]]
+                      ) -> tuple[System, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Copies of the request parts with cache breakpoints on the last tool, system block and message block.
+
+    Three of the four breakpoints the API allows: each turn reads the prefix the previous turn wrote.
+    """
+    if tools:
+        tools = [*tools[:-1], {**tools[-1], "cache_control": _EPHEMERAL}]
+    if system:
+        blocks = [_transcript.text_part(system)] if isinstance(system, str) else list(system)
+        system = [*blocks[:-1], {**blocks[-1], "cache_control": _EPHEMERAL}]
+    if wire:
+        last = wire[-1]
+        content = last["content"]
+        blocks = [_transcript.text_part(content)] if isinstance(content, str) else list(content)
+        wire = [*wire[:-1], {**last, "content": [*blocks[:-1], {**blocks[-1], "cache_control": _EPHEMERAL}]}]
+    return system, wire, tools
+
+
+def _usage(raw: Mapping[str, Any] | None) -> Usage:
+    # ``input_tokens`` leaves out the cached part; ours counts every prompt token, as OpenAI does.
+    if not raw:
+        return Usage()
+    read = int(raw.get("cache_read_input_tokens") or 0)
+    written = int(raw.get("cache_creation_input_tokens") or 0)
+    prompt = int(raw.get("input_tokens") or 0) + read + written
+    output = int(raw.get("output_tokens") or 0)
+    return Usage(input_tokens=prompt, output_tokens=output, total_tokens=prompt + output,
+                 cache_read_tokens=read, cache_write_tokens=written)
+
+
+def parse_message(body: Mapping[str, Any], transcript: Sequence[Message]) -> ModelResponse:
+    """A Messages API answer (as JSON) as one model turn: text, calls with parsed input, usage.
+
+    Text blocks are joined; ``thinking`` and server-tool blocks are not kept.
+    """
+    blocks = [b for b in body.get("content") or () if isinstance(b, Mapping)]
+    uses = [b for b in blocks if b.get("type") == "tool_use"]
+    ids = _transcript.assign_call_ids([b.get("id") for b in uses], transcript)
+    calls = [_call(call_id, block) for call_id, block in zip(ids, uses, strict=True)]
+    texts = [str(b.get("text") or "") for b in blocks if b.get("type") == "text"]
+    text: str | None = "".join(texts) if texts else None
+    if calls and not text:
+        text = None
+    return ModelResponse(text=text, tool_calls=calls, usage=_usage(body.get("usage")),
+                         finish_reason=body.get("stop_reason"), model_id=body.get("model"))

@@ -183,8 +183,31 @@ def cmd_compare(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_demo(client: Client, args: argparse.Namespace) -> int:
     from producer.demo import run_demo
+    from producer.devserver import dev_services
+    from producer.embedded import EmbeddedError
 
-    return run_demo(client.settings)
+    try:
+        with dev_services() as settings:  # the configured services, else embedded ones for the demo
+            return run_demo(settings)
+    except EmbeddedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_dev(client: Client, args: argparse.Namespace) -> int:
+    from producer.devserver import run_dev, stop_services
+    from producer.embedded import EmbeddedError
+
+    try:
+        if args.stop:
+            stop_services()
+            print("stopped the embedded PostgreSQL and Redis")
+            return 0
+        return run_dev(None, concurrency=args.concurrency, flower=args.flower, flower_port=args.flower_port,
+                       keep_services=args.keep_services)
+    except EmbeddedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--timeout", type=float, default=60.0)
     approvals.set_defaults(fn=cmd_approvals)
     command("demo", "show a run surviving a killed worker").set_defaults(fn=cmd_demo)
+    dev = command("dev", "run a worker and beat in the foreground, on embedded Postgres and Redis unless "
+                         "LOUSHO_DATABASE_URL / LOUSHO_REDIS_URL are set (Ctrl-C stops everything)")
+    dev.add_argument("--concurrency", type=int, default=2, help="worker processes")
+    dev.add_argument("--flower", action="store_true", help="also run Flower on 127.0.0.1 (needs flower)")
+    dev.add_argument("--flower-port", type=int, default=5555)
+    dev.add_argument("--keep-services", action="store_true", help="leave the embedded servers running on exit")
+    dev.add_argument("--stop", action="store_true", help="stop embedded servers left running, then exit")
+    dev.set_defaults(fn=cmd_dev)
     return parser
 
 

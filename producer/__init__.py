@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from producer.client import AgentHandle, Approvals, Client, Run, RunResult
 from producer.forks import Fork
+from producer.schedules import Schedules
 from producer.trajectories import TrajectoryComparison, compare_trajectories
 from store.errors import (
     AgentDriftError,
@@ -41,6 +42,7 @@ __all__ = [
     "Run",
     "RunResult",
     "RunTimeoutError",
+    "Schedules",
     "SessionAwaitingApprovalError",
     "SessionBusyError",
     "SessionIdInvalidError",

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from producer import schedules as schedule_commands
 from producer.client import Client, RunResult
 from producer.trajectories import compare_trajectories
 from store import errors
@@ -181,6 +182,12 @@ def cmd_compare(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_webhooks_serve(client: Client, args: argparse.Namespace) -> int:
+    from producer.webhooks import cmd_serve  # FastAPI loads only for this command
+
+    return cmd_serve(client, args)
+
+
 def cmd_demo(client: Client, args: argparse.Namespace) -> int:
     from producer.demo import run_demo
     from producer.devserver import dev_services
@@ -258,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--wait", action="store_true", help="wait for the run to settle again")
     approvals.add_argument("--timeout", type=float, default=60.0)
     approvals.set_defaults(fn=cmd_approvals)
+    schedule_commands.add_cli(sub)
+    webhooks = sub.add_parser("webhooks", help="receive signed webhooks that start runs")
+    actions = webhooks.add_subparsers(dest="action", required=True)
+    serve = actions.add_parser("serve", help="serve POST /webhooks/{agent}, GET /runs/{id}, POST /approvals/{id}")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(fn=cmd_webhooks_serve)
     command("demo", "show a run surviving a killed worker").set_defaults(fn=cmd_demo)
     dev = command("dev", "run a worker and beat in the foreground, on embedded Postgres and Redis unless "
                          "LOUSHO_DATABASE_URL / LOUSHO_REDIS_URL are set (Ctrl-C stops everything)")

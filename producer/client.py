@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -25,6 +25,9 @@ from store.faults import crash_point
 from store.leases import LeaseManager
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings
+
+if TYPE_CHECKING:
+    from producer.schedules import Schedules
 
 MAX_INPUT_MESSAGES = 1000
 _KNOWN_AGENTS_TTL_S = 5.0
@@ -132,6 +135,13 @@ class Client:
     def approvals(self) -> Approvals:
         """Pending approvals of every agent, and their decisions."""
         return Approvals(self, None)
+
+    @property
+    def schedules(self) -> Schedules:
+        """Schedules stored in Postgres: create, list, pause, resume, delete (``producer.schedules``)."""
+        from producer.schedules import Schedules  # imported here: producer.schedules imports this module
+
+        return Schedules(self)
 
     def agent(self, name: str) -> AgentHandle:
         """A handle for sending to and inspecting the runs of agent ``name``."""

@@ -45,6 +45,7 @@ class _Run:
     inbox_head: int = 0
     inbox_cursor: int = 0
     document: str = "{}"
+    uncounted_usage: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,14 @@ def _to_checkpoint(session_id: str, run: _Run) -> records.Checkpoint:
     document.pop("agent", None)
     try:
         last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
-        return records.Checkpoint(
+        checkpoint = records.Checkpoint(
             session_id=session_id, agent=run.agent, status=run.status, seq=run.seq, fence=run.fence,
             attempts=run.attempts, last_error=last_error, inbox_cursor=run.inbox_cursor,
             updated_at=run.updated_at, **document)
+        if run.uncounted_usage:
+            extra = records.Usage.model_validate(run.uncounted_usage)
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
+        return checkpoint
     except (ValueError, TypeError) as exc:
         raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
 
@@ -157,6 +162,7 @@ class MemoryCheckpointStore:
                 raise errors.StorageError("database error: UniqueViolation")
             now = self._clock()
             run.status, run.seq, run.attempts, run.last_error = checkpoint.status, checkpoint.seq, 0, None
+            run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
             if self.history_limit > 0:
                 history[checkpoint.seq] = _Saved(checkpoint.seq, checkpoint.fence, checkpoint.step,
@@ -172,6 +178,17 @@ class MemoryCheckpointStore:
                                                      "status": "pending", "note": None, "decided_at": None})
                 self._approvals.setdefault(approval.approval_id, stored)
             return now
+
+    def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
+        """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
+        record = usage.model_dump()
+        payloads.dumps(record)
+        with self._lock:
+            run = self._runs.get(session_id)
+            if run is None or run.fence != fence:
+                return False
+            run.uncounted_usage = record
+            return True
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
+    CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
+    Identity,
     Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
     Table,
     Text,
+    false,
     func,
     text,
 )
@@ -95,4 +100,54 @@ approvals = Table(
     Column("decided_at", DateTime(timezone=True), nullable=True),
     Index("approvals_session_idx", "session_id"),
     Index("approvals_pending_idx", "created_at", postgresql_where=text("status = 'pending'")),
+)
+
+#: Webhook deliveries: one per (agent, delivery id), written with its run and first input in one transaction.
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("agent", Text, nullable=False),
+    Column("delivery_id", Text, nullable=False),
+    Column("session_id", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("body_sha256", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("agent", "delivery_id"),
+    Index("deliveries_session_idx", "session_id"),
+)
+
+#: Schedules: cron (in ``timezone``) or every ``every_s`` seconds; ``next_fire_at`` is the next unhandled tick.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("schedule_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("agent", Text, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("cron", Text, nullable=True),
+    Column("every_s", Integer, nullable=True),
+    Column("timezone", Text, nullable=False, server_default="UTC"),
+    Column("overlap", Text, nullable=False, server_default="skip"),
+    Column("catch_up", Text, nullable=False, server_default="one"),
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("origin", Text, nullable=False, server_default="api"),
+    Column("next_fire_at", DateTime(timezone=True), nullable=False),
+    Column("last_fire_at", DateTime(timezone=True), nullable=True),
+    Column("last_session_id", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(cron IS NULL) <> (every_s IS NULL)", name="schedules_one_timing"),
+    Index("schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused")),
+)
+
+#: Claimed ticks, unique per (schedule, fire time), written in the transaction that creates the tick's run.
+schedule_fires = Table(
+    "schedule_fires",
+    metadata,
+    Column("schedule_id", BigInteger, ForeignKey("schedules.schedule_id", ondelete="CASCADE"), nullable=False),
+    Column("fire_at", DateTime(timezone=True), nullable=False),
+    Column("session_id", Text, nullable=True),
+    Column("outcome", Text, nullable=False),
+    Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("schedule_id", "fire_at"),
 )

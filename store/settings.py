@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator, model_validator
+from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from store import errors
@@ -29,6 +29,19 @@ class Settings(BaseSettings):
     step_time_limit_s: float = 300.0
     visibility_timeout_s: int = 3600
     queue: str = "lousho"
+    #: Period of the beat's schedule sweep; ticks are claimed in Postgres, so any number of beats is safe.
+    schedule_interval_s: float = 5.0
+    #: How late a tick may still fire as itself (at least 3 periods are used); older ticks follow catch_up.
+    schedule_grace_s: float = 60.0
+    #: Standard Webhooks secrets (``whsec_...``), comma-separated: two of them during a rotation.
+    webhook_secrets: SecretStr = SecretStr("")
+    #: GitHub webhook secrets, comma-separated, for ``X-Hub-Signature-256``; empty turns GitHub intake off.
+    github_webhook_secrets: SecretStr = SecretStr("")
+    #: Bearer key of ``GET /runs/{id}`` and ``POST /approvals/{id}``; unset refuses both routes.
+    api_key: SecretStr | None = None
+    webhook_max_body_bytes: int = 1024 * 1024
+    #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
+    webhook_input: str = ""
 
     @field_validator("history_limit", "max_attempts")
     @classmethod

@@ -70,6 +70,9 @@ def configure(app: Celery, settings: Settings) -> None:
         beat_schedule={
             "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
                                "options": {"expires": max(settings.recover_interval_s * 2, 2.0)}},
+            # Only claims ticks in Postgres: a second beat (always there during a deploy) fires nothing twice.
+            "lousho-schedules": {"task": "lousho.schedules", "schedule": settings.schedule_interval_s,
+                                 "options": {"expires": max(settings.schedule_interval_s * 2, 2.0)}},
         },
     )
 

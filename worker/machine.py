@@ -135,6 +135,10 @@ def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: st
 def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage) -> Checkpoint:
     """Record one model turn. With calls the run stays in progress; without, it finished (``stop``)."""
     content = payloads.clean_text(text) if text is not None else None
+    # Calls come from the provider: a NUL or an oversized number in them would fail every save.
+    calls = [c.model_copy(update={
+        "id": payloads.clean_text(c.id), "name": payloads.clean_text(c.name), "args": payloads.sanitize(c.args),
+        "invalid_args": None if c.invalid_args is None else payloads.clean_text(c.invalid_args)}) for c in calls]
     turn = Message(role="assistant", content=content, tool_calls=calls or None)
     update: dict[str, Any] = {
         "messages": [*checkpoint.messages, turn],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from datetime import timedelta
 from typing import Any
 
 import redis
@@ -19,7 +20,9 @@ from store import errors, records
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.leases import Heartbeat, LeaseManager
+from store.schedules import PostgresScheduleStore
 from worker import agents as agent_registry
+from worker import schedules as schedule_sweep
 from worker.celery import app, settings
 from worker.steps import Outcome, StepDeps, run_step
 
@@ -54,6 +57,10 @@ def _build() -> StepDeps:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
         log.warning("could not register agents; producers will not check names until the next start")
+    try:
+        schedule_sweep.sync_declared(PostgresScheduleStore(store.engine), settings.agent_modules)
+    except errors.StorageError:
+        log.warning("could not sync the schedules declared in code; they sync at the next start")
     return built
 
 
@@ -114,4 +121,16 @@ def recover() -> int:
     return sent
 
 
-__all__ = ["Outcome", "advance", "deps", "enqueue", "extra_agents", "recover"]
+@app.task(name="lousho.schedules", ignore_result=True)
+def fire_schedules() -> None:
+    """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
+    result = schedule_sweep.sweep(PostgresScheduleStore(deps().store.engine),
+                                  grace=timedelta(seconds=max(settings.schedule_grace_s,
+                                                              3 * settings.schedule_interval_s)))
+    sent = schedule_sweep.publish(result, lambda session_id: enqueue(session_id, None))
+    if sent or result.skipped or result.missed:
+        log.info("schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped",
+                 sent, result.skipped, result.missed)
+
+
+__all__ = ["Outcome", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "recover"]

@@ -74,6 +74,7 @@ def test_settings(**overrides: object) -> Settings:
         "step_soft_time_limit_s": 8.0,
         "step_time_limit_s": 10.0,
         "visibility_timeout_s": 30,
+        "schedule_interval_s": 1.0,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
@@ -92,6 +93,7 @@ def test_environment(**overrides: object) -> dict[str, str]:
         "LOUSHO_STEP_SOFT_TIME_LIMIT_S": str(settings.step_soft_time_limit_s),
         "LOUSHO_STEP_TIME_LIMIT_S": str(settings.step_time_limit_s),
         "LOUSHO_VISIBILITY_TIMEOUT_S": str(settings.visibility_timeout_s),
+        "LOUSHO_SCHEDULE_INTERVAL_S": str(settings.schedule_interval_s),
     }
     return env
 
@@ -99,5 +101,6 @@ def test_environment(**overrides: object) -> dict[str, str]:
 def reset_state() -> None:
     """Empty every table and the test Redis db."""
     with psycopg.connect(test_database_url(), autocommit=True) as conn:
-        conn.execute("TRUNCATE runs, checkpoint_history, inbox, agents, approvals")
+        conn.execute("TRUNCATE runs, checkpoint_history, inbox, agents, approvals,"
+                     " deliveries, schedules, schedule_fires")
     redis.Redis.from_url(test_redis_url()).flushdb()

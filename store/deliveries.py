@@ -1,0 +1,178 @@
+"""Webhook deliveries in Postgres: one row per (agent, delivery id), written with its run in one transaction.
+
+Owns the delivery id → run id mapping and the atomic intake (delivery row, run row, first inbox
+entry). It must not verify signatures, parse HTTP or publish messages: callers do that around it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection
+
+from store import errors, payloads, records
+from store.database import Transaction
+
+Source = Literal["standard-webhooks", "github"]
+
+#: Run ids of webhook runs start with this.
+PREFIX = "job-"
+MAX_DELIVERY_ID = 256
+_READABLE_AGENT = re.compile(r"[A-Za-z0-9_]{1,64}")
+_READABLE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_PRINTABLE = re.compile(r"[\x21-\x7e]+")
+
+_COLUMNS = "agent, delivery_id, session_id, source, body_sha256, received_at"
+_CLAIM = text(f"""
+INSERT INTO deliveries (agent, delivery_id, session_id, source, body_sha256)
+VALUES (:agent, :delivery_id, :sid, :source, :sha)
+ON CONFLICT (agent, delivery_id) DO NOTHING
+RETURNING {_COLUMNS}
+""")
+_GET = text(f"SELECT {_COLUMNS} FROM deliveries WHERE agent = :agent AND delivery_id = :delivery_id")
+
+# A run recreated under an id whose history was kept continues its seq after that history.
+_NEW_RUN = text("""
+INSERT INTO runs (session_id, agent, seq, inbox_head)
+SELECT :sid, :agent, COALESCE(MAX(seq), 0), 1 FROM checkpoint_history WHERE session_id = :sid
+ON CONFLICT (session_id) DO NOTHING RETURNING inbox_head
+""")
+_LOCK_RUN = text(
+    "SELECT agent, status, document -> 'approval_ids' AS approval_ids FROM runs WHERE session_id = :sid FOR UPDATE")
+_BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
+_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
+
+
+class Delivery(BaseModel):
+    """One accepted webhook delivery and the run it started."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    agent: str
+    delivery_id: str
+    session_id: str
+    source: Source
+    body_sha256: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What recording a delivery did: ``created`` is False for a delivery seen before."""
+
+    delivery: Delivery
+    created: bool
+
+
+def check_delivery_id(delivery_id: str) -> str:
+    """Return ``delivery_id`` when it can key a delivery: 1-256 printable ASCII characters.
+
+    Raises:
+        ConfigurationError: empty, too long, or with spaces or control characters.
+    """
+    if not isinstance(delivery_id, str) or len(delivery_id) > MAX_DELIVERY_ID or not _PRINTABLE.fullmatch(
+            delivery_id):
+        raise errors.ConfigurationError("a delivery id must be 1-256 printable ASCII characters")
+    return delivery_id
+
+
+def session_id_for(agent: str, delivery_id: str) -> str:
+    """The run id of a delivery: ``job-<agent>-<id>`` when both are plain, else ``job-h<hash>``.
+
+    The readable form is only used when the agent name has no ``-`` (so the first ``-`` after the
+    prefix splits the two parts) and the result is a valid run id; the hashed form has no ``-``
+    after the prefix. So two different (agent, delivery id) pairs never share a run id.
+
+    Raises:
+        ConfigurationError: the delivery id is not 1-256 printable ASCII characters.
+    """
+    check_delivery_id(delivery_id)
+    if _READABLE_AGENT.fullmatch(agent) and _READABLE_ID.fullmatch(delivery_id):
+        try:
+            return records.validate_session_id(f"{PREFIX}{agent}-{delivery_id}")
+        except errors.SessionIdInvalidError:
+            pass  # a reserved suffix or an edge dot: fall back to the hash
+    digest = hashlib.sha256(f"{agent}\x00{delivery_id}".encode()).hexdigest()[:40]
+    return f"{PREFIX}h{digest}"
+
+
+def start_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
+    """Create the run ``session_id`` with ``messages`` as its first input, in the caller's transaction.
+
+    When the run exists already the input is queued after what it has, under its row lock, with
+    the same rules as ``PostgresCheckpointStore.append_input``. Returns the inbox number.
+
+    Raises:
+        ConfigurationError: the run belongs to another agent.
+        SessionAwaitingApprovalError: the run waits on an approval.
+    """
+    if create_run(conn, session_id, agent, messages):
+        return 1
+    row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
+    if row.agent != agent:
+        raise errors.ConfigurationError(f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
+    if row.status == "awaiting-approval":
+        waiting = row.approval_ids or []
+        raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
+    number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _messages(messages)})
+    return number
+
+
+def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> bool:
+    """Create the run ``session_id`` with ``messages`` as inbox entry 1, in the caller's transaction.
+
+    Returns False, writing nothing, when a run with that id exists.
+    """
+    created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent}).first()
+    if created is None:
+        return False
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _messages(messages)})
+    return True
+
+
+def _messages(messages: Sequence[records.Message]) -> str:
+    return payloads.dumps([m.dump() for m in messages])
+
+
+class PostgresDeliveryStore:
+    """Deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def record(self, agent: str, delivery_id: str, source: Source, body_sha256: str,
+               messages: Sequence[records.Message]) -> Intake:
+        """Record a verified delivery and start its run, all in one transaction.
+
+        Concurrent copies of one delivery wait on the unique key: exactly one creates the run,
+        the others get the existing row back (``created=False``) and write nothing.
+
+        Raises:
+            ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.
+            SessionAwaitingApprovalError: the run id is taken by a run paused on an approval.
+            StorageError: the database failed; nothing was written.
+        """
+        session_id = session_id_for(agent, delivery_id)
+        params = {"agent": agent, "delivery_id": delivery_id, "sid": session_id, "source": source,
+                  "sha": body_sha256}
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_CLAIM, params).first()
+            if row is None:
+                existing = conn.execute(_GET, params).one()
+                return Intake(Delivery.model_validate(dict(existing._mapping)), created=False)
+            start_run(conn, session_id, agent, messages)
+        return Intake(Delivery.model_validate(dict(row._mapping)), created=True)
+
+    def get(self, agent: str, delivery_id: str) -> Delivery | None:
+        """The recorded delivery, or None."""
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_GET, {"agent": agent, "delivery_id": delivery_id}).first()
+        return None if row is None else Delivery.model_validate(dict(row._mapping))

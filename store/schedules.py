@@ -1,0 +1,468 @@
+"""Schedules in Postgres: their records, their tick arithmetic (cron with DST, or a fixed interval), and tick claims.
+
+A tick is claimed by a ``schedule_fires`` row, unique per (schedule, fire time), in the same
+transaction that creates its run, so any number of sweeps fire it once. Which ticks fire is
+decided by the caller's planner (``worker.schedules``); this module must not publish messages.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection, Row
+
+from store import errors, payloads, records
+from store.database import Transaction
+from store.deliveries import create_run
+
+Overlap = Literal["skip", "allow"]
+CatchUp = Literal["skip", "one"]
+Origin = Literal["api", "code"]
+Outcome = Literal["fired", "skipped"]
+
+#: Run ids of schedule runs start with this: ``sched-<schedule_id>-<UTC fire time>``.
+PREFIX = "sched-"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_MACROS = {
+    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+}
+#: Candidates a cron iterator may yield before we give up looking for a later tick (DST repeats).
+_MAX_CANDIDATES = 1000
+
+_COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
+            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at")
+_NOW = text("SELECT now()")
+_INSERT = text(f"""
+INSERT INTO schedules (name, agent, input, cron, every_s, timezone, overlap, catch_up, origin, next_fire_at)
+VALUES (:name, :agent, CAST(:input AS jsonb), :cron, :every_s, :timezone, :overlap, :catch_up, :origin, :next)
+ON CONFLICT (name) DO NOTHING RETURNING {_COLUMNS}
+""")
+_BY_NAME = text(f"SELECT {_COLUMNS} FROM schedules WHERE name = :name")
+_LOCK_BY_NAME = text(f"SELECT {_COLUMNS} FROM schedules WHERE name = :name FOR UPDATE")
+_LIST = text(f"SELECT {_COLUMNS} FROM schedules ORDER BY name")
+_REDEFINE = text(f"""
+UPDATE schedules SET agent = :agent, input = CAST(:input AS jsonb), cron = :cron, every_s = :every_s,
+  timezone = :timezone, overlap = :overlap, catch_up = :catch_up, origin = :origin, next_fire_at = :next,
+  updated_at = now()
+WHERE name = :name RETURNING {_COLUMNS}
+""")
+_PAUSE = text(f"UPDATE schedules SET paused = true, updated_at = now() WHERE name = :name RETURNING {_COLUMNS}")
+_RESUME = text(f"""
+UPDATE schedules SET paused = false, next_fire_at = :next, updated_at = now() WHERE name = :name
+RETURNING {_COLUMNS}
+""")
+_DELETE = text("DELETE FROM schedules WHERE name = :name")
+_FIRES = text("""
+SELECT f.fire_at, f.session_id, f.outcome, f.claimed_at FROM schedule_fires f
+JOIN schedules s ON s.schedule_id = f.schedule_id WHERE s.name = :name ORDER BY f.fire_at DESC LIMIT :limit
+""")
+# The most overdue schedule nobody else is sweeping, with the database's time and whether the
+# schedule's previous run is still going (a parked run does not count: it waits for a human).
+_LOCK_DUE = text(f"""
+SELECT {", ".join("s." + c.strip() for c in _COLUMNS.split(","))}, now() AS db_now,
+  COALESCE(r.status = 'awaiting-approval'
+    OR (r.status = 'in-progress' AND (r.last_error IS NULL OR (r.last_error ->> 'retryable')::boolean))
+    OR (r.status = 'finished' AND r.inbox_head > r.inbox_cursor), false) AS previous_busy
+FROM schedules s LEFT JOIN runs r ON r.session_id = s.last_session_id
+WHERE NOT s.paused AND s.next_fire_at <= now()
+ORDER BY s.next_fire_at
+LIMIT 1
+FOR UPDATE OF s SKIP LOCKED
+""")
+_CLAIM_TICK = text("""
+INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome) VALUES (:id, :fire_at, :sid, :outcome)
+ON CONFLICT (schedule_id, fire_at) DO NOTHING RETURNING fire_at
+""")
+_UNFIRE = text(
+    "UPDATE schedule_fires SET outcome = 'skipped', session_id = NULL WHERE schedule_id = :id AND fire_at = :fire_at")
+_ADVANCE = text("""
+UPDATE schedules SET next_fire_at = :next, last_fire_at = COALESCE(:last_fire, last_fire_at),
+  last_session_id = COALESCE(:last_sid, last_session_id), updated_at = now()
+WHERE schedule_id = :id
+""")
+
+
+class ScheduleNotFoundError(errors.LoushoError):
+    """No schedule has that name."""
+
+    code = "LOUSHO_SCHEDULE_NOT_FOUND"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}", name=name)
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware")
+    return value.astimezone(UTC)
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise errors.ConfigurationError(f"unknown time zone {name!r}") from exc
+
+
+class ScheduleSpec(BaseModel):
+    """What a schedule is: when it fires (``cron`` in ``timezone``, or ``every_s`` seconds) and what it sends.
+
+    Interval ticks are aligned on the Unix epoch (``every_s=300`` fires at :00, :05, …), so a tick's
+    identity never depends on when the schedule was created or swept. Cron ticks follow Debian
+    cron across DST changes: a fixed-time job in the skipped hour fires right after the jump, one in
+    the repeated hour fires once, and jobs with ``*`` in the hour field fire every real hour.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    agent: str
+    messages: list[records.Message]
+    cron: str | None = None
+    every_s: int | None = Field(default=None, ge=1)
+    timezone: str = "UTC"
+    overlap: Overlap = "skip"
+    catch_up: CatchUp = "one"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError("a schedule name is 1-100 of letters, digits, '_', '-' or '.'")
+        return value
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, value: str) -> str:
+        if not value or len(value) > 200:
+            raise ValueError("an agent name is 1-200 characters")
+        return value
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        expr = " ".join(value.split())
+        expr = _MACROS.get(expr.lower(), expr)
+        if len(expr.split()) != 5:
+            raise ValueError("a cron expression has 5 fields (minute hour day month weekday) or is a @macro")
+        try:
+            CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+        except CronSimError as exc:
+            raise ValueError(f"invalid cron expression: {exc}") from None
+        return expr
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            _zone(value)
+        except errors.ConfigurationError as exc:
+            raise ValueError(exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_timing(self) -> ScheduleSpec:
+        if (self.cron is None) == (self.every_s is None):
+            raise ValueError("give exactly one of cron or every")
+        if not self.messages:
+            raise ValueError("a schedule needs some input")
+        return self
+
+    def next_tick(self, after: datetime) -> datetime:
+        """The first tick strictly after ``after``, in UTC.
+
+        Raises:
+            ConfigurationError: the cron expression never matches again.
+        """
+        after = _utc(after)
+        if self.every_s is not None:
+            step = timedelta(seconds=self.every_s)
+            return _EPOCH + ((after - _EPOCH) // step + 1) * step
+        assert self.cron is not None  # guaranteed by _one_timing
+        iterator = CronSim(self.cron, after.astimezone(_zone(self.timezone)))
+        # Around a DST fall-back the iterator can yield a wall time that is earlier in real time.
+        for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
+            tick = candidate.astimezone(UTC)
+            if tick > after:
+                return tick
+        raise errors.ConfigurationError(f"cron expression {self.cron!r} does not fire again")
+
+    def last_tick(self, at: datetime) -> datetime | None:
+        """The latest tick at or before ``at``, in UTC (None when there is none in 50 years)."""
+        at = _utc(at)
+        if self.every_s is not None:
+            step = timedelta(seconds=self.every_s)
+            return _EPOCH + ((at - _EPOCH) // step) * step
+        assert self.cron is not None  # guaranteed by _one_timing
+        start = (at.replace(microsecond=0) + timedelta(seconds=1)).astimezone(_zone(self.timezone))
+        iterator = CronSim(self.cron, start, reverse=True)
+        found = None
+        for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
+            if candidate.astimezone(UTC) <= at:
+                found = candidate.astimezone(UTC)
+                break
+        if found is None:
+            return None
+        # Backwards through a repeated (fall-back) hour the iterator can skip a tick: walk forward to the last.
+        for _ in range(_MAX_CANDIDATES):
+            following = self.next_tick(found)
+            if following > at:
+                break
+            found = following
+        return found
+
+    def row(self, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:
+        """Bound parameters for inserting or redefining this schedule."""
+        return {"name": self.name, "agent": self.agent, "input": payloads.dumps([m.dump() for m in self.messages]),
+                "cron": self.cron, "every_s": self.every_s, "timezone": self.timezone, "overlap": self.overlap,
+                "catch_up": self.catch_up, "origin": origin, "next": next_fire_at}
+
+    def same_timing(self, other: ScheduleSpec) -> bool:
+        """Whether ``other`` fires at the same ticks."""
+        return (self.cron, self.every_s, self.timezone) == (other.cron, other.every_s, other.timezone)
+
+
+class Schedule(ScheduleSpec):
+    """A stored schedule: its spec plus its state."""
+
+    schedule_id: int
+    paused: bool = False
+    origin: Origin = "api"
+    next_fire_at: datetime
+    last_fire_at: datetime | None = None
+    last_session_id: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    def spec(self) -> ScheduleSpec:
+        """The definition part, without state."""
+        return ScheduleSpec.model_validate(self.model_dump(include=set(ScheduleSpec.model_fields)))
+
+
+class Fire(BaseModel):
+    """One claimed tick: ``fired`` started ``session_id``; ``skipped`` was claimed without a run (overlap)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fire_at: datetime
+    session_id: str | None
+    outcome: Outcome
+    claimed_at: datetime
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    """A planner's decision for one due schedule: ticks to fire, ticks to claim without a run, what is next."""
+
+    fire: Sequence[datetime]
+    skip: Sequence[datetime]
+    next_fire_at: datetime
+    #: Overdue ticks the catch-up policy dropped (not recorded).
+    missed: int = 0
+
+
+#: (schedule, the database's now, whether its previous run is unfinished) -> plan.
+Planner = Callable[[Schedule, datetime, bool], TickPlan]
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one locked schedule did: the runs it created (to enqueue after commit) and the rest."""
+
+    schedule: Schedule
+    now: datetime
+    fired: list[tuple[datetime, str]] = field(default_factory=list)
+    skipped: list[datetime] = field(default_factory=list)
+    missed: int = 0
+
+
+def every_seconds(every: float | timedelta) -> int:
+    """Whole seconds of an interval given as seconds or a ``timedelta``.
+
+    Raises:
+        ConfigurationError: not a whole number of seconds, or under one second.
+    """
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 1 or seconds != int(seconds):
+        raise errors.ConfigurationError("every must be a whole number of seconds, at least 1")
+    return int(seconds)
+
+
+def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cron: str | None = None,
+               every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
+               catch_up: CatchUp = "one") -> ScheduleSpec:
+    """A checked ``ScheduleSpec``.
+
+    Raises:
+        ConfigurationError: a field is invalid (name, cron, time zone, both or neither timing, policies).
+    """
+    try:
+        return ScheduleSpec(name=name, agent=agent, messages=list(messages), cron=cron,
+                            every_s=None if every is None else every_seconds(every), timezone=timezone,
+                            overlap=overlap, catch_up=catch_up)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise errors.ConfigurationError(f"invalid schedule {where or name!r}: {first['msg']}") from None
+
+
+def tick_session_id(schedule_id: int, fire_at: datetime) -> str:
+    """The run id of a tick: ``sched-<schedule_id>-<YYYYmmddTHHMMSSZ>`` (a valid run id)."""
+    return records.validate_session_id(f"{PREFIX}{schedule_id}-{_utc(fire_at):%Y%m%dT%H%M%SZ}")
+
+
+def _schedule(row: Row[Any]) -> Schedule:
+    values = dict(row._mapping)
+    values.pop("db_now", None)
+    values.pop("previous_busy", None)
+    values["messages"] = values.pop("input")
+    return Schedule.model_validate(values)
+
+
+class PostgresScheduleStore:
+    """Schedule definitions, their state, and the claim of their ticks."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create(self, spec: ScheduleSpec, origin: Origin = "api") -> Schedule:
+        """Store a new schedule; its first tick is the first one after the database's now.
+
+        Raises:
+            ConfigurationError: the name is taken.
+        """
+        with Transaction(self.engine) as conn:
+            now: datetime = conn.execute(_NOW).scalar_one()
+            row = conn.execute(_INSERT, spec.row(origin, spec.next_tick(now))).first()
+        if row is None:
+            raise errors.ConfigurationError(f"a schedule named {spec.name!r} exists already")
+        return _schedule(row)
+
+    def sync(self, spec: ScheduleSpec, origin: Origin = "code") -> Schedule:
+        """Create ``spec`` or redefine the schedule of that name (declared in code; safe to run concurrently).
+
+        Its paused state is kept; its next tick is recomputed only when its timing changed.
+        """
+        with Transaction(self.engine) as conn:
+            now: datetime = conn.execute(_NOW).scalar_one()
+            row = conn.execute(_INSERT, spec.row(origin, spec.next_tick(now))).first()
+            if row is not None:
+                return _schedule(row)
+            current = _schedule(conn.execute(_LOCK_BY_NAME, {"name": spec.name}).one())
+            if current.spec() == spec and current.origin == origin:
+                return current
+            next_fire_at = current.next_fire_at if current.spec().same_timing(spec) else spec.next_tick(now)
+            return _schedule(conn.execute(_REDEFINE, spec.row(origin, next_fire_at)).one())
+
+    def get(self, name: str) -> Schedule:
+        """The schedule named ``name``.
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_BY_NAME, {"name": name}).first()
+        if row is None:
+            raise ScheduleNotFoundError(name)
+        return _schedule(row)
+
+    def list(self) -> builtins.list[Schedule]:
+        """Every schedule, by name."""
+        with Transaction(self.engine) as conn:
+            return [_schedule(row) for row in conn.execute(_LIST)]
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing ``name`` until it is resumed.
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_PAUSE, {"name": name}).first()
+        if row is None:
+            raise ScheduleNotFoundError(name)
+        return _schedule(row)
+
+    def resume(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next tick after now (ticks of the pause are not fired).
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_LOCK_BY_NAME, {"name": name}).first()
+            if row is None:
+                raise ScheduleNotFoundError(name)
+            current = _schedule(row)
+            if not current.paused:
+                return current
+            now: datetime = conn.execute(_NOW).scalar_one()
+            return _schedule(conn.execute(_RESUME, {"name": name, "next": current.next_tick(now)}).one())
+
+    def delete(self, name: str) -> bool:
+        """Drop the schedule and its tick claims (the runs it started stay); False when unknown."""
+        with Transaction(self.engine) as conn:
+            return bool(conn.execute(_DELETE, {"name": name}).rowcount)
+
+    def fires(self, name: str, limit: int = 100) -> builtins.list[Fire]:
+        """The schedule's claimed ticks, newest first."""
+        with Transaction(self.engine) as conn:
+            rows = conn.execute(_FIRES, {"name": name, "limit": limit}).all()
+        return [Fire.model_validate(dict(row._mapping)) for row in rows]
+
+    def fire_next_due(self, plan: Planner) -> Swept | None:
+        """Lock the most overdue schedule no other sweep holds, and apply ``plan`` to it in one transaction.
+
+        Each fired tick gets its claim row and its run (first input queued) in this transaction;
+        a skipped tick gets its claim row only. Returns None when no schedule is due.
+
+        Raises:
+            ValueError: the plan does not move the schedule's next tick forward.
+            StorageError: the database failed; nothing of this schedule was written.
+        """
+        with Transaction(self.engine) as conn:
+            row = conn.execute(_LOCK_DUE).first()
+            if row is None:
+                return None
+            schedule = _schedule(row)
+            decision = plan(schedule, row.db_now, bool(row.previous_busy))
+            ticks = sorted({*decision.fire, *decision.skip})
+            if decision.next_fire_at <= max([schedule.next_fire_at, *ticks]):
+                raise ValueError("a tick plan must move next_fire_at past every tick it handles")
+            swept = Swept(schedule, row.db_now, missed=decision.missed)
+            firing = set(decision.fire)
+            for tick in ticks:
+                self._claim(conn, schedule, tick, tick in firing, swept)
+            last_sid = swept.fired[-1][1] if swept.fired else None
+            conn.execute(_ADVANCE, {"id": schedule.schedule_id, "next": decision.next_fire_at,
+                                    "last_fire": ticks[-1] if ticks else None, "last_sid": last_sid})
+        return swept
+
+    @staticmethod
+    def _claim(conn: Connection, schedule: Schedule, tick: datetime, fire: bool, swept: Swept) -> None:
+        session_id = tick_session_id(schedule.schedule_id, tick) if fire else None
+        claimed = conn.execute(_CLAIM_TICK, {"id": schedule.schedule_id, "fire_at": tick, "sid": session_id,
+                                             "outcome": "fired" if fire else "skipped"}).first()
+        if claimed is None:
+            return  # claimed before (the row lock makes this rare): never a second run
+        if session_id is None:
+            swept.skipped.append(tick)
+            return
+        if create_run(conn, session_id, schedule.agent, schedule.messages):
+            swept.fired.append((tick, session_id))
+        else:  # a run made by hand under this id: leave it alone, the tick is still claimed once
+            conn.execute(_UNFIRE, {"id": schedule.schedule_id, "fire_at": tick})
+            swept.skipped.append(tick)

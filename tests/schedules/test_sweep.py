@@ -1,0 +1,174 @@
+"""Schedules on the real database: the producer API and CLI, the sweep's claims, overlap and catch-up, code sync."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from producer import schedules as schedule_cli
+from producer.schedules import Schedules
+from store import errors
+from store.checkpoints import PostgresCheckpointStore
+from store.schedules import PostgresScheduleStore, ScheduleNotFoundError
+from worker.schedules import SweepResult, publish, sweep, sync_declared
+
+pytestmark = pytest.mark.integration
+
+GRACE = timedelta(seconds=60)
+
+
+def _wait_for_tick(store: PostgresScheduleStore, name: str) -> None:
+    """Sleep until the schedule's next tick has passed on the database's clock."""
+    due = store.get(name).next_fire_at
+    with store.engine.connect() as conn:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+    time.sleep(max(0.0, (due - now).total_seconds()) + 0.05)
+
+
+def _sweep(store: PostgresScheduleStore, **kw: object) -> SweepResult:
+    return sweep(store, **kw)  # type: ignore[arg-type]
+
+
+def test_create_list_pause_resume_delete(schedules: Schedules) -> None:
+    made = schedules.create("report", "reporter", "Send the report", cron="0 9 * * *", timezone="Europe/Paris")
+    assert made.schedule_id > 0 and made.paused is False and made.next_fire_at.tzinfo is not None
+    assert made.next_fire_at.astimezone().utcoffset() is not None
+    assert [s.name for s in schedules.list()] == ["report"]
+    with pytest.raises(errors.ConfigurationError):
+        schedules.create("report", "reporter", "again", every=60)
+    with pytest.raises(errors.AgentNotFoundError):
+        schedules.create("other", "nobody", "hi", every=60)
+    assert schedules.pause("report").paused is True
+    resumed = schedules.resume("report")
+    assert resumed.paused is False and resumed.next_fire_at >= made.next_fire_at
+    assert schedules.delete("report") is True and schedules.delete("report") is False
+    with pytest.raises(ScheduleNotFoundError):
+        schedules.pause("report")
+
+
+def test_a_due_tick_fires_once_with_its_run_and_input(schedules: Schedules, schedule_store: PostgresScheduleStore,
+                                                      store: PostgresCheckpointStore) -> None:
+    made = schedules.create("tick", "reporter", "Send the report", every=1, overlap="allow")
+    _wait_for_tick(schedule_store, "tick")
+    first = _sweep(schedule_store, grace=GRACE)
+    again = _sweep(schedule_store, grace=GRACE)
+    assert len(first.fired) >= 1 and again.fired == []
+    name, tick, session_id = first.fired[0]
+    assert name == "tick" and tick == made.next_fire_at
+    assert session_id == f"sched-{made.schedule_id}-{tick:%Y%m%dT%H%M%SZ}"
+    (queued,) = store.inbox(session_id, 0)
+    assert queued.messages[0].content == "Send the report"
+    sent: list[str] = []
+    assert publish(first, sent.append) == len(first.fired) and sent == first.session_ids
+    fires = schedules.fires("tick")
+    assert [f.session_id for f in reversed(fires)] == first.session_ids
+    assert schedule_store.get("tick").last_session_id == first.session_ids[-1]
+
+
+def test_overlap_skip_claims_ticks_without_runs_until_the_previous_run_finishes(
+        schedules: Schedules, schedule_store: PostgresScheduleStore, finish: Callable[[str], object]) -> None:
+    schedules.create("slow", "reporter", "Send the report", every=1, overlap="skip")
+    _wait_for_tick(schedule_store, "slow")
+    first = _sweep(schedule_store, grace=GRACE)
+    assert len(first.fired) == 1
+    _wait_for_tick(schedule_store, "slow")
+    blocked = _sweep(schedule_store, grace=GRACE)
+    assert blocked.fired == [] and blocked.skipped >= 1
+    finish(first.session_ids[0])
+    _wait_for_tick(schedule_store, "slow")
+    after = _sweep(schedule_store, grace=GRACE)
+    assert len(after.fired) == 1
+    outcomes = [f.outcome for f in reversed(schedules.fires("slow"))]
+    assert outcomes[0] == "fired" and outcomes[-1] == "fired" and "skipped" in outcomes
+    assert len(outcomes) == len(set(f.fire_at for f in schedules.fires("slow")))
+
+
+def test_overlap_allow_starts_a_run_per_tick_while_others_run(schedules: Schedules,
+                                                              schedule_store: PostgresScheduleStore) -> None:
+    schedules.create("busy", "reporter", "Send the report", every=1, overlap="allow")
+    fired: list[str] = []
+    for _ in range(2):
+        _wait_for_tick(schedule_store, "busy")
+        fired += _sweep(schedule_store, grace=GRACE).session_ids
+    assert len(fired) >= 2 and len(set(fired)) == len(fired)
+
+
+def _downtime(store: PostgresScheduleStore, name: str, minutes: int) -> None:
+    """As if every beat was down for ``minutes``: the schedule's next tick is that far in the past."""
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE schedules SET next_fire_at = date_trunc('minute', now())"
+                          " - make_interval(mins => :m) WHERE name = :name"), {"m": minutes, "name": name})
+
+
+@pytest.mark.parametrize("catch_up", ["one", "skip"])
+def test_after_downtime_the_catch_up_policy_decides(catch_up: str, schedules: Schedules,
+                                                    schedule_store: PostgresScheduleStore) -> None:
+    schedules.create("minutely", "reporter", "Send the report", cron="* * * * *", overlap="allow",
+                     catch_up=catch_up)  # type: ignore[arg-type]
+    _downtime(schedule_store, "minutely", 10)
+    result = _sweep(schedule_store, grace=timedelta(seconds=5))
+    assert result.now is not None
+    on_time = result.now - result.now.replace(second=0, microsecond=0) <= timedelta(seconds=5)
+    current = result.now.replace(second=0, microsecond=0)
+    ticks = [tick for _, tick, _ in result.fired]
+    if on_time:  # the current minute's tick is within the grace: it fires as itself
+        assert ticks == [current] and result.missed == 10
+    elif catch_up == "one":
+        assert ticks == [current] and result.missed == 10
+    else:
+        assert ticks == [] and result.missed == 11
+    assert schedule_store.get("minutely").next_fire_at == current + timedelta(minutes=1)
+    assert _sweep(schedule_store, grace=timedelta(seconds=5)).fired == []
+
+
+def test_a_paused_schedule_does_not_fire_and_resumes_from_now(schedules: Schedules,
+                                                              schedule_store: PostgresScheduleStore) -> None:
+    schedules.create("quiet", "reporter", "Send the report", every=1, overlap="allow")
+    schedules.pause("quiet")
+    _downtime(schedule_store, "quiet", 1)
+    assert _sweep(schedule_store, grace=GRACE).fired == []
+    resumed = schedules.resume("quiet")
+    with schedule_store.engine.connect() as conn:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+    assert now < resumed.next_fire_at <= now + timedelta(seconds=1)
+
+
+def test_declared_schedules_sync_idempotently_and_keep_a_pause(schedule_store: PostgresScheduleStore) -> None:
+    synced = sync_declared(schedule_store, ["tests.schedules.declared"])
+    assert sorted(s.name for s in synced) == ["daily-report", "heartbeat"]
+    assert all(s.origin == "code" for s in synced)
+    schedule_store.pause("heartbeat")
+    again = {s.name: s for s in sync_declared(schedule_store, ["tests.schedules.declared"])}
+    assert again["heartbeat"].paused is True
+    assert again["daily-report"].next_fire_at == {s.name: s for s in synced}["daily-report"].next_fire_at
+    assert len(schedule_store.list()) == 2
+    with pytest.raises(errors.ConfigurationError):
+        sync_declared(schedule_store, ["tests.schedules.no_such_module"])
+
+
+def test_the_cli_creates_lists_pauses_and_deletes(schedules: Schedules, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="lousho")
+    schedule_cli.add_cli(parser.add_subparsers(dest="command", required=True))
+
+    def lousho(*argv: str) -> tuple[int, str]:
+        args = parser.parse_args(list(argv))
+        code = args.fn(schedules._client, args)
+        return code, capsys.readouterr().out
+
+    code, out = lousho("schedules", "create", "nightly", "reporter", "Send the report", "--cron", "0 2 * * *",
+                       "--timezone", "America/New_York", "--json")
+    assert code == 0 and json.loads(out)["cron"] == "0 2 * * *"
+    code, out = lousho("schedules", "list")
+    assert code == 0 and out.startswith("nightly  reporter  cron '0 2 * * *' America/New_York")
+    assert lousho("schedules", "pause", "nightly")[1].startswith("paused nightly")
+    assert lousho("schedules", "resume", "nightly")[1].startswith("resumed nightly")
+    assert lousho("schedules", "fires", "nightly")[1].strip() == "no ticks fired yet"
+    assert lousho("schedules", "delete", "nightly") == (0, "deleted nightly\n")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["schedules", "create", "x", "reporter", "hi"])  # neither --cron nor --every

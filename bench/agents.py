@@ -5,6 +5,10 @@ to ``noop`` and then a final text, so a run takes ``2 * turns + 1`` steps: model
 model turn, ..., final model turn. Each step is one task and one saved checkpoint. The turn count
 travels in the input, so runs of any length share the same worker processes.
 
+``bench-usage`` is the same agent with a model that reports its token usage the way the real
+providers do, so each model turn also pays the usage note a real provider's turn pays before its
+save (``MockModel`` reports none).
+
 Workers load this module through ``LOUSHO_AGENTS=bench.agents``; importing it also installs the
 in-task timing hook of ``bench.timing`` when ``BENCH_TIMINGS`` is set.
 """
@@ -19,6 +23,7 @@ from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 
 AGENT = "bench"
+USAGE_AGENT = "bench-usage"
 PREFIX = "bench "
 
 
@@ -57,7 +62,15 @@ def noop(ctx: ToolContext) -> str:
     return "ok"
 
 
+class _UsageReportingModel(MockModel):
+    """The scripted model, reporting usage like a real provider."""
+
+    reports_usage = True
+
+
 bench = Agent(name=AGENT, model=MockModel(_script, model_id="bench-mock"), instructions="",
               tools=[noop], max_steps=100_000, tool_concurrency=1)
+bench_usage = Agent(name=USAGE_AGENT, model=_UsageReportingModel(_script, model_id="bench-mock"), instructions="",
+                    tools=[noop], max_steps=100_000, tool_concurrency=1)
 
 timing.install()

@@ -26,7 +26,7 @@ def make_app(settings: Settings) -> Celery:
     bare.conf.beat_schedule = {}
     check_configuration(bare)
 
-    @bare.task(name=HOP, ignore_result=True)
+    @bare.task(name=HOP, ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def hop(chain: str, n: int, total: int) -> None:
         """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop, nothing else."""
         if n < total:

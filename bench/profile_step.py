@@ -11,11 +11,15 @@ enqueue (a real publish to a queue nobody consumes), and what is left for the st
 ``--engine`` runs the same loop with another engine for the checkpoint store, to measure what
 the connection handling costs: ``default`` (``store.database.make_engine``), ``no-pre-ping``
 (the same without ``pool_pre_ping``), ``autocommit`` (no pre-ping, and each statement is its own
-transaction: no separate BEGIN and COMMIT round trips). Nothing in the project is changed.
+transaction: no separate BEGIN and COMMIT round trips), ``async-claim`` (autocommit, and the claim
+commits with ``synchronous_commit=off``: it does not wait for its WAL flush; the save still does).
+Several variants, comma-separated, are measured in alternating batches. Nothing in the project is
+changed.
 
-``--cprofile N`` also prints the N functions with the most own time under ``cProfile``.
-Celery's delivery and ack are not in this loop; ``python -m bench --runs 1`` shows them as the
-difference between the per-step and in-task times.
+``--usage`` runs the agent whose model reports token usage like a real provider (each model turn
+then also writes its usage note before the save). ``--cprofile N`` also prints the N functions
+with the most own time under ``cProfile``. Celery's delivery and ack are not in this loop;
+``python -m bench --runs 1`` shows them (the "gap" column).
 """
 
 from __future__ import annotations
@@ -39,30 +43,43 @@ from bench.run import Config, percentile
 DATABASE = "lousho_bench_profile"
 REDIS_DB = 12
 QUEUE = "bench-profile"
+ENGINES = ("default", "no-pre-ping", "autocommit", "async-claim")
 
-_spent: dict[str, list[float]] = defaultdict(list)
+#: variant -> phase -> durations (s), wall clock and this thread's CPU; ``_current`` names the variant.
+_spent: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+_cpu: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+_current = ["warm-up"]
 
 
 def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` recording its duration under ``name``."""
+    """``fn`` recording its wall and CPU duration under ``name`` for the variant being measured."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            _spent[name].append(time.perf_counter() - started)
+            _spent[_current[0]][name].append(time.perf_counter() - started)
+            _cpu[_current[0]][name].append(time.thread_time() - cpu)
     return wrapper
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="runs stepped round-robin")
+    parser.add_argument("--runs", type=int, default=10, help="runs stepped round-robin per batch")
     parser.add_argument("--hops", type=int, default=41, help="steps per run (rounded up to odd)")
-    parser.add_argument("--repeat", type=int, default=3, help="batches of runs (the first one is a warm-up)")
-    parser.add_argument("--engine", choices=["default", "no-pre-ping", "autocommit"], default="default")
+    parser.add_argument("--repeat", type=int, default=3, help="measured batches per engine variant")
+    parser.add_argument("--engine", default="default",
+                        help=f"comma-separated store engine variants, measured in alternation: {', '.join(ENGINES)}")
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the top N functions")
-    return parser.parse_args(argv)
+    parser.add_argument("--usage", action="store_true",
+                        help="the model reports token usage like a real provider (adds the usage note)")
+    args = parser.parse_args(argv)
+    args.engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    unknown = set(args.engines) - set(ENGINES)
+    if unknown or not args.engines:
+        parser.error(f"unknown engine variant(s): {', '.join(sorted(unknown)) or '(none)'}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     })
     os.environ.pop("BENCH_TIMINGS", None)
 
-    from sqlalchemy import create_engine
+    from sqlalchemy import Engine, create_engine
 
     import store.checkpoints
     import store.payloads
@@ -99,16 +116,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker.flushdb()
 
     deps = tasks.deps()
-    if args.engine != "default":
-        options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False, "hide_parameters": True,
+
+    def engine(variant: str) -> Engine:
+        if variant == "default":
+            return deps.store.engine
+        options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
+                                   "hide_parameters": True,
                                    "connect_args": {"connect_timeout": 5, "application_name": "lousho"}}
-        if args.engine == "autocommit":
+        if variant in ("autocommit", "async-claim"):
             options["isolation_level"] = "AUTOCOMMIT"
-        deps.store = PostgresCheckpointStore(create_engine(settings.sqlalchemy_url, **options),
-                                             settings.history_limit)
+        return create_engine(settings.sqlalchemy_url, **options)
+
+    def async_claims() -> PostgresCheckpointStore:
+        # Claims commit without waiting for the WAL flush; saves still wait (and flush the claim too).
+        options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
+                                   "hide_parameters": True, "isolation_level": "AUTOCOMMIT",
+                                   "connect_args": {"connect_timeout": 5, "application_name": "lousho",
+                                                    "options": "-c synchronous_commit=off"}}
+        return PostgresCheckpointStore(create_engine(settings.sqlalchemy_url, **options), settings.history_limit)
 
     # Wrap everything the step calls (instance attributes shadow the methods; module functions are
-    # looked up at call time). Sub-phases are reported inside their phase.
+    # looked up at call time). Sub-phases (indented names) are also counted inside their phase.
+    stores = {}
+    for variant in args.engines:
+        variant_store = PostgresCheckpointStore(engine(variant), settings.history_limit)
+        claimer = async_claims() if variant == "async-claim" else variant_store
+        variant_store.claim = timed("claim-and-load", claimer.claim)  # type: ignore[method-assign]
+        variant_store.inbox = timed("inbox read (first step only)", variant_store.inbox)  # type: ignore[method-assign]
+        variant_store.save = timed("fenced save + history", variant_store.save)  # type: ignore[method-assign]
+        variant_store.note_usage = timed(  # type: ignore[method-assign]
+            "usage note (model turns, --usage)", variant_store.note_usage)
+        dialect = variant_store.engine.dialect
+        if variant == "default":
+            dialect.do_ping = timed("  pool pre-ping", dialect.do_ping)  # type: ignore[method-assign]
+        stores[variant] = variant_store
     next_seq: dict[str, int | None] = {}
     enqueue = timed("enqueue (Celery publish)", deps.enqueue)
 
@@ -121,60 +162,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     deps.leases.release = timed("lease release (Lua compare-and-delete)", deps.leases.release)  # type: ignore[method-assign]
     deps.heartbeat.hold = timed("heartbeat hold+drop", deps.heartbeat.hold)  # type: ignore[method-assign]
     deps.heartbeat.drop = timed("heartbeat hold+drop", deps.heartbeat.drop)  # type: ignore[method-assign]
-    deps.store.claim = timed("claim-and-load", deps.store.claim)  # type: ignore[method-assign]
-    deps.store.inbox = timed("inbox read (first step only)", deps.store.inbox)  # type: ignore[method-assign]
-    deps.store.save = timed("fenced save + history", deps.store.save)  # type: ignore[method-assign]
-    dialect = deps.store.engine.dialect
-    dialect.do_ping = timed("  pool pre-ping (SELECT 1)", dialect.do_ping)  # type: ignore[method-assign]
     store.checkpoints._checkpoint = timed("  row -> Checkpoint (pydantic)", store.checkpoints._checkpoint)
-    store.payloads.dumps = timed("  json dumps", store.payloads.dumps)
     Checkpoint.document = timed("  Checkpoint.document (model_dump)", Checkpoint.document)  # type: ignore[method-assign]
+    store.payloads.dumps = timed("  json dumps", store.payloads.dumps)
     worker.machine.plan = timed("plan (pure step machine)", worker.machine.plan)
-    agent = deps.agents[bench_agents.AGENT]
+    agent_name = bench_agents.USAGE_AGENT if args.usage else bench_agents.AGENT
+    agent = deps.agents[agent_name]
     agent.model.generate = timed("model turn (MockModel)", agent.model.generate)  # type: ignore[method-assign]
     noop = agent.tools["noop"]
     noop.invoke = timed("tool call (no-op, validated)", noop.invoke)  # type: ignore[method-assign]
 
     client = Client(settings)
-    handle = client.agent(bench_agents.AGENT)
+    handle = client.agent(agent_name)
     message = bench_agents.input_for(args.hops)
     profiler = cProfile.Profile() if args.cprofile else None
-    totals: list[float] = []
-    steps = 0
-    loop_time = 0.0
+    totals: dict[str, list[float]] = defaultdict(list)
+    cpu_totals: dict[str, list[float]] = defaultdict(list)
+    loop_time: dict[str, float] = defaultdict(float)
+    outcomes: dict[str, int] = defaultdict(int)
+    schedule = [("warm-up", args.engines[0])]
     for batch in range(args.repeat):
-        ids = [f"p{batch}-{i:03d}" for i in range(args.runs)]
+        order = args.engines if batch % 2 == 0 else list(reversed(args.engines))
+        schedule += [(variant, variant) for variant in order]
+    for number, (label, variant) in enumerate(schedule):
+        _current[0] = label
+        deps.store = stores[variant]
+        ids = [f"p{number}-{i:03d}" for i in range(args.runs)]
         for session_id in ids:
             handle.send(message, session_id=session_id, check_agent=False)
             next_seq[session_id] = None
-        if batch == 0:
-            _spent.clear()  # the first batch warms connections, caches and the heartbeat thread
         active = list(ids)
+        measured = label != "warm-up"
         started = time.perf_counter()
-        if profiler is not None and batch > 0:
+        if profiler is not None and measured:
             profiler.enable()
         while active:
             for session_id in list(active):
                 seq = next_seq.pop(session_id)
-                before = time.perf_counter()
-                run_step(deps, session_id, seq)
-                if batch > 0:
-                    totals.append(time.perf_counter() - before)
-                    steps += 1
+                before, cpu = time.perf_counter(), time.thread_time()
+                outcome = run_step(deps, session_id, seq)
+                totals[label].append(time.perf_counter() - before)
+                cpu_totals[label].append(time.thread_time() - cpu)
+                outcomes[outcome.value] += 1
                 if session_id not in next_seq:  # no next step enqueued: the run finished
                     active.remove(session_id)
         if profiler is not None:
             profiler.disable()
-        if batch == 0:
-            _spent.clear()
-        else:
-            loop_time += time.perf_counter() - started
+        loop_time[label] += time.perf_counter() - started
 
     deps.heartbeat.stop()
     client.close()
     broker.flushdb()
 
-    _report(args, totals, steps, loop_time)
+    for variant in args.engines:
+        _report(args, variant, totals[variant], cpu_totals[variant], loop_time[variant])
+    print("outcomes (all batches): " + ", ".join(f"{name} {count}" for name, count in sorted(outcomes.items())))
+    if len(args.engines) > 1:
+        print("\ncomparison (ms per step, mean):")
+        for variant in args.engines:
+            spent = _spent[variant]
+            steps = len(totals[variant])
+            claim = sum(spent["claim-and-load"]) * 1000 / steps
+            save = sum(spent["fenced save + history"]) * 1000 / steps
+            total = sum(totals[variant]) * 1000 / steps
+            print(f"  {variant:<12} claim {claim:6.3f}  save {save:6.3f}  run_step {total:6.3f}  "
+                  f"p50 {percentile(totals[variant], 50) * 1000:6.3f}")
     if profiler is not None:
         print(f"\ncProfile, top {args.cprofile} functions by own time (measured batches only):")
         stats = pstats.Stats(profiler, stream=sys.stdout)
@@ -182,25 +234,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace, totals: list[float], steps: int, loop_time: float) -> None:
+def _report(args: argparse.Namespace, variant: str, totals: list[float], cpu_totals: list[float],
+            loop_time: float) -> None:
+    steps = len(totals)
     total_ms = sum(totals) * 1000
-    per_step = total_ms / steps
-    print(f"{steps} steps of {args.runs} runs x {args.repeat - 1} measured batch(es), engine={args.engine}: "
+    cpu_ms = sum(cpu_totals) * 1000
+    print(f"\nengine={variant}: {steps} steps ({args.runs} runs x {args.repeat} batch(es)), "
           f"{steps / loop_time:.0f} steps/s in one process, run_step p50 {percentile(totals, 50) * 1000:.2f} ms, "
           f"p99 {percentile(totals, 99) * 1000:.2f} ms")
-    print(f"{'phase':<42} {'calls':>6} {'p50 ms':>8} {'mean ms':>8} {'ms/step':>8} {'share':>6}")
-    accounted = 0.0
-    for name, spent in _spent.items():
+    print("  wall = elapsed time, cpu = this process's CPU time; per step = total over steps")
+    print(f"{'phase':<42} {'calls':>6} {'p50 ms':>7} {'wall/step':>9} {'cpu/step':>8} {'wall %':>7}")
+    accounted = accounted_cpu = 0.0
+    for name, spent in _spent[variant].items():
         ms = sum(spent) * 1000
+        cpu = sum(_cpu[variant][name]) * 1000
         if not name.startswith("  "):
             accounted += ms
-        print(f"{name:<42} {len(spent):>6} {percentile(spent, 50) * 1000:>8.3f} {ms / len(spent):>8.3f} "
-              f"{ms / steps:>8.3f} {ms / total_ms:>6.1%}")
-    rest = total_ms - accounted
-    print(f"{'rest (step Python: copies, checks, logging)':<42} {'':>6} {'':>8} {'':>8} {rest / steps:>8.3f} "
-          f"{rest / total_ms:>6.1%}")
-    print(f"{'total run_step':<42} {steps:>6} {percentile(totals, 50) * 1000:>8.3f} {per_step:>8.3f} "
-          f"{per_step:>8.3f} {1:>6.1%}")
+            accounted_cpu += cpu
+        print(f"{name:<42} {len(spent):>6} {percentile(spent, 50) * 1000:>7.3f} {ms / steps:>9.3f} "
+              f"{cpu / steps:>8.3f} {ms / total_ms:>7.1%}")
+    rest, rest_cpu = total_ms - accounted, cpu_ms - accounted_cpu
+    print(f"{'rest (step Python: copies, checks, logging)':<42} {'':>6} {'':>7} {rest / steps:>9.3f} "
+          f"{rest_cpu / steps:>8.3f} {rest / total_ms:>7.1%}")
+    print(f"{'total run_step':<42} {steps:>6} {percentile(totals, 50) * 1000:>7.3f} {total_ms / steps:>9.3f} "
+          f"{cpu_ms / steps:>8.3f} {1:>7.1%}")
 
 
 if __name__ == "__main__":

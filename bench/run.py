@@ -6,13 +6,16 @@ What it does:
 2. starts two real worker subprocesses with the same pool and concurrency: a Lousho worker
    (``celery -A worker``, ``LOUSHO_AGENTS=bench.agents``) and a bare Celery worker
    (``celery -A bench.bare``), each on its own queue of the same Redis broker;
-3. warms both up, then runs ``--rounds`` interleaved rounds (the order alternates each round):
+3. warms them up, then runs ``--rounds`` interleaved rounds (the order rotates each round):
    - Lousho: ``--runs`` concurrent runs of ``--hops`` steps each (model turn, no-op tool batch,
      model turn, ..., final text), sent through ``producer.Client``;
    - bare: ``--runs`` concurrent chains of the same number of hops, each hop a task that only
      enqueues the next;
 4. prints a table (steps/s, per-step p50/p99, in-task time, ratio Lousho/bare) and the workers'
    peak RSS, optionally writes it as JSON, and stops every subprocess it started.
+
+``--other-tree PATH`` adds a third system, "other": a Lousho worker started from another copy of
+the project (same schema), measured in the same rounds, to compare a change side by side.
 
 How steps are timed (see ``bench/README.md``):
 
@@ -22,7 +25,11 @@ How steps are timed (see ``bench/README.md``):
   of the hop tasks' start times (the send time before the first). With more runs than worker
   processes this includes the wait in the queue behind other runs' steps;
 - in-task time = the task body as seen by Celery's ``task_prerun``/``task_postrun`` signals
-  (``bench.timing``), i.e. the step's own work without delivery and ack.
+  (``bench.timing``), i.e. the step's own work without delivery and ack;
+- gap = from the end of one task to the start of the next task of the same run: broker delivery,
+  ack and (with more runs than pool processes) the wait in the queue;
+- CPU per step = user + system time of the worker's processes and of the Postgres backends serving
+  the bench database over the round (``/proc/<pid>/stat``), divided by its steps.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -40,6 +48,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 LOUSHO_QUEUE = "bench-lousho"
 BARE_QUEUE = "bench-bare"
+OTHER_QUEUE = "bench-other"
 ADVANCE = "lousho.advance"
 
 
@@ -64,7 +74,7 @@ class Config:
 
     runs: int = 20
     hops: int = 21
-    rounds: int = 3
+    rounds: int = 5
     concurrency: int = 2
     warmup_hops: int = 5
     server_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -74,6 +84,13 @@ class Config:
     loglevel: str = "WARNING"
     timeout_s: float = 120.0
     json_path: str | None = None
+    usage: bool = False
+    other_tree: str | None = None
+
+    @property
+    def agent(self) -> str:
+        """The bench agent the Lousho runs use."""
+        return bench_agents.USAGE_AGENT if self.usage else bench_agents.AGENT
 
     @property
     def steps_per_run(self) -> int:
@@ -120,13 +137,23 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--redis-db", type=int, default=defaults.redis_db, help="Redis db to flush and use")
     parser.add_argument("--loglevel", default=defaults.loglevel, help="worker log level (both workers)")
     parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds allowed per round")
+    parser.add_argument("--usage", action="store_true",
+                        help="the model reports token usage like a real provider (one more write per model turn)")
+    parser.add_argument("--other-tree", metavar="PATH",
+                        help="also measure a Lousho worker started from this copy of the project (same schema)")
     args = parser.parse_args(argv)
     for name in ("runs", "hops", "rounds", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.other_tree is not None:
+        other = Path(args.other_tree).resolve()
+        if not (other / "worker" / "celery.py").exists():
+            parser.error(f"--other-tree {other} does not look like a copy of the project")
+        args.other_tree = str(other)
     return Config(runs=args.runs, hops=args.hops, rounds=args.rounds, concurrency=args.concurrency,
                   server_url=args.server_url, database=args.database, redis_url=args.redis_url,
-                  redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json)
+                  redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
+                  usage=args.usage, other_tree=args.other_tree)
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -153,6 +180,10 @@ class RoundResult:
     steps_per_s: float
     step_ms: list[float] = field(repr=False)
     task_ms: list[float] = field(repr=False)
+    gap_ms: list[float] = field(repr=False, default_factory=list)
+    worker_cpu_s: float = 0.0
+    worker_main_cpu_s: float = 0.0
+    postgres_cpu_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -163,16 +194,36 @@ class RoundResult:
             "task_p50_ms": round(percentile(self.task_ms, 50), 3),
             "task_p99_ms": round(percentile(self.task_ms, 99), 3),
             "tasks_timed": len(self.task_ms),
+            "gap_p50_ms": round(percentile(self.gap_ms, 50), 3),
+            "worker_cpu_ms_per_step": round(self.worker_cpu_s * 1000 / self.steps, 3),
+            "worker_main_cpu_ms_per_step": round(self.worker_main_cpu_s * 1000 / self.steps, 3),
+            "postgres_cpu_ms_per_step": round(self.postgres_cpu_s * 1000 / self.steps, 3),
         }
 
 
-def _task_times(lines: Iterator[list[str]], name: str, prefix: str) -> dict[str, list[tuple[float, float]]]:
-    """(start, end) of each timed task of ``name`` whose first argument starts with ``prefix``."""
-    found: dict[str, list[tuple[float, float]]] = defaultdict(list)
+Span = tuple[float, float, int | None]  # start, end, position in the run (seq or hop number)
+
+
+def _task_times(lines: Iterator[list[str]], name: str, prefix: str) -> dict[str, list[Span]]:
+    """(start, end, position) of each timed task of ``name`` whose first argument starts with ``prefix``."""
+    found: dict[str, list[Span]] = defaultdict(list)
     for parts in lines:
         if len(parts) == 5 and parts[0] == name and parts[1].startswith(prefix):
-            found[parts[1]].append((float(parts[3]), float(parts[4])))
+            position = int(parts[2]) if parts[2].isdigit() else None
+            found[parts[1]].append((float(parts[3]), float(parts[4]), position))
     return found
+
+
+def _gaps_ms(tasks: dict[str, list[Span]]) -> list[float]:
+    """Time from the end of one task to the start of the next task of the same run (delivery and ack)."""
+    gaps = []
+    for spans in tasks.values():
+        ordered = sorted(spans)
+        for (_, end, position), (start, _, following) in pairwise(ordered):
+            # Only neighbours: a pool process's first task is not timed (the hook loads with the agents).
+            if position is not None and following == position + 1:
+                gaps.append((start - end) * 1000)
+    return gaps
 
 
 def _read_lines(path: Path) -> Iterator[list[str]]:
@@ -183,11 +234,25 @@ def _read_lines(path: Path) -> Iterator[list[str]]:
 
 # -- subprocesses ----------------------------------------------------------------------------------
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of one process so far (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+
 class Worker:
     """A celery worker subprocess in its own process group, stopped with its children."""
 
     def __init__(self, label: str, app: str, queue: str, concurrency: int, env: dict[str, str], log: Path,
-                 loglevel: str) -> None:
+                 loglevel: str, cwd: Path = ROOT) -> None:
         self.label = label
         self.log = log
         command = [str(ROOT / ".venv" / "bin" / "celery"), "-A", app, "worker", "-P", "prefork",
@@ -196,7 +261,7 @@ class Worker:
         if not Path(command[0]).exists():
             command[0:1] = [sys.executable, "-m", "celery"]
         self._log_file = log.open("wb")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log_file,
+        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self._log_file,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
@@ -228,6 +293,10 @@ class Worker:
             except OSError:
                 continue
         return peaks
+
+    def cpu(self) -> dict[int, float]:
+        """CPU seconds used so far by the main process and each pool process, by pid."""
+        return {pid: cpu_seconds(pid) for pid in [self.process.pid, *self.children()]}
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Warm shutdown of the whole process group, then a kill if it lingers."""
@@ -261,26 +330,46 @@ class BenchError(RuntimeError):
 
 # -- the benchmark ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class System:
+    """One thing measured: a Lousho worker (of this tree or another one) or the bare chain."""
+
+    name: str
+    kind: str  # "lousho" or "bare"
+    queue: str
+    root: Path
+    tag: str  # makes its run ids unique within a round
+
+    @property
+    def app(self) -> str:
+        return "worker" if self.kind == "lousho" else "bench.bare"
+
+
 class Bench:
     """Owns the services, the workers and the rounds of one invocation."""
 
     def __init__(self, config: Config, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
-        self.lousho_timings = workdir / "lousho-timings.tsv"
-        self.bare_timings = workdir / "bare-timings.tsv"
-        self.workers: list[Worker] = []
-        self._client: Any = None
+        self.systems = [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")]
+        if config.other_tree is not None:
+            self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
+        self.systems.append(System("bare", "bare", BARE_QUEUE, ROOT, "b"))
+        self.workers: dict[str, Worker] = {}
+        self._clients: dict[str, Any] = {}
         self._bare_app: Any = None
         self._db: psycopg.Connection[Any] | None = None
 
+    def timings(self, system: System) -> Path:
+        return self.workdir / f"{system.name}-timings.tsv"
+
     # services
 
-    def settings(self) -> Any:
+    def settings(self, queue: str = LOUSHO_QUEUE) -> Any:
         from store.settings import Settings
 
         return Settings(database_url=self.config.database_url, redis_url=self.config.bench_redis_url,
-                        history_limit=self.config.history_limit, queue=LOUSHO_QUEUE, agents="bench.agents")
+                        history_limit=self.config.history_limit, queue=queue, agents="bench.agents")
 
     def prepare_services(self) -> None:
         """Drop and recreate the bench database, migrate it, flush the bench Redis db."""
@@ -294,68 +383,82 @@ class Bench:
         redis.Redis.from_url(self.config.bench_redis_url, socket_connect_timeout=5).flushdb()
         self._db = psycopg.connect(self.config.database_url, autocommit=True)
 
-    def environment(self, timings: Path, queue: str) -> dict[str, str]:
+    def environment(self, system: System) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
+        # The system's own tree first; this tree after it for ``bench`` when the other one has none.
+        paths = dict.fromkeys([str(system.root), str(ROOT), env.get("PYTHONPATH", "")])
         env.update({
             "LOUSHO_DATABASE_URL": self.config.database_url,
             "LOUSHO_REDIS_URL": self.config.bench_redis_url,
             "LOUSHO_AGENTS": "bench.agents",
-            "LOUSHO_QUEUE": queue,
+            "LOUSHO_QUEUE": system.queue,
             "LOUSHO_HISTORY_LIMIT": str(self.config.history_limit),
-            timing.ENV: str(timings),
-            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
+            timing.ENV: str(self.timings(system)),
+            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         })
         return env
 
     def start_workers(self) -> None:
-        c = self.config
-        self.workers.append(Worker("lousho", "worker", LOUSHO_QUEUE, c.concurrency,
-                                   self.environment(self.lousho_timings, LOUSHO_QUEUE),
-                                   self.workdir / "lousho-worker.log", c.loglevel))
-        self.workers.append(Worker("bare", "bench.bare", BARE_QUEUE, c.concurrency,
-                                   self.environment(self.bare_timings, BARE_QUEUE),
-                                   self.workdir / "bare-worker.log", c.loglevel))
+        for system in self.systems:
+            self.workers[system.name] = Worker(
+                system.name, system.app, system.queue, self.config.concurrency, self.environment(system),
+                self.workdir / f"{system.name}-worker.log", self.config.loglevel, cwd=system.root)
 
     def stop_workers(self) -> None:
-        for worker in self.workers:
+        for worker in self.workers.values():
             worker.stop()
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        for client in self._clients.values():
+            client.close()
         if self._bare_app is not None:
             self._bare_app.close()
         if self._db is not None:
             self._db.close()
 
     def _check_workers(self) -> None:
-        for worker in self.workers:
+        for worker in self.workers.values():
             if not worker.alive():
                 raise BenchError(f"the {worker.label} worker exited ({worker.process.returncode}):\n{worker.tail()}")
 
-    @property
-    def client(self) -> Any:
-        if self._client is None:
+    def client(self, system: System) -> Any:
+        if system.name not in self._clients:
             from producer import Client
 
-            self._client = Client(self.settings())
-        return self._client
+            self._clients[system.name] = Client(self.settings(system.queue))
+        return self._clients[system.name]
 
     @property
     def bare_app(self) -> Any:
         if self._bare_app is None:
             from bench.bare import make_app
 
-            self._bare_app = make_app(self.settings().model_copy(update={"queue": BARE_QUEUE}))
+            self._bare_app = make_app(self.settings(BARE_QUEUE))
         return self._bare_app
 
     # rounds
 
-    def lousho_round(self, label: str, number: int, runs: int, hops: int) -> RoundResult:
+    def run_round(self, system: System, label: str, number: int, runs: int, hops: int) -> RoundResult:
+        """One round of ``system`` with its CPU use measured around it."""
+        worker = self.workers[system.name]
+        cpu_before, pg_before = worker.cpu(), self.postgres_cpu()
+        prefix = f"{label}{system.tag}-"
+        if system.kind == "lousho":
+            result = self.lousho_round(system, prefix, number, runs, hops)
+        else:
+            result = self.bare_round(system, prefix, number, runs, bench_agents.steps_for(hops))
+        cpu_after, pg_after = worker.cpu(), self.postgres_cpu()
+        result.worker_cpu_s = sum(v - cpu_before.get(pid, 0.0) for pid, v in cpu_after.items())
+        main_pid = worker.process.pid
+        result.worker_main_cpu_s = cpu_after.get(main_pid, 0.0) - cpu_before.get(main_pid, 0.0)
+        if system.kind == "lousho":
+            result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
+        return result
+
+    def lousho_round(self, system: System, prefix: str, number: int, runs: int, hops: int) -> RoundResult:
         """``runs`` concurrent Lousho runs of ``hops`` steps; timed from ``checkpoint_history``."""
         assert self._db is not None
-        prefix = f"{label}-"
-        handle = self.client.agent(bench_agents.AGENT)
+        handle = self.client(system).agent(self.config.agent)
         message = bench_agents.input_for(hops)
         expected = bench_agents.steps_for(hops)
         started = time.time()
@@ -369,11 +472,12 @@ class Bench:
                 " FROM runs WHERE session_id LIKE %s", (prefix + "%",)).fetchone()
             finished, parked = (int(row[0]), int(row[1])) if row else (0, 0)
             if parked:
-                raise BenchError(f"{parked} Lousho run(s) of {label} were parked with an error")
+                raise BenchError(f"{parked} run(s) {prefix}* of {system.name} were parked with an error")
             if finished >= runs:
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"Lousho round {label}: {finished}/{runs} runs finished in {self.config.timeout_s} s")
+                raise BenchError(f"{system.name} runs {prefix}*: {finished}/{runs} finished in "
+                                 f"{self.config.timeout_s} s")
             self._check_workers()
             time.sleep(0.05)
         history: dict[str, list[float]] = defaultdict(list)
@@ -387,7 +491,7 @@ class Bench:
             history[session_id].append(float(saved_at))
         short = [sid for sid, saves in history.items() if len(saves) != expected]
         if len(history) != runs or short:
-            raise BenchError(f"Lousho round {label}: expected {runs} runs of {expected} saves, "
+            raise BenchError(f"{system.name} runs {prefix}*: expected {runs} runs of {expected} saves, "
                              f"got {len(history)} runs, {len(short)} with another count")
         step_ms = []
         for session_id, saves in history.items():
@@ -396,60 +500,62 @@ class Bench:
                 step_ms.append((saved - previous) * 1000)
                 previous = saved
         ended = max(saves[-1] for saves in history.values())
-        tasks = _task_times(_read_lines(self.lousho_timings), ADVANCE, prefix)
-        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end in spans]
+        tasks = _task_times(_read_lines(self.timings(system)), ADVANCE, prefix)
+        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end, _ in spans]
         steps = sum(len(saves) for saves in history.values())
         wall = ended - started
-        return RoundResult("lousho", number, steps, wall, steps / wall, step_ms, task_ms)
+        return RoundResult(system.name, number, steps, wall, steps / wall, step_ms, task_ms, _gaps_ms(tasks))
 
-    def bare_round(self, label: str, number: int, runs: int, hops: int) -> RoundResult:
+    def bare_round(self, system: System, prefix: str, number: int, runs: int, hops: int) -> RoundResult:
         """``runs`` concurrent bare chains of ``hops`` hops; timed from the hop tasks' start times."""
         from bench.bare import HOP
 
-        prefix = f"{label}-"
         sent: dict[str, float] = {}
         started = time.time()
         for i in range(runs):
             chain = f"{prefix}{i:03d}"
             sent[chain] = time.time()
-            self.bare_app.send_task(HOP, args=(chain, 1, hops), queue=BARE_QUEUE)
+            self.bare_app.send_task(HOP, args=(chain, 1, hops), queue=system.queue)
         deadline = time.monotonic() + self.config.timeout_s
         while True:
-            tasks = _task_times(_read_lines(self.bare_timings), HOP, prefix)
+            tasks = _task_times(_read_lines(self.timings(system)), HOP, prefix)
             done = sum(len(spans) for spans in tasks.values())
             if done >= runs * hops:
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"bare round {label}: {done}/{runs * hops} hops in {self.config.timeout_s} s")
+                raise BenchError(f"bare chains {prefix}*: {done}/{runs * hops} hops in {self.config.timeout_s} s")
             self._check_workers()
             time.sleep(0.05)
         step_ms = []
         for chain, spans in tasks.items():
             previous = sent[chain]
-            for start, _ in sorted(spans):
+            for start, _, _ in sorted(spans):
                 step_ms.append((start - previous) * 1000)
                 previous = start
-        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end in spans]
-        ended = max(end for spans in tasks.values() for _, end in spans)
+        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end, _ in spans]
+        ended = max(end for spans in tasks.values() for _, end, _ in spans)
         wall = ended - started
-        return RoundResult("bare", number, done, wall, done / wall, step_ms, task_ms)
+        return RoundResult(system.name, number, done, wall, done / wall, step_ms, task_ms, _gaps_ms(tasks))
 
     def warm_up(self) -> None:
-        """Start both workers' pool processes (imports, connections, first-task costs), unmeasured."""
+        """Start every worker's pool processes (imports, connections, first-task costs), unmeasured."""
         runs = max(2 * self.config.concurrency, 4)
-        self.lousho_round("warm", 0, runs, self.config.warmup_hops)
-        self.bare_round("warm", 0, runs, bench_agents.steps_for(self.config.warmup_hops))
+        for system in self.systems:
+            self.run_round(system, "warm", 0, runs, self.config.warmup_hops)
+
+    def postgres_cpu(self) -> dict[int, float]:
+        """CPU seconds used so far by the server processes serving the bench database (not ours)."""
+        assert self._db is not None
+        rows = self._db.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                                (self.config.database,)).fetchall()
+        return {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
 
     def measure(self) -> list[RoundResult]:
         results = []
-        c = self.config
-        for number in range(1, c.rounds + 1):
-            order = ("lousho", "bare") if number % 2 else ("bare", "lousho")
-            for system in order:
-                if system == "lousho":
-                    result = self.lousho_round(f"r{number}", number, c.runs, c.hops)
-                else:
-                    result = self.bare_round(f"r{number}", number, c.runs, c.steps_per_run)
+        for number in range(1, self.config.rounds + 1):
+            shift = (number - 1) % len(self.systems)
+            for system in self.systems[shift:] + self.systems[:shift]:
+                result = self.run_round(system, f"r{number}", number, self.config.runs, self.config.hops)
                 results.append(result)
                 print(_row(result.summary()), flush=True)
         return results
@@ -458,57 +564,84 @@ class Bench:
 # -- reporting -------------------------------------------------------------------------------------
 
 _HEADER = (f"{'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
-           f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9}")
+           f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
+           f"{'wrk cpu':>8} {'pg cpu':>7}")
 
 
 def _row(s: dict[str, Any]) -> str:
     return (f"{s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} {s['steps_per_s']:>8.1f} "
-            f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f}")
+            f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f} "
+            f"{s['gap_p50_ms']:>8.2f} {s['worker_cpu_ms_per_step']:>8.2f} {s['postgres_cpu_ms_per_step']:>7.2f}")
 
 
 def aggregate(results: list[RoundResult]) -> dict[str, Any]:
-    """Per system: median steps/s over rounds, percentiles over every step of every round; the ratio."""
+    """Per system: median steps/s over rounds, percentiles over every step of every round; the ratios."""
     summary: dict[str, Any] = {}
-    for system in ("lousho", "bare"):
+    systems = list(dict.fromkeys(r.system for r in results))
+    for system in systems:
         mine = [r for r in results if r.system == system]
         rates = [r.steps_per_s for r in mine]
         steps = [x for r in mine for x in r.step_ms]
         tasks = [x for r in mine for x in r.task_ms]
+        gaps = [x for r in mine for x in r.gap_ms]
+        count = sum(r.steps for r in mine)
         summary[system] = {
-            "system": system, "round": "all", "steps": sum(r.steps for r in mine),
-            "wall_s": round(sum(r.wall_s for r in mine), 4),
+            "system": system, "round": "all", "steps": count, "wall_s": round(sum(r.wall_s for r in mine), 4),
             "steps_per_s": round(statistics.median(rates), 2),
             "steps_per_s_min": round(min(rates), 2), "steps_per_s_max": round(max(rates), 2),
             "step_p50_ms": round(percentile(steps, 50), 3), "step_p99_ms": round(percentile(steps, 99), 3),
             "task_p50_ms": round(percentile(tasks, 50), 3), "task_p99_ms": round(percentile(tasks, 99), 3),
+            "gap_p50_ms": round(percentile(gaps, 50), 3),
+            "worker_cpu_ms_per_step": round(sum(r.worker_cpu_s for r in mine) * 1000 / count, 3),
+            "worker_main_cpu_ms_per_step": round(sum(r.worker_main_cpu_s for r in mine) * 1000 / count, 3),
+            "postgres_cpu_ms_per_step": round(sum(r.postgres_cpu_s for r in mine) * 1000 / count, 3),
         }
-    pairs = defaultdict(dict)
+        summary[system]["cpu_ms_per_step"] = round(
+            summary[system]["worker_cpu_ms_per_step"] + summary[system]["postgres_cpu_ms_per_step"], 3)
+    rounds: dict[int, dict[str, float]] = defaultdict(dict)
     for r in results:
-        pairs[r.round][r.system] = r.steps_per_s
-    per_round = [p["lousho"] / p["bare"] for p in pairs.values() if "lousho" in p and "bare" in p]
-    summary["ratio"] = round(summary["lousho"]["steps_per_s"] / summary["bare"]["steps_per_s"], 3)
-    summary["ratio_per_round"] = [round(x, 3) for x in per_round]
-    summary["overhead_per_step_ms"] = round(
-        1000 / summary["lousho"]["steps_per_s"] - 1000 / summary["bare"]["steps_per_s"], 3)
+        rounds[r.round][r.system] = r.steps_per_s
+    summary["ratios"] = {}
+    for system, base in [(s, "bare") for s in systems if s != "bare"] + [("other", "lousho")]:
+        if system not in summary or base not in summary:
+            continue
+        paired = [p[system] / p[base] for p in rounds.values() if system in p and base in p]
+        summary["ratios"][f"{system}/{base}"] = {
+            "steps_per_s": round(summary[system]["steps_per_s"] / summary[base]["steps_per_s"], 3),
+            "paired_median": round(statistics.median(paired), 3),
+            "per_round": [round(x, 3) for x in paired],
+            "cpu": round(summary[base]["cpu_ms_per_step"] / summary[system]["cpu_ms_per_step"], 3),
+            "added_wall_ms_per_step": round(
+                1000 / summary[system]["steps_per_s"] - 1000 / summary[base]["steps_per_s"], 3),
+        }
+    summary["ratio"] = summary["ratios"]["lousho/bare"]["steps_per_s"]
     return summary
 
 
-def report(config: Config, results: list[RoundResult], summary: dict[str, Any],
-           rss: dict[str, dict[str, int]]) -> None:
+def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int]]) -> None:
+    systems = [name for name in ("lousho", "other", "bare") if name in summary]
     print()
     print(f"summary: {config.runs} concurrent runs x {config.steps_per_run} steps, {config.rounds} round(s) each, "
-          f"prefork -c {config.concurrency}")
-    print("  steps/s: median of rounds; step and task percentiles: over every step of every round (ms)")
+          f"prefork -c {config.concurrency}, agent {config.agent}"
+          + (f", other = {config.other_tree}" if config.other_tree else ""))
+    print("  steps/s: median of rounds (range); percentiles over every step of every round (ms); cpu: ms per step")
     print(_HEADER)
-    for system in ("lousho", "bare"):
+    for system in systems:
         print(_row(summary[system]))
-    print(f"  steps/s range over rounds: lousho {summary['lousho']['steps_per_s_min']:.1f}-"
-          f"{summary['lousho']['steps_per_s_max']:.1f}, bare {summary['bare']['steps_per_s_min']:.1f}-"
-          f"{summary['bare']['steps_per_s_max']:.1f}")
-    per_round = ", ".join(f"{x:.2f}" for x in summary["ratio_per_round"])
-    verdict = "meets" if summary["ratio"] >= 0.75 else "below"
-    print(f"ratio lousho/bare steps/s: {summary['ratio']:.3f}x ({verdict} the 0.75x target; per round: {per_round})")
-    print(f"added cost per step (1/rate difference, whole worker): {summary['overhead_per_step_ms']:.2f} ms")
+    print("  steps/s range over rounds: " + ", ".join(
+        f"{s} {summary[s]['steps_per_s_min']:.1f}-{summary[s]['steps_per_s_max']:.1f}" for s in systems))
+    for name, ratio in summary["ratios"].items():
+        per_round = ", ".join(f"{x:.2f}" for x in ratio["per_round"])
+        target = ""
+        if name.endswith("/bare"):
+            target = " (meets the 0.75x target)" if ratio["steps_per_s"] >= 0.75 else " (below the 0.75x target)"
+        print(f"ratio {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
+              f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
+              f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms")
+    print("CPU per step, worker (of which its main process) + bench database backends; Redis not counted: " + ", ".join(
+        f"{s} {summary[s]['worker_cpu_ms_per_step']:.2f} ({summary[s]['worker_main_cpu_ms_per_step']:.2f}) + "
+        f"{summary[s]['postgres_cpu_ms_per_step']:.2f} ms" for s in systems))
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     for label, peaks in rss.items():
         if peaks:
             parts = ", ".join(f"{role} {kib / 1024:.1f}" for role, kib in peaks.items())
@@ -539,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 on success, 1 when it could not complete, 130 when interrupted."""
     config = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
     workdir = Path(tempfile.mkdtemp(prefix="lousho-bench-"))
     bench = Bench(config, workdir)
     keep = True
@@ -546,35 +680,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"preparing database {config.database} and Redis db {config.redis_db}", flush=True)
         bench.prepare_services()
         bench.start_workers()
-        print(f"workers started (prefork -c {config.concurrency}); warming up", flush=True)
+        print(f"workers started ({', '.join(bench.workers)}; prefork -c {config.concurrency}); warming up",
+              flush=True)
         bench.warm_up()
         print(_HEADER, flush=True)
         results = bench.measure()
-        rss = {w.label: w.peak_rss_kib() for w in bench.workers}
+        rss = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
         summary = aggregate(results)
-        report(config, results, summary, rss)
+        report(config, summary, rss)
         if config.json_path is not None:
             print(f"results written to {write_json(config, results, summary, rss)}")
         keep = False
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping workers", file=sys.stderr)
+        keep = False
         return 130
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}\nworker logs and timings kept in {workdir}", file=sys.stderr)
+    except (BenchError, psycopg.Error, redis.RedisError, OSError) as exc:
+        print(f"benchmark failed: {type(exc).__name__}: {exc}\nworker logs and timings kept in {workdir}",
+              file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+        # A second Ctrl-C or TERM must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             bench.stop_workers()
             bench.close()
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if not keep:
-            for path in workdir.iterdir():
-                path.unlink()
-            workdir.rmdir()
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def _postrun(task_id: str | None = None, task: Any = None, args: Any = None, **_
     path = os.environ.get(ENV)
     if start is None or not path:
         return
-    values = list(args or ()) + [None, None]
+    values = [*(args or ()), None, None]
     line = f"{getattr(task, 'name', '?')}\t{values[0]}\t{values[1]}\t{start:.6f}\t{end:.6f}\n"
     os.write(_descriptor(path), line.encode())
 

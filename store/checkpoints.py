@@ -7,6 +7,7 @@ Times come from Postgres ``now()``, never from worker clocks.
 from __future__ import annotations
 
 import builtins
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,7 +17,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, payloads, records
+from store import errors, history, payloads, records
 from store.database import Transaction
 
 _COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
@@ -43,14 +44,18 @@ saved AS (
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at
 )"""
+# The ring is cut at the newest keyframe that is at least ``keep`` entries old, so every kept
+# entry can be rebuilt (see store/history.py); between ``keep`` and ``keep + KEYFRAME_EVERY`` stay.
 _SAVE_HISTORY = """,
 hist AS (
   INSERT INTO checkpoint_history (session_id, seq, fence, step, status, saved_at, document)
-  SELECT session_id, :seq, :fence, :step, :status, updated_at, (SELECT body FROM doc) FROM saved
+  SELECT session_id, :seq, :fence, :step, :status, updated_at, CAST(:entry AS jsonb) FROM saved
 ),
 trimmed AS (
   DELETE FROM checkpoint_history
-  WHERE session_id = :sid AND seq <= :seq - :keep AND EXISTS (SELECT 1 FROM saved)
+  WHERE session_id = :sid AND EXISTS (SELECT 1 FROM saved) AND seq < (
+    SELECT max(seq) FROM checkpoint_history
+    WHERE session_id = :sid AND seq <= :seq - :keep AND NOT jsonb_exists(document, 'messages_keep'))
 )"""
 _SAVE_INBOX = """,
 drained AS (
@@ -99,6 +104,9 @@ ORDER BY updated_at LIMIT :limit
 """)
 
 
+_MAX_BASES = 4096
+
+
 @dataclass(frozen=True)
 class Claim:
     """Result of claiming a run's fence: the run as loaded, or the fence that beat our token."""
@@ -139,6 +147,10 @@ class PostgresCheckpointStore:
     def __init__(self, engine: Engine, history_limit: int = 50) -> None:
         self.engine = engine
         self.history_limit = history_limit
+        # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Per run, the seq and transcript of its newest history entry written or loaded here.
+        self._bases: OrderedDict[str, tuple[int, builtins.list[records.Message]]] = OrderedDict()
 
     # -- the step's hot path ---------------------------------------------------------------
 
@@ -148,16 +160,19 @@ class PostgresCheckpointStore:
         Returns a ``Claim`` without checkpoint when the run is unknown (``stored_fence`` None)
         or when the stored fence is not below ``token`` (a Redis counter that was lost).
         """
-        with self._begin() as conn:
+        with self._single() as conn:
             row = conn.execute(_CLAIM, {"sid": session_id, "token": token, "seq": seq}).first()
             if row is None:
                 fence = conn.execute(_FENCE_OF, {"sid": session_id}).scalar()
                 return Claim(None, stored_fence=None if fence is None else int(fence))
-        return Claim(_checkpoint(row, session_id), inbox_head=int(row._mapping["inbox_head"]))
+        checkpoint = _checkpoint(row, session_id)
+        if self.history_limit > 0 and checkpoint.history_seq == checkpoint.seq:
+            self._remember(session_id, checkpoint.seq, checkpoint.messages)
+        return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]))
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
-        with self._begin() as conn:
+        with self._single() as conn:
             rows = conn.execute(_INBOX, {"sid": session_id, "cursor": cursor}).all()
         return [records.InboxEntry(n=row.n, messages=row.messages) for row in rows]
 
@@ -172,20 +187,38 @@ class PostgresCheckpointStore:
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
         """
-        body = payloads.dumps(checkpoint.document())
+        sid, seq = checkpoint.session_id, checkpoint.seq
+        keeps_history = self.history_limit > 0
+        if keeps_history:
+            checkpoint = checkpoint.model_copy(update={"history_seq": seq})
+        document = checkpoint.document()
+        body = payloads.dumps(document)
         if len(body) > payloads.MAX_CHECKPOINT:
             raise errors.InputTooLargeError(f"checkpoint of {len(body)} bytes is over the limit")
         params = {
-            "sid": checkpoint.session_id, "doc": body, "status": checkpoint.status, "seq": checkpoint.seq,
-            "fence": checkpoint.fence, "cursor": checkpoint.inbox_cursor, "step": checkpoint.step,
-            "keep": self.history_limit,
+            "sid": sid, "doc": body, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
+            "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
         }
-        statement = _SAVES[(self.history_limit > 0, drained_inbox)]
-        with self._begin() as conn:
+        if keeps_history:
+            base = self._bases.pop(sid, None)
+            shared = 0
+            if base is not None and base[0] == seq - 1 and seq % history.KEYFRAME_EVERY:
+                shared = history.shared_prefix(base[1], checkpoint.messages)
+            params["entry"] = payloads.dumps(history.entry_document(document, shared)) if shared else body
+        statement = _SAVES[(keeps_history, drained_inbox)]
+        with (self._begin() if approvals else self._single()) as conn:
             saved: datetime | None = conn.execute(statement, params).scalar()
             if saved is not None and approvals:
                 approval_rows.insert(conn, approvals)
+        if saved is not None and keeps_history:
+            self._remember(sid, seq, checkpoint.messages)
         return saved
+
+    def _remember(self, session_id: str, seq: int, messages: builtins.list[records.Message]) -> None:
+        """Keep the transcript of the newest history entry, the base of the next entry's delta."""
+        self._bases[session_id] = (seq, messages)
+        while len(self._bases) > _MAX_BASES:
+            self._bases.popitem(last=False)
 
     def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
@@ -208,14 +241,14 @@ class PostgresCheckpointStore:
 
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
-        with self._begin() as conn:
+        with self._single() as conn:
             row = conn.execute(_NOTE_USAGE, {"sid": session_id, "fence": fence,
                                              "usage": payloads.dumps(usage.model_dump())}).first()
         return row is not None
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
-        with self._begin() as conn:
+        with self._single() as conn:
             attempts = conn.execute(
                 _FAIL, {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
             ).scalar()
@@ -252,7 +285,8 @@ class PostgresCheckpointStore:
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
-        body = payloads.dumps(checkpoint.document())
+        # Its first history entry must hold the whole transcript: it has no entry of its own to extend.
+        body = payloads.dumps(checkpoint.model_copy(update={"history_seq": None}).document())
         with self._begin() as conn:
             created = conn.execute(_NEW_RUN, {
                 "sid": checkpoint.session_id, "agent": checkpoint.agent, "status": checkpoint.status,
@@ -278,7 +312,7 @@ class PostgresCheckpointStore:
         Raises:
             CheckpointCorruptError: the stored document does not parse as a checkpoint.
         """
-        with self._begin() as conn:
+        with self._single() as conn:
             row = conn.execute(_LOAD, {"sid": session_id}).first()
         return None if row is None else _checkpoint(row, session_id)
 
@@ -308,16 +342,24 @@ class PostgresCheckpointStore:
         return found
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
-        """Saved states of a run, newest first; ``[]`` for an unknown run."""
+        """Saved states of a run, newest first; ``[]`` for an unknown run.
+
+        At most ``history_limit`` entries (the ring may hold a few more, back to a keyframe).
+        """
         query = text(
             "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
-            " LEFT JOIN runs r ON r.session_id = h.session_id"
-            " WHERE h.session_id = :sid ORDER BY h.seq DESC LIMIT :limit")
-        with self._begin() as conn:
-            rows = conn.execute(query, {"sid": session_id, "limit": limit if limit is not None else 1 << 30}).all()
-        entries = []
-        for row in rows:
-            document = dict(row.document)
+            " LEFT JOIN runs r ON r.session_id = h.session_id WHERE h.session_id = :sid ORDER BY h.seq")
+        with self._single() as conn:
+            rows = {row.seq: row for row in conn.execute(query, {"sid": session_id}).all()}
+        wanted = len(rows) if self.history_limit <= 0 else self.history_limit
+        if limit is not None:
+            wanted = min(wanted, limit)
+        entries: builtins.list[records.HistoryEntry] = []
+        for seq, document in reversed(history.expand((seq, row.document) for seq, row in rows.items())):
+            if len(entries) >= wanted:
+                break
+            row = rows[seq]
+            document = dict(document)
             document.setdefault("agent", row.agent or "")
             checkpoint = records.Checkpoint(
                 session_id=session_id, status=row.status, seq=row.seq, fence=row.fence, updated_at=row.saved_at,
@@ -372,3 +414,7 @@ class PostgresCheckpointStore:
 
     def _begin(self) -> Transaction:
         return Transaction(self.engine)
+
+    def _single(self) -> Transaction:
+        """For statements that are atomic on their own (no BEGIN/COMMIT round trips)."""
+        return Transaction(self._autocommit)

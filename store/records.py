@@ -129,6 +129,8 @@ class Checkpoint(_Record):
     seq: int = 0
     fence: int = 0
     updated_at: datetime | None = None
+    #: The seq of the history entry this state was saved as (None when it was not saved with history).
+    history_seq: int | None = None
     #: Usage reported for model calls whose turn is not saved yet (already included in ``usage``).
     uncounted_usage: Usage | None = None
 

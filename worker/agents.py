@@ -6,6 +6,7 @@ An ``Agent`` is configuration only; running it is the step machine's and the tas
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib
 import inspect
@@ -60,14 +61,18 @@ class Tool:
         self._context_param, self.input_model = _input_model(fn, self.name)
         self.is_async = inspect.iscoroutinefunction(fn)
 
-    @property
+    @functools.cached_property
     def input_schema(self) -> dict[str, Any]:
-        """JSON schema of the arguments."""
+        """JSON schema of the arguments (built once: a tool does not change after it is defined)."""
         return self.input_model.model_json_schema()
+
+    @functools.cached_property
+    def _spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, input_schema=self.input_schema)
 
     def spec(self) -> ToolSpec:
         """What a model provider is told about the tool."""
-        return ToolSpec(name=self.name, description=self.description, input_schema=self.input_schema)
+        return self._spec
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """The validated keyword arguments; raises ``ToolArgsInvalid`` with a short reason."""
@@ -152,7 +157,7 @@ class Agent:
 
     def tool_specs(self) -> list[ToolSpec]:
         """What the model is told about the tools."""
-        return [t.spec() for t in self.tools.values()]
+        return [t.spec() for t in self.tools.values()]  # each spec is built once per tool
 
     def fingerprint(self) -> dict[str, Any]:
         """Model id, each tool's name with a hash of its input schema, a hash of the instructions."""

@@ -20,11 +20,17 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from store import history as history_format
+
 #: Environment variable naming the JSONL side-effect log.
 LOG_ENV = "LOUSHO_TEST_LOG"
 _RESPONSE = re.compile(r"\[resp:([0-9a-f]+)\]")
+#: Saves this soon after a kill may still be the victim's own; recovery counts from the next one.
+VICTIM_GRACE_S = 0.1
 #: Invariants checked here; each passes or fails as a whole.
-CHECKS = ("I1", "I2", "I3", "I4", "I7", "I10")
+CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10")
+#: The test agents' tool that needs a human approval (RELIABILITY I5).
+APPROVED_TOOL = "approved_work"
 
 
 def response_tag(nonce: str) -> str:
@@ -92,11 +98,20 @@ def _load_runs(database_url: str) -> dict[str, _Run]:
             document = row["document"] or {}
             runs[row["session_id"]] = _Run(row["session_id"], row["status"], row["seq"], row["last_error"],
                                            document.get("finish_reason"), list(document.get("messages") or []))
-        for row in conn.execute("SELECT session_id, seq, fence, status, saved_at, document"
-                                " FROM checkpoint_history ORDER BY session_id, seq"):
-            run = runs.setdefault(row["session_id"], _Run(row["session_id"], status="<deleted>"))
+        rows = conn.execute("SELECT session_id, seq, fence, status, saved_at, document"
+                            " FROM checkpoint_history ORDER BY session_id, seq").fetchall()
+    # Entries store what they share with the entry before them as a count: rebuild whole transcripts.
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_run.setdefault(row["session_id"], []).append(row)
+    for session_id, saves in by_run.items():
+        documents = dict(history_format.expand((r["seq"], r["document"] or {}) for r in saves))
+        run = runs.setdefault(session_id, _Run(session_id, status="<deleted>"))
+        for row in saves:
+            if row["seq"] not in documents:
+                raise AssertionError(f"history entry {row['seq']} of {session_id} cannot be rebuilt")
             run.history.append(_Save(row["seq"], row["fence"], row["status"], row["saved_at"].timestamp(),
-                                     list((row["document"] or {}).get("messages") or [])))
+                                     list(documents[row["seq"]].get("messages") or [])))
     return runs
 
 
@@ -154,7 +169,8 @@ class _Checker:
             self.fail("I10", f"{sid}: run was never stored")
         for run in self.runs.values():
             self.per_run[run.session_id] = {"raw_reexecutions": 0, "wasted_model_calls": 0,
-                                            "interrupted_model_calls": 0, "executions": 0}
+                                            "interrupted_model_calls": 0, "executions": 0,
+                                            "interrupted_results": 0}
             self.check_history(run)
             self.check_finished(run)
             self.check_transcript(run)
@@ -208,11 +224,11 @@ class _Checker:
                 starts[(event["run_id"], event["tool_call_id"])].append(event)
         for run in self.runs.values():
             first = self.first_result_seq(run)
-            calls = {c.get("id") for m in run.messages if m.get("role") == "assistant"
+            calls = {str(c.get("id")): str(c.get("name")) for m in run.messages if m.get("role") == "assistant"
                      for c in m.get("tool_calls") or ()}
             results = {str(m.get("tool_call_id")): m for m in run.messages if m.get("role") == "tool"}
             figures = self.per_run[run.session_id]
-            for call_id in sorted(calls):
+            for call_id, name in sorted(calls.items()):
                 executions = starts.get((run.session_id, call_id), [])
                 figures["executions"] += len(executions)
                 figures["raw_reexecutions"] += max(0, len(executions) - 1)
@@ -222,20 +238,38 @@ class _Checker:
                         self.fail("I2", f"{run.session_id}: {call_id} executed from seq {execution['base_seq']}"
                                         f" though its result was recorded at seq {recorded}")
                 result = results.get(call_id)
-                if result is None:
-                    continue
-                try:
-                    execution_id = json.loads(str(result.get("content")))["exec"]
-                except (ValueError, KeyError, TypeError):
-                    self.fail("I1", f"{run.session_id}: result of {call_id} is not a tool's output")
-                    continue
-                if (run.session_id, call_id, execution_id) not in ended:
-                    self.fail("I2", f"{run.session_id}: result of {call_id} comes from no logged execution")
+                if result is not None:
+                    self.check_result(run.session_id, call_id, name, result, executions, ended)
         for (sid, call_id), executions in starts.items():
-            run = self.runs.get(sid)
-            known = {c.get("id") for m in (run.messages if run else []) for c in m.get("tool_calls") or ()}
+            stored = self.runs.get(sid)
+            known = {c.get("id") for m in (stored.messages if stored else []) for c in m.get("tool_calls") or ()}
             if call_id not in known:
                 self.fail("I2", f"{sid}: {len(executions)} execution(s) of {call_id}, a call in no transcript")
+
+    def check_result(self, sid: str, call_id: str, name: str, result: Mapping[str, Any],
+                     executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
+        """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``."""
+        try:
+            body = json.loads(str(result.get("content")))
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self.fail("I1", f"{sid}: result of {call_id} is neither a tool's output nor a structured result")
+            return
+        approved = name == APPROVED_TOOL
+        if approved and len(executions) > 1:
+            self.fail("I5", f"{sid}: approved call {call_id} ran {len(executions)} times")
+        if body.get("kind") == "interrupted":
+            self.per_run[sid]["interrupted_results"] += 1
+            if not approved:
+                self.fail("I5", f"{sid}: {call_id} got an interrupted result but needs no approval")
+            return
+        if "exec" not in body:
+            self.fail("I1", f"{sid}: result of {call_id} is an unexpected error: {body.get('error')}")
+        elif (sid, call_id, body["exec"]) not in ended:
+            self.fail("I2", f"{sid}: result of {call_id} comes from no logged execution")
+        elif approved and len(executions) != 1:
+            self.fail("I5", f"{sid}: approved call {call_id} has a result from {len(executions)} executions")
 
     def check_models(self) -> None:
         by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -274,24 +308,31 @@ class _Checker:
     def recovery(self) -> dict[str, Any]:
         times: list[float] = []
         unrecovered = []
+        by_run: dict[str, float] = {}
+        slowest: list[dict[str, Any]] = []
         for fault in self.faults:
             for sid in fault.runs:
                 run = self.runs.get(sid)
-                later = [s.saved_at for s in (run.history if run else []) if s.saved_at > fault.ts]
+                # A victim can commit a save it sent in the milliseconds it takes to die: not progress.
+                later = [s.saved_at for s in (run.history if run else []) if s.saved_at > fault.ts + VICTIM_GRACE_S]
                 if later:
                     times.append(later[0] - fault.ts)
+                    by_run[sid] = round(max(by_run.get(sid, 0.0), later[0] - fault.ts), 3)
+                    slowest.append({"run": sid, "action": fault.action, "fault_ts": fault.ts,
+                                    "recovery_s": round(later[0] - fault.ts, 3)})
                 elif run is None or run.status != "finished":
                     unrecovered.append(sid)
         return {"faults": len(self.faults), "affected": len(times) + len(unrecovered),
                 "count": len(times), "p50_s": _percentile(times, 50), "p99_s": _percentile(times, 99),
                 "max_s": round(max(times), 3) if times else None, "unrecovered": unrecovered,
-                "times_s": [round(t, 3) for t in times]}
+                "by_run_s": by_run, "slowest": sorted(slowest, key=lambda r: -r["recovery_s"])[:3]}
 
     def report(self) -> dict[str, Any]:
         for sid in self.recovery()["unrecovered"]:
             self.fail("I10", f"{sid}: no save after the fault that hit it")
         totals = {key: sum(f[key] for f in self.per_run.values())
-                  for key in ("raw_reexecutions", "wasted_model_calls", "interrupted_model_calls", "executions")}
+                  for key in ("raw_reexecutions", "wasted_model_calls", "interrupted_model_calls", "executions",
+                              "interrupted_results")}
         violations = [f"{check}: {message}" for check in CHECKS for message in self.violations.get(check, [])]
         return {
             "runs": len(self.expected),
@@ -306,7 +347,7 @@ class _Checker:
 
 
 def _turn_keys(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any]]:
-    keys = []
+    keys: list[tuple[str, Any]] = []
     turn = 0
     for message in messages:
         if message.get("role") == "assistant":
@@ -340,8 +381,14 @@ def check(database_url: str, log_path: Path, *, expected: Iterable[str] | None =
 def print_report(report: Mapping[str, Any], title: str = "") -> None:
     """Print the JSON report (without the per-run table) and the ``checker: N passed, M failed`` line."""
     shown = {key: value for key, value in report.items() if key != "per_run"}
-    shown["recovery"] = {k: v for k, v in report["recovery"].items() if k != "times_s"}
+    shown["recovery"] = {k: v for k, v in report["recovery"].items() if k != "by_run_s"}
     print(f"\n== {title} ==" if title else "")
     print(json.dumps(shown, indent=2, default=str))
     passed = sum(1 for result in report["checks"].values() if result == "pass")
     print(f"checker: {passed} passed, {len(report['checks']) - passed} failed")
+
+
+def assert_clean(report: Mapping[str, Any]) -> None:
+    """Fail the test with the first violations when the checker found any."""
+    violations = report["violations"]
+    assert not violations, f"{len(violations)} violation(s):\n" + "\n".join(violations[:20])

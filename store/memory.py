@@ -83,10 +83,10 @@ def _should_move(run: _Run) -> bool:
 
 
 def _to_checkpoint(session_id: str, run: _Run) -> records.Checkpoint:
-    document = dict(json.loads(run.document))
-    document.pop("session_id", None)
-    document.pop("agent", None)
     try:
+        document = dict(json.loads(run.document))
+        document.pop("session_id", None)
+        document.pop("agent", None)
         last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
         checkpoint = records.Checkpoint(
             session_id=session_id, agent=run.agent, status=run.status, seq=run.seq, fence=run.fence,
@@ -147,6 +147,8 @@ class MemoryCheckpointStore:
             StorageError: the document holds a NUL (as Postgres refuses it), or the history
                 ring already has this seq (a primary-key violation in Postgres).
         """
+        if self.history_limit > 0:
+            checkpoint = checkpoint.model_copy(update={"history_seq": checkpoint.seq})
         document = checkpoint.document()
         body = payloads.dumps(document)
         if len(body) > payloads.MAX_CHECKPOINT:
@@ -267,7 +269,7 @@ class MemoryCheckpointStore:
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
-        document = checkpoint.document()
+        document = checkpoint.model_copy(update={"history_seq": None}).document()
         body = payloads.dumps(document)
         queued_body = payloads.dumps([m.dump() for m in queued])
         _refuse_nul([document, checkpoint.agent])

@@ -179,11 +179,12 @@ def _park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> Outcome:
 
 
 def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, after: Next) -> Outcome:
+    # Messages can quote a provider's response: a NUL in them would make the failure unrecordable.
     if isinstance(exc, errors.LoushoError):
-        error = LastError(code=exc.code, message=exc.message[:2000], retryable=exc.retryable)
+        error = LastError(code=exc.code, message=payloads.clean_text(exc.message[:2000]), retryable=exc.retryable)
     else:
         error = LastError(code="LOUSHO_AGENT_EXECUTION_FAILED",
-                          message=f"{type(exc).__name__}: {str(exc)[:1000]}", retryable=True)
+                          message=payloads.clean_text(f"{type(exc).__name__}: {str(exc)[:1000]}"), retryable=True)
     if error.retryable and checkpoint.attempts >= deps.max_attempts:
         error = error.model_copy(update={"retryable": False,
                                          "message": f"{error.message} (after {checkpoint.attempts} attempts)"})

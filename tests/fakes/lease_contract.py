@@ -1,0 +1,176 @@
+"""The run-lease contract: checks every lease implementation must pass, given a factory.
+
+The unit tier runs them against ``LeaseManager`` over fakeredis (with Lua) and against
+``store.memory.MemoryLeaseManager``; the integration tier can run them against real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import pytest
+
+from store import errors
+from store.leases import Lease
+
+
+class Leases(Protocol):
+    """The lease methods the step, the heartbeat, the producer and the sweep use."""
+
+    ttl_ms: int
+
+    def acquire(self, session_id: str, floor: int = 0) -> Lease | None: ...
+    def raise_token(self, lease: Lease, floor: int) -> bool: ...
+    def renew(self, lease: Lease) -> bool: ...
+    def renew_many(self, leases: list[Lease]) -> None: ...
+    def release(self, lease: Lease) -> bool: ...
+    def holder(self, session_id: str) -> str | None: ...
+    def held(self, session_ids: list[str]) -> set[str]: ...
+
+
+@dataclass
+class LeaseSubject:
+    """Leases under test, and the two things that happen to them from outside."""
+
+    leases: Leases
+    #: The lease on a run times out (its holder stalled past the TTL).
+    expire: Callable[[str], object]
+    #: The lease service loses every key, fencing counters included (a restart without persistence).
+    lose_everything: Callable[[], object]
+
+
+LeaseFactory = Callable[[], LeaseSubject]
+
+
+def _take(leases: Leases, session_id: str, floor: int = 0) -> Lease:
+    lease = leases.acquire(session_id, floor)
+    assert lease is not None, f"lease on {session_id} not granted"
+    return lease
+
+
+def check_a_lease_is_exclusive_until_released(make: LeaseFactory) -> None:
+    leases = make().leases
+    first = _take(leases, "lc-exclusive")
+    assert first.token >= 1
+    assert leases.acquire("lc-exclusive") is None
+    assert leases.holder("lc-exclusive") == first.owner
+    assert leases.held(["lc-exclusive", "lc-nobody"]) == {"lc-exclusive"}
+    assert leases.release(first) is True
+    assert leases.holder("lc-exclusive") is None and leases.held(["lc-exclusive"]) == set()
+    assert leases.held([]) == set()
+
+
+def check_tokens_strictly_increase_across_holders(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    tokens = []
+    for round_ in range(3):
+        lease = _take(leases, "lc-tokens")
+        tokens.append(lease.token)
+        if round_ % 2:
+            subject.expire("lc-tokens")
+        else:
+            leases.release(lease)
+    assert tokens == sorted(set(tokens)) and len(tokens) == 3
+    assert _take(leases, "lc-tokens-other").token >= 1   # counters are per run
+
+
+def check_a_floor_is_respected(make: LeaseFactory) -> None:
+    leases = make().leases
+    high = _take(leases, "lc-floor", floor=100)
+    assert high.token > 100
+    leases.release(high)
+    assert _take(leases, "lc-floor", floor=5).token > high.token
+
+
+def check_an_expired_lease_goes_to_the_next_taker(make: LeaseFactory) -> None:
+    subject = make()
+    old = _take(subject.leases, "lc-expire")
+    subject.expire("lc-expire")
+    new = _take(subject.leases, "lc-expire")
+    assert new.token > old.token and subject.leases.holder("lc-expire") == new.owner
+
+
+def check_only_the_owner_renews(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    old = _take(leases, "lc-renew")
+    assert leases.renew(old) is True and not old.lost.is_set()
+    subject.expire("lc-renew")
+    new = _take(leases, "lc-renew")
+    assert leases.renew(old) is False and old.lost.is_set()
+    assert leases.renew(new) is True and not new.lost.is_set()
+    assert leases.holder("lc-renew") == new.owner
+
+
+def check_renew_many_marks_only_the_lost_leases(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    kept = _take(leases, "lc-many-kept")
+    lost = _take(leases, "lc-many-lost")
+    subject.expire("lc-many-lost")
+    _take(leases, "lc-many-lost")
+    leases.renew_many([kept, lost])
+    assert not kept.lost.is_set() and lost.lost.is_set()
+    leases.renew_many([])
+
+
+def check_only_the_owner_releases(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    old = _take(leases, "lc-release")
+    subject.expire("lc-release")
+    new = _take(leases, "lc-release")
+    assert leases.release(old) is False
+    assert leases.holder("lc-release") == new.owner
+    assert leases.release(new) is True and leases.holder("lc-release") is None
+    assert leases.release(new) is False
+
+
+def check_only_the_owner_raises_its_token(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    lease = _take(leases, "lc-raise")
+    assert leases.raise_token(lease, 50) is True and lease.token > 50
+    raised = lease.token
+    subject.expire("lc-raise")
+    assert leases.raise_token(lease, 500) is False and lease.token == raised
+    assert _take(leases, "lc-raise").token > raised
+
+
+def check_losing_every_key_restarts_tokens_and_a_floor_lifts_them(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    before = _take(leases, "lc-lost")
+    leases.release(before)
+    before = _take(leases, "lc-lost")
+    subject.lose_everything()
+    assert leases.holder("lc-lost") is None
+    after = _take(leases, "lc-lost")
+    assert after.token == 1                      # the counter restarted: only the store's fence knows better
+    assert leases.raise_token(after, before.token) is True and after.token > before.token
+
+
+def check_invalid_run_ids_are_refused_before_any_key_is_touched(make: LeaseFactory) -> None:
+    leases = make().leases
+    for bad in ("", "has space", ".edge", "x" * 201, "run.paused", "'; DROP"):
+        with pytest.raises(errors.SessionIdInvalidError):
+            leases.acquire(bad)
+        with pytest.raises(errors.SessionIdInvalidError):
+            leases.holder(bad)
+
+
+CHECKS: tuple[Callable[[LeaseFactory], None], ...] = (
+    check_a_lease_is_exclusive_until_released,
+    check_tokens_strictly_increase_across_holders,
+    check_a_floor_is_respected,
+    check_an_expired_lease_goes_to_the_next_taker,
+    check_only_the_owner_renews,
+    check_renew_many_marks_only_the_lost_leases,
+    check_only_the_owner_releases,
+    check_only_the_owner_raises_its_token,
+    check_losing_every_key_restarts_tokens_and_a_floor_lifts_them,
+    check_invalid_run_ids_are_refused_before_any_key_is_touched,
+)

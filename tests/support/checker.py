@@ -264,6 +264,11 @@ class _Checker:
             if not approved:
                 self.fail("I5", f"{sid}: {call_id} got an interrupted result but needs no approval")
             return
+        if body.get("kind") == "rejected" and approved:
+            # A human said no: the call must not have run at all.
+            if executions:
+                self.fail("I5", f"{sid}: rejected call {call_id} ran {len(executions)} time(s)")
+            return
         if "exec" not in body:
             self.fail("I1", f"{sid}: result of {call_id} is an unexpected error: {body.get('error')}")
         elif (sid, call_id, body["exec"]) not in ended:

@@ -102,13 +102,14 @@ def test_calls_without_ids_or_with_reused_ids_get_fresh_ones(server: FakeProvide
     assert [c.id for c in response.tool_calls] == ["call_1_0", "call_1_1"]
 
 
-_DATE_IN_A_MINUTE = email.utils.formatdate(time.time() + 60, usegmt=True)
+# An hour ahead: the table is built at import, and a long test session must not reach the date.
+_DATE_IN_AN_HOUR = email.utils.formatdate(time.time() + 3600, usegmt=True)
 
 #: (reply, error code, category, retryable, retry_after) for each failure class.
 FAILURES: dict[str, tuple[Reply, str, str, bool, float | None]] = {
     "429-seconds": (Failure(429, "Rate limit reached", headers={"retry-after": "2"}),
                     "LOUSHO_PROVIDER_RATE_LIMITED", "rate-limit", True, 2.0),
-    "429-date": (Failure(429, "Rate limit reached", headers={"retry-after": _DATE_IN_A_MINUTE}),
+    "429-date": (Failure(429, "Rate limit reached", headers={"retry-after": _DATE_IN_AN_HOUR}),
                  "LOUSHO_PROVIDER_RATE_LIMITED", "rate-limit", True, None),
     "500": (Failure(500, "internal"), "LOUSHO_PROVIDER_REQUEST_FAILED", "server", True, None),
     "503-retry-after": (Failure(503, "unavailable", headers={"retry-after": "1"}),
@@ -138,7 +139,7 @@ def test_each_failure_class_is_classified_after_exactly_one_request(
     error = caught.value
     assert (error.code, error.category, error.retryable) == (code, category, retryable)
     if case == "429-date":
-        assert error.retry_after is not None and 0 < error.retry_after <= 60
+        assert error.retry_after is not None and 0 < error.retry_after <= 3600
     else:
         assert error.retry_after == wait
     assert error.message.startswith(f"{provider}: {category}") and len(error.message) <= 500

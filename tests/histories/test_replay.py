@@ -67,7 +67,7 @@ def _clear_effects() -> None:
 
 def _driver(replay_settings: Settings, leases, make_store):  # type: ignore[no-untyped-def]
     from store.leases import Heartbeat
-    from tests.integration.conftest import Driver
+    from tests.support.driver import Driver
     from worker.steps import StepDeps
 
     store = make_store(replay_settings)

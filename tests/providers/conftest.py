@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from producer.client import Client
-from store.checkpoints import PostgresCheckpointStore
-from store.leases import Heartbeat, LeaseManager
-from store.settings import Settings
 from tests.providers.fake_server import FakeProviderServer
-from worker.agents import Agent
-from worker.steps import Outcome, StepDeps, run_step
+from tests.support.driver import Driver, client, make_driver  # noqa: F401  # fixtures for the tests here
 
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")
@@ -86,59 +80,3 @@ def make_model(server: FakeProviderServer) -> Iterator[Callable[..., OpenAIModel
         model.close()
 
 
-@dataclass
-class Driver:
-    """Runs steps in this process, delivering the messages steps enqueue, until the run settles."""
-
-    deps: StepDeps
-    queue: list[tuple[str, int | None]] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
-    countdowns: list[float] = field(default_factory=list)
-
-    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0) -> None:
-        self.queue.append((session_id, seq))
-        self.countdowns.append(countdown)
-
-    def step(self, session_id: str | None = None) -> Outcome:
-        """Deliver one message: the oldest queued, or a fresh one for ``session_id``."""
-        message = self.queue.pop(0) if self.queue else (session_id or "", None)
-        outcome = run_step(self.deps, *message)
-        self.outcomes.append(outcome)
-        return outcome
-
-    def drain(self, session_id: str | None = None, limit: int = 50) -> list[Outcome]:
-        """Deliver messages (countdowns are not waited for) until none is left."""
-        if session_id is not None:
-            self.queue.append((session_id, None))
-        done: list[Outcome] = []
-        while self.queue and len(done) < limit:
-            done.append(self.step())
-        return done
-
-
-@pytest.fixture
-def make_driver(store: PostgresCheckpointStore, leases: LeaseManager,
-                settings: Settings) -> Iterator[Callable[..., Driver]]:
-    """``make_driver(*agents, max_attempts=5)``: an in-process step driver on the real services."""
-    heartbeats: list[Heartbeat] = []
-
-    def make(*agents: Agent, max_attempts: int = 5) -> Driver:
-        heartbeat = Heartbeat(leases, settings.lease_renew_ms)
-        heartbeats.append(heartbeat)
-        driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
-                                 agents={a.name: a for a in agents}, enqueue=lambda *a: None,
-                                 max_attempts=max_attempts))
-        driver.deps.enqueue = driver.enqueue
-        store.register_agents({a.name: a.fingerprint() for a in agents})
-        return driver
-
-    yield make
-    for heartbeat in heartbeats:
-        heartbeat.stop()
-
-
-@pytest.fixture
-def client(settings: Settings, store: PostgresCheckpointStore) -> Iterator[Client]:
-    """A producer client on the test services (its enqueued messages are never consumed here)."""
-    with Client(settings, engine=store.engine) as made:
-        yield made

@@ -13,6 +13,7 @@ A run's shape comes from its first user message, ``run <session_id> [key=value .
 ``slow=T.K:MS``      call K of turn T sleeps MS ms instead (several allowed, comma separated)
 ``model=MS``         model latency of every turn (default 50 ms)
 ``slowmodel=T:MS``   model latency of turn T (several allowed, comma separated)
+``gate=T.K``         call K of turn T uses ``approved_work``, which needs a human approval
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.records import Message
-from tests.support.checker import LOG_ENV, response_tag, transcript_digest
-from worker import Agent, ToolContext, tool
+from tests.support.checker import APPROVED_TOOL, LOG_ENV, response_tag, transcript_digest
+from worker import Agent, Tool, ToolContext, tool
 from worker.machine import transcript_problems
 from worker.providers import MockModel, ModelResponse, ToolSpec
 
@@ -66,6 +67,7 @@ class RunShape:
     slow: dict[tuple[int, int], int] = field(default_factory=dict)
     model_ms: int = 50
     slow_model: dict[int, int] = field(default_factory=dict)
+    gated: frozenset[tuple[int, int]] = frozenset()
 
     def calls_in(self, turn: int) -> int:
         """How many tool calls tool turn ``turn`` makes."""
@@ -91,6 +93,7 @@ def parse_shape(text: str) -> RunShape:
     values: dict[str, Any] = {"run_id": words[1]}
     slow: dict[tuple[int, int], int] = {}
     slow_model: dict[int, int] = {}
+    gated: set[tuple[int, int]] = set()
     for word in words[2:]:
         key, _, value = word.partition("=")
         if key == "turns":
@@ -107,13 +110,17 @@ def parse_shape(text: str) -> RunShape:
                 where, _, ms = item.partition(":")
                 turn, _, index = where.partition(".")
                 slow[(int(turn), int(index))] = int(ms)
+        elif key == "gate":
+            for item in value.split(","):
+                turn, _, index = item.partition(".")
+                gated.add((int(turn), int(index)))
         elif key == "slowmodel":
             for item in value.split(","):
                 turn, _, ms = item.partition(":")
                 slow_model[int(turn)] = int(ms)
         else:
             raise ValueError(f"unknown crash-test option {key!r}")
-    return RunShape(slow=slow, slow_model=slow_model, **values)
+    return RunShape(slow=slow, slow_model=slow_model, gated=frozenset(gated), **values)
 
 
 def run_input(run_id: str, **options: object) -> str:
@@ -133,8 +140,8 @@ def _script(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if turn >= shape.turns - 1:
         return {"text": f"done {shape.run_id} {response_tag(nonce)}"}
-    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": "work", "args": {"ms": shape.sleep_of(turn, k)}}
-             for k in range(shape.calls_in(turn))]
+    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": APPROVED_TOOL if (turn, k) in shape.gated else "work",
+              "args": {"ms": shape.sleep_of(turn, k)}} for k in range(shape.calls_in(turn))]
     return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls}
 
 
@@ -163,24 +170,36 @@ def _response_id(response: ModelResponse) -> str | None:
     return text[start + 6:text.find("]", start)] if start >= 0 else None
 
 
-@tool
-def work(ms: int, ctx: ToolContext) -> str:
-    """Sleep ``ms`` milliseconds, logging the start and end of this execution."""
+def _sleep_logged(ms: int, ctx: ToolContext, approved: bool) -> str:
     execution = uuid.uuid4().hex[:12]
     record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-              "base_seq": ctx.checkpoint_seq, "exec": execution}
+              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": approved}
     log_event({**record, "phase": "start", "ms": ms})
     time.sleep(ms / 1000)
     log_event({**record, "phase": "end"})
     return json.dumps({"exec": execution, "pid": os.getpid(), "slept_ms": ms})
 
 
+@tool
+def work(ms: int, ctx: ToolContext) -> str:
+    """Sleep ``ms`` milliseconds, logging the start and end of this execution."""
+    return _sleep_logged(ms, ctx, approved=False)
+
+
+def _approved_work(ms: int, ctx: ToolContext) -> str:
+    """Like ``work``, once a human approved the call."""
+    return _sleep_logged(ms, ctx, approved=True)
+
+
+approved_work = Tool(_approved_work, name=APPROVED_TOOL, needs_approval=True)
+
+
 #: Parallel tools (a batch runs its calls on up to 4 threads).
 chaos = Agent(name="chaos", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-              tools=[work], max_steps=50, tool_concurrency=4)
+              tools=[work, approved_work], max_steps=50, tool_concurrency=4)
 #: Sequential tools, so a crash point inside a batch has exactly one call in flight.
 serial = Agent(name="serial", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-               tools=[work], max_steps=50, tool_concurrency=1)
+               tools=[work, approved_work], max_steps=50, tool_concurrency=1)
 
 
 def _install_duplicator(spec: str) -> None:

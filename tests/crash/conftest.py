@@ -1,0 +1,38 @@
+"""Crash-tier fixtures: a cluster factory whose processes are always killed, with their logs shown on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """Make clusters under ``tmp_path``; each is closed (every process killed) when the test ends."""
+    made: list[Cluster] = []
+
+    def make(crash_at: str = "", extra_env: dict[str, str] | None = None) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster-{len(made) + 1}", crash_at=crash_at, extra_env=extra_env or {})
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        if request.node.stash.get(_FAILED, False):
+            cluster.dump_logs()
+        cluster.close()

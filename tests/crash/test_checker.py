@@ -1,0 +1,155 @@
+"""Negative controls for the checker: hand-made histories and logs with one known violation each.
+
+A checker that can no longer see a bug would let every crash test pass vacuously; each case here
+must be reported under its invariant, and the clean case must pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support import checker, services
+from tests.support.checker import APPROVED_TOOL, response_tag, transcript_digest
+
+Messages = list[dict[str, Any]]
+
+
+def _user(run_id: str) -> Messages:
+    return [{"role": "system", "content": "Crash-test agent."}, {"role": "user", "content": f"run {run_id}"}]
+
+
+def _turn(nonce: str, calls: list[str], tool: str = "work") -> dict[str, Any]:
+    return {"role": "assistant", "content": f"turn {response_tag(nonce)}",
+            "tool_calls": [{"id": c, "name": tool, "args": {"ms": 1}} for c in calls]}
+
+
+def _result(call: str, execution: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call, "name": "work", "content": json.dumps({"exec": execution})}
+
+
+class _Fixture:
+    """One run written as history rows plus the log lines its model and tools would have written."""
+
+    def __init__(self, run_id: str, tool: str = "work") -> None:
+        self.run_id = run_id
+        self.tool = tool
+        self.saves: list[tuple[int, Messages, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.fences: list[int] = []
+
+    def clean(self) -> _Fixture:
+        """Model turn with calls a, b; both results; final text."""
+        base = _user(self.run_id)
+        self.model(0, base, "aa01", ["a", "b"])
+        turn = [*base, _turn("aa01", ["a", "b"], self.tool)]
+        self.save(turn)
+        self.tool_run("a", 1, "x1")
+        self.save([*turn, _result("a", "x1")])
+        self.tool_run("b", 1, "x2")
+        done = [*turn, _result("a", "x1"), _result("b", "x2")]
+        self.save(done)
+        self.model(1, done, "aa02", [])
+        self.save([*done, {"role": "assistant", "content": f"done {response_tag('aa02')}"}], "finished")
+        return self
+
+    def model(self, turn: int, seen: Messages, nonce: str, calls: list[str], valid: bool = True) -> None:
+        call = f"m{len(self.events)}"
+        common = {"kind": "model", "call": call, "run_id": self.run_id, "turn_index": turn, "pid": 1, "ts": 0.0,
+                  "transcript_valid": valid}
+        self.events += [{**common, "phase": "start", "digest": transcript_digest(seen)},
+                        {**common, "phase": "end", "response_id": nonce, "tool_call_ids": calls}]
+
+    def tool_run(self, call: str, base_seq: int, execution: str) -> None:
+        common = {"kind": "tool", "run_id": self.run_id, "tool_call_id": call, "base_seq": base_seq,
+                  "exec": execution, "pid": 1, "ts": 0.0, "approved": self.tool == APPROVED_TOOL}
+        self.events += [{**common, "phase": "start"}, {**common, "phase": "end"}]
+
+    def save(self, messages: Messages, status: str = "in-progress") -> None:
+        self.saves.append((len(self.saves) + 1, messages, status))
+
+    def write(self, log: Path) -> None:
+        fences = self.fences or [len(self.saves)] * len(self.saves)
+        final_seq, final_messages, final_status = self.saves[-1]
+        document = {"messages": final_messages, "finish_reason": "stop" if final_status == "finished" else None}
+        with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+            conn.execute("INSERT INTO runs (session_id, agent, status, seq, fence, document)"
+                         " VALUES (%s, 'chaos', %s, %s, %s, %s)",
+                         (self.run_id, final_status, final_seq, fences[-1], json.dumps(document)))
+            for (seq, messages, status), fence in zip(self.saves, fences, strict=True):
+                conn.execute("INSERT INTO checkpoint_history (session_id, seq, fence, step, status, document)"
+                             " VALUES (%s, %s, %s, 0, %s, %s)",
+                             (self.run_id, seq, fence, status, json.dumps({"messages": messages})))
+        with open(log, "a") as out:
+            out.writelines(json.dumps(event) + "\n" for event in self.events)
+
+
+def _fence_falls(f: _Fixture) -> None:
+    f.clean()
+    f.fences = [1, 3, 2, 3]
+
+
+def _recorded_result_rerun(f: _Fixture) -> None:
+    f.clean()
+    f.tool_run("a", 2, "x3")
+
+
+def _results_out_of_order(f: _Fixture) -> None:
+    f.clean()
+    turn = [*_user(f.run_id), _turn("aa01", ["a", "b"])]
+    swapped = [*turn, _result("b", "x2"), _result("a", "x1")]
+    f.saves[-1] = (5, [*swapped, {"role": "assistant", "content": f"done {response_tag('aa02')}"}], "finished")
+
+
+def _turn_regenerated(f: _Fixture) -> None:
+    f.clean()
+    _, messages, status = f.saves[-1]
+    f.model(1, messages[:-1], "aa09", [])
+    f.save([*messages[:-1], {"role": "assistant", "content": f"done {response_tag('aa09')}"}], status)
+
+
+def _invalid_transcript(f: _Fixture) -> None:
+    f.clean()
+    f.model(1, _user(f.run_id), "aa08", [], valid=False)
+
+
+def _unfinished(f: _Fixture) -> None:
+    f.clean()
+    f.saves.pop()
+
+
+def _approved_call_twice(f: _Fixture) -> None:
+    f.tool = APPROVED_TOOL
+    f.clean()
+    f.tool_run("b", 1, "x4")
+
+
+CASES: list[tuple[str, Callable[[_Fixture], None]]] = [
+    ("I7", _fence_falls), ("I2", _recorded_result_rerun), ("I1", _results_out_of_order),
+    ("I3", _turn_regenerated), ("I4", _invalid_transcript), ("I10", _unfinished), ("I5", _approved_call_twice),
+]
+
+
+def test_clean_history_passes(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    _Fixture("nc-clean").clean().write(log)
+    report = checker.check(services.test_database_url(), log)
+    checker.assert_clean(report)
+    assert report["executions"] == 2 and report["raw_reexecutions"] == 0
+
+
+@pytest.mark.parametrize(("invariant", "corrupt"), CASES, ids=[c[0] for c in CASES])
+def test_checker_reports_the_violation(tmp_path: Path, invariant: str, corrupt: Callable[[_Fixture], None]) -> None:
+    log = tmp_path / "events.jsonl"
+    _Fixture("nc-good").clean().write(log)
+    bad = _Fixture("nc-bad")
+    corrupt(bad)
+    bad.write(log)
+    report = checker.check(services.test_database_url(), log)
+    assert report["checks"][invariant] == "fail", report["violations"]
+    assert all("nc-bad" in violation for violation in report["violations"]), report["violations"]

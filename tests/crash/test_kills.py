@@ -1,0 +1,147 @@
+"""Real worker processes killed or stopped by the test at a chosen moment of a run (SIGKILL, SIGSTOP)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from tests.support import checker
+from tests.support.agents import run_input
+from tests.support.cluster import Cluster, is_alive, wait_until
+
+RECOVERY_MAX_S = 8.0
+
+
+def _tool_started(run_id: str, call_prefix: str) -> Callable[[dict[str, object]], bool]:
+    return lambda e: (e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id
+                      and str(e.get("tool_call_id")).startswith(call_prefix))
+
+
+def _executions(cluster: Cluster, run_id: str) -> Counter[str]:
+    return Counter(str(e["tool_call_id"]) for e in cluster.events()
+                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id)
+
+
+def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    cluster.start_worker(concurrency=2)
+    cluster.start_beat()
+    run_id = "kill-tool"
+    # Turn 1: call 0 sleeps 1.5 s (killed there), call 1 is fast and recorded before the kill.
+    cluster.send("chaos", run_id, run_input(run_id, slow="1.0:1500", sleep="20-60"))
+
+    slow = cluster.wait_event(_tool_started(run_id, "c1-0-"), what="the slow tool call to start")
+    wait_until(lambda: cluster.statuses([run_id])[run_id]["seq"] >= 6, 10, "the fast call's result save")
+    holder = cluster.holder_pid(run_id)
+    assert holder is not None and holder == slow["pid"] and is_alive(holder), f"lease: {holder}, call: {slow['pid']}"
+    fault = cluster.kill_pid(holder)
+    assert fault.runs == (run_id,)
+
+    cluster.wait_finished([run_id], timeout=30)
+    report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id], faults=cluster.faults)
+    checker.print_report(report, "child SIGKILLed mid-tool")
+    checker.assert_clean(report)
+    executions = _executions(cluster, run_id)
+    assert executions[str(slow["tool_call_id"])] == 2
+    assert report["raw_reexecutions"] == 1, executions
+    assert len(executions) == 5 and report["executions"] == 6
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
+    print(f"recovery after the kill: {report['recovery']['max_s']} s")
+
+
+def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
+        make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    cluster.start_worker(concurrency=2)
+    cluster.start_beat()
+    run_id = "kill-model"
+    cluster.send("chaos", run_id, run_input(run_id, slowmodel="1:1500"))
+
+    call = cluster.wait_event(lambda e: e.get("kind") == "model" and e.get("phase") == "start"
+                              and e.get("run_id") == run_id and e.get("turn_index") == 1,
+                              what="the slow model call")
+    time.sleep(0.2)
+    holder = cluster.holder_pid(run_id)
+    assert holder is not None and holder == call["pid"] and is_alive(holder)
+    cluster.kill_pid(holder)
+
+    cluster.wait_finished([run_id], timeout=30)
+    report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id], faults=cluster.faults)
+    checker.print_report(report, "child SIGKILLed mid-model-call")
+    checker.assert_clean(report)
+    assert report["interrupted_model_calls"] == 1
+    assert report["wasted_model_calls"] == 0
+    assert report["raw_reexecutions"] == 0
+    assert report["model_calls"] == 4
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
+    print(f"recovery after the kill: {report['recovery']['max_s']} s")
+
+
+@pytest.mark.parametrize("action", ["kill-group", "kill-main"])
+def test_killed_worker_is_replaced_and_its_runs_finish(make_cluster: Callable[..., Cluster], action: str) -> None:
+    cluster = make_cluster()
+    first = cluster.start_worker("w1", concurrency=2)
+    cluster.start_beat()
+    run_ids = [f"{action}-{n}" for n in range(4)]
+    for run_id in run_ids:
+        cluster.send("chaos", run_id, run_input(run_id, sleep="300-700"))
+    wait_until(lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2, 15,
+               "both pool processes holding a lease")
+
+    # Killing the main process only must take its pool children down too, or they would go on
+    # renewing leases for runs nobody finishes.
+    fault = cluster.kill_group(first) if action == "kill-group" else cluster.kill_main(first)
+    assert fault.runs, "the kill hit no lease holder"
+    wait_until(lambda: not any(is_alive(pid) for pid in fault.pids), 5, "every process of the worker to die")
+    cluster.start_worker("w2", concurrency=2)
+
+    waited = cluster.wait_finished(run_ids, timeout=45)
+    report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults)
+    checker.print_report(report, f"worker SIGKILLed ({action})")
+    checker.assert_clean(report)
+    print(f"runs hit: {len(fault.runs)}, all finished {waited:.1f} s after the kill"
+          f" (new worker start included), recovery max {report['recovery']['max_s']} s")
+    assert report["recovery"]["count"] == len(fault.runs)
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
+
+
+def test_stopped_lease_holder_is_fenced_and_its_late_result_dropped(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    cluster.start_worker(concurrency=2)
+    cluster.start_beat()
+    run_id = "zombie"
+    cluster.send("chaos", run_id, run_input(run_id, slow="1.0:2500", sleep="20-60"))
+
+    slow = cluster.wait_event(_tool_started(run_id, "c1-0-"), what="the slow tool call to start")
+    wait_until(lambda: cluster.statuses([run_id])[run_id]["seq"] >= 6, 10, "the fast call's result save")
+    zombie = int(slow["pid"])
+    assert cluster.holder_pid(run_id) == zombie
+    fault = cluster.stop(zombie)
+    try:
+        time.sleep(6.0)  # 3x the lease TTL: the lease expires and the sweep hands the run to the other child
+    finally:
+        cluster.resume(zombie)
+    wait_until(lambda: f"save refused for {run_id}" in cluster.worker_logs(), 10, "the zombie's refused save")
+    cluster.wait_finished([run_id], timeout=30)
+
+    report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id], faults=cluster.faults)
+    checker.print_report(report, "lease holder SIGSTOPped for 3x TTL")
+    checker.assert_clean(report)
+    history = cluster.client.agent("chaos").history(run_id)
+    zombie_fence = max(h.checkpoint.fence for h in history if h.saved_at.timestamp() < fault.ts)
+    late = [h.seq for h in history if h.saved_at.timestamp() > fault.ts and h.checkpoint.fence <= zombie_fence]
+    assert not late, f"saves with the zombie's fence after it stopped: {late}"
+    refused = [line for line in cluster.worker_logs().splitlines() if f"save refused for {run_id}" in line]
+    assert any(f"(fence {zombie_fence})" in line for line in refused), refused
+    checkpoint = cluster.client.agent("chaos").load(run_id)
+    assert checkpoint is not None
+    recorded = {json.loads(str(m.content))["exec"] for m in checkpoint.messages if m.role == "tool"}
+    assert slow["exec"] not in recorded, "the zombie's late result reached the transcript"
+    executions = _executions(cluster, run_id)
+    print(f"fenced rejections: {len(refused)}, zombie raw executions: {executions[str(slow['tool_call_id'])] - 1},"
+          f" late results in transcript: 0, recovery {report['recovery']['max_s']} s")
+    assert cluster.outcomes()["fenced"] >= 1

@@ -1,0 +1,436 @@
+"""Real ``celery worker`` and ``celery beat`` subprocesses for the crash tests, and the faults done to them.
+
+Each worker runs in its own session (process group) so a test can SIGKILL the whole group at once.
+Every fault is recorded as a ``checker.Fault`` (time, victims, runs whose lease they held) for the
+recovery figures; ``Cluster.close`` kills every process started here, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+from producer.client import Client, normalize_input
+from store import keys
+from tests.support import services
+from tests.support.checker import LOG_ENV, Fault, read_log
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS_MODULE = "tests.support.agents"
+_MTIME_SLACK_S = 0.02
+_LOG_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/([^\]]+)\] (.*)")
+_OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> (\w+)")
+#: Crash points of ``worker/steps.py`` (each writes ``crash-<point>-<run>`` when it fires).
+CRASH_POINTS = (
+    "after_lease_before_epoch", "during_model_call", "after_model_response_before_save",
+    "after_model_save_before_enqueue", "tool_before_effect", "after_tool_effect_before_result_save",
+    "between_results", "after_batch_save_before_enqueue", "after_enqueue_before_ack",
+)
+#: Crash points around an approved call (``worker/batch.py``): they fire only once a human said yes.
+APPROVAL_CRASH_POINTS = ("after_started_marker_before_approved_call", "after_approved_effect_before_result_save")
+
+
+def _celery() -> str:
+    beside = Path(sys.executable).with_name("celery")
+    found = str(beside) if beside.exists() else shutil.which("celery")
+    if not found:
+        raise RuntimeError("the celery command is not installed")
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of a process from /proc, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces or parentheses: the fields resume after the last ')'.
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def _processes() -> list[tuple[int, str, int, int]]:
+    """(pid, state, parent pid, process group) of every process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None:
+                found.append((int(entry.name), *stat))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """Live direct children of ``pid`` (prefork pool processes)."""
+    return sorted(child for child, state, parent, _ in _processes() if parent == pid and state != "Z")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live members of a process group."""
+    return [pid for pid, state, _, group in _processes() if group == pgid and state != "Z"]
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as dead)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` process group."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    concurrency: int
+    announced: bool = False
+
+    @property
+    def pid(self) -> int:
+        """The main process (also the process group id)."""
+        return self.process.pid
+
+    def children(self) -> list[int]:
+        """Live pool processes."""
+        return _children(self.pid)
+
+    def alive(self) -> bool:
+        """Whether the main process still runs."""
+        return self.process.poll() is None
+
+    def ready(self) -> bool:
+        """Whether it consumes: alive, its pool complete, and its log said ``ready.`` once."""
+        if not self.alive() or len(self.children()) < self.concurrency:
+            return False
+        if not self.announced:
+            self.announced = " ready." in self.log_path.read_text(errors="replace")
+        return self.announced
+
+
+@dataclass
+class Cluster:
+    """Workers, a beat and a producer on the test services, plus the faults a test does to them."""
+
+    workdir: Path
+    crash_at: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    workers: list[Worker] = field(default_factory=list)
+    beats: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    _client: Client | None = None
+    _redis: redis.Redis | None = None
+    _starts: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.crash_dir.mkdir(exist_ok=True)
+
+    # -- paths and environment -------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        """The JSONL side-effect log the agents write."""
+        return self.workdir / "events.jsonl"
+
+    @property
+    def crash_dir(self) -> Path:
+        """Where crash points leave their ``crash-<point>-<run>`` markers."""
+        return self.workdir / "crash"
+
+    @property
+    def database_url(self) -> str:
+        """The test database the workers write to."""
+        return services.test_database_url()
+
+    def env(self) -> dict[str, str]:
+        """The environment of every subprocess: the test services, CI timing, the test agents."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
+        base.update(services.test_environment())
+        base.update({"LOUSHO_AGENTS": AGENTS_MODULE, LOG_ENV: str(self.log_path),
+                     "LOUSHO_CRASH_DIR": str(self.crash_dir), "PYTHONUNBUFFERED": "1"})
+        if self.crash_at:
+            base["LOUSHO_CRASH_AT"] = self.crash_at
+        base.update(self.extra_env)
+        return base
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(args, cwd=ROOT, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_worker(self, name: str = "w1", concurrency: int = 2, *, wait: bool = True) -> Worker:
+        """Start ``celery -A worker worker`` (prefork) as a new process group."""
+        self._starts[name] += 1
+        log_path = self.workdir / f"{name}.{self._starts[name]}.log"
+        args = [_celery(), "-A", "worker", "worker", "-P", "prefork", "-c", str(concurrency),
+                "-n", f"{name}-{self._starts[name]}@%h", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "-l", "info"]
+        worker = Worker(name, self._spawn(args, log_path), log_path, concurrency)
+        self.workers.append(worker)
+        if wait:
+            self.wait_ready(worker)
+        return worker
+
+    def wait_ready(self, worker: Worker, timeout: float = 30.0) -> None:
+        """Block until the worker consumes and its pool processes exist."""
+        def ready() -> bool:
+            if not worker.alive():
+                raise AssertionError(f"worker {worker.name} exited: {self.tail(worker.log_path)}")
+            return worker.ready()
+        wait_until(ready, timeout, f"worker {worker.name} ready")
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        """Start ``celery -A worker beat`` with its own schedule file (it only sends the recover sweep)."""
+        index = len(self.beats) + 1
+        args = [_celery(), "-A", "worker", "beat", "-s", str(self.workdir / f"beat-{index}-schedule"),
+                "--pidfile", str(self.workdir / f"beat-{index}.pid"), "-l", "info"]
+        beat = self._spawn(args, self.workdir / f"beat-{index}.log")
+        self.beats.append(beat)
+        return beat
+
+    def live_workers(self) -> list[Worker]:
+        """Workers whose main process runs."""
+        return [w for w in self.workers if w.alive()]
+
+    # -- leases and faults -------------------------------------------------------------------
+
+    @property
+    def redis(self) -> redis.Redis:
+        """A client of the test Redis db (leases)."""
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(services.test_redis_url())
+        return self._redis
+
+    def lease_holders(self) -> dict[str, int]:
+        """Run id -> pid of the process whose live lease names it (``host:pid:nonce``)."""
+        holders = {}
+        for key in self.redis.scan_iter(match=keys.LEASE_PREFIX + "*", count=500):
+            value = self.redis.get(key)
+            if not isinstance(value, bytes):
+                continue
+            holders[key.decode()[len(keys.LEASE_PREFIX):]] = int(value.decode().rsplit(":", 2)[1])
+        return holders
+
+    def holder_pid(self, session_id: str) -> int | None:
+        """The pid holding the run's lease now, if any."""
+        return self.lease_holders().get(session_id)
+
+    def _record(self, action: str, pids: Sequence[int], deliver: Callable[[], None]) -> Fault:
+        holders = self.lease_holders()
+        ts = time.time()
+        deliver()
+        fault = Fault(ts, action, tuple(pids), tuple(sorted(s for s, p in holders.items() if p in pids)))
+        self.faults.append(fault)
+        with open(self.workdir / "faults.jsonl", "a") as record:
+            record.write(json.dumps(fault.to_json()) + "\n")
+        return fault
+
+    def kill_pid(self, pid: int, action: str = "kill-child") -> Fault:
+        """SIGKILL one process (a pool child: the worker requeues its message and forks a new child)."""
+        return self._record(action, [pid], lambda: os.kill(pid, signal.SIGKILL))
+
+    def kill_group(self, worker: Worker) -> Fault:
+        """SIGKILL the worker's whole process group: nothing is acked or rejected."""
+        pids = [worker.pid, *worker.children()]
+        fault = self._record("kill-group", pids, lambda: os.killpg(worker.pid, signal.SIGKILL))
+        worker.process.wait(timeout=10)
+        return fault
+
+    def kill_main(self, worker: Worker) -> Fault:
+        """SIGKILL only the main process; its pool children die with it (Celery sets PDEATHSIG)."""
+        pids = [worker.pid, *worker.children()]
+        fault = self._record("kill-main", pids, lambda: os.kill(worker.pid, signal.SIGKILL))
+        worker.process.wait(timeout=10)
+        return fault
+
+    def stop(self, pid: int) -> Fault:
+        """SIGSTOP one process (it keeps its lease value but stops renewing it)."""
+        return self._record("stop", [pid], lambda: os.kill(pid, signal.SIGSTOP))
+
+    def resume(self, pid: int) -> None:
+        """SIGCONT a stopped process."""
+        os.kill(pid, signal.SIGCONT)
+
+    def crash_faults(self) -> list[Fault]:
+        """Faults from the crash-point markers (the marker holds the pid, its mtime the time).
+
+        File times come from the kernel's coarse clock, a few ms behind ``time.time()``; without
+        the slack, a save made just before the crash would count as the recovery.
+        """
+        found = []
+        for marker in sorted(self.crash_dir.glob("crash-*")):
+            point, session_id = _split_marker(marker.name)
+            text = marker.read_text().strip()
+            found.append(Fault(marker.stat().st_mtime + _MTIME_SLACK_S, f"crash:{point}",
+                               (int(text),) if text else (), (session_id,)))
+        return found
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """A producer on the test services."""
+        if self._client is None:
+            self._client = Client(services.test_settings())
+        return self._client
+
+    def send(self, agent: str, session_id: str, text: str, *, seq: int | None = None) -> None:
+        """Start a run: input durable in Postgres, then one ``advance`` message.
+
+        With ``seq`` the message carries that seq (``Client.send`` sends none), so a redelivered
+        copy is dropped as stale once the run moved past it.
+        """
+        if seq is None:
+            self.client.agent(agent).send(text, session_id=session_id, check_agent=False)
+            return
+        self.client.store.append_input(session_id, agent, normalize_input(text))
+        self.client.enqueuer.advance(session_id, seq)
+
+    def statuses(self, session_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Run id -> status, seq, attempts and last error, straight from Postgres."""
+        with psycopg.connect(self.database_url) as conn:
+            rows = conn.execute("SELECT session_id, status, seq, attempts, last_error FROM runs"
+                                " WHERE session_id = ANY(%s)", (list(session_ids),)).fetchall()
+        return {r[0]: {"status": r[1], "seq": r[2], "attempts": r[3], "last_error": r[4]} for r in rows}
+
+    def approve_pending(self, agent: str) -> int:
+        """Approve every undecided approval of ``agent``'s runs; returns how many."""
+        approvals = self.client.agent(agent).approvals
+        pending = approvals.list()
+        for approval in pending:
+            approvals.resolve(approval.approval_id, approved=True)
+        return len(pending)
+
+    def wait_finished(self, session_ids: Sequence[str], timeout: float = 60.0,
+                      on_poll: Callable[[], object] | None = None) -> float:
+        """Block until every run is finished; returns the seconds waited, fails with a diagnosis.
+
+        ``on_poll`` runs at every poll (to approve gated calls as they come, for instance).
+        """
+        started = time.monotonic()
+        while True:
+            if on_poll is not None:
+                on_poll()
+            found = self.statuses(session_ids)
+            waiting = [s for s in session_ids if found.get(s, {}).get("status") != "finished"]
+            if not waiting:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                holders = self.lease_holders()
+                detail = {s: {**found.get(s, {"status": "missing"}), "lease": holders.get(s)} for s in waiting}
+                raise AssertionError(f"{len(waiting)} run(s) not finished after {timeout} s: {detail}")
+            time.sleep(0.1)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The side-effect log so far."""
+        return read_log(self.log_path)
+
+    def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0,
+                   what: str = "log event") -> dict[str, Any]:
+        """The first logged event matching ``predicate``, waiting for it."""
+        found: list[dict[str, Any]] = []
+
+        def seen() -> bool:
+            found[:] = [e for e in self.events() if predicate(e)][:1]
+            return bool(found)
+        wait_until(seen, timeout, what)
+        return found[0]
+
+    def worker_logs(self) -> str:
+        """Every worker log, concatenated."""
+        return "".join(w.log_path.read_text(errors="replace") for w in self.workers)
+
+    def outcomes(self) -> Counter[str]:
+        """How many steps ended with each ``Outcome`` (from the workers' ``advance ... -> x`` lines)."""
+        return Counter(match.group(3) for match in _OUTCOME.finditer(self.worker_logs()))
+
+    def explain(self, run_id: str, since: float, window_s: float = 8.0) -> str:
+        """What happened to a run after ``since``: its logged work, saves and worker log lines."""
+        lines = []
+        for event in self.events():
+            if event.get("run_id") == run_id and since - 1 <= event["ts"] <= since + window_s:
+                what = event.get("tool_call_id", f"turn {event.get('turn_index')}")
+                lines.append((event["ts"], f"{event['kind']} {event['phase']} {what} pid {event['pid']}"))
+        with psycopg.connect(self.database_url) as conn:
+            for seq, fence, saved in conn.execute(
+                    "SELECT seq, fence, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"
+                    " WHERE session_id = %s ORDER BY seq", (run_id,)):
+                if since - 1 <= saved <= since + window_s:
+                    lines.append((saved, f"save seq {seq} fence {fence}"))
+        for match in _LOG_LINE.finditer(self.worker_logs()):
+            # Log times are local time, as the ``logging`` module writes them.
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            text = match.group(3)
+            if since - 1 <= stamp.timestamp() <= since + window_s and (run_id in text or "recover" in text
+                                                                        or "exited" in text):
+                lines.append((stamp.timestamp(), f"{match.group(2)}: {text[:100]}"))
+        return "\n".join(f"{ts - since:+7.2f} s  {text}" for ts, text in sorted(lines))
+
+    @staticmethod
+    def tail(path: Path, lines: int = 30) -> str:
+        """The last lines of a log file."""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def dump_logs(self) -> None:
+        """Print the end of every process log (on test failure)."""
+        for worker in self.workers:
+            print(f"--- {worker.log_path.name} (pid {worker.pid}) ---\n{self.tail(worker.log_path)}")
+        for index in range(1, len(self.beats) + 1):
+            print(f"--- beat-{index}.log ---\n{self.tail(self.workdir / f'beat-{index}.log', 10)}")
+
+    def close(self) -> None:
+        """Kill every process group started here (SIGKILL ends stopped ones too) and reap them."""
+        processes = [w.process for w in self.workers] + self.beats
+        for process in processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_group_members(p.pid) for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._client is not None:
+            self._client.close()
+        if self._redis is not None:
+            self._redis.close()
+
+
+def _split_marker(name: str) -> tuple[str, str]:
+    rest = name[len("crash-"):]
+    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS, key=len, reverse=True):
+        if rest.startswith(point + "-"):
+            return point, rest[len(point) + 1:]
+    raise ValueError(f"unknown crash marker {name!r}")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``condition`` until true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,78 @@
+"""An in-process step driver on the real services, shared by the integration-style tiers.
+
+``make_driver(*agents)`` gives a ``Driver`` that runs real steps (``worker.steps.run_step``) in the
+test process and delivers the messages they enqueue; ``client`` is a producer on the same database.
+Conftests import both fixtures to register them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from producer.client import Client
+from store.checkpoints import PostgresCheckpointStore
+from store.leases import Heartbeat, LeaseManager
+from store.settings import Settings
+from worker.agents import Agent
+from worker.steps import Outcome, StepDeps, run_step
+
+
+@dataclass
+class Driver:
+    """Runs steps in this process, delivering the messages steps enqueue, until the run settles."""
+
+    deps: StepDeps
+    queue: list[tuple[str, int | None]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    countdowns: list[float] = field(default_factory=list)
+
+    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0) -> None:
+        self.queue.append((session_id, seq))
+        self.countdowns.append(countdown)
+
+    def step(self, session_id: str | None = None) -> Outcome:
+        """Deliver one message: the oldest queued, or a fresh one for ``session_id``."""
+        message = self.queue.pop(0) if self.queue else (session_id or "", None)
+        outcome = run_step(self.deps, *message)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def drain(self, session_id: str | None = None, limit: int = 200) -> list[Outcome]:
+        """Deliver messages (countdowns are not waited for) until none is left."""
+        if session_id is not None:
+            self.queue.append((session_id, None))
+        done: list[Outcome] = []
+        while self.queue and len(done) < limit:
+            done.append(self.step())
+        return done
+
+
+@pytest.fixture
+def make_driver(store: PostgresCheckpointStore, leases: LeaseManager,
+                settings: Settings) -> Iterator[Callable[..., Driver]]:
+    """``make_driver(*agents, max_attempts=5)``: an in-process step driver on the real services."""
+    heartbeats: list[Heartbeat] = []
+
+    def make(*agents: Agent, max_attempts: int = 5) -> Driver:
+        heartbeat = Heartbeat(leases, settings.lease_renew_ms)
+        heartbeats.append(heartbeat)
+        driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
+                                 agents={a.name: a for a in agents}, enqueue=lambda *a: None,
+                                 max_attempts=max_attempts))
+        driver.deps.enqueue = driver.enqueue
+        store.register_agents({a.name: a.fingerprint() for a in agents})
+        return driver
+
+    yield make
+    for heartbeat in heartbeats:
+        heartbeat.stop()
+
+
+@pytest.fixture
+def client(settings: Settings, store: PostgresCheckpointStore) -> Iterator[Client]:
+    """A producer client on the test services (its enqueued messages are never consumed here)."""
+    with Client(settings, engine=store.engine) as made:
+        yield made

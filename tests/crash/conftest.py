@@ -35,4 +35,6 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cal
     for cluster in made:
         if request.node.stash.get(_FAILED, False):
             cluster.dump_logs()
+            cluster.save_state()
+            print(f"logs, events and table copies kept in {cluster.workdir}")
         cluster.close()

@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 import redis
+from psycopg import sql
 
 from producer.client import Client, normalize_input
 from store import keys
@@ -388,6 +389,14 @@ class Cluster:
     def tail(path: Path, lines: int = 30) -> str:
         """The last lines of a log file."""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def save_state(self) -> None:
+        """Copy the runs and their history into the work dir (the next test truncates the tables)."""
+        with psycopg.connect(self.database_url) as conn:
+            for table in ("runs", "checkpoint_history"):
+                query = sql.SQL("SELECT row_to_json(t)::text FROM {} t").format(sql.Identifier(table))
+                rows = conn.execute(query).fetchall()
+                (self.workdir / f"{table}.jsonl").write_text("".join(row[0] + "\n" for row in rows))
 
     def dump_logs(self) -> None:
         """Print the end of every process log (on test failure)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, signals
+from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from store import redaction
 from store.settings import Settings
@@ -27,6 +28,11 @@ def broker_options(settings: Settings) -> dict[str, Any]:
         "socket_keepalive": True,
         "retry_on_timeout": True,
     }
+
+
+def control_queue(settings: Settings) -> str:
+    """The queue of the recover and schedule sweeps."""
+    return f"{settings.queue}-control"
 
 
 def configure(app: Celery, settings: Settings) -> None:
@@ -66,6 +72,11 @@ def configure(app: Celery, settings: Settings) -> None:
         enable_utc=True,
         timezone="UTC",
         task_default_queue=settings.queue,
+        # The sweeps get a queue of their own, consumed by every worker next to the steps' queue: a
+        # backlog of steps (exactly when workers were lost) must not delay the sweep that recovers runs.
+        task_queues=[Queue(settings.queue), Queue(control_queue(settings))],
+        task_routes={"lousho.recover": {"queue": control_queue(settings)},
+                     "lousho.schedules": {"queue": control_queue(settings)}},
         worker_hijack_root_logger=False,
         beat_schedule={
             "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,

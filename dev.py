@@ -72,7 +72,8 @@ def main(argv: list[str]) -> int:
     for check in checks:
         if subprocess.run(check, cwd=ROOT, env=env).returncode != 0:
             return 1
-    return subprocess.run([*embedded, str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env).returncode
+    # -s: the crash, webhook, schedule and history tests print the figures they measure.
+    return subprocess.run([*embedded, str(PYTHON), "-m", "pytest", "-s", *rest], cwd=ROOT, env=env).returncode
 
 
 if __name__ == "__main__":

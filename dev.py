@@ -68,7 +68,8 @@ def main(argv: list[str]) -> int:
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
     checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "tests", "bench", "examples"],
-              [str(PYTHON), "-m", "mypy", "store", "worker", "producer"]]
+              [str(PYTHON), "-m", "mypy", "store", "worker", "producer"],
+              [str(VENV / "bin" / "lint-imports")]]
     for check in checks:
         if subprocess.run(check, cwd=ROOT, env=env).returncode != 0:
             return 1

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -175,6 +176,25 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def import_agent_modules(modules: Iterable[str]) -> list[ModuleType]:
+    """Import the modules named in ``LOUSHO_AGENTS``.
+
+    Like ``celery -A``, modules next to where the worker was started are importable.
+
+    Raises:
+        ConfigurationError: a module cannot be imported.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    imported = []
+    for module_name in modules:
+        try:
+            imported.append(importlib.import_module(module_name))
+        except ImportError as exc:
+            raise errors.ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    return imported
+
+
 def load_agents(modules: Iterable[str]) -> dict[str, Agent]:
     """Import each module and collect the ``Agent`` objects defined at its top level.
 
@@ -182,14 +202,7 @@ def load_agents(modules: Iterable[str]) -> dict[str, Agent]:
         ConfigurationError: a module cannot be imported, or two agents share a name.
     """
     found: dict[str, Agent] = {}
-    # Like ``celery -A``: modules next to where the worker was started are importable.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise errors.ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    for module in import_agent_modules(modules):
         for value in vars(module).values():
             if isinstance(value, Agent):
                 other = found.get(value.name)

@@ -8,10 +8,8 @@ here publishes before that commit, and nothing here reads a worker clock: "now" 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,6 +26,7 @@ from store.schedules import (
     TickPlan,
     build_spec,
 )
+from worker.agents import import_agent_modules
 
 log = logging.getLogger("lousho.schedules")
 
@@ -205,14 +204,8 @@ def declared_schedules(modules: Iterable[str]) -> list[ScheduleSpec]:
     Raises:
         ConfigurationError: a module cannot be imported, or two different schedules share a name.
     """
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     found: dict[str, ScheduleSpec] = {}
-    for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise errors.ConfigurationError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    for module in import_agent_modules(modules):
         for value in vars(module).values():
             if isinstance(value, ScheduleSpec) and not isinstance(value, Schedule):
                 other = found.setdefault(value.name, value)

@@ -144,3 +144,50 @@ def translate(provider: str, sdk: ModuleType, exc: Exception, *, timeout: float,
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
         return _failures.unreachable(provider, detail, secrets)
     return _failures.unexpected(provider, f"{type(exc).__name__}: {exc}", secrets)
+
+
+class SDKModel:
+    """What the SDK-backed models share: settings checks, the key, one client per process, repr."""
+
+    #: Usage is what the provider billed, so the step executor keeps it even if the turn is lost.
+    reports_usage = True
+    #: Set by each provider: its name, SDK module and client class, key variable, reserved settings.
+    provider: str
+    sdk_module: str
+    client_class: str
+    api_key_env: str
+    reserved_settings: frozenset[str]
+
+    def _configure(self, model: str, base_url: str | None, api_key: str | None, timeout: float,
+                   client_options_given: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> None:
+        name = type(self).__name__
+        if not model or not isinstance(model, str):
+            raise errors.ConfigurationError(f"{name} needs a model name")
+        clashing = sorted(self.reserved_settings & settings.keys())
+        if clashing:
+            raise errors.ConfigurationError(f"{name} settings may not set {', '.join(clashing)}")
+        self._sdk = import_sdk(self.sdk_module, name)
+        self.model = model
+        self.model_id = f"{self.provider}:{model}"
+        self.base_url = base_url
+        self.timeout = check_timeout(timeout)
+        self.settings = dict(settings)
+        self._request_options = request_options(self.settings)
+        self._options = client_options(client_options_given)
+        self._key = resolve_key(api_key, self.api_key_env, base_url, name)
+        self._secrets = [self._key, *header_secrets(self._options)]
+        self._client = ProcessClient(self._build_client)
+
+    def __repr__(self) -> str:
+        """The model and its endpoint; never the key."""
+        where = f", base_url={self.base_url!r}" if self.base_url else ""
+        return f"{type(self).__name__}({self.model!r}{where})"
+
+    def _build_client(self) -> Any:
+        factory = getattr(self._sdk, self.client_class)
+        return factory(api_key=self._key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
+                       **self._options)
+
+    def close(self) -> None:
+        """Close this process's HTTP connections (the next call opens new ones)."""
+        self._client.close()

@@ -22,7 +22,7 @@ API_KEY_ENV = "OPENAI_API_KEY"
 _RESERVED_SETTINGS = frozenset({"model", "messages", "tools", "stream", "stream_options"})
 
 
-class OpenAIModel:
+class OpenAIModel(_clients.SDKModel):
     """A model behind the Chat Completions API: OpenAI itself, or vLLM, Ollama, LM Studio, a gateway.
 
     The SDK's own retries are off: our step policy is the only retry loop. Each process builds its
@@ -44,41 +44,16 @@ class OpenAIModel:
             or an argument is unusable.
     """
 
-    #: Usage is what the provider billed, so the step executor keeps it even if the turn is lost.
-    reports_usage = True
+    provider = PROVIDER
+    sdk_module = "openai"
+    client_class = "OpenAI"
+    api_key_env = API_KEY_ENV
+    reserved_settings = _RESERVED_SETTINGS
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = _clients.DEFAULT_TIMEOUT_S, client_options: Mapping[str, Any] | None = None,
                  **settings: Any) -> None:
-        if not model or not isinstance(model, str):
-            raise errors.ConfigurationError("OpenAIModel needs a model name")
-        clashing = sorted(_RESERVED_SETTINGS & settings.keys())
-        if clashing:
-            raise errors.ConfigurationError(f"OpenAIModel settings may not set {', '.join(clashing)}")
-        self._sdk = _clients.import_sdk("openai", "OpenAIModel")
-        self.model = model
-        self.model_id = f"{PROVIDER}:{model}"
-        self.base_url = base_url
-        self.timeout = _clients.check_timeout(timeout)
-        self.settings = dict(settings)
-        self._request_options = _clients.request_options(self.settings)
-        self._options = _clients.client_options(client_options)
-        self._key = _clients.resolve_key(api_key, API_KEY_ENV, base_url, "OpenAIModel")
-        self._secrets = [self._key, *_clients.header_secrets(self._options)]
-        self._client = _clients.ProcessClient(self._build_client)
-
-    def __repr__(self) -> str:
-        """The model and its endpoint; never the key."""
-        where = f", base_url={self.base_url!r}" if self.base_url else ""
-        return f"OpenAIModel({self.model!r}{where})"
-
-    def _build_client(self) -> Any:
-        return self._sdk.OpenAI(api_key=self._key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
-                                **self._options)
-
-    def close(self) -> None:
-        """Close this process's HTTP connections (the next call opens new ones)."""
-        self._client.close()
+        self._configure(model, base_url, api_key, timeout, client_options, settings)
 
     def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         """Ask for the next assistant turn of ``messages``.

@@ -78,6 +78,21 @@ def _preload_agents(**_: Any) -> None:
         log.error("agent modules could not be loaded: %s", exc)
 
 
+@signals.worker_process_init.connect
+def _warm_process(**_: Any) -> None:
+    """Build this pool process's connections before its first task, so a replacement for a killed
+    process recovers runs without first paying for its setup. In a thread: process start must stay
+    fast (Celery gives it a few seconds) even when a service answers slowly."""
+
+    def warm() -> None:
+        try:
+            deps()
+        except (errors.LoushoError, redis.RedisError) as exc:
+            log.warning("pool process starts cold (%s); its first task builds what it needs", type(exc).__name__)
+
+    threading.Thread(target=warm, name="lousho-warm", daemon=True).start()
+
+
 @app.task(name="lousho.advance", ignore_result=True)
 def advance(session_id: str, seq: int | None = None) -> None:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates."""

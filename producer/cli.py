@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from producer import schedules as schedule_commands
-from producer.client import Client, RunResult
+from producer.client import Client, Run, RunResult
 from producer.trajectories import compare_trajectories
 from store import errors
 from store.database import migrate
@@ -26,6 +26,18 @@ def _print_json(value: Any) -> None:
 
 def _result_dict(result: RunResult) -> dict[str, Any]:
     return result.model_dump(mode="json", exclude_none=True)
+
+
+def _print_settled(run: Run, args: argparse.Namespace, prefix: str = "") -> int:
+    """Wait for ``run`` and print how it settled (``--json`` or a line plus the final text)."""
+    result = run.wait(timeout=args.timeout)
+    if args.json:
+        _print_json(_result_dict(result))
+    else:
+        print(f"{prefix}{result.session_id}: {result.finish_reason} after {result.steps} step(s)")
+        if result.text:
+            print(result.text)
+    return 0
 
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
@@ -45,14 +57,7 @@ def cmd_send(client: Client, args: argparse.Namespace) -> int:
         else:
             print(f"queued input {run.input_number} for run {run.session_id}")
         return 0
-    result = run.wait(timeout=args.timeout)
-    if args.json:
-        _print_json(_result_dict(result))
-    else:
-        print(f"{result.session_id}: {result.finish_reason} after {result.steps} step(s)")
-        if result.text:
-            print(result.text)
-    return 0
+    return _print_settled(run, args)
 
 
 def cmd_pending(client: Client, args: argparse.Namespace) -> int:
@@ -80,12 +85,7 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
             print(f"nothing pending for {args.session}")
         return 0
     if args.wait:
-        result = run.wait(timeout=args.timeout)
-        if args.json:
-            _print_json(_result_dict(result))
-        else:
-            print(f"{result.session_id}: {result.finish_reason} after {result.steps} step(s)")
-        return 0
+        return _print_settled(run, args)
     if args.json:
         _print_json({"session_id": args.session, "resumed": True})
     else:
@@ -128,12 +128,7 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
     run = approvals.resolve(args.approval_id, approved=args.action == "approve", note=args.note)
     decision = "approved" if args.action == "approve" else "rejected"
     if args.wait:
-        result = run.wait(timeout=args.timeout)
-        if args.json:
-            _print_json(_result_dict(result))
-        else:
-            print(f"{decision} {args.approval_id}; {result.session_id}: {result.finish_reason}")
-        return 0
+        return _print_settled(run, args, prefix=f"{decision} {args.approval_id}; ")
     if args.json:
         _print_json({"approval_id": args.approval_id, "decision": decision, "session_id": run.session_id})
     else:

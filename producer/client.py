@@ -81,13 +81,18 @@ class Run:
         """
         deadline = time.monotonic() + timeout
         interval = min(poll_interval, 0.02)
+        store = self._client.store
         while True:
-            checkpoint = self._client.store.load(self.session_id)
-            if checkpoint is None:
+            # Poll the control columns only; the transcript is read once, when the run settled.
+            progress = store.progress(self.session_id)
+            if progress is None:
                 raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
-            if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
-                raise errors.from_record(checkpoint.last_error.model_dump())
-            if checkpoint.inbox_cursor >= self.input_number and checkpoint.status != "in-progress":
+            if progress.last_error is not None and not progress.last_error.retryable:
+                raise errors.from_record(progress.last_error.model_dump())
+            if progress.inbox_cursor >= self.input_number and progress.status != "in-progress":
+                checkpoint = store.load(self.session_id)
+                if checkpoint is None:
+                    raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
                 return RunResult.of(checkpoint)
             if time.monotonic() >= deadline:
                 raise errors.RunTimeoutError(f"run {self.session_id!r} did not settle within {timeout} s")
@@ -106,6 +111,7 @@ class Client:
         self._engine = engine
         self._store: PostgresCheckpointStore | None = None
         self._redis: redis.Redis | None = None
+        self._leases: LeaseManager | None = None
         self._enqueuer: Enqueuer | None = None
         self._known: tuple[float, list[str]] = (0.0, [])
 
@@ -120,9 +126,10 @@ class Client:
     @property
     def leases(self) -> LeaseManager:
         """Read access to run leases (to refuse a resume of a live run)."""
-        if self._redis is None:
+        if self._leases is None:
             self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-        return LeaseManager(self._redis, self.settings.lease_ttl_ms)
+            self._leases = LeaseManager(self._redis, self.settings.lease_ttl_ms)
+        return self._leases
 
     @property
     def enqueuer(self) -> Enqueuer:

@@ -34,6 +34,7 @@ RETURNING {_COLUMNS}
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS} FROM runs WHERE session_id = :sid")
+_PROGRESS = text("SELECT status, inbox_cursor, last_error FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
 _SAVE_HEAD = """
@@ -315,6 +316,14 @@ class PostgresCheckpointStore:
         with self._single() as conn:
             row = conn.execute(_LOAD, {"sid": session_id}).first()
         return None if row is None else _checkpoint(row, session_id)
+
+    def progress(self, session_id: str) -> records.Progress | None:
+        """A run's status, inbox cursor and last error, without reading its transcript; None if unknown."""
+        with self._single() as conn:
+            row = conn.execute(_PROGRESS, {"sid": session_id}).first()
+        if row is None:
+            return None
+        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, last_error=row.last_error)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:

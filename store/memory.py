@@ -306,6 +306,15 @@ class MemoryCheckpointStore:
             run = self._runs.get(session_id)
             return None if run is None else _to_checkpoint(session_id, run)
 
+    def progress(self, session_id: str) -> records.Progress | None:
+        """A run's status, inbox cursor and last error, without its transcript; None if unknown."""
+        with self._lock:
+            run = self._runs.get(session_id)
+            if run is None:
+                return None
+            error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
+            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error)
+
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a PendingRun."""

@@ -221,6 +221,14 @@ class Approval(_Record):
     decided_at: datetime | None = None
 
 
+class Progress(_Record):
+    """Where a run stands, without its transcript (what a waiting producer polls)."""
+
+    status: Status
+    inbox_cursor: int
+    last_error: LastError | None = None
+
+
 class InboxEntry(_Record):
     """One ``send`` waiting to be merged into its run at the next step boundary."""
 

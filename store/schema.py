@@ -45,6 +45,12 @@ runs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     #: Usage of a model call whose turn was not saved (its worker died); folded in at the next save.
     Column("uncounted_usage", JSONB, nullable=True),
+    #: When a run that failed transiently may be tried again (the sweep leaves it alone until then).
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    #: Start of the current streak of transient failures; the retry budget counts from here.
+    Column("retry_since", DateTime(timezone=True), nullable=True),
+    #: Transient failures in a row since the last save (the backoff exponent).
+    Column("failures", Integer, nullable=False, server_default="0"),
     Index("runs_status_updated_idx", "status", "updated_at"),
 )
 
@@ -83,6 +89,30 @@ agents = Table(
     Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
+#: Which live worker serves which agent, with the tools and stored formats it can run (rolling deploys).
+agent_workers = Table(
+    "agent_workers",
+    metadata,
+    Column("agent", Text, nullable=False),
+    Column("worker_id", Text, nullable=False),
+    Column("fingerprint", JSONB, nullable=True),
+    Column("formats", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("agent", "worker_id"),
+    Index("agent_workers_seen_idx", "seen_at"),
+)
+
+#: Idempotency keys of sends: a retried send with the same key is applied once (kept with the run).
+sends = Table(
+    "sends",
+    metadata,
+    Column("session_id", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("n", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("session_id", "idempotency_key"),
+)
+
 #: One row per gated tool call of a paused run; decided once, or withdrawn when its run is gone.
 approvals = Table(
     "approvals",
@@ -116,6 +146,18 @@ deliveries = Table(
     Index("deliveries_session_idx", "session_id"),
 )
 
+#: Bodies of accepted GitHub deliveries per agent: GitHub signs only the body, so a replay under a
+#: new delivery id is recognised by the body's hash.
+delivery_bodies = Table(
+    "delivery_bodies",
+    metadata,
+    Column("agent", Text, nullable=False),
+    Column("body_sha256", Text, nullable=False),
+    Column("delivery_id", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("agent", "body_sha256"),
+)
+
 #: Schedules: cron (in ``timezone``) or every ``every_s`` seconds; ``next_fire_at`` is the next unhandled tick.
 schedules = Table(
     "schedules",
@@ -136,6 +178,9 @@ schedules = Table(
     Column("last_session_id", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    #: Why the schedule cannot fire (set by the sweep, which then skips it); NULL when healthy.
+    Column("broken_error", Text, nullable=True),
+    Column("broken_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("(cron IS NULL) <> (every_s IS NULL)", name="schedules_one_timing"),
     Index("schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused")),
 )

@@ -17,7 +17,7 @@ from producer.client import Client, Run, RunResult
 from producer.trajectories import compare_trajectories
 from store import errors
 from store.database import migrate
-from store.settings import Settings
+from store.settings import load_settings
 
 
 def _print_json(value: Any) -> None:
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``lousho``; returns the exit status (1 for a Lousho error, 2 for usage)."""
     args = build_parser().parse_args(argv)
     try:
-        with Client(Settings()) as client:
+        with Client(load_settings()) as client:
             code: int = args.fn(client, args)
             return code
     except errors.LoushoError as exc:

@@ -24,7 +24,7 @@ from store.database import make_engine
 from store.faults import crash_point
 from store.leases import LeaseManager
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
-from store.settings import Settings
+from store.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from producer.schedules import Schedules
@@ -107,7 +107,7 @@ class Client:
     """Entry point for producers: ``Client().agent("shop").send(...)``."""
 
     def __init__(self, settings: Settings | None = None, *, engine: Engine | None = None) -> None:
-        self.settings = settings or Settings()
+        self.settings = settings or load_settings()
         self._engine = engine
         self._store: PostgresCheckpointStore | None = None
         self._redis: redis.Redis | None = None
@@ -152,9 +152,7 @@ class Client:
 
     def agent(self, name: str) -> AgentHandle:
         """A handle for sending to and inspecting the runs of agent ``name``."""
-        if not name or not isinstance(name, str):
-            raise errors.ConfigurationError("agent name must be a non-empty string")
-        return AgentHandle(self, name)
+        return AgentHandle(self, records.validate_agent_name(name))
 
     def known_agents(self) -> list[str]:
         """Agents registered by workers (cached for a few seconds)."""
@@ -165,9 +163,9 @@ class Client:
         return names
 
     def pending(self, agent: str | None = None) -> list[PendingRun]:
-        """Runs that are interrupted, running now, or paused on an approval (of one agent, or all)."""
-        found = self.store.list(statuses=["in-progress", "awaiting-approval"], agent=agent)
-        return [entry if isinstance(entry, PendingRun) else _pending(entry) for entry in found]
+        """Runs that are not finished (of one agent, or all), each with its ``state``: running,
+        retrying (with ``next_attempt_at``), parked on an error (``last_error``), or paused."""
+        return self.store.pending(agent)
 
     def resume(self, session_id: str) -> Run | None:
         """Finish an interrupted run of any agent; None when nothing is pending.
@@ -186,14 +184,13 @@ class Client:
         if checkpoint.status == "awaiting-approval":
             approval = checkpoint.approval_ids[0] if checkpoint.approval_ids else None
             raise errors.SessionAwaitingApprovalError(session_id, approval)
-        if checkpoint.status == "finished":
-            return None
         if self.leases.holder(session_id) is not None:
             raise errors.SessionBusyError(session_id)
-        if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
-            # The caller fixed the cause (that is what resuming a parked run means): try again.
-            self.store.reset_attempts(session_id)
-        self.enqueuer.advance(session_id)
+        # A parked run: the caller fixed the cause (that is what resuming it means). A retrying run:
+        # try now rather than at its next attempt time. None: finished, with no input left to apply.
+        if self.store.reset_attempts(session_id) is None:
+            return None
+        self.enqueuer.advance(session_id, agent=checkpoint.agent)
         return Run(self, session_id, checkpoint.inbox_cursor)
 
     def close(self) -> None:
@@ -245,7 +242,7 @@ class Approvals:
         cursor = checkpoint.inbox_cursor if checkpoint is not None else 0
         if decision.run_continues:
             crash_point("approval_decided_before_resume_enqueue", session_id)
-            self._client.enqueuer.advance(session_id)
+            self._client.enqueuer.advance(session_id, agent=decision.approval.agent)
         return Run(self._client, session_id, cursor)
 
 
@@ -261,19 +258,24 @@ class AgentHandle:
         """Pending approvals of this agent's runs, and their decisions."""
         return Approvals(self._client, self.name)
 
-    def send(self, input: Input, session_id: str, *, check_agent: bool = True) -> Run:
+    def send(self, input: Input, session_id: str, *, idempotency_key: str | None = None,
+             check_agent: bool = True) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.
 
         A new id starts a run; an unfinished run resumes (pending calls first, input after
-        their results); a finished run continues as a conversation.
+        their results; a parked run tries again); a finished run continues as a conversation.
+        A send retried with the same ``idempotency_key`` (its response was lost) is applied once.
 
         Raises:
             SessionIdInvalidError: the id breaks the id rules (nothing is written).
             InputTooLargeError: the input is too large or too deep.
             AgentNotFoundError: workers registered agents and this name is not among them.
             SessionAwaitingApprovalError: the run waits on an approval.
+            ConfigurationError: the idempotency key is not 1-200 printable characters.
         """
         records.validate_session_id(session_id)
+        if idempotency_key is not None:
+            _check_idempotency_key(idempotency_key)
         messages = normalize_input(input)
         if not messages:
             return self._resume_or_current(session_id)
@@ -281,8 +283,8 @@ class AgentHandle:
             known = self._client.known_agents()
             if known and self.name not in known:
                 raise errors.AgentNotFoundError(self.name, known)
-        number = self._client.store.append_input(session_id, self.name, messages)
-        self._client.enqueuer.advance(session_id)
+        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key)
+        self._client.enqueuer.advance(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 
     def _resume_or_current(self, session_id: str) -> Run:
@@ -333,13 +335,9 @@ class AgentHandle:
         return self._client.store.delete(records.validate_session_id(session_id), keep_history=keep_history)
 
 
-def _pending(checkpoint: Checkpoint) -> PendingRun:
-    return PendingRun(
-        session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
-        approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
-        approval_kind="tool" if checkpoint.approval_ids else None,
-        step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts,
-        agent=checkpoint.agent)
+def _check_idempotency_key(key: object) -> None:
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or not key.isprintable():
+        raise errors.ConfigurationError("idempotency_key must be 1-200 printable characters")
 
 
 def normalize_input(input: Input) -> list[Message]:
@@ -357,6 +355,7 @@ def normalize_input(input: Input) -> list[Message]:
         raise errors.ConfigurationError("input must be a string or a list of messages")
     if len(raw) > MAX_INPUT_MESSAGES:
         raise errors.InputTooLargeError(f"at most {MAX_INPUT_MESSAGES} messages per send")
+    total = 0
     messages = []
     for item in raw:
         if isinstance(item, Message):
@@ -366,7 +365,12 @@ def normalize_input(input: Input) -> list[Message]:
         if isinstance(content, str) and len(content) > payloads.MAX_INPUT_STRING:
             raise errors.InputTooLargeError(f"a message is over {payloads.MAX_INPUT_STRING} characters")
         try:
-            messages.append(Message.model_validate(payloads.sanitize(item)))
+            message = Message.model_validate(payloads.sanitize(item))
         except ValidationError as exc:
             raise errors.ConfigurationError(f"not a chat message: {exc.errors()[0]['msg']}") from None
+        total += len(payloads.dumps(message.dump()).encode("utf-8"))
+        if total > payloads.MAX_INPUT_TOTAL:
+            raise errors.InputTooLargeError(
+                f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less")
+        messages.append(message)
     return messages

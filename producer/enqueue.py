@@ -16,7 +16,7 @@ class Enqueuer:
     """Publishes step messages (ids only, JSON) to the runs' queue."""
 
     def __init__(self, settings: Settings) -> None:
-        self._queue = settings.queue
+        self._settings = settings
         self._app = Celery("lousho-producer", set_as_current=False)
         self._app.conf.update(
             broker_url=settings.broker,
@@ -33,9 +33,12 @@ class Enqueuer:
                                       "socket_connect_timeout": 5, "socket_timeout": 15},
         )
 
-    def advance(self, session_id: str, seq: int | None = None) -> None:
-        """Ask a worker for the next step of ``session_id``. A lost message is repaired by the sweep."""
-        self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._queue)
+    def advance(self, session_id: str, seq: int | None = None, agent: str | None = None) -> None:
+        """Ask a worker for the next step of ``session_id`` (on ``agent``'s queue when known).
+
+        A lost message is repaired by the sweep.
+        """
+        self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._settings.agent_queue(agent))
 
     def close(self) -> None:
         """Release the broker connections."""

@@ -26,6 +26,7 @@ VALUES (:approval_id, :session_id, :tool_call_id, :tool_name, CAST(:args AS json
 ON CONFLICT (approval_id) DO NOTHING
 """)
 _BY_IDS = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ANY(:ids)")
+_SESSION_OF = text("SELECT session_id FROM approvals WHERE approval_id = :id")
 _LOCK_APPROVAL = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = :id FOR UPDATE")
 _LOCK_RUN = text("SELECT status, document -> 'approval_ids' AS ids FROM runs WHERE session_id = :sid FOR UPDATE")
 _DECIDE = text("UPDATE approvals SET status = :status, note = :note, decided_at = now() WHERE approval_id = :id")
@@ -107,6 +108,11 @@ class PostgresApprovalStore:
             note = payloads.truncate_text(payloads.clean_text(note), 10_000)
         orphaned = False
         with Transaction(self.engine) as conn:
+            # The run row is locked before the approval row, the order delete() takes them in, so a
+            # resolve racing a delete waits instead of deadlocking. An approval never changes run.
+            owner = conn.execute(_SESSION_OF, {"id": approval_id}).scalar()
+            if owner is not None:
+                conn.execute(_LOCK_RUN, {"sid": owner}).first()
             row = conn.execute(_LOCK_APPROVAL, {"id": approval_id}).first()
             if row is not None and row.status == "withdrawn":
                 raise errors.ApprovalOrphanedError(

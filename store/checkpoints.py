@@ -10,7 +10,7 @@ import builtins
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -21,7 +21,7 @@ from store import errors, history, payloads, records
 from store.database import Transaction
 
 _COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-            " updated_at, uncounted_usage")
+            " updated_at, uncounted_usage, next_attempt_at, retry_since, failures")
 
 # Claim the fencing token and load the run in one statement. A start counts as an attempt only
 # when the step will do work (matching seq, and a run that is in progress or has new input).
@@ -30,7 +30,7 @@ UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor)) THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
-RETURNING {_COLUMNS}
+RETURNING {_COLUMNS}, now() AS db_now
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS} FROM runs WHERE session_id = :sid")
@@ -41,6 +41,7 @@ _SAVE_HEAD = """
 WITH doc AS (SELECT CAST(:doc AS jsonb) AS body),
 saved AS (
   UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
+    next_attempt_at = NULL, retry_since = NULL, failures = 0,
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now()
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at
@@ -70,14 +71,24 @@ _SAVES = {
 }
 
 _FAIL = text("""
-UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now()
+UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), next_attempt_at = NULL
 WHERE session_id = :sid AND fence = :fence RETURNING attempts
+""")
+# A failure the step itself recorded is not a crash: the crash-loop count starts again, and the retry
+# budget counts from the first failure of the streak.
+_RETRY_LATER = text("""
+UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), attempts = 0, failures = failures + 1,
+  retry_since = COALESCE(retry_since, now()), next_attempt_at = now() + make_interval(secs => :delay)
+WHERE session_id = :sid AND fence = :fence RETURNING seq
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
-_RESET_ATTEMPTS = text("""
-UPDATE runs SET attempts = 0, last_error = NULL
-WHERE session_id = :sid AND status = 'in-progress' RETURNING seq
+# The one rule of which runs should be moving (a step has work to do), shared by the sweep, resume and pending.
+_SHOULD_MOVE = "(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
+_NOT_PARKED = "(last_error IS NULL OR (last_error ->> 'retryable')::boolean)"
+_RESET_ATTEMPTS = text(f"""
+UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL
+WHERE session_id = :sid AND {_SHOULD_MOVE} RETURNING seq
 """)
 _LOCK_RUN = text(
     f"SELECT {_COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
@@ -94,15 +105,29 @@ SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
 FROM checkpoint_history WHERE session_id = :sid
 ON CONFLICT (session_id) DO NOTHING RETURNING session_id
 """)
-_BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
-_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
-_STALE = text("""
-SELECT session_id, seq FROM runs
-WHERE ((status = 'in-progress' AND (last_error IS NULL OR (last_error ->> 'retryable')::boolean))
-       OR (status = 'finished' AND inbox_head > inbox_cursor))
-  AND updated_at < now() - make_interval(secs => :stale)
-ORDER BY updated_at LIMIT :limit
+# New input is a person acting on the run: a parked or waiting run tries again with it.
+_BUMP_INBOX = text("""
+UPDATE runs SET inbox_head = inbox_head + 1, last_error = NULL, attempts = 0, failures = 0, retry_since = NULL,
+  next_attempt_at = NULL
+WHERE session_id = :sid RETURNING inbox_head
 """)
+_SENT_BEFORE = text("SELECT n FROM sends WHERE session_id = :sid AND idempotency_key = :key")
+_REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES (:sid, :key, :n)")
+_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
+# Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
+# seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
+# by (due, session_id) so a page full of live leases does not hide the rest.
+_DUE = text(f"""
+SELECT session_id, seq, agent, next_attempt_at IS NOT NULL AS retrying,
+  COALESCE(next_attempt_at, updated_at) AS due FROM runs
+WHERE {_SHOULD_MOVE} AND {_NOT_PARKED}
+  AND CASE WHEN next_attempt_at IS NULL THEN updated_at < now() - make_interval(secs => :stale)
+           ELSE next_attempt_at <= now() END
+  AND (COALESCE(next_attempt_at, updated_at), session_id) > (:after_due, :after_sid)
+ORDER BY COALESCE(next_attempt_at, updated_at), session_id LIMIT :limit
+""")
+_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {_SHOULD_MOVE})"
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
 
 _MAX_BASES = 4096
@@ -115,6 +140,8 @@ class Claim:
     checkpoint: records.Checkpoint | None
     inbox_head: int = 0
     stored_fence: int | None = None
+    #: Postgres's clock when the claim was made (retry budgets are measured against it, never a worker's).
+    now: datetime | None = None
 
 
 def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
@@ -122,6 +149,9 @@ def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
     document = dict(mapping["document"] or {})
     document.pop("session_id", None)
     uncounted = mapping["uncounted_usage"]
+    found_format = document.pop("format", records.CHECKPOINT_FORMAT)
+    if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
+        raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
     try:
         checkpoint = records.Checkpoint(
             session_id=session_id,
@@ -132,6 +162,9 @@ def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
             last_error=mapping["last_error"],
             inbox_cursor=mapping["inbox_cursor"],
             updated_at=mapping["updated_at"],
+            next_attempt_at=mapping["next_attempt_at"],
+            retry_since=mapping["retry_since"],
+            failures=mapping["failures"],
             **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
         )
         if uncounted:
@@ -140,6 +173,21 @@ def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
         return checkpoint
     except (ValueError, TypeError) as exc:
         raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+
+
+def _pending(row: Row[Any]) -> records.PendingRun:
+    """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
+    mapping = row._mapping
+    try:
+        checkpoint = _checkpoint(row, row.session_id)
+    except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
+        error = records.LastError(**exc.to_record())
+        return records.PendingRun(
+            session_id=row.session_id, checkpoint_id=row.session_id, status=mapping["status"], step=0,
+            last_error=error, attempts=row.attempts, agent=row.agent,
+            state=records.run_state(mapping["status"], error, row.next_attempt_at),
+            next_attempt_at=row.next_attempt_at)
+    return records.pending_run(checkpoint)
 
 
 class PostgresCheckpointStore:
@@ -169,7 +217,7 @@ class PostgresCheckpointStore:
         checkpoint = _checkpoint(row, session_id)
         if self.history_limit > 0 and checkpoint.history_seq == checkpoint.seq:
             self._remember(session_id, checkpoint.seq, checkpoint.messages)
-        return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]))
+        return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]), now=row._mapping["db_now"])
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -255,13 +303,27 @@ class PostgresCheckpointStore:
             ).scalar()
         return None if attempts is None else int(attempts)
 
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+        """Record a transient failure (fenced) and when to try again; returns the run's seq, None if fenced out.
+
+        The crash-loop count restarts (the step did not crash), the failure streak grows and
+        ``next_attempt_at`` is set ``delay_s`` from Postgres's now.
+        """
+        with self._single() as conn:
+            seq = conn.execute(_RETRY_LATER, {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
+                                              "error": payloads.dumps(error.model_dump())}).scalar()
+        return None if seq is None else int(seq)
+
     # -- producers -------------------------------------------------------------------------
 
-    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
+    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
+                     idempotency_key: str | None = None) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
-        sends from many processes are applied in the order they committed.
+        sends from many processes are applied in the order they committed. A send with an
+        ``idempotency_key`` already used on this run queues nothing and returns the first one's
+        number. New input clears a parked or waiting run's error: the run tries again with it.
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
@@ -277,11 +339,17 @@ class PostgresCheckpointStore:
             if row.agent != agent:
                 raise errors.ConfigurationError(
                     f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
+            if idempotency_key is not None:
+                earlier = conn.execute(_SENT_BEFORE, {"sid": session_id, "key": idempotency_key}).scalar()
+                if earlier is not None:
+                    return int(earlier)
             if row.status == "awaiting-approval":
                 approvals = row.approvals or []
                 raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
             number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
             conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body})
+            if idempotency_key is not None:
+                conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})
         return number
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
@@ -300,7 +368,8 @@ class PostgresCheckpointStore:
         return True
 
     def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
+        """Clear a parked or waiting run's error and retry time so it runs now; returns its seq, None
+        when it has nothing to do (finished with no new input, paused, unknown)."""
         with self._begin() as conn:
             seq = conn.execute(_RESET_ATTEMPTS, {"sid": session_id}).scalar()
         return None if seq is None else int(seq)
@@ -343,7 +412,7 @@ class PostgresCheckpointStore:
         for row in rows:
             try:
                 found.append(_checkpoint(row, row.session_id))
-            except errors.CheckpointCorruptError as exc:
+            except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
                 found.append(records.PendingRun(
                     session_id=row.session_id, checkpoint_id=row.session_id, status="in-progress",
                     step=0, last_error=records.LastError(**exc.to_record()), attempts=row.attempts,
@@ -379,18 +448,43 @@ class PostgresCheckpointStore:
 
     def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
-        with self._begin() as conn:
-            rows = conn.execute(_STALE, {"stale": stale_after_s, "limit": limit}).all()
-        return [(row.session_id, int(row.seq)) for row in rows]
+        return [(run.session_id, run.seq) for run in self.due_runs(stale_after_s, limit)]
+
+    def due_runs(self, stale_after_s: float, limit: int = 500,
+                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+        """Runs a step can move now, most overdue first: silent for ``stale_after_s`` or due for a retry.
+
+        Never paused or parked runs, nor runs waiting for a retry time still ahead. ``after`` (the
+        last run of the previous page) continues the listing.
+        """
+        params = {"stale": stale_after_s, "limit": limit, "after_due": after.due if after else _EARLIEST,
+                  "after_sid": after.session_id if after else ""}
+        with self._single() as conn:
+            rows = conn.execute(_DUE, params).all()
+        return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent,
+                               retrying=bool(row.retrying), due=row.due) for row in rows]
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
+        """Runs that are not finished (running, retrying, parked or paused), oldest first.
+
+        A finished run with input it has not applied (queued, or whose step failed) is listed too.
+        """
+        query = _PENDING + (" AND agent = :agent" if agent is not None else "")
+        query += " ORDER BY created_at, session_id LIMIT :limit"
+        with self._single() as conn:
+            rows = conn.execute(text(query), {"agent": agent, "limit": limit}).all()
+        return [_pending(row) for row in rows]
 
     # -- maintenance -------------------------------------------------------------------------
 
     def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
         """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
         with self._begin() as conn:
+            # The run row first, then its approvals: the order approvals.resolve takes them in.
             deleted = conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount
             approval_rows.withdraw_for_run(conn, session_id)
             conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
+            conn.execute(text("DELETE FROM sends WHERE session_id = :sid"), {"sid": session_id})
             if not keep_history:
                 conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
         return bool(deleted)

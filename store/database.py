@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from store import errors
 from store.settings import Settings
@@ -15,15 +16,20 @@ from store.settings import Settings
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def make_engine(settings: Settings, *, pool_size: int = 2) -> Engine:
-    """A small pooled engine: pre-ping for restarted servers, no parameters in error text."""
+def make_engine(settings: Settings, *, pool_size: int = 2, pooled: bool = True) -> Engine:
+    """A small pooled engine: pre-ping for restarted servers, no parameters in error text.
+
+    ``pooled=False`` keeps no connection open between uses: for a process that forks while the
+    engine lives (a prefork worker's parent), so no child ever inherits a connection.
+    """
+    options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 4, "pool_pre_ping": True}
+    if not pooled:
+        options = {"poolclass": NullPool}
     return create_engine(
         settings.sqlalchemy_url,
-        pool_size=pool_size,
-        max_overflow=4,
-        pool_pre_ping=True,
         hide_parameters=True,  # bound parameters are checkpoint contents: keep them out of errors
         connect_args={"connect_timeout": 5, "application_name": "lousho"},
+        **options,
     )
 
 

@@ -120,6 +120,18 @@ class CheckpointCorruptError(LoushoError):
     code = "LOUSHO_CHECKPOINT_CORRUPT"
 
 
+class CheckpointFormatError(LoushoError):
+    """A stored checkpoint was written in a newer format than this worker reads (a rolling deploy is
+    under way); the step is handed back to a worker of the newer release."""
+
+    code = "LOUSHO_CHECKPOINT_FORMAT_UNKNOWN"
+    retryable = True
+
+    def __init__(self, session_id: str, found: int, supported: int) -> None:
+        super().__init__(f"checkpoint of run {session_id!r} has format {found}; this worker reads up to {supported}",
+                         session_id=session_id, found=found, supported=supported)
+
+
 class CheckpointNotFoundError(LoushoError):
     """The asked-for checkpoint or history step is not stored."""
 
@@ -194,7 +206,7 @@ _BY_CODE: dict[str, type[LoushoError]] = {
     for cls in (
         ConfigurationError, SessionBusyError, AgentNotFoundError, ApprovalOrphanedError,
         ApprovalNotFoundError, AgentDriftError, ResumeToolMissingError, CheckpointCorruptError,
-        CheckpointNotFoundError, StepAttemptsExceededError, InputTooLargeError, StorageError,
+        CheckpointFormatError, CheckpointNotFoundError, StepAttemptsExceededError, InputTooLargeError, StorageError,
     )
 }
 

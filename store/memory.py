@@ -46,6 +46,13 @@ class _Run:
     inbox_cursor: int = 0
     document: str = "{}"
     uncounted_usage: dict[str, Any] | None = None
+    next_attempt_at: datetime | None = None
+    retry_since: datetime | None = None
+    failures: int = 0
+
+    def clear_failures(self) -> None:
+        self.attempts, self.last_error, self.failures = 0, None, 0
+        self.retry_since = self.next_attempt_at = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +82,14 @@ def _refuse_nul(value: Any) -> None:
             stack.extend(item)
 
 
+def _has_work(run: _Run) -> bool:
+    """In progress, or finished with input waiting."""
+    return run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
+
+
 def _should_move(run: _Run) -> bool:
-    """In progress and not parked, or finished with input waiting (the sweep's candidates)."""
-    if run.status == "in-progress":
-        return run.last_error is None or run.last_error.get("retryable") is True
-    return run.status == "finished" and run.inbox_head > run.inbox_cursor
+    """Has work and is not parked (the sweep's candidates, before timing)."""
+    return _has_work(run) and (run.last_error is None or run.last_error.get("retryable") is True)
 
 
 def _to_checkpoint(session_id: str, run: _Run) -> records.Checkpoint:
@@ -87,11 +97,15 @@ def _to_checkpoint(session_id: str, run: _Run) -> records.Checkpoint:
         document = dict(json.loads(run.document))
         document.pop("session_id", None)
         document.pop("agent", None)
+        found_format = document.pop("format", records.CHECKPOINT_FORMAT)
+        if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
+            raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
         last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
         checkpoint = records.Checkpoint(
             session_id=session_id, agent=run.agent, status=run.status, seq=run.seq, fence=run.fence,
             attempts=run.attempts, last_error=last_error, inbox_cursor=run.inbox_cursor,
-            updated_at=run.updated_at, **document)
+            updated_at=run.updated_at, next_attempt_at=run.next_attempt_at, retry_since=run.retry_since,
+            failures=run.failures, **document)
         if run.uncounted_usage:
             extra = records.Usage.model_validate(run.uncounted_usage)
             checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
@@ -112,6 +126,7 @@ class MemoryCheckpointStore:
         self._inbox: dict[str, dict[int, str]] = {}
         self._agents: dict[str, dict[str, Any]] = {}
         self._approvals: dict[str, records.Approval] = {}
+        self._sends: dict[tuple[str, str], int] = {}
 
     # -- the step's hot path ---------------------------------------------------------------
 
@@ -123,11 +138,10 @@ class MemoryCheckpointStore:
                 return Claim(None, stored_fence=None)
             if not run.fence < token:
                 return Claim(None, stored_fence=run.fence)
-            has_work = run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
-            if (seq is None or run.seq == seq) and has_work:
+            if (seq is None or run.seq == seq) and _has_work(run):
                 run.attempts += 1
             run.fence = token
-            return Claim(_to_checkpoint(session_id, run), inbox_head=run.inbox_head)
+            return Claim(_to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=self._clock())
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -163,7 +177,8 @@ class MemoryCheckpointStore:
             if self.history_limit > 0 and checkpoint.seq in history:
                 raise errors.StorageError("database error: UniqueViolation")
             now = self._clock()
-            run.status, run.seq, run.attempts, run.last_error = checkpoint.status, checkpoint.seq, 0, None
+            run.status, run.seq = checkpoint.status, checkpoint.seq
+            run.clear_failures()
             run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
             if self.history_limit > 0:
@@ -203,7 +218,24 @@ class MemoryCheckpointStore:
                 return None
             run.last_error = record
             run.updated_at = self._clock()
+            run.next_attempt_at = None
             return run.attempts
+
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+        """Record a transient failure and when to try again (see ``PostgresCheckpointStore.retry_later``)."""
+        record = error.model_dump()
+        payloads.dumps(record)
+        _refuse_nul(record)
+        with self._lock:
+            run = self._runs.get(session_id)
+            if run is None or run.fence != fence:
+                return None
+            now = self._clock()
+            run.last_error, run.updated_at, run.attempts = record, now, 0
+            run.failures += 1
+            run.retry_since = run.retry_since or now
+            run.next_attempt_at = now + timedelta(seconds=max(delay_s, 0.0))
+            return run.seq
 
     def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
@@ -233,7 +265,8 @@ class MemoryCheckpointStore:
 
     # -- producers -------------------------------------------------------------------------
 
-    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
+    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
+                     idempotency_key: str | None = None) -> int:
         """Queue input for a run (creating the run) and return its per-run inbox number.
 
         Raises:
@@ -245,7 +278,10 @@ class MemoryCheckpointStore:
         body = payloads.dumps(dumped)
         _refuse_nul([session_id, agent, dumped])
         with self._lock:
+            earlier = self._sends.get((session_id, idempotency_key)) if idempotency_key is not None else None
             run = self._runs.get(session_id)
+            if earlier is not None and run is not None:
+                return earlier
             if run is None:
                 now = self._clock()
                 # Like Postgres: a run recreated over kept history continues its seq after it.
@@ -263,8 +299,11 @@ class MemoryCheckpointStore:
                     approvals = json.loads(run.document).get("approval_ids") or []
                     raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
                 run.inbox_head += 1
+                run.clear_failures()
                 number = run.inbox_head
             self._inbox.setdefault(session_id, {})[number] = body
+            if idempotency_key is not None:
+                self._sends[(session_id, idempotency_key)] = number
             return number
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
@@ -289,9 +328,9 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
         with self._lock:
             run = self._runs.get(session_id)
-            if run is None or run.status != "in-progress":
+            if run is None or not _has_work(run):
                 return None
-            run.attempts, run.last_error = 0, None
+            run.clear_failures()
             return run.seq
 
     # -- readers ---------------------------------------------------------------------------
@@ -328,7 +367,7 @@ class MemoryCheckpointStore:
             for _, sid, run in rows:
                 try:
                     found.append(_to_checkpoint(sid, run))
-                except errors.CheckpointCorruptError as exc:
+                except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
                     found.append(records.PendingRun(
                         session_id=sid, checkpoint_id=sid, status="in-progress", step=0,
                         last_error=records.LastError(**exc.to_record()), attempts=run.attempts, agent=run.agent))
@@ -355,11 +394,44 @@ class MemoryCheckpointStore:
 
     def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
+        return [(run.session_id, run.seq) for run in self.due_runs(stale_after_s, limit)]
+
+    def due_runs(self, stale_after_s: float, limit: int = 500,
+                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+        """Runs a step can move now, most overdue first (see ``PostgresCheckpointStore.due_runs``)."""
         with self._lock:
-            cutoff = self._clock() - timedelta(seconds=stale_after_s)
-            found = sorted((run.updated_at, sid, run.seq) for sid, run in self._runs.items()
-                           if run.updated_at < cutoff and _should_move(run))
-        return [(sid, seq) for _, sid, seq in found[:limit]]
+            now = self._clock()
+            cutoff = now - timedelta(seconds=stale_after_s)
+            found = []
+            for sid, run in self._runs.items():
+                if not _should_move(run):
+                    continue
+                due = run.next_attempt_at or run.updated_at
+                if (run.next_attempt_at is None and run.updated_at < cutoff) or (
+                        run.next_attempt_at is not None and run.next_attempt_at <= now):
+                    if after is None or (due, sid) > (after.due, after.session_id):
+                        found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent,
+                                                    retrying=run.next_attempt_at is not None, due=due))
+        found.sort(key=lambda r: (r.due, r.session_id))
+        return found[:limit]
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
+        """Runs that are not finished, oldest first (see ``PostgresCheckpointStore.pending``)."""
+        with self._lock:
+            rows = sorted(((run.created_at, sid, run) for sid, run in self._runs.items()
+                           if (run.status == "awaiting-approval" or _has_work(run))
+                           and (agent is None or run.agent == agent)), key=lambda item: (item[0], item[1]))[:limit]
+            found = []
+            for _, sid, run in rows:
+                try:
+                    found.append(records.pending_run(_to_checkpoint(sid, run)))
+                except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
+                    error = records.LastError(**exc.to_record())
+                    found.append(records.PendingRun(
+                        session_id=sid, checkpoint_id=sid, status=run.status, step=0, last_error=error,
+                        attempts=run.attempts, agent=run.agent, state=records.run_state(run.status, error),
+                        next_attempt_at=run.next_attempt_at))
+            return found
 
     # -- maintenance -------------------------------------------------------------------------
 
@@ -373,6 +445,8 @@ class MemoryCheckpointStore:
                     withdrawn = {"status": "withdrawn", "decided_at": now}
                     self._approvals[approval_id] = approval.model_copy(update=withdrawn)
             self._inbox.pop(session_id, None)
+            for key in [k for k in self._sends if k[0] == session_id]:
+                del self._sends[key]
             if not keep_history:
                 self._history.pop(session_id, None)
             return deleted

@@ -1,30 +1,65 @@
-"""Make arbitrary values safe to store as Postgres JSON: no NUL, no NaN, bounded size and depth.
+"""Make arbitrary values safe to store as Postgres JSON: no NUL, no NaN, valid Unicode, bounded size and depth.
 
-Postgres refuses ``\\u0000`` and ``NaN`` in ``jsonb``; a value carrying them would fail every save
-of its run forever (a poison pill), so every value that reaches a checkpoint passes through here.
+Postgres refuses ``\\u0000`` and ``NaN`` in ``jsonb``, and a lone surrogate cannot be encoded as UTF-8;
+a value carrying any of them would fail every save of its run forever (a poison pill), so every value
+that reaches a checkpoint passes through here.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-from store import errors
+from store import errors, redaction
 
 MAX_DEPTH = 32
 MAX_INPUT_STRING = 1024 * 1024          # one input string (user message)
 MAX_TOOL_RESULT = 256 * 1024            # one tool result's text, truncated past it
+MAX_INPUT_TOTAL = 4 * 1024 * 1024       # everything one send carries, serialized
 MAX_CHECKPOINT = 8 * 1024 * 1024        # one serialized checkpoint
+MAX_TURN_RESULTS = 2 * 1024 * 1024      # the results one tool batch appends, together
+MAX_ERROR_TEXT = 2000                   # an error message stored or shown to the model
 MAX_TOOL_CALLS_PER_TURN = 64
 MAX_INT_DIGITS = 1000
 NUL_REPLACEMENT = "\ufffd"
 TRUNCATION_MARK = "\n[truncated: {dropped} of {total} characters not kept]"
 
 
+#: Code points that are only valid in pairs inside UTF-16; alone (``os.listdir`` with surrogateescape,
+#: a model that split a pair) they cannot be encoded as UTF-8.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
 def clean_text(text: str) -> str:
-    """Text with every NUL replaced (Postgres text and jsonb cannot hold it)."""
-    return text.replace("\x00", NUL_REPLACEMENT) if "\x00" in text else text
+    """Text that Postgres can store: every NUL and every lone surrogate replaced by U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_REPLACEMENT)
+    if not text.isascii():
+        text = _SURROGATES.sub(NUL_REPLACEMENT, text)
+    return text
+
+
+def clean_error(text: str) -> str:
+    """An error message fit to store and to show a model: clean, secrets masked, size-capped."""
+    return redaction.redact(clean_text(text))[:MAX_ERROR_TEXT]
+
+
+def text_size(text: str) -> int:
+    """Bytes of ``text`` as UTF-8 (cheap for ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def fit_text(text: str, limit: int) -> str:
+    """``text`` cut so it stays within ``limit`` UTF-8 bytes, marker included, when it is over."""
+    size = text_size(text)
+    if size <= limit:
+        return text
+    marker = TRUNCATION_MARK.format(dropped=len(text), total=len(text))  # the longest it can be
+    keep = max(limit - text_size(marker), 0)
+    head = text.encode("utf-8")[:keep].decode("utf-8", errors="ignore")
+    return head + TRUNCATION_MARK.format(dropped=len(text) - len(head), total=len(text))
 
 
 def truncate_text(text: str, limit: int) -> str:

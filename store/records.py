@@ -16,6 +16,13 @@ from store import errors
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["in-progress", "awaiting-approval", "finished"]
 FinishReason = Literal["stop", "awaiting-approval", "max-steps", "aborted"]
+#: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
+RunState = Literal["running", "retrying", "parked", "paused", "aborted"]
+
+#: The stored checkpoint format this release writes. Formats change in two releases: first every worker
+#: learns to read the new one, then the new one is written; a step that meets a newer format than it
+#: reads hands the run back to a worker that can (a rolling deploy), it never parks it.
+CHECKPOINT_FORMAT = 1
 
 #: Run ids: 1-200 of letters, digits, ``_ - .``; no leading or trailing dot.
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -40,6 +47,22 @@ def validate_session_id(session_id: object) -> str:
     if _RESERVED_SUFFIX.search(session_id):
         raise errors.SessionIdInvalidError(session_id, "ends with a reserved suffix (.turn-N, .paused, .fire)")
     return session_id
+
+
+#: Agent names: they name the agent's step queue (``<queue>.<agent>``) and appear in run ids.
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
+def validate_agent_name(name: object) -> str:
+    """Return ``name`` when it can name an agent: 1-100 letters, digits, ``_`` or ``-``.
+
+    Raises:
+        ConfigurationError: the name breaks the rule.
+    """
+    if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
+        raise errors.ConfigurationError(
+            f"invalid agent name {str(name)[:80]!r}: use 1-100 letters, digits, '_' or '-'")
+    return name
 
 
 class _Record(BaseModel):
@@ -133,8 +156,16 @@ class Checkpoint(_Record):
     history_seq: int | None = None
     #: Usage reported for model calls whose turn is not saved yet (already included in ``usage``).
     uncounted_usage: Usage | None = None
+    #: When a transiently failed step may be tried again; the recovery sweep leaves the run alone until then.
+    next_attempt_at: datetime | None = None
+    #: Start of the current streak of transient failures (the retry budget counts from here).
+    retry_since: datetime | None = None
+    #: Transient failures in a row since the last save.
+    failures: int = 0
+    #: The stored format the document was written in (only written once it differs from 1).
+    format: int = CHECKPOINT_FORMAT
 
-    @field_validator("updated_at")
+    @field_validator("updated_at", "next_attempt_at", "retry_since")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
@@ -146,7 +177,7 @@ class Checkpoint(_Record):
         return self.model_dump(
             mode="json",
             exclude={"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at", "inbox_cursor",
-                     "uncounted_usage"},
+                     "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format"},
             exclude_none=True,
         )
 
@@ -246,8 +277,23 @@ class HistoryEntry(_Record):
     checkpoint: Checkpoint
 
 
+def run_state(status: Status, last_error: LastError | None, next_attempt_at: datetime | None = None) -> RunState:
+    """Where an unfinished run stands: ``paused`` on approvals, ``parked`` by an error that needs a
+    person, ``retrying`` after a transient failure, else ``running`` (moving, or about to)."""
+    if status == "awaiting-approval":
+        return "paused"
+    if last_error is not None and not last_error.retryable:
+        return "parked"
+    if last_error is not None or next_attempt_at is not None:
+        return "retrying"
+    return "running"
+
+
 class PendingRun(_Record):
-    """A run that is not finished: interrupted, running now, or paused on an approval."""
+    """A run that is not finished: running, retrying, parked on an error, or paused on an approval.
+
+    A finished run whose follow-up input has not been applied (still queued, or failed) is listed too.
+    """
 
     session_id: str
     kind: Literal["run"] = "run"
@@ -259,3 +305,27 @@ class PendingRun(_Record):
     last_error: LastError | None = None
     attempts: int = 0
     agent: str
+    state: RunState = "running"
+    next_attempt_at: datetime | None = None
+
+
+def pending_run(checkpoint: Checkpoint) -> PendingRun:
+    """How ``pending()`` shows an unfinished run."""
+    paused = checkpoint.status == "awaiting-approval" and bool(checkpoint.approval_ids)
+    return PendingRun(
+        session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
+        approval_id=checkpoint.approval_ids[0] if paused else None, approval_kind="tool" if paused else None,
+        step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
+        state=run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at),
+        next_attempt_at=checkpoint.next_attempt_at)
+
+
+class DueRun(_Record):
+    """A run the recovery sweep may send a step for: silent too long, or due for a retry."""
+
+    session_id: str
+    seq: int
+    agent: str
+    #: True when the run waits for a retry after a transient failure (not a lost message).
+    retrying: bool = False
+    due: datetime

@@ -3,20 +3,23 @@
 A tick is claimed by a ``schedule_fires`` row, unique per (schedule, fire time), in the same
 transaction that creates its run, so any number of sweeps fire it once. Which ticks fire is
 decided by the caller's planner (``worker.schedules``); this module must not publish messages.
+A stored schedule whose ticks cannot be computed on this host is marked broken and skipped, never retried
+by every sweep ahead of the healthy ones.
 """
 
 from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection, Row
 
@@ -28,6 +31,13 @@ Overlap = Literal["skip", "allow"]
 CatchUp = Literal["skip", "one"]
 Origin = Literal["api", "code"]
 Outcome = Literal["fired", "skipped"]
+#: Why a stored schedule's ticks cannot be computed; the stable prefix of its ``broken_error``.
+BrokenReason = Literal[
+    "timezone-unknown",  #: the host's time zone database has no such zone
+    "cron-invalid",  #: the cron library rejects the stored expression
+    "every-invalid",  #: the stored interval is not a positive number of seconds
+    "tick-out-of-range",  #: a tick falls outside the years datetime arithmetic can hold
+]
 
 #: Run ids of schedule runs start with this: ``sched-<schedule_id>-<UTC fire time>``.
 PREFIX = "sched-"
@@ -39,9 +49,16 @@ _MACROS = {
 }
 #: Candidates a cron iterator may yield before we give up looking for a later tick (DST repeats).
 _MAX_CANDIDATES = 1000
+#: The longest ``every`` accepted: 10 years of 365 days, in seconds. Far inside the ``integer``
+#: column (2**31 - 1) and datetime's year 9999, so no accepted interval can overflow tick arithmetic.
+MAX_EVERY_S = 10 * 365 * 86_400
+#: Validation context of rows read back from Postgres: their timing is loaded as stored, not re-checked,
+#: because whether it can be computed depends on the host (its tz database, its cron library). The sweep
+#: finds out by computing ticks, and marks the schedule broken when it cannot.
+_STORED = {"stored": True}
 
 _COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
-            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at")
+            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at")
 _NOW = text("SELECT now()")
 _INSERT = text(f"""
 INSERT INTO schedules (name, agent, input, cron, every_s, timezone, overlap, catch_up, origin, next_fire_at)
@@ -54,28 +71,38 @@ _LIST = text(f"SELECT {_COLUMNS} FROM schedules ORDER BY name")
 _REDEFINE = text(f"""
 UPDATE schedules SET agent = :agent, input = CAST(:input AS jsonb), cron = :cron, every_s = :every_s,
   timezone = :timezone, overlap = :overlap, catch_up = :catch_up, origin = :origin, next_fire_at = :next,
-  updated_at = now()
+  broken_error = NULL, broken_at = NULL, updated_at = now()
 WHERE name = :name RETURNING {_COLUMNS}
 """)
 _PAUSE = text(f"UPDATE schedules SET paused = true, updated_at = now() WHERE name = :name RETURNING {_COLUMNS}")
 _RESUME = text(f"""
-UPDATE schedules SET paused = false, next_fire_at = :next, updated_at = now() WHERE name = :name
+UPDATE schedules SET paused = false, next_fire_at = :next, broken_error = NULL, broken_at = NULL, updated_at = now()
+WHERE name = :name RETURNING {_COLUMNS}
+""")
+_BREAK = text(f"""
+UPDATE schedules SET broken_error = :error, broken_at = now(), updated_at = now() WHERE schedule_id = :id
 RETURNING {_COLUMNS}
+""")
+_RESUME_BROKEN = text(f"""
+UPDATE schedules SET paused = false, broken_error = :error, broken_at = now(), updated_at = now()
+WHERE name = :name RETURNING {_COLUMNS}
 """)
 _DELETE = text("DELETE FROM schedules WHERE name = :name")
 _FIRES = text("""
 SELECT f.fire_at, f.session_id, f.outcome, f.claimed_at FROM schedule_fires f
 JOIN schedules s ON s.schedule_id = f.schedule_id WHERE s.name = :name ORDER BY f.fire_at DESC LIMIT :limit
 """)
-# The most overdue schedule nobody else is sweeping, with the database's time and whether the
-# schedule's previous run is still going (a parked run does not count: it waits for a human).
+# The most overdue healthy schedule nobody else is sweeping, with the database's time and whether the
+# schedule's previous run is still active: waiting on a human's approval, or in progress or holding
+# unread input while not parked. A parked run (its last error not retryable) waits for a human to fix
+# and resume it, which may never happen: counting it as active would skip every later tick.
 _LOCK_DUE = text(f"""
 SELECT {", ".join("s." + c.strip() for c in _COLUMNS.split(","))}, now() AS db_now,
   COALESCE(r.status = 'awaiting-approval'
-    OR (r.status = 'in-progress' AND (r.last_error IS NULL OR (r.last_error ->> 'retryable')::boolean))
-    OR (r.status = 'finished' AND r.inbox_head > r.inbox_cursor), false) AS previous_busy
+    OR ((r.status = 'in-progress' OR (r.status = 'finished' AND r.inbox_head > r.inbox_cursor))
+        AND COALESCE(r.last_error ->> 'retryable', 'true') <> 'false'), false) AS previous_busy
 FROM schedules s LEFT JOIN runs r ON r.session_id = s.last_session_id
-WHERE NOT s.paused AND s.next_fire_at <= now()
+WHERE NOT s.paused AND s.broken_error IS NULL AND s.next_fire_at <= now()
 ORDER BY s.next_fire_at
 LIMIT 1
 FOR UPDATE OF s SKIP LOCKED
@@ -108,11 +135,32 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+class ScheduleBrokenError(errors.LoushoError):
+    """A stored schedule's ticks cannot be computed on this host; raised by tick arithmetic.
+
+    Its time zone is missing from this host's time zone database, the cron library rejects its
+    expression, or its interval is out of range (a row written by hand, by another release, or
+    checked on a host with a different tz database). The sweep stores ``str(error)`` as the
+    schedule's ``broken_error`` and skips it until it is redefined or resumed.
+    """
+
+    code = "LOUSHO_SCHEDULE_BROKEN"
+
+    def __init__(self, name: str, reason: BrokenReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}", name=name, reason=reason)
+
+
 def _zone(name: str) -> ZoneInfo:
+    """The zone ``name``; ``ValueError`` when this host cannot load it."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise errors.ConfigurationError(f"unknown time zone {name!r}") from exc
+    # A directory of the database ("America") or an unreadable file is an OSError, not a lookup error.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"unknown time zone {name!r}") from exc
+
+
+def _is_stored(info: ValidationInfo) -> bool:
+    return isinstance(info.context, dict) and info.context.get("stored") is True
 
 
 class ScheduleSpec(BaseModel):
@@ -130,7 +178,7 @@ class ScheduleSpec(BaseModel):
     agent: str
     messages: list[records.Message]
     cron: str | None = None
-    every_s: int | None = Field(default=None, ge=1)
+    every_s: int | None = None
     timezone: str = "UTC"
     overlap: Overlap = "skip"
     catch_up: CatchUp = "one"
@@ -151,26 +199,31 @@ class ScheduleSpec(BaseModel):
 
     @field_validator("cron")
     @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+    def _cron(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or _is_stored(info):
+            return value
         expr = " ".join(value.split())
         expr = _MACROS.get(expr.lower(), expr)
         if len(expr.split()) != 5:
             raise ValueError("a cron expression has 5 fields (minute hour day month weekday) or is a @macro")
         try:
-            CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+            next(CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC)))
         except CronSimError as exc:
             raise ValueError(f"invalid cron expression: {exc}") from None
         return expr
 
+    @field_validator("every_s")
+    @classmethod
+    def _every_s(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not _is_stored(info) and not 1 <= value <= MAX_EVERY_S:
+            raise ValueError(f"every must be 1 to {MAX_EVERY_S} seconds (10 years)")
+        return value
+
     @field_validator("timezone")
     @classmethod
-    def _timezone(cls, value: str) -> str:
-        try:
+    def _timezone(cls, value: str, info: ValidationInfo) -> str:
+        if not _is_stored(info):
             _zone(value)
-        except errors.ConfigurationError as exc:
-            raise ValueError(exc.message) from None
         return value
 
     @model_validator(mode="after")
@@ -186,34 +239,37 @@ class ScheduleSpec(BaseModel):
 
         Raises:
             ConfigurationError: the cron expression never matches again.
+            ScheduleBrokenError: this host cannot compute the schedule's ticks (see ``BrokenReason``).
         """
         after = _utc(after)
-        if self.every_s is not None:
-            step = timedelta(seconds=self.every_s)
-            return _EPOCH + ((after - _EPOCH) // step + 1) * step
-        assert self.cron is not None  # guaranteed by _one_timing
-        iterator = CronSim(self.cron, after.astimezone(_zone(self.timezone)))
-        # Around a DST fall-back the iterator can yield a wall time that is earlier in real time.
-        for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
-            tick = candidate.astimezone(UTC)
-            if tick > after:
-                return tick
+        with self._arithmetic():
+            if self.every_s is not None:
+                step = self._step()
+                return _EPOCH + ((after - _EPOCH) // step + 1) * step
+            # Around a DST fall-back the iterator can yield a wall time that is earlier in real time.
+            for _, candidate in zip(range(_MAX_CANDIDATES), self._cron_ticks(after), strict=False):
+                tick = candidate.astimezone(UTC)
+                if tick > after:
+                    return tick
         raise errors.ConfigurationError(f"cron expression {self.cron!r} does not fire again")
 
     def last_tick(self, at: datetime) -> datetime | None:
-        """The latest tick at or before ``at``, in UTC (None when there is none in 50 years)."""
+        """The latest tick at or before ``at``, in UTC (None when there is none in 50 years).
+
+        Raises:
+            ScheduleBrokenError: this host cannot compute the schedule's ticks (see ``BrokenReason``).
+        """
         at = _utc(at)
-        if self.every_s is not None:
-            step = timedelta(seconds=self.every_s)
-            return _EPOCH + ((at - _EPOCH) // step) * step
-        assert self.cron is not None  # guaranteed by _one_timing
-        start = (at.replace(microsecond=0) + timedelta(seconds=1)).astimezone(_zone(self.timezone))
-        iterator = CronSim(self.cron, start, reverse=True)
-        found = None
-        for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
-            if candidate.astimezone(UTC) <= at:
-                found = candidate.astimezone(UTC)
-                break
+        with self._arithmetic():
+            if self.every_s is not None:
+                step = self._step()
+                return _EPOCH + ((at - _EPOCH) // step) * step
+            iterator = self._cron_ticks(at.replace(microsecond=0) + timedelta(seconds=1), reverse=True)
+            found = None
+            for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
+                if candidate.astimezone(UTC) <= at:
+                    found = candidate.astimezone(UTC)
+                    break
         if found is None:
             return None
         # Backwards through a repeated (fall-back) hour the iterator can skip a tick: walk forward to the last.
@@ -223,6 +279,35 @@ class ScheduleSpec(BaseModel):
                 break
             found = following
         return found
+
+    def _step(self) -> timedelta:
+        assert self.every_s is not None  # the caller checked
+        if self.every_s < 1:
+            raise ScheduleBrokenError(self.name, "every-invalid",
+                                      f"every_s={self.every_s} is not a positive number of seconds")
+        return timedelta(seconds=self.every_s)
+
+    def _cron_ticks(self, start: datetime, reverse: bool = False) -> CronSim:
+        assert self.cron is not None  # guaranteed by _one_timing
+        try:
+            zone = _zone(self.timezone)
+        except ValueError as exc:
+            raise ScheduleBrokenError(self.name, "timezone-unknown",
+                                      f"time zone {self.timezone!r} is not in this host's time zone database") from exc
+        try:
+            return CronSim(self.cron, start.astimezone(zone), reverse=reverse)
+        except CronSimError as exc:
+            raise ScheduleBrokenError(self.name, "cron-invalid",
+                                      f"cron expression {self.cron!r} is rejected: {exc}") from exc
+
+    @contextmanager
+    def _arithmetic(self) -> Iterator[None]:
+        """Turn datetime overflow (an interval of millennia, a tick past year 9999) into a broken schedule."""
+        try:
+            yield
+        except OverflowError as exc:
+            raise ScheduleBrokenError(self.name, "tick-out-of-range",
+                                      f"its ticks leave the years 1-9999 ({exc})") from exc
 
     def row(self, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:
         """Bound parameters for inserting or redefining this schedule."""
@@ -236,7 +321,12 @@ class ScheduleSpec(BaseModel):
 
 
 class Schedule(ScheduleSpec):
-    """A stored schedule: its spec plus its state."""
+    """A stored schedule: its spec plus its state.
+
+    ``broken_error`` (with ``broken_at``, the database's time) is set when a sweep could not compute
+    its ticks: ``<reason>: <detail>``, the reason one of ``BrokenReason``. Sweeps skip it until it is
+    redefined or resumed.
+    """
 
     schedule_id: int
     paused: bool = False
@@ -246,10 +336,12 @@ class Schedule(ScheduleSpec):
     last_session_id: str | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    broken_error: str | None = None
+    broken_at: datetime | None = None
 
     def spec(self) -> ScheduleSpec:
-        """The definition part, without state."""
-        return ScheduleSpec.model_validate(self.model_dump(include=set(ScheduleSpec.model_fields)))
+        """The definition part, without state (taken as it is, like a stored row)."""
+        return ScheduleSpec.model_validate(self.model_dump(include=set(ScheduleSpec.model_fields)), context=_STORED)
 
 
 class Fire(BaseModel):
@@ -280,7 +372,10 @@ Planner = Callable[[Schedule, datetime, bool], TickPlan]
 
 @dataclass(frozen=True)
 class Swept:
-    """What one locked schedule did: the runs it created (to enqueue after commit) and the rest."""
+    """What one locked schedule did: the runs it created (to enqueue after commit) and the rest.
+
+    A ``schedule`` with ``broken_error`` set was marked broken by this sweep and did nothing else.
+    """
 
     schedule: Schedule
     now: datetime
@@ -293,11 +388,13 @@ def every_seconds(every: float | timedelta) -> int:
     """Whole seconds of an interval given as seconds or a ``timedelta``.
 
     Raises:
-        ConfigurationError: not a whole number of seconds, or under one second.
+        ConfigurationError: not a whole number of seconds from 1 to ``MAX_EVERY_S`` (10 years).
     """
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 1 or seconds != int(seconds):
-        raise errors.ConfigurationError("every must be a whole number of seconds, at least 1")
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_EVERY_S
+            or seconds != int(seconds)):
+        raise errors.ConfigurationError(f"every must be a whole number of seconds from 1 to {MAX_EVERY_S} (10 years),"
+                                        f" got {every!r}", field="every")
     return int(seconds)
 
 
@@ -307,7 +404,8 @@ def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cr
     """A checked ``ScheduleSpec``.
 
     Raises:
-        ConfigurationError: a field is invalid (name, cron, time zone, both or neither timing, policies).
+        ConfigurationError: a field is invalid (name, cron, time zone, ``every`` out of 1 s to 10 years,
+            both or neither timing, policies); its ``field`` names it.
     """
     try:
         return ScheduleSpec(name=name, agent=agent, messages=list(messages), cron=cron,
@@ -316,7 +414,7 @@ def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cr
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise errors.ConfigurationError(f"invalid schedule {where or name!r}: {first['msg']}") from None
+        raise errors.ConfigurationError(f"invalid schedule {where or name!r}: {first['msg']}", field=where) from None
 
 
 def tick_session_id(schedule_id: int, fire_at: datetime) -> str:
@@ -329,7 +427,7 @@ def _schedule(row: Row[Any]) -> Schedule:
     values.pop("db_now", None)
     values.pop("previous_busy", None)
     values["messages"] = values.pop("input")
-    return Schedule.model_validate(values)
+    return Schedule.model_validate(values, context=_STORED)
 
 
 class PostgresScheduleStore:
@@ -354,7 +452,9 @@ class PostgresScheduleStore:
     def sync(self, spec: ScheduleSpec, origin: Origin = "code") -> Schedule:
         """Create ``spec`` or redefine the schedule of that name (declared in code; safe to run concurrently).
 
-        Its paused state is kept; its next tick is recomputed only when its timing changed.
+        Its paused state is kept; its next tick is recomputed only when its timing changed. A broken
+        schedule is redefined and no longer broken (a sweep that still cannot compute its ticks marks
+        it again); like a pause, ticks of the time it was broken are not fired.
         """
         with Transaction(self.engine) as conn:
             now: datetime = conn.execute(_NOW).scalar_one()
@@ -362,9 +462,11 @@ class PostgresScheduleStore:
             if row is not None:
                 return _schedule(row)
             current = _schedule(conn.execute(_LOCK_BY_NAME, {"name": spec.name}).one())
-            if current.spec() == spec and current.origin == origin:
+            broken = current.broken_error is not None
+            if current.spec() == spec and current.origin == origin and not broken:
                 return current
-            next_fire_at = current.next_fire_at if current.spec().same_timing(spec) else spec.next_tick(now)
+            keep = current.spec().same_timing(spec) and not broken
+            next_fire_at = current.next_fire_at if keep else spec.next_tick(now)
             return _schedule(conn.execute(_REDEFINE, spec.row(origin, next_fire_at)).one())
 
     def get(self, name: str) -> Schedule:
@@ -399,6 +501,10 @@ class PostgresScheduleStore:
     def resume(self, name: str) -> Schedule:
         """Fire ``name`` again from its next tick after now (ticks of the pause are not fired).
 
+        A broken schedule is tried again the same way (after the workers' time zone database or
+        cron library was fixed): if its ticks still cannot be computed here, it stays broken with
+        the new error and time, unpaused.
+
         Raises:
             ScheduleNotFoundError: no such schedule.
         """
@@ -407,10 +513,14 @@ class PostgresScheduleStore:
             if row is None:
                 raise ScheduleNotFoundError(name)
             current = _schedule(row)
-            if not current.paused:
+            if not current.paused and current.broken_error is None:
                 return current
             now: datetime = conn.execute(_NOW).scalar_one()
-            return _schedule(conn.execute(_RESUME, {"name": name, "next": current.next_tick(now)}).one())
+            try:
+                next_fire_at = current.next_tick(now)
+            except ScheduleBrokenError as exc:
+                return _schedule(conn.execute(_RESUME_BROKEN, {"name": name, "error": str(exc)}).one())
+            return _schedule(conn.execute(_RESUME, {"name": name, "next": next_fire_at}).one())
 
     def delete(self, name: str) -> bool:
         """Drop the schedule and its tick claims (the runs it started stay); False when unknown."""
@@ -429,6 +539,10 @@ class PostgresScheduleStore:
         Each fired tick gets its claim row and its run (first input queued) in this transaction;
         a skipped tick gets its claim row only. Returns None when no schedule is due.
 
+        When ``plan`` raises ``ScheduleBrokenError`` the schedule is marked broken instead, in the
+        same transaction (nothing else of it was written), and returned with its ``broken_error``:
+        later sweeps skip it, and the schedules behind it are swept as usual.
+
         Raises:
             ValueError: the plan does not move the schedule's next tick forward.
             StorageError: the database failed; nothing of this schedule was written.
@@ -438,7 +552,11 @@ class PostgresScheduleStore:
             if row is None:
                 return None
             schedule = _schedule(row)
-            decision = plan(schedule, row.db_now, bool(row.previous_busy))
+            try:
+                decision = plan(schedule, row.db_now, bool(row.previous_busy))
+            except ScheduleBrokenError as exc:
+                broken = _schedule(conn.execute(_BREAK, {"id": schedule.schedule_id, "error": str(exc)}).one())
+                return Swept(broken, row.db_now)
             ticks = sorted({*decision.fire, *decision.skip})
             if decision.next_fire_at <= max([schedule.next_fire_at, *ticks]):
                 raise ValueError("a tick plan must move next_fire_at past every tick it handles")

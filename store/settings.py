@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from store import errors
@@ -21,10 +21,14 @@ class Settings(BaseSettings):
     lease_renew_ms: int = 10_000
     recover_interval_s: float = 30.0
     history_limit: int = 50
-    #: Starts of one step in a row without progress before the run is parked (poison-pill guard).
+    #: Starts of one step in a row that never finished (the worker died) before the run is parked: the
+    #: poison-pill guard. Failures a step records (a provider outage) do not count here.
     max_attempts: int = 5
-    #: Longest backoff before a failed step is retried (exponential with jitter below it).
+    #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
+    #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
+    #: is parked; long enough to ride out a provider incident.
+    retry_for_s: float = 6 * 3600.0
     step_soft_time_limit_s: float = 240.0
     step_time_limit_s: float = 300.0
     visibility_timeout_s: int = 3600
@@ -43,11 +47,25 @@ class Settings(BaseSettings):
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
     webhook_input: str = ""
 
-    @field_validator("history_limit", "max_attempts")
+    @field_validator("history_limit")
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
             raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("max_attempts")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1 (0 would park every run at its first step)")
+        return value
+
+    @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError("must be > 0")
         return value
 
     @model_validator(mode="after")
@@ -74,7 +92,32 @@ class Settings(BaseSettings):
         """The Celery broker URL: ``LOUSHO_BROKER_URL`` or the Redis URL."""
         return self.broker_url or self.redis_url
 
+    def agent_queue(self, agent: str | None) -> str:
+        """The queue that carries the steps of ``agent``'s runs (the shared queue when unknown).
+
+        Workers consume the queues of the agents they load, so during a rolling deploy a step only
+        reaches a worker that can run it; the shared queue stays consumed by every worker.
+        """
+        return f"{self.queue}.{agent}" if agent else self.queue
+
     @property
     def agent_modules(self) -> list[str]:
         """Modules named in ``LOUSHO_AGENTS``."""
         return [name.strip() for name in self.agents.split(",") if name.strip()]
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment (and ``overrides``), with errors that name the variable.
+
+    Raises:
+        ConfigurationError: a variable is malformed or out of range; the message names it and
+            never repeats its value (it may be a secret).
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]  # field names are checked by pydantic
+    except ValidationError as exc:
+        problems = []
+        for problem in exc.errors():
+            field = ".".join(str(part) for part in problem.get("loc", ())) or "settings"
+            problems.append(f"LOUSHO_{field.upper()}: {problem.get('msg', 'invalid')}")
+        raise errors.ConfigurationError("; ".join(problems)) from None

@@ -20,7 +20,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from store import errors
+from store import errors, records
 from worker.providers.base import Model, ToolSpec
 
 DriftPolicy = Literal["warn", "error", "ignore"]
@@ -137,8 +137,7 @@ class Agent:
 
     def __init__(self, name: str, model: Model, instructions: str = "", tools: Iterable[Tool] = (),
                  max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn") -> None:
-        if not name or not isinstance(name, str):
-            raise errors.ConfigurationError("an agent needs a non-empty name")
+        records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
         if tool_concurrency < 1:

@@ -1,9 +1,11 @@
 """One tool batch: the last model turn's calls without a result, run and saved one by one.
 
 Calls needing no approval run (up to ``tool_concurrency`` at once) and each result is saved as
-soon as it settles. Calls that need a human decision pause the run, one approval each. Once all
-are decided, approved calls are marked started (saved) before they run, so a crash mid-call
-gives them an ``interrupted`` result instead of a second execution.
+soon as it settles, fitted first into what the batch may append (``payloads.MAX_TURN_RESULTS``, and
+what the checkpoint has room for), so a save never fails on size after its tool ran. Calls that
+need a human decision pause the run, one approval each. Once all are decided, approved calls are
+marked started (saved) before they run, so a crash mid-call gives them an ``interrupted`` result
+instead of a second execution.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from store import errors
+from store import errors, payloads
 from store.leases import Lease
 from store.records import Approval, Checkpoint, Message, ToolCall
 from worker import machine
@@ -26,13 +28,17 @@ from worker.faults import crash_point
 class _Batch:
     """The checkpoint as results settle; every change is a fenced save under one lock."""
 
-    def __init__(self, deps: StepDeps, lease: Lease, checkpoint: Checkpoint) -> None:
+    def __init__(self, deps: StepDeps, lease: Lease, checkpoint: Checkpoint, unsettled: int) -> None:
         self.deps = deps
         self.lease = lease
         self.checkpoint = checkpoint
         self.lock = threading.Lock()
         self.closed = False
         self.fenced = False
+        self.unsettled = unsettled
+        self.budget = payloads.MAX_TURN_RESULTS
+        self.appended = 0
+        self.measured = False
 
     def may_start(self) -> bool:
         return not (self.closed or self.fenced or self.lease.lost.is_set())
@@ -46,12 +52,31 @@ class _Batch:
             return False
         return True
 
+    def _fit(self, result: Message) -> Message:
+        """``result`` within its share of what the batch may still append (the largest results are cut)."""
+        if not isinstance(result.content, str):
+            return result
+        size = payloads.text_size(result.content)
+        if not self.measured and self.appended + size > payloads.MAX_TURN_RESULTS // 8:
+            # Only a large batch pays for measuring the checkpoint it is appended to.
+            stored = len(payloads.dumps(self.checkpoint.document()).encode("utf-8"))
+            room = payloads.MAX_CHECKPOINT - stored - payloads.MAX_TURN_RESULTS // 16
+            self.budget = max(min(payloads.MAX_TURN_RESULTS, room), 0)
+            self.measured = True
+        share = max((self.budget - self.appended) // max(self.unsettled, 1), 256)
+        self.unsettled -= 1
+        if size > share:
+            result = result.model_copy(update={"content": payloads.fit_text(result.content, share)})
+            size = payloads.text_size(result.content)
+        self.appended += size
+        return result
+
     def settle(self, result: Message) -> None:
         with self.lock:
             if self.closed or self.fenced:
                 return
             crash_point("after_tool_effect_before_result_save", self.checkpoint.session_id)
-            if self._write(machine.record_tool_result(self.checkpoint, result)):
+            if self._write(machine.record_tool_result(self.checkpoint, self._fit(result))):
                 crash_point("between_results", self.checkpoint.session_id)
 
     def mark_started(self, call: ToolCall) -> bool:
@@ -140,9 +165,9 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
               after: Next) -> Outcome:
     """Run the pending calls of the last turn; pause on the ones that need a human."""
     plan = _sort_calls(deps, agent, checkpoint, calls)
-    # The decisions are consumed by this batch: later saves no longer point at them.
-    batch = _Batch(deps, lease, checkpoint.model_copy(
-        update={"approval_ids": [], "fingerprint": deps.fingerprint(agent)}))
+    # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
+    batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
+                   unsettled=len(calls))
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:

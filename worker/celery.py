@@ -12,7 +12,7 @@ from celery import Celery, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from store import redaction
-from store.settings import Settings
+from store.settings import Settings, load_settings
 
 
 def broker_options(settings: Settings) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def check_configuration(app: Celery) -> None:
         raise RuntimeError("unsafe Celery configuration: " + "; ".join(problems))
 
 
-settings = Settings()
+settings = load_settings()
 app = Celery("lousho", include=["worker.tasks"])
 configure(app, settings)
 check_configuration(app)

@@ -7,19 +7,31 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import Heartbeat, LeaseManager
 from store.records import Approval, Checkpoint
+from store.registry import Serving
 from worker.agents import Agent
 
 log = logging.getLogger("lousho.step")
 
-Enqueue = Callable[[str, int | None, float], None]
+
+class Enqueue(Protocol):
+    """Sends ``advance`` for a run: to the queue of ``agent`` when given, else the shared queue."""
+
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0,
+                 agent: str | None = None, /) -> None: ...
+
+
+class Registry(Protocol):
+    """Which live workers serve an agent (``store.registry.PostgresAgentRegistry``)."""
+
+    def serving(self, agent: str, within_s: float, exclude: str = "") -> list[Serving]: ...
 
 
 class Outcome(enum.StrEnum):
@@ -34,6 +46,7 @@ class Outcome(enum.StrEnum):
     FINISHED = "finished"    #: the run finished
     FENCED = "fenced"        #: our save was refused: another holder took over
     FAILED = "failed"        #: the step failed; error recorded, retry scheduled
+    HANDED_BACK = "handed-back"  #: this worker cannot run the step (deploy under way); another will
     PARKED = "parked"        #: the run stopped with a non-retryable error
 
 
@@ -47,9 +60,23 @@ class StepDeps:
     agents: dict[str, Agent]
     enqueue: Enqueue
     max_attempts: int = 5
-    #: Longest wait before retrying a failed step (kept far below the broker's visibility timeout).
+    #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
+    #: How long a streak of transient failures is retried before the run is parked.
+    retry_for_s: float = 6 * 3600.0
+    #: Live registrations of agents by workers; None when no fleet is known (a test in one process).
+    registry: Registry | None = None
+    #: This worker's id in the registry (its own registrations are not "another worker").
+    worker_id: str = ""
+    #: A registration is live when refreshed within this many seconds.
+    registry_window_s: float = 60.0
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def serving(self, agent: str) -> list[Serving]:
+        """Other live workers that registered ``agent``."""
+        if self.registry is None:
+            return []
+        return self.registry.serving(agent, self.registry_window_s, exclude=self.worker_id)
 
     def fingerprint(self, agent: Agent) -> dict[str, Any]:
         """The agent's fingerprint, computed once per process."""
@@ -64,6 +91,8 @@ class Next:
 
     seq: int | None = None
     countdown: float = 0.0
+    #: The agent whose queue the message goes to (None: the shared queue).
+    agent: str | None = None
 
 
 def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,

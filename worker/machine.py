@@ -156,7 +156,12 @@ def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
     Results settle in any order; keeping them sorted by call order means the transcript is
     valid as soon as the last one lands. A second result for the same call is ignored.
     """
-    return checkpoint.with_tool_result(result)
+    updated = checkpoint.with_tool_result(result)
+    if updated.approval_ids and updated.status == "in-progress" and not updated.pending_tool_calls:
+        # The turn is complete: its decisions are spent. Until then they stay, so a crash before an
+        # approved call is marked started finds the decision again instead of asking the human twice.
+        updated = updated.model_copy(update={"approval_ids": []})
+    return updated
 
 
 def mark_started(checkpoint: Checkpoint, call_id: str) -> Checkpoint:
@@ -193,7 +198,7 @@ def tool_message(call: ToolCall, value: Any) -> Message:
 
 def tool_error(call: ToolCall, kind: str, error: str, message: str) -> Message:
     """A structured error result the model sees instead of a crash."""
-    body = {"error": error, "tool_name": call.name, "message": payloads.clean_text(message)[:2000],
+    body = {"error": error, "tool_name": call.name, "message": payloads.clean_error(message),
             "kind": kind, "tool_call_id": call.id}
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 

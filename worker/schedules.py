@@ -3,6 +3,7 @@
 Framework-free (no Celery): the beat task in ``worker.tasks`` calls ``sweep`` and then ``publish``.
 Tick claims and runs are committed by ``store.schedules`` in one transaction per schedule; nothing
 here publishes before that commit, and nothing here reads a worker clock: "now" is Postgres's.
+A schedule whose ticks cannot be computed is marked broken by the store and skipped; it never stops the others.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def plan_ticks(schedule: Schedule, now: datetime, previous_busy: bool, *, grace:
     Ticks no older than ``grace`` are on time and each is handled once. Older ones (downtime,
     a stopped beat) follow ``catch_up``: ``skip`` drops them, ``one`` fires the latest of them when
     no on-time tick is due. Then ``overlap``: ``allow`` fires every chosen tick; ``skip`` fires the
-    first one only when the schedule's previous run is finished, and claims the others without a run.
+    first one only when the schedule's previous run is not active, and claims the others without a run.
+
+    Raises:
+        ScheduleBrokenError: the schedule's ticks cannot be computed on this host (the store marks it broken).
     """
     cutoff = now - grace
     first = schedule.next_fire_at
@@ -126,6 +130,8 @@ class SweepResult:
     skipped: int = 0
     missed: int = 0
     schedules: int = 0
+    #: Names of the schedules this sweep marked broken (their ticks cannot be computed; later sweeps skip them).
+    broken: list[str] = field(default_factory=list)
     now: datetime | None = None
     #: The database failed midway; what is listed was committed and must still be published.
     interrupted: bool = False
@@ -145,7 +151,8 @@ def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
     by the recover sweep, because the run is in progress with queued input.
 
     When the database fails midway the sweep stops and returns what it committed so far (with
-    ``interrupted`` set), so those runs are still published; the next sweep goes on.
+    ``interrupted`` set), so those runs are still published; the next sweep goes on. A schedule
+    whose ticks cannot be computed is marked broken (listed in ``broken``) and the sweep goes on.
     """
     result = SweepResult()
     planner = functools.partial(plan_ticks, grace=grace)
@@ -160,6 +167,11 @@ def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
             break
         result.schedules += 1
         result.now = swept.now
+        if swept.schedule.broken_error is not None:
+            result.broken.append(swept.schedule.name)
+            log.error("schedule %s is broken and skipped until it is redefined or resumed: %s",
+                      swept.schedule.name, swept.schedule.broken_error)
+            continue
         result.fired.extend((swept.schedule.name, tick, sid) for tick, sid in swept.fired)
         result.skipped += len(swept.skipped)
         result.missed += swept.missed

@@ -1,7 +1,9 @@
 """One step of one run: take the lease, claim the fence, load, do one model turn or tool batch, save.
 
 Framework-free: Celery calls ``run_step`` from ``worker.tasks`` and tests call it directly. Every
-write is fenced, so a stalled holder's late save is refused and leaves no trace.
+write is fenced, so a stalled holder's late save is refused and leaves no trace. A step parks a run
+only for a condition that will not heal by itself; transient failures and a worker that cannot run
+the step during a deploy are retried with backoff for ``retry_for_s``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
+from datetime import datetime
 
 import redis
 
@@ -22,6 +26,10 @@ from worker.context import Enqueue, Next, Outcome, StepDeps, save
 from worker.faults import crash_point
 
 __all__ = ["Enqueue", "Outcome", "StepDeps", "run_step"]
+
+#: The longest wait sent as a Celery countdown; longer waits are kept in Postgres (``next_attempt_at``)
+#: and honoured by the recovery sweep, since delayed messages age in the broker (RELIABILITY P1).
+COUNTDOWN_MAX_S = 5.0
 
 log = logging.getLogger("lousho.step")
 drift_log = logging.getLogger("lousho.drift")
@@ -47,6 +55,9 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             # The fence was claimed before the document failed to parse: park the run under it.
             deps.store.record_failure(session_id, lease.token, LastError(**exc.to_record()))
             return Outcome.PARKED
+        except errors.CheckpointFormatError as exc:
+            # Written by a newer release: a worker of that release reads it (the fence is ours).
+            return _hand_back_unreadable(deps, session_id, lease.token, exc, after)
         if claim.checkpoint is None:
             if claim.stored_fence is None:
                 return Outcome.UNKNOWN
@@ -59,7 +70,8 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         checkpoint = claim.checkpoint
         if seq is not None and checkpoint.seq != seq:
             return Outcome.STALE
-        outcome = _step(deps, lease, checkpoint, claim.inbox_head, after)
+        after.agent = checkpoint.agent
+        outcome = _step(deps, lease, checkpoint, claim.inbox_head, after, claim.now)
     finally:
         deps.heartbeat.drop(lease)
         try:
@@ -68,33 +80,36 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             log.warning("could not release lease of %s; it expires by itself", session_id)
     if after.seq is not None:
         # After the release: the next step must find the lease free, or it would be dropped as busy.
-        deps.enqueue(session_id, after.seq, after.countdown)
+        deps.enqueue(session_id, after.seq, after.countdown, after.agent)
         crash_point("after_enqueue_before_ack", session_id)
     return outcome
 
 
-def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, after: Next) -> Outcome:
+def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, after: Next,
+          now: datetime | None) -> Outcome:
     if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
         return Outcome.IDLE
     if checkpoint.attempts > deps.max_attempts:
         exceeded = errors.StepAttemptsExceededError(
-            f"step started {checkpoint.attempts} times without progress; run parked")
+            f"step started {checkpoint.attempts} times without finishing (the worker died each time); run parked")
         return _park(deps, checkpoint, LastError(**exceeded.to_record()))
     agent = deps.agents.get(checkpoint.agent)
     if agent is None:
-        unknown = errors.AgentNotFoundError(checkpoint.agent, list(deps.agents))
-        return _park(deps, checkpoint, LastError(**unknown.to_record()))
+        return _hand_back_agent(deps, checkpoint, after, now)
     inbox = []
     if inbox_head > checkpoint.inbox_cursor:
         inbox = deps.store.inbox(checkpoint.session_id, checkpoint.inbox_cursor)
     action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps)
     if isinstance(action, machine.Idle):
         return Outcome.IDLE
-    if isinstance(action, machine.ModelTurn | machine.ToolBatch):
-        refusal = _check_resume(deps, agent, checkpoint, action)
-        if refusal is not None:
-            return _refuse(deps, checkpoint, refusal)
     try:
+        if isinstance(action, machine.ModelTurn | machine.ToolBatch):
+            refusal = _check_resume(deps, agent, checkpoint, action)
+            if refusal is not None:
+                if _runs_elsewhere(deps, checkpoint, action, refusal):
+                    return _retry(deps, checkpoint, LastError(**refusal.to_record()), None, after, now,
+                                  handing_back=True)
+                return _refuse(deps, _keep_input(deps, checkpoint, action), refusal)
         if isinstance(action, machine.Save):
             return _save_only(deps, agent, action)
         if isinstance(action, machine.ModelTurn):
@@ -103,7 +118,23 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     except errors.FencedOutError:
         return Outcome.FENCED
     except Exception as exc:  # classified and recorded below, never swallowed
-        return _record_failure(deps, checkpoint, exc, after)
+        try:
+            checkpoint = _keep_input(deps, checkpoint, action)
+        except errors.FencedOutError:
+            return Outcome.FENCED
+        return _record_failure(deps, checkpoint, exc, after, now)
+
+
+def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action) -> Checkpoint:
+    """Before a failure is recorded: make the input this step merged durable, with nothing else.
+
+    A follow-up to a finished run must not leave the run looking finished with a failure nobody
+    lists; saved like this, the run is in progress with the input in its transcript, listed by
+    ``pending()``, and a resume or a later send carries on from here (the input is never applied twice).
+    """
+    if isinstance(action, machine.ModelTurn) and action.drained_inbox:
+        return save(deps, action.checkpoint, drained_inbox=True)
+    return checkpoint
 
 
 def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
@@ -178,30 +209,98 @@ def _park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> Outcome:
     return Outcome.PARKED
 
 
-def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, after: Next) -> Outcome:
-    # Messages can quote a provider's response: a NUL in them would make the failure unrecordable.
+def _record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, after: Next,
+                    now: datetime | None) -> Outcome:
+    # Messages can quote a provider's response or a key: cleaned and masked before they are stored.
     if isinstance(exc, errors.LoushoError):
-        error = LastError(code=exc.code, message=payloads.clean_text(exc.message[:2000]), retryable=exc.retryable)
+        error = LastError(code=exc.code, message=payloads.clean_error(exc.message), retryable=exc.retryable)
     else:
         error = LastError(code="LOUSHO_AGENT_EXECUTION_FAILED",
-                          message=payloads.clean_text(f"{type(exc).__name__}: {str(exc)[:1000]}"), retryable=True)
-    if error.retryable and checkpoint.attempts >= deps.max_attempts:
-        error = error.model_copy(update={"retryable": False,
-                                         "message": f"{error.message} (after {checkpoint.attempts} attempts)"})
-    if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error) is None:
-        return Outcome.FENCED
-    log.warning("step of %s failed: %s (attempt %d, retryable=%s)", checkpoint.session_id, error.code,
-                checkpoint.attempts, error.retryable)
+                          message=payloads.clean_error(f"{type(exc).__name__}: {str(exc)[:1000]}"), retryable=True)
     if not error.retryable:
+        if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error) is None:
+            return Outcome.FENCED
+        log.warning("step of %s failed: %s (not retryable; run parked)", checkpoint.session_id, error.code)
         return Outcome.PARKED
-    after.seq = checkpoint.seq
-    after.countdown = retry_delay(checkpoint.attempts, getattr(exc, "retry_after", None), deps.retry_backoff_max_s)
-    return Outcome.FAILED
+    return _retry(deps, checkpoint, error, getattr(exc, "retry_after", None), after, now)
 
 
-def retry_delay(attempts: int, retry_after: float | None, cap: float) -> float:
-    """Exponential backoff with full jitter, at least the provider's ``Retry-After``, at most ``cap``."""
-    backoff = random.uniform(0, min(cap, 0.5 * 2 ** max(attempts - 1, 0)))
+def _retry(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_after: float | None, after: Next,
+           now: datetime | None, *, handing_back: bool = False,
+           served_elsewhere: Callable[[], bool] | None = None) -> Outcome:
+    """Record a transient failure and schedule the next attempt, or park once the retry budget is spent.
+
+    Waits up to ``COUNTDOWN_MAX_S`` go out as a countdown message; longer ones wait in Postgres
+    for the sweep. While ``served_elsewhere`` says a live worker can run the step, the budget
+    does not park the run.
+    """
+    sid = checkpoint.session_id
+    elapsed = 0.0
+    if checkpoint.retry_since is not None and now is not None:
+        elapsed = (now - checkpoint.retry_since).total_seconds()
+    if elapsed >= deps.retry_for_s and (served_elsewhere is None or not served_elsewhere()):
+        spent = error.model_copy(update={"retryable": False, "message": payloads.clean_error(
+            f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
+        return _park(deps, checkpoint, spent)
+    delay = retry_delay(checkpoint.failures + 1, retry_after, deps.retry_backoff_max_s)
+    seq = deps.store.retry_later(sid, checkpoint.fence, error, delay)
+    if seq is None:
+        return Outcome.FENCED
+    log.warning("step of %s %s: %s (failure %d in a row, next attempt in %.1f s)", sid,
+                "handed back" if handing_back else "failed", error.code, checkpoint.failures + 1, delay)
+    if delay <= COUNTDOWN_MAX_S:
+        # The seq the run is at now: a batch may have saved results before it failed.
+        after.seq, after.countdown = seq, delay
+    return Outcome.HANDED_BACK if handing_back else Outcome.FAILED
+
+
+def _hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, after: Next, now: datetime | None) -> Outcome:
+    """This worker does not load the run's agent: another worker (of a newer release) will run the step."""
+    served = deps.serving(checkpoint.agent)
+    unknown = errors.AgentNotFoundError(checkpoint.agent, list(deps.agents))
+    message = f"{unknown.message}; this worker cannot run it" + (
+        "" if served else "; no live worker has registered it")
+    error = LastError(code=unknown.code, message=payloads.clean_error(message), retryable=True)
+    return _retry(deps, checkpoint, error, None, after, now, handing_back=True,
+                  served_elsewhere=lambda: bool(served))
+
+
+def _hand_back_unreadable(deps: StepDeps, session_id: str, fence: int, exc: errors.CheckpointFormatError,
+                          after: Next) -> Outcome:
+    """The checkpoint is in a format this release does not read: back to the agent's queue, with backoff.
+
+    Not parked however long it takes: a worker that reads the format is what the deploy brings.
+    """
+    delay = random.uniform(COUNTDOWN_MAX_S / 2, COUNTDOWN_MAX_S)
+    seq = deps.store.retry_later(session_id, fence, LastError(**exc.to_record()), delay)
+    if seq is None:
+        return Outcome.FENCED
+    log.warning("run %s has a newer checkpoint format; handed back", session_id)
+    if delay <= COUNTDOWN_MAX_S:
+        after.seq, after.countdown = seq, delay
+    return Outcome.HANDED_BACK
+
+
+def _runs_elsewhere(deps: StepDeps, checkpoint: Checkpoint, action: machine.ModelTurn | machine.ToolBatch,
+                    refusal: errors.LoushoError) -> bool:
+    """Whether another live worker has what this one lacks to resume the run (a deploy under way):
+    the tools of the pending calls, or exactly the agent the run was saved with."""
+    if isinstance(refusal, errors.ResumeToolMissingError) and isinstance(action, machine.ToolBatch):
+        names = {call.name for call in action.calls}
+        return any(serving.has_tools(names) for serving in deps.serving(checkpoint.agent))
+    if isinstance(refusal, errors.AgentDriftError) and checkpoint.fingerprint is not None:
+        return any(serving.fingerprint == checkpoint.fingerprint for serving in deps.serving(checkpoint.agent))
+    return False
+
+
+def retry_delay(failures: int, retry_after: float | None, cap: float) -> float:
+    """Exponential backoff with full jitter for the ``failures``-th failure in a row, at most ``cap``.
+
+    A provider's ``Retry-After`` is honoured in full, even above ``cap`` (plus a little jitter, so
+    runs told the same time do not all call again in the same second).
+    """
+    ceiling = min(cap, 0.5 * 2 ** max(failures - 1, 0))
+    backoff = random.uniform(ceiling / 2, ceiling)
     if retry_after is not None and retry_after > 0:
-        backoff = max(backoff, retry_after)
-    return min(backoff, cap)
+        backoff = max(backoff, retry_after + random.uniform(0, min(cap, retry_after) / 10))
+    return backoff

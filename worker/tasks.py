@@ -2,33 +2,38 @@
 
 Messages carry ids only (session id and seq). Per-process state (engine, Redis client,
 heartbeat, agents) is created lazily in the process that uses it, so prefork children never
-share a connection inherited from the parent.
+share a connection inherited from the parent. The worker's parent registers the agents it loads
+(and consumes their queues) before it reports ready, and keeps the registration fresh.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import socket
 import threading
 from datetime import timedelta
 from typing import Any
 
 import redis
 from celery import signals
+from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from store import errors, records
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.leases import Heartbeat, LeaseManager
+from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
 from worker.celery import app, settings
-from worker.steps import Outcome, StepDeps, run_step
+from worker.steps import COUNTDOWN_MAX_S, Outcome, StepDeps, run_step
 
 log = logging.getLogger("lousho.tasks")
 
-_state: dict[str, Any] = {"pid": None, "deps": None}
+_state: dict[str, Any] = {"pid": None, "deps": None, "worker_id": ""}
 _state_lock = threading.Lock()
 #: Agents defined in code rather than in LOUSHO_AGENTS modules (tests, embedding apps).
 extra_agents: dict[str, agent_registry.Agent] = {}
@@ -52,7 +57,9 @@ def _build() -> StepDeps:
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
                      agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
-                     retry_backoff_max_s=min(settings.retry_backoff_max_s, settings.visibility_timeout_s / 4))
+                     retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
+                     registry=PostgresAgentRegistry(store.engine), worker_id=_state["worker_id"],
+                     registry_window_s=registration_window_s())
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
@@ -64,18 +71,67 @@ def _build() -> StepDeps:
     return built
 
 
-def enqueue(session_id: str, seq: int | None, countdown: float = 0.0) -> None:
-    """Send ``advance`` for a run (reuses the app's pooled producer connection)."""
-    advance.apply_async((session_id, seq), countdown=countdown or None)
+def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+    """Send ``advance`` for a run to its agent's queue (reuses the app's pooled producer connection)."""
+    advance.apply_async((session_id, seq), countdown=countdown or None, queue=settings.agent_queue(agent))
+
+
+def registration_refresh_s() -> float:
+    """How often a worker says it is alive in the agent registry."""
+    return max(0.5, min(15.0, settings.recover_interval_s))
+
+
+def registration_window_s() -> float:
+    """How recent a registration must be to count as a live worker (several missed refreshes)."""
+    return 4 * registration_refresh_s()
 
 
 @signals.worker_init.connect
-def _preload_agents(**_: Any) -> None:
-    """Import the agent modules once in the parent so prefork children inherit them warm."""
+def _register_worker(sender: Any = None, **_: Any) -> None:
+    """In the worker's parent, before it reports ready: import the agent modules (children inherit
+    them warm), consume each agent's queue, and register the agents with the checkpoint formats
+    this release reads, so steps for them are routed here and handed-back steps know we exist."""
     try:
-        agent_registry.load_agents(settings.agent_modules)
+        agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     except errors.ConfigurationError as exc:
         log.error("agent modules could not be loaded: %s", exc)
+        return
+    if sender is not None:
+        for name in sorted(agents):
+            sender.app.amqp.queues.select_add(Queue(settings.agent_queue(name)))
+    worker_id = _state["worker_id"] = f"{socket.gethostname()}:{os.getpid()}"
+    # No pooled connection may outlive this call in a process that forks pool children (RELIABILITY P10).
+    registry = PostgresAgentRegistry(make_engine(settings, pooled=False))
+    fingerprints = {name: agent.fingerprint() for name, agent in agents.items()}
+    try:
+        registry.register(worker_id, fingerprints, [records.CHECKPOINT_FORMAT])
+    except errors.StorageError as exc:
+        log.warning("could not register agents (%s); retrying in the background", exc.code)
+    stop = threading.Event()
+    _state["registration_stop"] = stop
+
+    def refresh() -> None:
+        while not stop.wait(registration_refresh_s()):
+            try:
+                registry.register(worker_id, fingerprints, [records.CHECKPOINT_FORMAT])
+            except errors.StorageError:
+                log.warning("could not refresh this worker's agent registration")
+
+    threading.Thread(target=refresh, name="lousho-registry", daemon=True).start()
+    _state["registry"] = registry
+
+
+@signals.worker_shutdown.connect
+def _forget_worker(**_: Any) -> None:
+    """A stopping worker no longer counts as serving its agents."""
+    stop, registry = _state.get("registration_stop"), _state.get("registry")
+    if stop is None or registry is None:
+        return
+    stop.set()
+    try:
+        registry.forget(_state["worker_id"])
+    except errors.StorageError:
+        log.warning("could not drop this worker's agent registration; it expires by itself")
 
 
 @signals.worker_process_init.connect
@@ -114,23 +170,36 @@ def advance(session_id: str, seq: int | None = None) -> None:
     log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
 
 
+#: Runs the sweep sends at most per pass; the rest wait for the next pass, most overdue first.
+SWEEP_LIMIT = 500
+
+
 @app.task(name="lousho.recover", ignore_result=True)
 def recover() -> int:
-    """Re-enqueue in-progress runs that stopped moving and hold no live lease; returns how many."""
+    """Send a step for each run that can move and is not moving: silent for a lease TTL with no live
+    lease, or due for a retry. Parked, paused and waiting runs are never sent. Returns how many."""
     built = deps()
     stale_after = max(settings.lease_ttl_ms / 1000, 0.5)
-    candidates = built.store.stale_runs(stale_after)
-    live = built.leases.held([sid for sid, _ in candidates])
-    sent = 0
-    for session_id, seq in candidates:
-        if session_id in live:
-            continue
-        try:
-            records.validate_session_id(session_id)
-        except errors.SessionIdInvalidError:
-            continue
-        enqueue(session_id, seq)
-        sent += 1
+    # Retries that come due together (an outage ended) are spread over a few seconds.
+    spread = min(COUNTDOWN_MAX_S, settings.recover_interval_s)
+    sent, after = 0, None
+    while sent < SWEEP_LIMIT:
+        page = built.store.due_runs(stale_after, SWEEP_LIMIT, after)
+        if not page:
+            break
+        after = page[-1]
+        live = built.leases.held([run.session_id for run in page])
+        for run in page:
+            if run.session_id in live or sent >= SWEEP_LIMIT:
+                continue
+            try:
+                records.validate_session_id(run.session_id)
+            except errors.SessionIdInvalidError:
+                continue
+            enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0, run.agent)
+            sent += 1
+        if len(page) < SWEEP_LIMIT:
+            break
     if sent:
         log.info("recover: re-enqueued %d run(s)", sent)
     return sent

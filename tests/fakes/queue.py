@@ -14,6 +14,7 @@ class StepMessage:
     session_id: str
     seq: int | None
     countdown: float = 0.0
+    agent: str | None = None
 
 
 class StepQueue:
@@ -23,8 +24,8 @@ class StepQueue:
         self.messages: list[StepMessage] = []
         self.sent: list[StepMessage] = []
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0) -> None:
-        message = StepMessage(session_id, seq, countdown)
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+        message = StepMessage(session_id, seq, countdown, agent)
         self.messages.append(message)
         self.sent.append(message)
 

@@ -29,7 +29,7 @@ class Driver:
     outcomes: list[Outcome] = field(default_factory=list)
     countdowns: list[float] = field(default_factory=list)
 
-    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0) -> None:
+    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
         self.queue.append((session_id, seq))
         self.countdowns.append(countdown)
 

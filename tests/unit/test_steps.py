@@ -23,7 +23,7 @@ from worker import machine
 from worker.agents import Agent, Tool, ToolContext, tool
 from worker.providers import MockModel
 from worker.providers.base import ModelResponse, ToolSpec
-from worker.steps import Outcome
+from worker.steps import Outcome, retry_delay
 
 SID = "order-7"
 ADVANCED, FINISHED = Outcome.ADVANCED, Outcome.FINISHED
@@ -315,10 +315,13 @@ def test_a_provider_error_is_recorded_and_the_same_seq_is_retried_after_a_countd
     assert runtime.step(SID) == Outcome.FAILED
     failed = runtime.checkpoint(SID)
     assert failed.last_error is not None
-    assert (failed.last_error.code, failed.last_error.retryable, failed.attempts) == (
-        "LOUSHO_PROVIDER_REQUEST_FAILED", True, 1)
+    # A failure the step recorded is not a crash: the crash-loop count restarts, the failure streak grows
+    assert (failed.last_error.code, failed.last_error.retryable, failed.attempts, failed.failures) == (
+        "LOUSHO_PROVIDER_REQUEST_FAILED", True, 0, 1)
     (retry,) = runtime.queue.messages[1:]
-    assert retry.seq == failed.seq == 0 and 0 <= retry.countdown <= runtime.deps.retry_backoff_max_s
+    # The merged input was saved before the failure was recorded: the retry is for that state
+    assert retry.seq == failed.seq == 1 and 0.25 <= retry.countdown <= 0.5 and retry.agent == "shop"
+    assert failed.next_attempt_at is not None
     # When the retry is delivered and the provider answers, the error and the attempts are cleared
     runtime.queue.pop()
     assert runtime.drain() == [FINISHED]
@@ -334,23 +337,50 @@ def test_a_provider_error_message_with_a_nul_is_still_recorded(shop: Shop) -> No
     assert failed.last_error is not None and failed.last_error.message == "bad gateway\ufffd<html>"
 
 
-def test_a_provider_retry_after_sets_the_least_countdown(shop: Shop) -> None:
-    runtime, _ = _flaky_runtime(shop, [errors.ProviderError("429", retryable=True, retry_after=7.0)])
-    runtime.step(SID)
-    assert runtime.queue.messages[-1].countdown == 7.0
+def test_a_provider_retry_after_is_honoured_in_full_by_the_sweep_not_a_long_countdown(shop: Shop) -> None:
+    runtime, model = _flaky_runtime(shop, [errors.ProviderError("429", retryable=True, retry_after=120.0)])
+    runtime.queue.pop()
+    assert runtime.step(SID) == Outcome.FAILED
+    failed = runtime.checkpoint(SID)
+    assert failed.next_attempt_at is not None
+    wait = (failed.next_attempt_at - runtime.clock()).total_seconds()
+    assert 120.0 <= wait <= 120.0 + runtime.deps.retry_backoff_max_s / 10  # above the backoff cap of 30 s
+    assert list(runtime.queue.messages) == []  # no Celery countdown past a few seconds (RELIABILITY P1)
+    # The sweep leaves it alone until its time comes, then sends it once
+    runtime.clock.advance(seconds=119)
+    assert runtime.sweep() == 0
+    runtime.clock.advance(seconds=wait - 119 + 0.001)
+    assert runtime.sweep() == 1 and runtime.drain() == [FINISHED] and model.calls == 2
 
 
-def test_after_max_attempts_of_failing_the_run_is_parked_and_not_retried(shop: Shop) -> None:
-    failures = [errors.ProviderError("503", retryable=True) for _ in range(10)]
+def test_backoff_grows_with_each_failure_in_a_row_up_to_the_cap() -> None:
+    for failures, low, high in [(1, 0.25, 0.5), (2, 0.5, 1.0), (3, 1.0, 2.0), (6, 8.0, 16.0), (20, 15.0, 30.0)]:
+        delays = [retry_delay(failures, None, 30.0) for _ in range(200)]
+        assert all(low <= d <= high for d in delays), (failures, min(delays), max(delays))
+    assert min(retry_delay(3, None, 30.0) for _ in range(50)) > max(retry_delay(1, None, 30.0) for _ in range(50))
+
+
+def test_transient_failures_are_retried_for_the_retry_budget_not_the_attempts_cap(shop: Shop) -> None:
+    failures = [errors.ProviderError("503", retryable=True) for _ in range(40)]
     runtime, model = _flaky_runtime(shop, failures, max_attempts=5)
-    assert runtime.drain() == [Outcome.FAILED] * 4 + [Outcome.PARKED]
+    runtime.deps.retry_for_s = 120.0
+    outcomes: list[Outcome] = []
+    for _ in range(100):
+        outcomes += runtime.drain()
+        if outcomes[-1] == Outcome.PARKED:
+            break
+        runtime.clock.advance(seconds=31)
+        runtime.sweep()
+    # Far more failures than the attempts cap of 5 were retried; the budget of 120 s parked the run
+    assert outcomes[-1] == Outcome.PARKED and outcomes.count(Outcome.FAILED) > 5 and model.calls > 5
     parked = runtime.checkpoint(SID)
     assert parked.last_error is not None and parked.last_error.retryable is False
-    assert "after 5 attempts" in parked.last_error.message and model.calls == 5
+    assert "LOUSHO_RETRY_FOR_S is 120" in parked.last_error.message
     runtime.clock.advance(seconds=3600)
     assert runtime.store.stale_runs(1.0) == []
     # A later duplicate does nothing to a parked run
-    assert runtime.step(SID) == Outcome.IDLE and model.calls == 5
+    calls = model.calls
+    assert runtime.step(SID) == Outcome.IDLE and model.calls == calls
 
 
 def test_a_non_retryable_provider_error_parks_the_run_at_once(shop: Shop) -> None:
@@ -360,13 +390,25 @@ def test_a_non_retryable_provider_error_parks_the_run_at_once(shop: Shop) -> Non
     assert parked.last_error is not None and parked.last_error.retryable is False and model.calls == 1
 
 
-def test_a_run_whose_agent_is_unknown_is_parked_with_a_non_retryable_error(shop: Shop) -> None:
+def test_a_run_whose_agent_no_worker_serves_is_handed_back_then_parked_after_the_budget(shop: Shop) -> None:
     runtime = MemoryRuntime.build([shop_agent(shop)])
+    runtime.deps.retry_for_s = 60.0
     runtime.send(SID, "warehouse", "Count the boxes")
-    assert runtime.drain() == [Outcome.PARKED]
+    outcomes = runtime.drain()
+    # Handed back to the agent's own queue, with backoff: a worker of a newer release may serve it
+    assert outcomes[0] == Outcome.HANDED_BACK and runtime.queue.sent[-1].agent == "warehouse"
+    waiting = runtime.checkpoint(SID)
+    assert waiting.last_error is not None and waiting.last_error.retryable is True
+    for _ in range(50):
+        runtime.clock.advance(seconds=31)
+        runtime.sweep()
+        outcomes += runtime.drain()
+        if outcomes[-1] == Outcome.PARKED:
+            break
     parked = runtime.checkpoint(SID)
     assert parked.last_error is not None
     assert (parked.last_error.code, parked.last_error.retryable) == ("LOUSHO_AGENT_NOT_FOUND", False)
+    assert "no live worker has registered it" in parked.last_error.message
     assert parked.messages == [] and shop.executions == []
 
 

@@ -1,0 +1,90 @@
+"""Which live worker serves which agent: registrations written at worker start and refreshed while it runs.
+
+During a rolling deploy, workers of two releases consume the same queues. A step that reaches a
+worker lacking its agent, a tool or the checkpoint's format asks this registry whether a live
+worker has them, and hands the run back instead of parking it. Times are Postgres's ``now()``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from store import payloads
+from store.database import Transaction
+
+_REGISTER = text("""
+INSERT INTO agent_workers (agent, worker_id, fingerprint, formats, seen_at)
+VALUES (:agent, :worker, CAST(:fingerprint AS jsonb), CAST(:formats AS jsonb), now())
+ON CONFLICT (agent, worker_id) DO UPDATE
+SET fingerprint = EXCLUDED.fingerprint, formats = EXCLUDED.formats, seen_at = now()
+""")
+_NAMES = text("""
+INSERT INTO agents (name, fingerprint, seen_at) VALUES (:agent, CAST(:fingerprint AS jsonb), now())
+ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, seen_at = now()
+""")
+_REFRESH = text("UPDATE agent_workers SET seen_at = now() WHERE worker_id = :worker")
+_FORGET = text("DELETE FROM agent_workers WHERE worker_id = :worker")
+# Registrations of workers gone for a day are dropped by whoever registers next.
+_EXPIRE = text("DELETE FROM agent_workers WHERE seen_at < now() - interval '1 day'")
+_SERVING = text("""
+SELECT worker_id, fingerprint, formats FROM agent_workers
+WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND worker_id <> :exclude
+""")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """One live worker's registration of an agent."""
+
+    worker_id: str
+    fingerprint: dict[str, Any]
+    formats: builtins.list[int]
+
+    def has_tools(self, names: Iterable[str]) -> bool:
+        """Whether this worker's version of the agent has every tool in ``names``."""
+        tools = self.fingerprint.get("tools") or {}
+        return all(name in tools for name in names)
+
+
+class PostgresAgentRegistry:
+    """Registrations of the agents each live worker serves."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
+        """Record that ``worker_id`` serves these agents (and reads these checkpoint formats), now.
+
+        The agent names also go to ``agents``, the table producers check names against.
+        """
+        if not fingerprints:
+            return
+        readable = payloads.dumps(sorted(set(formats)))
+        rows = [{"agent": name, "worker": worker_id, "fingerprint": payloads.dumps(fingerprint), "formats": readable}
+                for name, fingerprint in sorted(fingerprints.items())]
+        with Transaction(self.engine) as conn:
+            conn.execute(_EXPIRE)
+            conn.execute(_REGISTER, rows)
+            conn.execute(_NAMES, [{"agent": r["agent"], "fingerprint": r["fingerprint"]} for r in rows])
+
+    def refresh(self, worker_id: str) -> None:
+        """Say ``worker_id`` is still alive."""
+        with Transaction(self.engine) as conn:
+            conn.execute(_REFRESH, {"worker": worker_id})
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a stopping worker's registrations."""
+        with Transaction(self.engine) as conn:
+            conn.execute(_FORGET, {"worker": worker_id})
+
+    def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[Serving]:
+        """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""
+        with Transaction(self.engine) as conn:
+            rows = conn.execute(_SERVING, {"agent": agent, "within": within_s, "exclude": exclude}).all()
+        return [Serving(worker_id=row.worker_id, fingerprint=dict(row.fingerprint or {}),
+                        formats=[int(f) for f in row.formats or []]) for row in rows]

@@ -158,12 +158,15 @@ def test_unknown_agents_fail_at_send_time_and_as_the_runs_last_error(make_driver
     with pytest.raises(errors.AgentNotFoundError):
         client.agent("nobody").send("hi", session_id="n-1")
     assert client.store.load("n-1") is None
-    # A producer that cannot know (check skipped): the worker parks the run with a clear error.
+    # A producer that cannot know (check skipped): once LOUSHO_RETRY_FOR_S has passed with no live worker
+    # serving the agent (here at once), the worker parks the run with a clear error.
+    driver.deps.retry_for_s = 0.0
     run = client.agent("nobody").send("hi", session_id="n-1", check_agent=False)
     assert driver.drain("n-1") == [Outcome.PARKED]
     with pytest.raises(errors.AgentNotFoundError) as caught:
         run.wait(timeout=2)
     assert "nobody" in str(caught.value) and caught.value.retryable is False
+    assert "no live worker has registered it" in str(caught.value)
     assert client.agent("nobody").pending()[0].last_error.code == "LOUSHO_AGENT_NOT_FOUND"  # type: ignore[union-attr]
 
 
@@ -208,17 +211,25 @@ def test_oversized_or_too_deep_input_is_refused(make_driver, client: Client):
     assert run.input_number == 1
 
 
-def test_a_failing_model_is_retried_then_parked_with_its_error(make_driver, client: Client):
+def test_a_failing_model_is_retried_past_the_attempts_cap_then_parked_when_the_budget_is_spent(
+        make_driver, client: Client):
     flaky = Agent(name="flaky", model=MockModel([{"error": "upstream 503", "retryable": True}]))
     driver = make_driver(flaky, max_attempts=3)
     run = client.agent("flaky").send("hi", session_id="f-1")
+    # Countdowns are delivered at once here: the backoff grows until the wait is the sweep's business
     outcomes = driver.drain("f-1")
-    assert outcomes.count(Outcome.FAILED) == 2 and outcomes[-1] == Outcome.PARKED
+    assert outcomes == [Outcome.FAILED] * len(outcomes) and len(outcomes) > 3 and driver.queue == []
+    assert driver.countdowns == sorted(driver.countdowns)
+    (retrying,) = client.agent("flaky").pending()
+    assert retrying.state == "retrying" and retrying.next_attempt_at is not None and retrying.attempts == 0
+    # Once LOUSHO_RETRY_FOR_S has passed (here: set to zero), the next failure parks the run
+    driver.deps.retry_for_s = 0.0
+    assert driver.drain("f-1") == [Outcome.PARKED]
     with pytest.raises(errors.ProviderError) as caught:
         run.wait(timeout=2)
-    assert caught.value.retryable is False
+    assert caught.value.retryable is False and "LOUSHO_RETRY_FOR_S" in str(caught.value)
     (pending,) = client.agent("flaky").pending()
-    assert pending.attempts == 3 and pending.last_error is not None
+    assert pending.state == "parked" and pending.last_error is not None
     # Nothing runs a parked run until someone resumes it.
     assert driver.drain("f-1") == [Outcome.IDLE]
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 from producer import schedules as schedule_commands
@@ -69,10 +70,11 @@ def cmd_pending(client: Client, args: argparse.Namespace) -> int:
         print("no pending runs")
     for run in runs:
         error = run.last_error
-        problem = f"  last error {error.code} (retryable={error.retryable})" if error else ""
+        problem = f"  last error {error.code}: {error.message[:160]}" if error else ""
         approval = f"  approval {run.approval_id}" if run.approval_id else ""
-        print(f"{run.session_id}  {run.agent}  {run.status}  step {run.step}  attempts {run.attempts}"
-              f"{approval}{problem}")
+        when = run.next_attempt_at.astimezone(UTC) if run.next_attempt_at else None
+        retry = f"  next attempt {when:%Y-%m-%d %H:%M:%S}Z" if when else ""
+        print(f"{run.session_id}  {run.agent}  {run.state}  step {run.step}{approval}{retry}{problem}")
     return 0
 
 
@@ -283,16 +285,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``lousho``; returns the exit status (1 for a Lousho error, 2 for usage)."""
+    from store import redaction
+
+    redaction.install()  # before anything can log: every command, and the servers some of them run
     args = build_parser().parse_args(argv)
     try:
         with Client(load_settings()) as client:
             code: int = args.fn(client, args)
             return code
     except errors.LoushoError as exc:
+        message = redaction.redact(exc.message)
         if getattr(args, "json", False):
-            _print_json({"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable}})
+            _print_json({"error": {"code": exc.code, "message": message, "retryable": exc.retryable}})
         else:
-            print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+            print(f"error {exc.code}: {message}", file=sys.stderr)
         return 1
 
 

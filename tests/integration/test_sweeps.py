@@ -1,0 +1,114 @@
+"""The real ``lousho.recover`` task body, run in this process on the test services.
+
+It must send a step for every run that can move and is not moving, and never for a run that cannot
+move (parked, paused, waiting for its retry time), however many of those there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from sqlalchemy import text
+
+from store.checkpoints import PostgresCheckpointStore
+from store.leases import LeaseManager
+from store.records import LastError, Message
+from store.settings import Settings
+from worker import tasks
+
+AGENT = "sweeper"
+
+
+@dataclass
+class Sent:
+    """What the sweep enqueued: (session_id, seq, countdown, agent)."""
+
+    messages: list[tuple[str, int | None, float, str | None]] = field(default_factory=list)
+
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+        self.messages.append((session_id, seq, countdown, agent))
+
+    @property
+    def session_ids(self) -> set[str]:
+        return {m[0] for m in self.messages}
+
+
+@pytest.fixture
+def sent(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sent]:
+    """``tasks.recover`` on the test database, its messages collected instead of published."""
+    recorder = Sent()
+    monkeypatch.setattr(tasks, "settings", settings)
+    monkeypatch.setattr(tasks, "enqueue", recorder)
+    monkeypatch.setitem(tasks._state, "pid", None)
+    monkeypatch.setitem(tasks._state, "deps", None)
+    yield recorder
+    built = tasks._state.get("deps")
+    if built is not None:
+        built.heartbeat.stop()
+        built.store.engine.dispose()
+
+
+def _run(store: PostgresCheckpointStore, session_id: str, *, age_s: float = 3600) -> None:
+    store.append_input(session_id, AGENT, [Message(role="user", content="hi")])
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET updated_at = now() - make_interval(secs => :age) WHERE session_id = :sid"),
+                     {"age": age_s, "sid": session_id})
+
+
+def _claim(store: PostgresCheckpointStore, session_id: str) -> int:
+    claim = store.claim(session_id, 10, None)
+    assert claim.checkpoint is not None
+    return claim.checkpoint.fence
+
+
+def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: PostgresCheckpointStore,
+                                                                        sent: Sent) -> None:
+    for sid in ("stalled", "parked", "waiting", "due", "paused", "follow-up-parked", "fresh"):
+        _run(store, sid, age_s=0 if sid == "fresh" else 3600)
+    store.record_failure("parked", _claim(store, "parked"), LastError(code="X", retryable=False))
+    store.retry_later("waiting", _claim(store, "waiting"), LastError(code="X", retryable=True), 3600)
+    store.retry_later("due", _claim(store, "due"), LastError(code="X", retryable=True), 0)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = 'paused'"))
+        # A finished run whose follow-up failed for good before its input was merged
+        conn.execute(text("UPDATE runs SET status = 'finished', last_error = '{\"code\": \"X\", \"retryable\": false}'"
+                          " WHERE session_id = 'follow-up-parked'"))
+
+    assert tasks.recover() == 2
+    assert sent.session_ids == {"stalled", "due"}
+    # Each goes to its agent's queue; a due retry gets a small spread, a lost message none
+    by_id = {m[0]: m for m in sent.messages}
+    assert by_id["stalled"][2:] == (0.0, AGENT)
+    assert 0.0 <= by_id["due"][2] <= 5.0 and by_id["due"][3] == AGENT
+
+
+def test_runs_that_cannot_move_never_crowd_out_one_that_can(store: PostgresCheckpointStore, sent: Sent) -> None:
+    # 600 parked runs (more than a sweep's page), all older than the one stalled run
+    with store.engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO runs (session_id, agent, status, updated_at, last_error, inbox_head)
+            SELECT 'parked-' || g, :agent, CASE WHEN g % 2 = 0 THEN 'in-progress' ELSE 'finished' END,
+                   now() - interval '2 hours', '{"code": "X", "retryable": false}', 1
+            FROM generate_series(1, 600) AS g"""), {"agent": AGENT})
+    _run(store, "stalled", age_s=3600)
+
+    assert tasks.recover() == 1
+    assert sent.session_ids == {"stalled"}
+
+
+def test_the_sweep_pages_past_runs_whose_lease_is_live(store: PostgresCheckpointStore, leases: LeaseManager,
+                                                      sent: Sent) -> None:
+    # 600 stalled-looking runs that are in fact running (a live lease each), older than one lost run
+    with store.engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO runs (session_id, agent, updated_at, inbox_head)
+            SELECT 'busy-' || g, :agent, now() - interval '2 hours', 1 FROM generate_series(1, 600) AS g"""),
+                     {"agent": AGENT})
+    for g in range(1, 601):
+        assert leases.acquire(f"busy-{g}") is not None
+    _run(store, "lost", age_s=3600)
+
+    assert tasks.recover() == 1
+    assert sent.session_ids == {"lost"}

@@ -235,6 +235,7 @@ def _retry(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_after
     does not park the run.
     """
     sid = checkpoint.session_id
+    error = error.model_copy(update={"retryable": True})
     elapsed = 0.0
     if checkpoint.retry_since is not None and now is not None:
         elapsed = (now - checkpoint.retry_since).total_seconds()

@@ -52,6 +52,8 @@ runs = Table(
     #: Transient failures in a row since the last save (the backoff exponent).
     Column("failures", Integer, nullable=False, server_default="0"),
     Index("runs_status_updated_idx", "status", "updated_at"),
+    Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
+          postgresql_where=text("(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

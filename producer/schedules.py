@@ -33,13 +33,16 @@ class Schedules:
         """Store a schedule that sends ``input`` to a new run of ``agent`` at each tick.
 
         Give ``cron`` (5 fields or a ``@daily``-style macro, read in ``timezone``, DST-aware) or
-        ``every`` (whole seconds or a ``timedelta``; ticks aligned on the Unix epoch). Each tick's
+        ``every`` (whole seconds or a ``timedelta``, 1 s to 10 years; ticks aligned on the Unix epoch). Each tick's
         run is ``sched-<schedule_id>-<UTC time>``. ``overlap="skip"`` claims a tick without a run
-        while the previous run is unfinished; ``catch_up="one"`` fires one run for ticks missed
-        during downtime (older than the sweep's grace), ``"skip"`` drops them.
+        while the previous run is active (not while it is parked on a non-retryable error);
+        ``catch_up="one"`` fires one run for ticks missed during downtime (older than the sweep's
+        grace), ``"skip"`` drops them.
 
         Raises:
-            ConfigurationError: an invalid field, both or neither of cron/every, or the name is taken.
+            ConfigurationError: an invalid field (its ``field`` names it: an unknown time zone, a cron
+                expression that does not parse, ``every`` outside 1 s to 10 years), both or neither of
+                cron/every, or the name is taken.
             InputTooLargeError: the input is too large or too deep.
             AgentNotFoundError: workers registered agents and this name is not among them.
         """
@@ -53,7 +56,7 @@ class Schedules:
         return self._store.create(spec)
 
     def list(self) -> builtins.list[Schedule]:
-        """Every schedule, by name."""
+        """Every schedule, by name; a broken one has ``broken_error`` and ``broken_at`` set."""
         return self._store.list()
 
     def get(self, name: str) -> Schedule:
@@ -74,6 +77,9 @@ class Schedules:
 
     def resume(self, name: str) -> Schedule:
         """Fire again from the next tick after now; ticks of the pause are not fired.
+
+        Also tries a broken schedule again (once the workers can compute its ticks): it stays
+        broken, with the new error, when its ticks still cannot be computed here.
 
         Raises:
             ScheduleNotFoundError: no schedule has that name.
@@ -103,12 +109,17 @@ def _say(args: argparse.Namespace, value: Any, text: str) -> None:
 def _line(schedule: Schedule) -> str:
     timing = f"cron {schedule.cron!r} {schedule.timezone}" if schedule.cron else f"every {schedule.every_s}s"
     state = "paused" if schedule.paused else f"next {schedule.next_fire_at.isoformat()}"
+    if schedule.broken_error is not None:
+        since = schedule.broken_at.isoformat() if schedule.broken_at else "?"
+        state = f"BROKEN since {since}: {schedule.broken_error}" + ("  (paused)" if schedule.paused else "")
     return (f"{schedule.name}  {schedule.agent}  {timing}  overlap={schedule.overlap}  catch_up={schedule.catch_up}"
             f"  {state}")
 
 
 def _dump(schedule: Schedule) -> dict[str, Any]:
-    return schedule.model_dump(mode="json", exclude_none=True)
+    # The broken fields are always present (null when healthy) so a script can filter on them.
+    return {**schedule.model_dump(mode="json", exclude_none=True),
+            **schedule.model_dump(mode="json", include={"broken_error", "broken_at"})}
 
 
 def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
@@ -127,6 +138,10 @@ def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
             _print_json([_dump(s) for s in found])
         else:
             print("\n".join(_line(s) for s in found) or "no schedules")
+            broken = [s.name for s in found if s.broken_error is not None]
+            if broken:
+                print(f"{len(broken)} broken (not firing): {', '.join(broken)}; fix the timing and redefine,"
+                      " or `lousho schedules resume NAME` once the workers can compute it")
         return 0
     if args.action == "fires":
         fires = schedules.fires(args.name, args.limit)
@@ -163,12 +178,13 @@ def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     create.add_argument("input", help="the user message each tick's run starts with")
     timing = create.add_mutually_exclusive_group(required=True)
     timing.add_argument("--cron", default=None, help="5-field cron expression or @daily/@hourly/...")
-    timing.add_argument("--every", type=int, default=None, help="interval in whole seconds")
+    timing.add_argument("--every", type=int, default=None, help="interval in whole seconds (1 to 10 years)")
     create.add_argument("--timezone", default="UTC", help="IANA zone the cron expression is read in")
     create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
     create.add_argument("--catch-up", dest="catch_up", choices=["skip", "one"], default="one")
     action("list", "list schedules")
-    for name, text in (("pause", "stop firing a schedule"), ("resume", "fire a paused schedule again"),
+    for name, text in (("pause", "stop firing a schedule"),
+                       ("resume", "fire a paused schedule again, or try a broken one again"),
                        ("delete", "delete a schedule (its runs stay)")):
         action(name, text).add_argument("name")
     fires = action("fires", "show a schedule's claimed ticks, newest first")

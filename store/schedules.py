@@ -145,6 +145,8 @@ class ScheduleBrokenError(errors.LoushoError):
     """
 
     code = "LOUSHO_SCHEDULE_BROKEN"
+    name: str
+    reason: BrokenReason
 
     def __init__(self, name: str, reason: BrokenReason, detail: str) -> None:
         super().__init__(f"{reason}: {detail}", name=name, reason=reason)

@@ -184,7 +184,7 @@ schedules = Table(
     Column("broken_error", Text, nullable=True),
     Column("broken_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("(cron IS NULL) <> (every_s IS NULL)", name="schedules_one_timing"),
-    Index("schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused")),
+    Index("schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused AND broken_error IS NULL")),
 )
 
 #: Claimed ticks, unique per (schedule, fire time), written in the transaction that creates the tick's run.

@@ -130,6 +130,8 @@ class SweepResult:
     skipped: int = 0
     missed: int = 0
     schedules: int = 0
+    #: The agent of each run started, so its step goes to that agent's queue.
+    agents: dict[str, str] = field(default_factory=dict)
     #: Names of the schedules this sweep marked broken (their ticks cannot be computed; later sweeps skip them).
     broken: list[str] = field(default_factory=list)
     now: datetime | None = None
@@ -173,6 +175,7 @@ def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
                       swept.schedule.name, swept.schedule.broken_error)
             continue
         result.fired.extend((swept.schedule.name, tick, sid) for tick, sid in swept.fired)
+        result.agents.update((sid, swept.schedule.agent) for _, sid in swept.fired)
         result.skipped += len(swept.skipped)
         result.missed += swept.missed
         if swept.missed:
@@ -182,7 +185,10 @@ def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
 
 
 def publish(result: SweepResult, enqueue: Callable[[str], None]) -> int:
-    """Enqueue ``advance`` for every run the sweep created; returns how many were sent."""
+    """Enqueue ``advance`` for every run the sweep created; returns how many were sent.
+
+    ``enqueue`` gets the run id; ``result.agents`` says whose queue it belongs on.
+    """
     for session_id in result.session_ids:
         crash_point("tick_claim_before_publish", session_id)
         enqueue(session_id)

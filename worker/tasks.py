@@ -211,10 +211,11 @@ def fire_schedules() -> None:
     result = schedule_sweep.sweep(PostgresScheduleStore(deps().store.engine),
                                   grace=timedelta(seconds=max(settings.schedule_grace_s,
                                                               3 * settings.schedule_interval_s)))
-    sent = schedule_sweep.publish(result, lambda session_id: enqueue(session_id, None))
-    if sent or result.skipped or result.missed:
-        log.info("schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped",
-                 sent, result.skipped, result.missed)
+    sent = schedule_sweep.publish(
+        result, lambda session_id: enqueue(session_id, None, 0.0, result.agents.get(session_id)))
+    if sent or result.skipped or result.missed or result.broken:
+        log.info("schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped,"
+                 " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
 __all__ = ["Outcome", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "recover"]

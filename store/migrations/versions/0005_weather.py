@@ -44,6 +44,10 @@ def upgrade() -> None:
     )
     op.add_column("schedules", sa.Column("broken_error", sa.Text, nullable=True))
     op.add_column("schedules", sa.Column("broken_at", sa.DateTime(timezone=True), nullable=True))
+    # Broken schedules are skipped by the sweep: keep them out of its index too.
+    op.drop_index("schedules_due_idx", table_name="schedules")
+    op.create_index("schedules_due_idx", "schedules", ["next_fire_at"],
+                    postgresql_where=sa.text("NOT paused AND broken_error IS NULL"))
     op.create_table(
         "delivery_bodies",
         sa.Column("agent", sa.Text, nullable=False),
@@ -62,6 +66,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("delivery_bodies")
+    op.drop_index("schedules_due_idx", table_name="schedules")
+    op.create_index("schedules_due_idx", "schedules", ["next_fire_at"], postgresql_where=sa.text("NOT paused"))
     op.drop_column("schedules", "broken_at")
     op.drop_column("schedules", "broken_error")
     op.drop_table("sends")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.client import Client
+from store import redaction
 from store.database import ensure_database, migrate
 from store.settings import Settings
 
@@ -70,6 +71,7 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 def run_demo(settings: Settings) -> int:
     """Run the demo; returns the exit status."""
+    redaction.install()
     ensure_database(settings)
     migrate(settings)
     workdir = Path(tempfile.mkdtemp(prefix="lousho-demo-"))

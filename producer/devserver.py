@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from producer.embedded import EmbeddedServices, default_root, exported
+from store import redaction
 from store.database import ensure_database, migrate
 from store.settings import Settings
 
@@ -196,6 +197,7 @@ def run_dev(settings: Settings | None = None, *, root: Path | None = None, concu
     Returns:
         0 after Ctrl-C or SIGTERM, 1 when a child exited on its own (everything is stopped either way).
     """
+    redaction.install()
     out = out or sys.stdout
     root = (root or default_root()).resolve()
 
@@ -300,9 +302,16 @@ def _banner(say: Any, services: Services, agents: str, worker: _Child, beat: _Ch
         say(flower_line)
     say("")
     say("Point another terminal at the same services:")
-    for line in exported({"LOUSHO_DATABASE_URL": settings.database_url, "LOUSHO_REDIS_URL": settings.redis_url,
-                          **({"LOUSHO_AGENTS": agents} if agents else {})}).splitlines():
+    # The URLs of embedded servers are printed whole (their generated passwords are the only way in); a
+    # configured URL is the caller's own secret and is never printed.
+    urls = {"LOUSHO_DATABASE_URL": (settings.database_url, "postgres"),
+            "LOUSHO_REDIS_URL": (settings.redis_url, "redis")}
+    shown = {name: url for name, (url, server) in urls.items() if server in services.embedded_names}
+    for line in exported({**shown, **({"LOUSHO_AGENTS": agents} if agents else {})}).splitlines():
         say(f"  {line}")
+    for name in urls:
+        if name not in shown:
+            say(f"  # {name}: as set in this shell")
     if agents == DEFAULT_AGENTS:
         say('  lousho send shop "Reserve two teas, charge 5 and ship order 7" --session order-7 --wait')
     say("")

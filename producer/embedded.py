@@ -6,8 +6,9 @@ their data folders under ``<root>/.lousho/``, starts and stops the two server pr
 state file that lets any process reuse the servers another process started for the same folder.
 
 It must not touch a server it did not start (the machine's own Postgres or Redis, or the servers of
-another folder), listen anywhere but 127.0.0.1, or import ``store`` or ``worker``: it only hands back
-URLs. It is for development and tests, never for production data.
+another folder), listen anywhere but 127.0.0.1, or import ``store`` or ``worker`` (its command line
+installs ``store.redaction``, which imports nothing of the project): it only hands back URLs. It is for
+development and tests, never for production data.
 
 Layout of ``<root>/.lousho/``::
 
@@ -774,6 +775,9 @@ def _exec(services: EmbeddedServices, command: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m producer.embedded start|stop|status|exec``; returns the exit status."""
+    from store import redaction  # the one project module used here: it imports nothing of the project
+
+    redaction.install()
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", type=Path, default=None, help="project folder (data in ROOT/.lousho)")
     common.add_argument("--json", action="store_true", help="print JSON")
@@ -812,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for name, s in report.items()))
         return 0
     except EmbeddedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redaction.redact(str(exc))}", file=sys.stderr)  # it may quote a server's log
         return 1
 
 

@@ -1,9 +1,10 @@
 """The webhook receiver, an ASGI ``app``: a verified delivery starts one run; run status and approvals need a key.
 
-Owns HTTP intake: signature checks (Standard Webhooks; GitHub optionally), the body cap, the
-content type, parsing of untrusted JSON and the responses. It must not write runs itself: the
-delivery row, the run and its first input are one transaction in ``store.deliveries``, and the
-``advance`` message is published only after that commit.
+Owns HTTP intake: the secrets and which agents each may start, signature checks (Standard Webhooks;
+GitHub optionally), the body cap, the content type, parsing of untrusted JSON and the responses. It
+must not write runs itself: the delivery row, the run and its first input are one transaction in
+``store.deliveries`` (which also refuses a GitHub body replayed under a new delivery id), and the
+``advance`` message is published only after that commit; a failed publish is left to the recover sweep.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import copy
 import hashlib
 import hmac
 import logging
@@ -22,6 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import kombu.exceptions
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +36,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from producer import client as client_module
-from store import errors, payloads, records
+from store import errors, payloads, records, redaction
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import Transaction
@@ -88,13 +91,59 @@ def parse_secret(secret: str) -> bytes:
     return key
 
 
+def _github_secret(secret: str) -> bytes:
+    if not secret:
+        raise errors.ConfigurationError("a GitHub webhook secret must not be empty")
+    return secret.encode()
+
+
+#: ``agent=secret`` binds a secret to one agent; ``*=secret`` (or a bare secret) serves every agent.
+#: A Standard Webhooks secret is bound only when ``whsec_`` follows the ``=`` (base64 padding has ``=`` too).
+_BOUND_STANDARD = re.compile(r"(?P<agent>[A-Za-z0-9_.-]{1,200}|\*)=(?P<secret>whsec_.*)", re.DOTALL)
+_BOUND_GITHUB = re.compile(r"(?P<agent>[A-Za-z0-9_.-]{1,200}|\*)=(?P<secret>.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class _SecretSpec:
+    variable: str
+    bound: re.Pattern[str]
+    decode: Callable[[str], bytes]
+
+
+_STANDARD_SPEC = _SecretSpec("LOUSHO_WEBHOOK_SECRETS", _BOUND_STANDARD, parse_secret)
+_GITHUB_SPEC = _SecretSpec("LOUSHO_GITHUB_WEBHOOK_SECRETS", _BOUND_GITHUB, _github_secret)
+
+
+def _parse_secrets(spec: _SecretSpec, value: str) -> tuple[tuple[bytes, ...], dict[str, tuple[bytes, ...]]]:
+    """``(unbound keys, keys per agent)`` of one secrets variable; errors name the variable, never a secret."""
+    unbound: list[bytes] = []
+    bound: dict[str, list[bytes]] = {}
+    for number, item in enumerate((i.strip() for i in value.split(",")), start=1):
+        if not item:
+            continue
+        match = spec.bound.fullmatch(item)
+        agent, secret = (match["agent"], match["secret"].strip()) if match else ("*", item)
+        where = f"item {number}" if agent == "*" else f"the secret bound to agent {agent!r} (item {number})"
+        try:
+            key = spec.decode(secret)
+        except errors.ConfigurationError as exc:
+            raise errors.ConfigurationError(
+                f"{spec.variable}: {where}: {exc.message}; the form is agent=secret or secret, comma-separated",
+                variable=spec.variable) from None
+        (unbound if agent == "*" else bound.setdefault(agent, [])).append(key)
+    return tuple(unbound), {agent: tuple(keys) for agent, keys in bound.items()}
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
-    """Secrets (several, for rotation), the API key of the read and approval routes, limits, input mapping.
+    """Secrets (several, for rotation; each for every agent or bound to one), the API key of the read and
+    approval routes, limits, input mapping.
 
-    ``input_pointers`` maps an agent to the JSON pointer (RFC 6901) of the part of the body that
-    becomes its input; ``input_builders`` maps an agent to a function of the parsed body returning
-    a string or chat messages. Agents in neither get the whole body as JSON text.
+    ``secrets`` and ``github_secrets`` verify deliveries to any agent; ``agent_secrets`` and
+    ``github_agent_secrets`` verify only deliveries to their agent's path, so the holder of one
+    agent's secret cannot start another. ``input_pointers`` maps an agent to the JSON pointer (RFC 6901)
+    of the part of the body that becomes its input; ``input_builders`` maps an agent to a function of the
+    parsed body returning a string or chat messages. Agents in neither get the whole body as JSON text.
     """
 
     secrets: tuple[bytes, ...] = ()
@@ -104,21 +153,25 @@ class WebhookConfig:
     tolerance_s: int = TOLERANCE_S
     input_pointers: Mapping[str, str] = field(default_factory=dict)
     input_builders: Mapping[str, Callable[[Any], client_module.Input]] = field(default_factory=dict)
+    agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
+    github_agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WebhookConfig:
         """The configuration from ``LOUSHO_WEBHOOK_SECRETS`` and the other ``LOUSHO_`` variables.
 
-        Also read: ``LOUSHO_GITHUB_WEBHOOK_SECRETS``, ``LOUSHO_API_KEY``, ``LOUSHO_WEBHOOK_MAX_BODY_BYTES``
-        and ``LOUSHO_WEBHOOK_INPUT`` (``agent=/json/pointer,...``).
+        Both secret variables take comma-separated items, each ``secret`` (every agent) or
+        ``agent=secret`` (that agent only); ``*=secret`` is a secret for every agent that may contain
+        ``=`` itself. Also read: ``LOUSHO_API_KEY``, ``LOUSHO_WEBHOOK_MAX_BODY_BYTES`` and
+        ``LOUSHO_WEBHOOK_INPUT`` (``agent=/json/pointer,...``).
 
         Raises:
-            ConfigurationError: a malformed secret, size or input mapping, or no secret at all.
+            ConfigurationError: a malformed secret, size or input mapping, or no secret at all; the
+                message names the variable and never repeats a secret.
         """
         env = os.environ if environ is None else environ
-        secrets = tuple(parse_secret(s) for s in env.get("LOUSHO_WEBHOOK_SECRETS", "").split(",") if s.strip())
-        github = tuple(s.strip().encode() for s in env.get("LOUSHO_GITHUB_WEBHOOK_SECRETS", "").split(",")
-                       if s.strip())
+        secrets, agent_secrets = _parse_secrets(_STANDARD_SPEC, env.get(_STANDARD_SPEC.variable, ""))
+        github, github_agents = _parse_secrets(_GITHUB_SPEC, env.get(_GITHUB_SPEC.variable, ""))
         pointers: dict[str, str] = {}
         for item in filter(None, (i.strip() for i in env.get("LOUSHO_WEBHOOK_INPUT", "").split(","))):
             agent, sep, pointer = item.partition("=")
@@ -130,18 +183,33 @@ class WebhookConfig:
         except ValueError as exc:
             raise errors.ConfigurationError("LOUSHO_WEBHOOK_MAX_BODY_BYTES must be an integer") from exc
         config = cls(secrets=secrets, github_secrets=github, api_key=env.get("LOUSHO_API_KEY") or None,
-                     max_body_bytes=max_body, input_pointers=pointers)
+                     max_body_bytes=max_body, input_pointers=pointers, agent_secrets=agent_secrets,
+                     github_agent_secrets=github_agents)
         config.check()
         return config
+
+    def standard_keys(self, agent: str) -> tuple[bytes, ...]:
+        """The Standard Webhooks keys that may sign a delivery to ``agent``: the unbound ones and its own."""
+        return self.secrets + tuple(self.agent_secrets.get(agent, ()))
+
+    def github_keys(self, agent: str) -> tuple[bytes, ...]:
+        """The GitHub secrets that may sign a delivery to ``agent``: the unbound ones and its own."""
+        return self.github_secrets + tuple(self.github_agent_secrets.get(agent, ()))
 
     def check(self) -> None:
         """Refuse a configuration that could accept nothing or anything.
 
         Raises:
-            ConfigurationError: no secret, or a body cap that is not positive.
+            ConfigurationError: no secret, a secret bound to a name no agent can have, or a body cap
+                that is not positive.
         """
-        if not self.secrets and not self.github_secrets:
-            raise errors.ConfigurationError("set LOUSHO_WEBHOOK_SECRETS (whsec_...) to receive webhooks")
+        if not (self.secrets or self.github_secrets or any(self.agent_secrets.values())
+                or any(self.github_agent_secrets.values())):
+            raise errors.ConfigurationError(
+                "set LOUSHO_WEBHOOK_SECRETS (whsec_... or agent=whsec_...) to receive webhooks")
+        for agent in (*self.agent_secrets, *self.github_agent_secrets):
+            if not _AGENT.fullmatch(agent):
+                raise errors.ConfigurationError("a webhook secret is bound to a name no agent can have")
         if self.max_body_bytes <= 0:
             raise errors.ConfigurationError("the webhook body cap must be positive")
 
@@ -288,10 +356,16 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _parse(body: bytes) -> Any:
+    """The body as JSON: UTF-8 only (a BOM is ignored), lone surrogates and NULs replaced by U+FFFD.
+
+    ``\\ud800`` is valid JSON but cannot be stored; replacing it here keeps the sender from retrying
+    a body that could never be accepted.
+    """
     try:
-        return payloads.loads_untrusted(body)
-    except errors.InputTooLargeError:
+        document = payloads.loads_untrusted(body.decode("utf-8-sig"))
+    except (UnicodeDecodeError, errors.InputTooLargeError):
         raise _bad("the body is not acceptable JSON") from None
+    return payloads.sanitize(document)
 
 
 def _pointer(document: Any, pointer: str) -> Any:
@@ -341,16 +415,17 @@ class Verified:
     body: bytes
 
 
-async def _verified(request: Request, config: WebhookConfig, now: float) -> Verified:
+async def _verified(request: Request, config: WebhookConfig, agent: str, now: float) -> Verified:
+    """The delivery, when signed by a secret of this agent's (or an unbound one)."""
     headers = request.headers
     _check_json_type(headers)
-    if config.secrets and "webhook-signature" in headers:
+    if (config.secrets or config.agent_secrets) and "webhook-signature" in headers:
         delivery_id, timestamp, signatures = standard_headers(headers)
         check_timestamp(timestamp, now, config.tolerance_s)
         body = await read_body(request, config.max_body_bytes)
-        verify_standard(config.secrets, delivery_id, timestamp, body, signatures)
+        verify_standard(config.standard_keys(agent), delivery_id, timestamp, body, signatures)
         return Verified("standard-webhooks", delivery_id, body)
-    if config.github_secrets and "x-hub-signature-256" in headers:
+    if (config.github_secrets or config.github_agent_secrets) and "x-hub-signature-256" in headers:
         signature, github_id = _one(headers, "x-hub-signature-256"), _one(headers, "x-github-delivery")
         if signature is None or github_id is None:
             raise _bad("X-Hub-Signature-256 and X-GitHub-Delivery are required")
@@ -359,7 +434,7 @@ async def _verified(request: Request, config: WebhookConfig, now: float) -> Veri
         except errors.ConfigurationError:
             raise _bad("X-GitHub-Delivery must be 1-256 printable ASCII characters") from None
         body = await read_body(request, config.max_body_bytes)
-        verify_github(config.github_secrets, signature, body)
+        verify_github(config.github_keys(agent), signature, body)
         return Verified("github", github_id, body)
     raise _bad("signature headers are required")
 
@@ -380,8 +455,25 @@ def _settled_status(backend: Backend, session_id: str) -> str:
         return "paused"
     if backend.lease_holder(session_id) is not None:
         return "running"
-    backend.enqueue(session_id)
+    _publish(backend, session_id)
     return "running" if checkpoint.seq == 0 else "resumed"
+
+
+#: What a publish can fail with once the broker is unreachable (kombu wraps the transport's errors).
+_BROKER_ERRORS = (errors.StorageError, redis.RedisError, kombu.exceptions.OperationalError, OSError)
+
+
+def _publish(backend: Backend, session_id: str) -> None:
+    """Send ``advance`` for a run whose input is committed; a broker failure is left to the recover sweep.
+
+    The commit is what makes the delivery durable, so the sender must get its 2xx: answering an error
+    would only make it deliver again.
+    """
+    try:
+        backend.enqueue(session_id)
+    except _BROKER_ERRORS as exc:
+        log.warning("run %s is committed but its step could not be published (%s); the recover sweep will "
+                    "send it", session_id, type(exc).__name__)
 
 
 def _accept(backend: Backend, config: WebhookConfig, agent: str, verified: Verified) -> tuple[str, str, bool]:
@@ -397,12 +489,16 @@ def _accept(backend: Backend, config: WebhookConfig, agent: str, verified: Verif
         raise Rejected(409, "LOUSHO_WEBHOOK_CONFLICT", "the delivery's run id is used by another run") from None
     session_id = intake.delivery.session_id
     if not intake.created:
-        if intake.delivery.body_sha256 != digest:
+        if intake.replay_of is not None:
+            # Answered like a duplicate: the sender learns nothing new and a genuine redelivery is settled.
+            log.warning("GitHub delivery %s for %s repeats the signed body of delivery %s; it starts nothing",
+                        verified.delivery_id, agent, intake.replay_of)
+        elif intake.delivery.body_sha256 != digest:
             log.warning("delivery %s for %s came again with another body; the first one stands",
                         verified.delivery_id, agent)
         return session_id, _settled_status(backend, session_id), True
     crash_point("webhook_commit_before_enqueue", session_id)
-    backend.enqueue(session_id)
+    _publish(backend, session_id)
     log.info("delivery %s for %s accepted as run %s", verified.delivery_id, agent, session_id)
     return session_id, "accepted", False
 
@@ -461,7 +557,7 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
     session_id = made.approval.session_id
     if made.run_continues:
         crash_point("approval_decided_before_resume_enqueue", session_id)
-        backend.enqueue(session_id)
+        _publish(backend, session_id)
     return session_id, made.run_continues
 
 
@@ -517,7 +613,7 @@ async def _receive(agent: str, request: Request) -> JSONResponse:
     config, backend = _state(request)
     if not _AGENT.fullmatch(agent):
         raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
-    verified = await _verified(request, config, request.app.state.clock())
+    verified = await _verified(request, config, agent, request.app.state.clock())
     session_id, status, duplicate = await run_in_threadpool(_accept, backend, config, agent, verified)
     url = str(request.url_for("run_status", session_id=session_id))
     return JSONResponse({"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate},
@@ -554,6 +650,8 @@ async def _healthz(request: Request) -> JSONResponse:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     built = None
     if app.state.config is None:
+        # Configured from the environment: a real server (``uvicorn producer.webhooks:app`` included).
+        redaction.install()
         app.state.config = WebhookConfig.from_env()
     if app.state.backend is None:
         app.state.backend = built = _backend_from_env()
@@ -593,11 +691,26 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
 app = create_app()
 
 
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration with secrets masked on its handlers, and ``lousho.*`` and library
+    warnings written through them (access log lines carry query strings, which may hold keys)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"redact": {"()": "store.redaction.RedactingFilter"}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
+    config["loggers"]["lousho"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    config["root"] = {"handlers": ["default"], "level": "WARNING"}
+    return config
+
+
 def cmd_serve(client: Client, args: argparse.Namespace) -> int:
     """Run ``lousho webhooks serve``: uvicorn on ``--host``/``--port`` with the environment's settings."""
     import uvicorn
 
+    redaction.install()
     WebhookConfig.from_env()  # fail before binding the port when the secrets are missing or malformed
     uvicorn.run("producer.webhooks:app", host=args.host, port=args.port, log_level=args.log_level,
-                server_header=False, date_header=False)
+                log_config=log_config(args.log_level), server_header=False, date_header=False)
     return 0

@@ -1,7 +1,8 @@
 """Webhook deliveries in Postgres: one row per (agent, delivery id), written with its run in one transaction.
 
-Owns the delivery id → run id mapping and the atomic intake (delivery row, run row, first inbox
-entry). It must not verify signatures, parse HTTP or publish messages: callers do that around it.
+Owns the delivery id → run id mapping and the atomic intake (delivery row, for GitHub the body-hash row,
+run row, first inbox entry). It must not verify signatures, parse HTTP or publish messages: callers do
+that around it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ Source = Literal["standard-webhooks", "github"]
 PREFIX = "job-"
 MAX_DELIVERY_ID = 256
 _READABLE_AGENT = re.compile(r"[A-Za-z0-9_]{1,64}")
-_READABLE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# No dot: forks (``<run>.fork-<n>``), child tasks (``<run>.task-…``) and the reserved keys of a run
+# (``.turn-<n>``, ``.paused``, ``.fire``) all add a dot to a run id, so a run id without one is none of them.
+_READABLE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")
 
 _COLUMNS = "agent, delivery_id, session_id, source, body_sha256, received_at"
@@ -37,6 +40,12 @@ ON CONFLICT (agent, delivery_id) DO NOTHING
 RETURNING {_COLUMNS}
 """)
 _GET = text(f"SELECT {_COLUMNS} FROM deliveries WHERE agent = :agent AND delivery_id = :delivery_id")
+# GitHub signs the body only: a body seen before for the agent is a replay, whatever its delivery id.
+_CLAIM_BODY = text("""
+INSERT INTO delivery_bodies (agent, body_sha256, delivery_id) VALUES (:agent, :sha, :delivery_id)
+ON CONFLICT (agent, body_sha256) DO NOTHING RETURNING delivery_id
+""")
+_GET_BODY = text("SELECT delivery_id, received_at FROM delivery_bodies WHERE agent = :agent AND body_sha256 = :sha")
 
 # A run recreated under an id whose history was kept continues its seq after that history.
 _NEW_RUN = text("""
@@ -65,10 +74,23 @@ class Delivery(BaseModel):
 
 @dataclass(frozen=True)
 class Intake:
-    """What recording a delivery did: ``created`` is False for a delivery seen before."""
+    """What recording a delivery did: ``created`` is False for a delivery seen before.
+
+    ``replay_of`` is set when a GitHub delivery came under a new id with the signed body of an earlier
+    one: ``delivery`` is then that earlier delivery, and nothing was written.
+    """
 
     delivery: Delivery
     created: bool
+    replay_of: str | None = None
+
+
+class _Replay(Exception):
+    """Internal: rolls back the intake of a GitHub body seen before under another delivery id."""
+
+    def __init__(self, original: Delivery) -> None:
+        super().__init__(original.delivery_id)
+        self.original = original
 
 
 def check_delivery_id(delivery_id: str) -> str:
@@ -86,19 +108,19 @@ def check_delivery_id(delivery_id: str) -> str:
 def session_id_for(agent: str, delivery_id: str) -> str:
     """The run id of a delivery: ``job-<agent>-<id>`` when both are plain, else ``job-h<hash>``.
 
-    The readable form is only used when the agent name has no ``-`` (so the first ``-`` after the
-    prefix splits the two parts) and the result is a valid run id; the hashed form has no ``-``
-    after the prefix. So two different (agent, delivery id) pairs never share a run id.
+    Plain means letters, digits and ``_`` for the agent (so the first ``-`` after the prefix splits
+    the two parts) and letters, digits, ``_`` and ``-`` for the id; the hashed form has no ``-``
+    after the prefix. So two different (agent, delivery id) pairs never share a run id, and as
+    neither form has a dot, no delivery can name a fork, a child task or a reserved key of a run.
+    Plain ids map as in earlier releases; a delivery accepted before keeps the run id stored in
+    its row whatever this function says now.
 
     Raises:
         ConfigurationError: the delivery id is not 1-256 printable ASCII characters.
     """
     check_delivery_id(delivery_id)
     if _READABLE_AGENT.fullmatch(agent) and _READABLE_ID.fullmatch(delivery_id):
-        try:
-            return records.validate_session_id(f"{PREFIX}{agent}-{delivery_id}")
-        except errors.SessionIdInvalidError:
-            pass  # a reserved suffix or an edge dot: fall back to the hash
+        return records.validate_session_id(f"{PREFIX}{agent}-{delivery_id}")
     digest = hashlib.sha256(f"{agent}\x00{delivery_id}".encode()).hexdigest()[:40]
     return f"{PREFIX}h{digest}"
 
@@ -138,6 +160,18 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
     return True
 
 
+def _original(conn: Connection, params: dict[str, str]) -> Delivery:
+    """The delivery that first brought a body (committed, so visible to this transaction's next statement)."""
+    body = conn.execute(_GET_BODY, params).one()
+    row = conn.execute(_GET, {**params, "delivery_id": body.delivery_id}).first()
+    if row is not None:
+        return Delivery.model_validate(dict(row._mapping))
+    # Its delivery row was removed by hand: the body still stands for it.
+    return Delivery(agent=params["agent"], delivery_id=body.delivery_id,
+                    session_id=session_id_for(params["agent"], body.delivery_id), source="github",
+                    body_sha256=params["sha"], received_at=body.received_at)
+
+
 def _messages(messages: Sequence[records.Message]) -> str:
     return payloads.dumps([m.dump() for m in messages])
 
@@ -153,7 +187,10 @@ class PostgresDeliveryStore:
         """Record a verified delivery and start its run, all in one transaction.
 
         Concurrent copies of one delivery wait on the unique key: exactly one creates the run,
-        the others get the existing row back (``created=False``) and write nothing.
+        the others get the existing row back (``created=False``) and write nothing. A GitHub
+        delivery whose body the agent accepted before under another delivery id writes nothing
+        and returns that earlier delivery with ``replay_of`` set (GitHub signs the body only, so
+        a captured delivery could otherwise be replayed under fresh ids).
 
         Raises:
             ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.
@@ -163,12 +200,17 @@ class PostgresDeliveryStore:
         session_id = session_id_for(agent, delivery_id)
         params = {"agent": agent, "delivery_id": delivery_id, "sid": session_id, "source": source,
                   "sha": body_sha256}
-        with Transaction(self.engine) as conn:
-            row = conn.execute(_CLAIM, params).first()
-            if row is None:
-                existing = conn.execute(_GET, params).one()
-                return Intake(Delivery.model_validate(dict(existing._mapping)), created=False)
-            start_run(conn, session_id, agent, messages)
+        try:
+            with Transaction(self.engine) as conn:
+                row = conn.execute(_CLAIM, params).first()
+                if row is None:
+                    existing = conn.execute(_GET, params).one()
+                    return Intake(Delivery.model_validate(dict(existing._mapping)), created=False)
+                if source == "github" and conn.execute(_CLAIM_BODY, params).first() is None:
+                    raise _Replay(_original(conn, params))
+                start_run(conn, session_id, agent, messages)
+        except _Replay as replay:
+            return Intake(replay.original, created=False, replay_of=replay.original.delivery_id)
         return Intake(Delivery.model_validate(dict(row._mapping)), created=True)
 
     def get(self, agent: str, delivery_id: str) -> Delivery | None:

@@ -61,7 +61,7 @@ def signed_headers(body: bytes, delivery_id: str, timestamp: int, secret: str = 
 
 def truncate_producer_tables() -> None:
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
-        conn.execute("TRUNCATE deliveries, schedules, schedule_fires")
+        conn.execute("TRUNCATE deliveries, delivery_bodies, schedules, schedule_fires")
 
 
 @dataclass
@@ -72,7 +72,8 @@ class Driver:
     queue: collections.deque[tuple[str, int | None]] = field(default_factory=collections.deque)
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def enqueue(self, session_id: str, seq: int | None = None, countdown: float = 0.0) -> None:
+    def enqueue(self, session_id: str, seq: int | None = None, countdown: float = 0.0,
+                agent: str | None = None) -> None:
         self.queue.append((session_id, seq))
 
     def drain(self, limit: int = 2000) -> None:

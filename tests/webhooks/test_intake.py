@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from producer import webhooks
 from tests.webhooks.conftest import API_KEY, OLD_SECRET, Receiver, noted, signed_headers
+from tests.webhooks.recovery import run_recover_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -138,8 +139,7 @@ def test_healthz_answers_from_the_database(receiver: Receiver) -> None:
     assert TestClient(receiver.app).get("/healthz").json() == {"status": "ok"}
 
 
-def test_a_publish_lost_after_the_commit_is_repaired_by_a_redelivery_or_the_recover_sweep(
-        receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+def _die_between_commit_and_publish(monkeypatch: pytest.MonkeyPatch, client: TestClient, delivery_id: str) -> None:
     class Died(BaseException):
         """The receiver process dying between the commit and the publish (crash point cp13)."""
 
@@ -148,15 +148,32 @@ def test_a_publish_lost_after_the_commit_is_repaired_by_a_redelivery_or_the_reco
             raise Died
 
     monkeypatch.setattr(webhooks, "crash_point", die)
-    client = TestClient(receiver.app)
     with pytest.raises(Died):
-        _post(client, "hooks", {"n": 1}, "lost-1")
+        _post(client, "hooks", {"n": 1}, delivery_id)
+    monkeypatch.setattr(webhooks, "crash_point", lambda point, session_id: None)
+
+
+def test_a_publish_lost_after_the_commit_is_repaired_by_the_recover_sweep(
+        receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = TestClient(receiver.app)
+    _die_between_commit_and_publish(monkeypatch, client, "lost-1")
     assert not receiver.driver.queue and _rows(receiver) == (1, 1, 1)
-    session_id = "job-hooks-lost-1"
-    assert session_id in {sid for sid, _ in receiver.store.stale_runs(0)}  # the recover sweep would send it
-    monkeypatch.undo()
-    again = _post(client, "hooks", {"n": 1}, "lost-1").json()
+    waited = run_recover_sweep(receiver, monkeypatch, "job-hooks-lost-1")
+    receiver.driver.drain()
+    checkpoint = receiver.store.load("job-hooks-lost-1")
+    print(f"\n  publish lost after the commit: the recover sweep re-sent the run after {waited:.1f} s;"
+          f" status {checkpoint and checkpoint.status}, tool executions {len(noted)}")
+    assert checkpoint is not None and checkpoint.status == "finished" and checkpoint.final_text == "Done."
+    assert noted == ["job-hooks-lost-1"]
+
+
+def test_a_publish_lost_after_the_commit_is_repaired_by_a_redelivery(
+        receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = TestClient(receiver.app)
+    _die_between_commit_and_publish(monkeypatch, client, "lost-2")
+    assert not receiver.driver.queue and _rows(receiver) == (1, 1, 1)
+    again = _post(client, "hooks", {"n": 1}, "lost-2").json()
     assert again["duplicate"] is True and again["status"] == "running" and receiver.driver.queue
     receiver.driver.drain()
-    checkpoint = receiver.store.load(session_id)
+    checkpoint = receiver.store.load("job-hooks-lost-2")
     assert checkpoint is not None and checkpoint.status == "finished"

@@ -6,6 +6,7 @@ never lost: a lost message is repaired by the recovery sweep.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from store.settings import Settings, load_settings
 if TYPE_CHECKING:
     from producer.schedules import Schedules
 
+log = logging.getLogger("lousho.client")
 MAX_INPUT_MESSAGES = 1000
 _KNOWN_AGENTS_TTL_S = 5.0
 
@@ -190,8 +192,20 @@ class Client:
         # try now rather than at its next attempt time. None: finished, with no input left to apply.
         if self.store.reset_attempts(session_id) is None:
             return None
-        self.enqueuer.advance(session_id, agent=checkpoint.agent)
+        self.nudge(session_id, agent=checkpoint.agent)
         return Run(self, session_id, checkpoint.inbox_cursor)
+
+    def nudge(self, session_id: str, agent: str | None = None) -> None:
+        """Ask a worker to advance a run whose input or decision is already durable.
+
+        A broker that cannot be reached is logged, not raised: the recovery sweep sends the step
+        once the run has been quiet for a lease TTL, so nothing committed is lost.
+        """
+        try:
+            self.enqueuer.advance(session_id, agent=agent)
+        except errors.StorageError as exc:
+            log.warning("could not enqueue a step for %s (%s); the recovery sweep will send it",
+                        session_id, exc.message)
 
     def close(self) -> None:
         """Close connections."""
@@ -242,7 +256,7 @@ class Approvals:
         cursor = checkpoint.inbox_cursor if checkpoint is not None else 0
         if decision.run_continues:
             crash_point("approval_decided_before_resume_enqueue", session_id)
-            self._client.enqueuer.advance(session_id, agent=decision.approval.agent)
+            self._client.nudge(session_id, agent=decision.approval.agent)
         return Run(self._client, session_id, cursor)
 
 
@@ -284,7 +298,7 @@ class AgentHandle:
             if known and self.name not in known:
                 raise errors.AgentNotFoundError(self.name, known)
         number = self._client.store.append_input(session_id, self.name, messages, idempotency_key)
-        self._client.enqueuer.advance(session_id, agent=self.name)
+        self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 
     def _resume_or_current(self, session_id: str) -> Run:

@@ -5,8 +5,10 @@ One Celery app per client, reusing its pooled broker connection for every send.
 
 from __future__ import annotations
 
+import kombu.exceptions
 from celery import Celery
 
+from store import errors
 from store.settings import Settings
 
 ADVANCE = "lousho.advance"
@@ -37,8 +39,15 @@ class Enqueuer:
         """Ask a worker for the next step of ``session_id`` (on ``agent``'s queue when known).
 
         A lost message is repaired by the sweep.
+
+        Raises:
+            StorageError: the broker could not be reached (the input is already durable: the
+                recovery sweep sends the step once the broker is back).
         """
-        self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._settings.agent_queue(agent))
+        try:
+            self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._settings.agent_queue(agent))
+        except (kombu.exceptions.OperationalError, OSError) as exc:
+            raise errors.StorageError(f"broker unavailable: {type(exc).__name__}") from exc
 
     def close(self) -> None:
         """Release the broker connections."""

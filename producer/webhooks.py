@@ -24,7 +24,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import kombu.exceptions
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -221,7 +220,8 @@ class Backend:
     deliveries: PostgresDeliveryStore
     checkpoints: PostgresCheckpointStore
     approvals: PostgresApprovalStore
-    enqueue: Callable[[str], None]
+    #: ``enqueue(session_id, agent=…)``: send ``advance`` to that agent's queue.
+    enqueue: Callable[..., None]
     lease_holder: Callable[[str], str | None]
     known_agents: Callable[[], list[str]]
     close: Callable[[], None] = lambda: None
@@ -455,22 +455,22 @@ def _settled_status(backend: Backend, session_id: str) -> str:
         return "paused"
     if backend.lease_holder(session_id) is not None:
         return "running"
-    _publish(backend, session_id)
+    _publish(backend, session_id, checkpoint.agent)
     return "running" if checkpoint.seq == 0 else "resumed"
 
 
 #: What a publish can fail with once the broker is unreachable (kombu wraps the transport's errors).
-_BROKER_ERRORS = (errors.StorageError, redis.RedisError, kombu.exceptions.OperationalError, OSError)
+_BROKER_ERRORS = (errors.StorageError, redis.RedisError, OSError)
 
 
-def _publish(backend: Backend, session_id: str) -> None:
+def _publish(backend: Backend, session_id: str, agent: str) -> None:
     """Send ``advance`` for a run whose input is committed; a broker failure is left to the recover sweep.
 
     The commit is what makes the delivery durable, so the sender must get its 2xx: answering an error
     would only make it deliver again.
     """
     try:
-        backend.enqueue(session_id)
+        backend.enqueue(session_id, agent=agent)
     except _BROKER_ERRORS as exc:
         log.warning("run %s is committed but its step could not be published (%s); the recover sweep will "
                     "send it", session_id, type(exc).__name__)
@@ -498,7 +498,7 @@ def _accept(backend: Backend, config: WebhookConfig, agent: str, verified: Verif
                         verified.delivery_id, agent)
         return session_id, _settled_status(backend, session_id), True
     crash_point("webhook_commit_before_enqueue", session_id)
-    _publish(backend, session_id)
+    _publish(backend, session_id, agent)
     log.info("delivery %s for %s accepted as run %s", verified.delivery_id, agent, session_id)
     return session_id, "accepted", False
 
@@ -557,7 +557,7 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
     session_id = made.approval.session_id
     if made.run_continues:
         crash_point("approval_decided_before_resume_enqueue", session_id)
-        _publish(backend, session_id)
+        _publish(backend, session_id, made.approval.agent)
     return session_id, made.run_continues
 
 

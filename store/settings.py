@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     step_time_limit_s: float = 300.0
     visibility_timeout_s: int = 3600
     queue: str = "lousho"
+    #: Celery remote control (pidbox). Flower needs it; anyone who can write to the broker can then shut
+    #: workers down, so turn it off where Flower is not used.
+    remote_control: bool = True
     #: Period of the beat's schedule sweep; ticks are claimed in Postgres, so any number of beats is safe.
     schedule_interval_s: float = 5.0
     #: How late a tick may still fire as itself (at least 3 periods are used); older ticks follow catch_up.

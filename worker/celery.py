@@ -78,6 +78,8 @@ def configure(app: Celery, settings: Settings) -> None:
         task_routes={"lousho.recover": {"queue": control_queue(settings)},
                      "lousho.schedules": {"queue": control_queue(settings)}},
         worker_hijack_root_logger=False,
+        # On or off as a whole: Flower needs it, and with it anyone on the broker can stop workers.
+        worker_enable_remote_control=settings.remote_control,
         beat_schedule={
             "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
                                "options": {"expires": max(settings.recover_interval_s * 2, 2.0)}},
@@ -105,6 +107,8 @@ def check_configuration(app: Celery) -> None:
         raise RuntimeError("unsafe Celery configuration: " + "; ".join(problems))
 
 
+# Every process that imports the app (worker, beat, flower) masks secrets in its logs from here on.
+redaction.install()
 settings = load_settings()
 app = Celery("lousho", include=["worker.tasks"])
 configure(app, settings)

@@ -31,6 +31,7 @@ _REFRESH = text("UPDATE agent_workers SET seen_at = now() WHERE worker_id = :wor
 _FORGET = text("DELETE FROM agent_workers WHERE worker_id = :worker")
 # Registrations of workers gone for a day are dropped by whoever registers next.
 _EXPIRE = text("DELETE FROM agent_workers WHERE seen_at < now() - interval '1 day'")
+_LIVE_AGENTS = text("SELECT DISTINCT agent FROM agent_workers WHERE seen_at > now() - make_interval(secs => :within)")
 _SERVING = text("""
 SELECT worker_id, fingerprint, formats FROM agent_workers
 WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND worker_id <> :exclude
@@ -81,6 +82,11 @@ class PostgresAgentRegistry:
         """Drop a stopping worker's registrations."""
         with Transaction(self.engine) as conn:
             conn.execute(_FORGET, {"worker": worker_id})
+
+    def live_agents(self, within_s: float) -> set[str]:
+        """Agents at least one live worker (seen in the last ``within_s`` seconds) serves."""
+        with Transaction(self.engine) as conn:
+            return {row.agent for row in conn.execute(_LIVE_AGENTS, {"within": within_s})}
 
     def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[Serving]:
         """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""

@@ -262,8 +262,13 @@ def _hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, after: Next, now: d
     message = f"{unknown.message}; this worker cannot run it" + (
         "" if served else "; no live worker has registered it")
     error = LastError(code=unknown.code, message=payloads.clean_error(message), retryable=True)
-    return _retry(deps, checkpoint, error, None, after, now, handing_back=True,
-                  served_elsewhere=lambda: bool(served))
+    outcome = _retry(deps, checkpoint, error, None, after, now, handing_back=True,
+                     served_elsewhere=lambda: bool(served))
+    if not served:
+        # Nobody consumes the agent's queue: no message there. The sweep sends the run, when its retry
+        # comes due, to the shared queue, until a worker with the agent registers or the budget is spent.
+        after.seq = None
+    return outcome
 
 
 def _hand_back_unreadable(deps: StepDeps, session_id: str, fence: int, exc: errors.CheckpointFormatError,

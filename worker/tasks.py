@@ -182,6 +182,13 @@ def recover() -> int:
     stale_after = max(settings.lease_ttl_ms / 1000, 0.5)
     # Retries that come due together (an outage ended) are spread over a few seconds.
     spread = min(COUNTDOWN_MAX_S, settings.recover_interval_s)
+    # A run whose agent no live worker serves goes to the shared queue, which every worker consumes: the
+    # worker that takes it hands it back, or parks it once LOUSHO_RETRY_FOR_S is spent. Its own queue
+    # would hold it unread.
+    try:
+        served = PostgresAgentRegistry(built.store.engine).live_agents(registration_window_s())
+    except errors.StorageError:
+        served = set()
     sent, after = 0, None
     while sent < SWEEP_LIMIT:
         page = built.store.due_runs(stale_after, SWEEP_LIMIT, after)
@@ -196,7 +203,8 @@ def recover() -> int:
                 records.validate_session_id(run.session_id)
             except errors.SessionIdInvalidError:
                 continue
-            enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0, run.agent)
+            enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0,
+                    run.agent if run.agent in served else None)
             sent += 1
         if len(page) < SWEEP_LIMIT:
             break

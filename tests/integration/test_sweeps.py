@@ -15,6 +15,7 @@ from sqlalchemy import text
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.records import LastError, Message
+from store.registry import PostgresAgentRegistry
 from store.settings import Settings
 from worker import tasks
 
@@ -50,8 +51,8 @@ def sent(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sent]:
         built.store.engine.dispose()
 
 
-def _run(store: PostgresCheckpointStore, session_id: str, *, age_s: float = 3600) -> None:
-    store.append_input(session_id, AGENT, [Message(role="user", content="hi")])
+def _run(store: PostgresCheckpointStore, session_id: str, *, age_s: float = 3600, agent: str = AGENT) -> None:
+    store.append_input(session_id, agent, [Message(role="user", content="hi")])
     with store.engine.begin() as conn:
         conn.execute(text("UPDATE runs SET updated_at = now() - make_interval(secs => :age) WHERE session_id = :sid"),
                      {"age": age_s, "sid": session_id})
@@ -65,8 +66,10 @@ def _claim(store: PostgresCheckpointStore, session_id: str) -> int:
 
 def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: PostgresCheckpointStore,
                                                                         sent: Sent) -> None:
+    PostgresAgentRegistry(store.engine).register("host:1", {AGENT: {"tools": {}}}, [1])
     for sid in ("stalled", "parked", "waiting", "due", "paused", "follow-up-parked", "fresh"):
         _run(store, sid, age_s=0 if sid == "fresh" else 3600)
+    _run(store, "orphan", agent="retired")
     store.record_failure("parked", _claim(store, "parked"), LastError(code="X", retryable=False))
     store.retry_later("waiting", _claim(store, "waiting"), LastError(code="X", retryable=True), 3600)
     store.retry_later("due", _claim(store, "due"), LastError(code="X", retryable=True), 0)
@@ -76,12 +79,14 @@ def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: Pos
         conn.execute(text("UPDATE runs SET status = 'finished', last_error = '{\"code\": \"X\", \"retryable\": false}'"
                           " WHERE session_id = 'follow-up-parked'"))
 
-    assert tasks.recover() == 2
-    assert sent.session_ids == {"stalled", "due"}
+    assert tasks.recover() == 3
+    assert sent.session_ids == {"stalled", "due", "orphan"}
     # Each goes to its agent's queue; a due retry gets a small spread, a lost message none
     by_id = {m[0]: m for m in sent.messages}
     assert by_id["stalled"][2:] == (0.0, AGENT)
     assert 0.0 <= by_id["due"][2] <= 5.0 and by_id["due"][3] == AGENT
+    # A run of an agent no live worker serves goes to the shared queue, which every worker reads
+    assert by_id["orphan"][3] is None
 
 
 def test_runs_that_cannot_move_never_crowd_out_one_that_can(store: PostgresCheckpointStore, sent: Sent) -> None:

@@ -123,9 +123,11 @@ SELECT session_id, seq, agent, next_attempt_at IS NOT NULL AS retrying,
 WHERE {_SHOULD_MOVE} AND {_NOT_PARKED}
   AND CASE WHEN next_attempt_at IS NULL THEN updated_at < now() - make_interval(secs => :stale)
            ELSE next_attempt_at <= now() END
+  AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => :stale))
   AND (COALESCE(next_attempt_at, updated_at), session_id) > (:after_due, :after_sid)
 ORDER BY COALESCE(next_attempt_at, updated_at), session_id LIMIT :limit
 """)
+_MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
 _PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {_SHOULD_MOVE})"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
@@ -454,8 +456,9 @@ class PostgresCheckpointStore:
                  after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
         """Runs a step can move now, most overdue first: silent for ``stale_after_s`` or due for a retry.
 
-        Never paused or parked runs, nor runs waiting for a retry time still ahead. ``after`` (the
-        last run of the previous page) continues the listing.
+        Never paused or parked runs, nor runs waiting for a retry time still ahead, nor runs the sweep
+        sent less than ``stale_after_s`` ago. ``after`` (the last run of the previous page) continues
+        the listing.
         """
         params = {"stale": stale_after_s, "limit": limit, "after_due": after.due if after else _EARLIEST,
                   "after_sid": after.session_id if after else ""}
@@ -463,6 +466,12 @@ class PostgresCheckpointStore:
             rows = conn.execute(_DUE, params).all()
         return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent,
                                retrying=bool(row.retrying), due=row.due) for row in rows]
+
+    def mark_swept(self, session_ids: Sequence[str]) -> None:
+        """Note that the sweep just sent a step for these runs: ``due_runs`` leaves them out for a while."""
+        if session_ids:
+            with self._single() as conn:
+                conn.execute(_MARK_SWEPT, {"ids": list(session_ids)})
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
         """Runs that are not finished (running, retrying, parked or paused), oldest first.

@@ -49,6 +49,7 @@ class _Run:
     next_attempt_at: datetime | None = None
     retry_since: datetime | None = None
     failures: int = 0
+    swept_at: datetime | None = None
 
     def clear_failures(self) -> None:
         self.attempts, self.last_error, self.failures = 0, None, 0
@@ -407,6 +408,8 @@ class MemoryCheckpointStore:
                 if not _should_move(run):
                     continue
                 due = run.next_attempt_at or run.updated_at
+                if run.swept_at is not None and run.swept_at >= cutoff:
+                    continue
                 if (run.next_attempt_at is None and run.updated_at < cutoff) or (
                         run.next_attempt_at is not None and run.next_attempt_at <= now):
                     if after is None or (due, sid) > (after.due, after.session_id):
@@ -414,6 +417,15 @@ class MemoryCheckpointStore:
                                                     retrying=run.next_attempt_at is not None, due=due))
         found.sort(key=lambda r: (r.due, r.session_id))
         return found[:limit]
+
+    def mark_swept(self, session_ids: Sequence[str]) -> None:
+        """Note that the sweep just sent a step for these runs (see ``PostgresCheckpointStore.mark_swept``)."""
+        with self._lock:
+            now = self._clock()
+            for session_id in session_ids:
+                run = self._runs.get(session_id)
+                if run is not None:
+                    run.swept_at = now
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
         """Runs that are not finished, oldest first (see ``PostgresCheckpointStore.pending``)."""

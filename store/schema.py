@@ -51,6 +51,9 @@ runs = Table(
     Column("retry_since", DateTime(timezone=True), nullable=True),
     #: Transient failures in a row since the last save (the backoff exponent).
     Column("failures", Integer, nullable=False, server_default="0"),
+    #: When the recovery sweep last sent a step for the run; it sends again only a lease TTL later, so a
+    #: backlog in the queue does not turn into a pile of duplicates.
+    Column("swept_at", DateTime(timezone=True), nullable=True),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
           postgresql_where=text("(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")),

@@ -196,6 +196,7 @@ def recover() -> int:
             break
         after = page[-1]
         live = built.leases.held([run.session_id for run in page])
+        swept = []
         for run in page:
             if run.session_id in live or sent >= SWEEP_LIMIT:
                 continue
@@ -205,7 +206,10 @@ def recover() -> int:
                 continue
             enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0,
                     run.agent if run.agent in served else None)
+            swept.append(run.session_id)
             sent += 1
+        # Sent once per lease TTL at most: a run still queued behind a backlog is not sent again each pass.
+        built.store.mark_swept(swept)
         if len(page) < SWEEP_LIMIT:
             break
     if sent:

@@ -117,3 +117,16 @@ def test_the_sweep_pages_past_runs_whose_lease_is_live(store: PostgresCheckpoint
 
     assert tasks.recover() == 1
     assert sent.session_ids == {"lost"}
+
+
+def test_a_run_sent_by_the_sweep_is_not_sent_again_until_a_lease_ttl_has_passed(
+        store: PostgresCheckpointStore, sent: Sent) -> None:
+    # A backlog: the step the sweep sent is still queued when the next passes come
+    _run(store, "queued-behind", age_s=3600)
+    assert tasks.recover() == 1
+    assert tasks.recover() == 0 and tasks.recover() == 0
+    # Were that message lost, the run is sent again once a lease TTL has passed since
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET swept_at = now() - interval '1 hour'"))
+    assert tasks.recover() == 1
+    assert [m[0] for m in sent.messages] == ["queued-behind", "queued-behind"]

@@ -21,6 +21,7 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column("runs", sa.Column("retry_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("runs", sa.Column("failures", sa.Integer, nullable=False, server_default="0"))
+    op.add_column("runs", sa.Column("swept_at", sa.DateTime(timezone=True), nullable=True))
     # The recovery sweep's listing: only runs that have work, in the order it sends them.
     op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
                " WHERE (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")
@@ -74,6 +75,7 @@ def downgrade() -> None:
     op.drop_index("agent_workers_seen_idx", table_name="agent_workers")
     op.drop_table("agent_workers")
     op.drop_index("runs_movable_idx", table_name="runs")
+    op.drop_column("runs", "swept_at")
     op.drop_column("runs", "failures")
     op.drop_column("runs", "retry_since")
     op.drop_column("runs", "next_attempt_at")

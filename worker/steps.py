@@ -122,6 +122,8 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
             checkpoint = _keep_input(deps, checkpoint, action)
         except errors.FencedOutError:
             return Outcome.FENCED
+        except errors.LoushoError as unkept:  # the merged input itself cannot be saved (too large, say)
+            exc = unkept
         return _record_failure(deps, checkpoint, exc, after, now)
 
 

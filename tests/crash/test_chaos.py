@@ -4,12 +4,16 @@ Two workers (``-c 3`` each) and a beat. Every 1.5-3 s a worker loses one pool ch
 process group (40%) or its main process only (10%); killed workers come back after 0.5-2 s; ten
 kills in all (about 25-35 s). A kill waits until the cluster is whole again (no worker down or
 starting), so each recovery figure measures the product recovering from one fault, as I11 states
-it, not an empty cluster. Three pool processes per worker rather than two keep the step queue
-short enough that queueing does not dominate the recovery time. ``LOUSHO_CHAOS_SEED`` replays a run.
+it, not an empty cluster. A run hit again while it recovers (the re-sent step killed too) is timed
+from the last fault that touched it and listed apart (``checker.Episode``). The budget comes from
+the settings the workers run with (``_recovery_budget``). Three pool processes per worker rather
+than two keep the step queue short enough that queueing does not dominate the recovery time.
+``LOUSHO_CHAOS_SEED`` replays a run.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from tests.support import checker
 from tests.support.agents import run_input
-from tests.support.cluster import Cluster, Worker
+from tests.support.cluster import Cluster, RecoveryBudget, Worker
 
 RUNS = 20
 WORKERS = ("w1", "w2")
@@ -28,11 +32,29 @@ CONCURRENCY = 3
 TARGET_KILLS = 10
 CHAOS_MAX_S = 40.0
 MIN_KILLS = 8
-#: I11 in CI timing: lease TTL 2 s + sweep 1 s + one step, with slack (RELIABILITY 3.1 budgets).
-RECOVERY_P99_S = 5.0
-RECOVERY_MAX_S = 8.0
 #: Long enough to stay in flight through the whole chaos window; steps stay short (20-100 ms tools).
 RUN_SHAPE = {"turns": 40, "calls": "3,2", "sleep": "20-100"}
+#: Steps the re-sent message of a recovering run can wait behind: every other run has a message in
+#: the queue, and while a killed worker is down only one worker's pool serves them.
+QUEUED_STEPS = math.ceil((RUNS - 1) / CONCURRENCY)
+#: Scheduling noise on a loaded 2-core machine (other crash tests next to our 8 celery processes and
+#: a beat): processes woken late, the beat's tick and the sweep's commits delayed. The limit comes
+#: to about 4.6 s at CI timing, over a worst recovery of about 3.5 s measured with other crash tests
+#: and a CPU hog running; a sweep that waits two lease TTLs instead of one before re-sending a
+#: silent run (recoveries of 4.5-5 s) has its slowest recoveries past it.
+LOADED_MACHINE_S = 1.0
+
+
+def _recovery_budget(cluster: Cluster) -> RecoveryBudget:
+    """I11 (lease TTL + sweep + one step) for the settings the workers run with, plus slack.
+
+    One step is the step p99 of this run, from the worker logs (it grows with the machine's load, as
+    RELIABILITY 3.2 measures it). The slack is the wait for a pool process behind the other runs'
+    steps (``QUEUED_STEPS`` typical steps, at the step p50) and scheduling noise.
+    """
+    steps = cluster.step_times()
+    step_p50, step_p99 = checker.percentile(steps, 50) or 0.0, checker.percentile(steps, 99) or 0.0
+    return cluster.recovery_budget(step_p99, round(QUEUED_STEPS * step_p50 + LOADED_MACHINE_S, 3))
 
 
 @dataclass
@@ -99,15 +121,25 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults)
     checker.print_report(report, "chaos")
     recovery = report["recovery"]
+    again = recovery["hit_again"]
+    budget = _recovery_budget(cluster)
     hits = sum(1 for fault in cluster.faults if fault.runs)
     print(f"kills: {sum(kinds.values())} {dict(kinds)}, kills hitting a lease holder: {hits},"
           f" runs in flight at the first kill: {in_flight_at_first_kill}, unfinished when the chaos ended:"
           f" {unfinished_at_end}, drain after chaos: {drained:.1f} s")
     print(f"raw re-executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']},"
           f" interrupted model calls: {report['interrupted_model_calls']}, executions: {report['executions']}")
-    print(f"recovery over {recovery['count']} hit runs: p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s,"
-          f" max {recovery['max_s']} s (budget p99 <= {RECOVERY_P99_S} s, max <= {RECOVERY_MAX_S} s)")
-    print(f"step outcomes: {dict(cluster.outcomes())}")
+    print(f"recovery over {recovery['count']} interruptions, each from the last fault that touched the run:"
+          f" p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s, max {recovery['max_s']} s"
+          f" (budget {budget})")
+    print(f"runs hit again while recovering: {again['count']}"
+          + "".join(f"\n  {r['run']}: {' then '.join(r['actions'])}, {r['recovery_s']} s after the last,"
+                    f" {r['since_first_s']} s after the first" for r in again["runs"]))
+    steps = cluster.step_times()
+    sweeps_sent, sweeps_received = cluster.sweeps()
+    print(f"step outcomes: {dict(cluster.outcomes())}; step p50 {checker.percentile(steps, 50)} s,"
+          f" p99 {checker.percentile(steps, 99)} s over {len(steps)} steps;"
+          f" recover sweeps sent by the beat / received by workers: {sweeps_sent} / {sweeps_received}")
 
     for slow in recovery["slowest"][:1]:
         print(f"slowest recovery: {slow['run']} after {slow['action']}, {slow['recovery_s']} s\n"
@@ -117,5 +149,8 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     assert sum(kinds.values()) >= MIN_KILLS
     assert hits >= MIN_KILLS // 2, "most kills hit no lease holder: the chaos did not test recovery"
     assert in_flight_at_first_kill is not None and in_flight_at_first_kill >= RUNS // 2
-    assert recovery["p99_s"] is not None and recovery["p99_s"] <= RECOVERY_P99_S
-    assert recovery["max_s"] is not None and recovery["max_s"] <= RECOVERY_MAX_S
+    assert recovery["p99_s"] is not None and recovery["p99_s"] <= budget.limit_s
+    assert recovery["max_s"] is not None and recovery["max_s"] <= budget.limit_s
+    # A run hit again starts over at each fault: in all it may take one budget per fault, no more.
+    for run in again["runs"]:
+        assert run["since_first_s"] <= run["faults"] * budget.limit_s, run

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.support import checker, services
-from tests.support.checker import APPROVED_TOOL, response_tag, transcript_digest
+from tests.support.checker import APPROVED_TOOL, Fault, recovery_episodes, response_tag, transcript_digest
 
 Messages = list[dict[str, Any]]
 
@@ -153,3 +153,43 @@ def test_checker_reports_the_violation(tmp_path: Path, invariant: str, corrupt: 
     report = checker.check(services.test_database_url(), log)
     assert report["checks"][invariant] == "fail", report["violations"]
     assert all("nc-bad" in violation for violation in report["violations"]), report["violations"]
+
+
+def _kill(ts: float, held: tuple[str, ...] = (), carried: tuple[str, ...] = (), action: str = "kill-group") -> Fault:
+    return Fault(ts, action, (100 + int(ts),), held, carried)
+
+
+def test_recovery_of_a_run_hit_again_while_recovering_counts_from_the_last_hit() -> None:
+    # Killed at 0; the sweep re-sent it and the process running that step was killed at 2.8
+    # before it saved; it saved at 5.9 (and a victim's own save at 2.85 is not progress).
+    saves = [-0.4, 2.85, 5.9, 6.0]
+    [episode] = recovery_episodes("r", saves, [_kill(0.0, ("r",)), _kill(2.8, ("r",))])
+    assert (episode.since_last_s, episode.since_first_s, len(episode.faults)) == (3.1, 5.9, 2)
+
+
+def test_a_kill_that_took_the_recovering_runs_message_touches_it_and_one_that_did_not_does_not() -> None:
+    saves = [-0.4, 5.0]
+    faults = [_kill(0.0, ("r",)), _kill(2.0, ("other",), action="kill-child"), _kill(3.0, carried=("r",))]
+    [episode] = recovery_episodes("r", saves, faults)
+    assert [f.ts for f in episode.faults] == [0.0, 3.0] and episode.since_last_s == 2.0
+    [alone] = recovery_episodes("r", saves, faults[:2])
+    assert len(alone.faults) == 1 and alone.since_last_s == 5.0
+
+
+def test_a_hit_after_the_run_progressed_is_a_new_interruption() -> None:
+    saves = [-0.4, 3.0, 3.2, 7.5]
+    faults = [_kill(0.0, ("r",)), _kill(4.0, ("r",)), _kill(5.0, carried=("r",)), _kill(8.0, carried=("r",))]
+    episodes = recovery_episodes("r", saves, faults)
+    # The kill at 8 came after the last save: carrying its message starts nothing (only a lease does).
+    assert [(len(e.faults), e.since_last_s) for e in episodes] == [(1, 3.0), (2, 2.5)]
+
+
+def test_the_recovery_report_lists_runs_hit_again_apart() -> None:
+    runs = {run: checker._Run(run, status="finished", seq=len(at),
+                              history=[checker._Save(n + 1, 1, "in-progress", ts, []) for n, ts in enumerate(at)])
+            for run, at in {"r": [-0.4, 5.9], "s": [-0.2, 3.0]}.items()}
+    recovery = checker._Checker(runs, [], None, [_kill(0.0, ("r", "s")), _kill(2.8, ("r",))]).recovery()
+    assert (recovery["count"], recovery["max_s"], recovery["by_run_s"]) == (2, 3.1, {"r": 3.1, "s": 3.0})
+    again = recovery["hit_again"]
+    assert again["count"] == 1 and again["max_since_first_s"] == 5.9
+    assert [(r["run"], r["faults"], r["recovery_s"], r["since_first_s"]) for r in again["runs"]] == [("r", 2, 3.1, 5.9)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,7 +14,14 @@ from tests.support import checker
 from tests.support.agents import run_input
 from tests.support.cluster import Cluster, is_alive, wait_until
 
-RECOVERY_MAX_S = 8.0
+#: The slow call or model turn each single-run test kills: the recovered step repeats it, so it is
+#: the "one step" of I11 there.
+SLOW_MS = 1500
+#: Tools of the worker-replacement runs sleep 300-700 ms.
+SLEEP_MS = (300, 700)
+#: On top of I11's bound: two hops through Redis to a pool process (beat -> recover task,
+#: recover -> step) and scheduling noise on a loaded 2-core machine (other crash tests running).
+SLACK_S = 2.0
 
 
 def _tool_started(run_id: str, call_prefix: str) -> Callable[[dict[str, object]], bool]:
@@ -32,7 +40,7 @@ def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Ca
     cluster.start_beat()
     run_id = "kill-tool"
     # Turn 1: call 0 sleeps 1.5 s (killed there), call 1 is fast and recorded before the kill.
-    cluster.send("chaos", run_id, run_input(run_id, slow="1.0:1500", sleep="20-60"))
+    cluster.send("chaos", run_id, run_input(run_id, slow=f"1.0:{SLOW_MS}", sleep="20-60"))
 
     slow = cluster.wait_event(_tool_started(run_id, "c1-0-"), what="the slow tool call to start")
     wait_until(lambda: cluster.statuses([run_id])[run_id]["seq"] >= 6, 10, "the fast call's result save")
@@ -40,6 +48,8 @@ def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Ca
     assert holder is not None and holder == slow["pid"] and is_alive(holder), f"lease: {holder}, call: {slow['pid']}"
     fault = cluster.kill_pid(holder)
     assert fault.runs == (run_id,)
+    # The first save after the kill is the slow call's result: the recovered step runs it again.
+    budget = cluster.recovery_budget(SLOW_MS / 1000, SLACK_S)
 
     cluster.wait_finished([run_id], timeout=30)
     report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id], faults=cluster.faults)
@@ -49,8 +59,8 @@ def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Ca
     assert executions[str(slow["tool_call_id"])] == 2
     assert report["raw_reexecutions"] == 1, executions
     assert len(executions) == 5 and report["executions"] == 6
-    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
-    print(f"recovery after the kill: {report['recovery']['max_s']} s")
+    print(f"recovery after the kill: {report['recovery']['max_s']} s (budget {budget})")
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= budget.limit_s
 
 
 def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
@@ -59,7 +69,9 @@ def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     run_id = "kill-model"
-    cluster.send("chaos", run_id, run_input(run_id, slowmodel="1:1500"))
+    cluster.send("chaos", run_id, run_input(run_id, slowmodel=f"1:{SLOW_MS}"))
+    # The first save after the kill is turn 1, generated again.
+    budget = cluster.recovery_budget(SLOW_MS / 1000, SLACK_S)
 
     call = cluster.wait_event(lambda e: e.get("kind") == "model" and e.get("phase") == "start"
                               and e.get("run_id") == run_id and e.get("turn_index") == 1,
@@ -77,18 +89,19 @@ def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
     assert report["wasted_model_calls"] == 0
     assert report["raw_reexecutions"] == 0
     assert report["model_calls"] == 4
-    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
-    print(f"recovery after the kill: {report['recovery']['max_s']} s")
+    print(f"recovery after the kill: {report['recovery']['max_s']} s (budget {budget})")
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= budget.limit_s
 
 
 @pytest.mark.parametrize("action", ["kill-group", "kill-main"])
 def test_killed_worker_is_replaced_and_its_runs_finish(make_cluster: Callable[..., Cluster], action: str) -> None:
     cluster = make_cluster()
-    first = cluster.start_worker("w1", concurrency=2)
+    concurrency = 2
+    first = cluster.start_worker("w1", concurrency=concurrency)
     cluster.start_beat()
     run_ids = [f"{action}-{n}" for n in range(4)]
     for run_id in run_ids:
-        cluster.send("chaos", run_id, run_input(run_id, sleep="300-700"))
+        cluster.send("chaos", run_id, run_input(run_id, sleep="{}-{}".format(*SLEEP_MS)))
     wait_until(lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2, 15,
                "both pool processes holding a lease")
 
@@ -97,16 +110,23 @@ def test_killed_worker_is_replaced_and_its_runs_finish(make_cluster: Callable[..
     fault = cluster.kill_group(first) if action == "kill-group" else cluster.kill_main(first)
     assert fault.runs, "the kill hit no lease holder"
     wait_until(lambda: not any(is_alive(pid) for pid in fault.pids), 5, "every process of the worker to die")
-    cluster.start_worker("w2", concurrency=2)
+    cluster.start_worker("w2", concurrency=concurrency)
+    workerless_s = time.time() - fault.ts
 
     waited = cluster.wait_finished(run_ids, timeout=45)
     report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults)
     checker.print_report(report, f"worker SIGKILLed ({action})")
     checker.assert_clean(report)
+    # The sweep needs a live worker: the time without one beyond the TTL adds to the bound. One
+    # step is a run's longest call, queued behind the other runs' steps on the new worker's pool.
+    ttl_s = cluster.settings().lease_ttl_ms / 1000
+    budget = cluster.recovery_budget(math.ceil(len(run_ids) / concurrency) * SLEEP_MS[1] / 1000,
+                                     round(max(0.0, workerless_s - ttl_s), 3) + SLACK_S)
     print(f"runs hit: {len(fault.runs)}, all finished {waited:.1f} s after the kill"
-          f" (new worker start included), recovery max {report['recovery']['max_s']} s")
+          f" (new worker ready {workerless_s:.1f} s after it), recovery max {report['recovery']['max_s']} s"
+          f" (budget {budget})")
     assert report["recovery"]["count"] == len(fault.runs)
-    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= RECOVERY_MAX_S
+    assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= budget.limit_s
 
 
 def test_stopped_lease_holder_is_fenced_and_its_late_result_dropped(make_cluster: Callable[..., Cluster]) -> None:

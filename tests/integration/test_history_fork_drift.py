@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
 
 from producer import compare_trajectories
 from producer.client import Client
+from producer.trajectories import Drift
 from store import errors
+from store.records import Message
 from tests.support import services
+from tests.support.driver import Driver
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
@@ -136,13 +143,70 @@ def test_compare_trajectories_reports_tool_order_arguments_and_length():
          {"role": "tool", "tool_call_id": "9", "content": "ok"},
          {"role": "assistant", "tool_calls": [{"id": "8", "name": "y", "args": {}}]},
          {"role": "tool", "tool_call_id": "8", "content": "ok"}, {"role": "assistant", "content": "end"}]
-    same = compare_trajectories(a, [dict(m, id="z") if m.get("role") == "x" else m for m in a])
-    assert same.diverged_at is None
     result = compare_trajectories(a, b)
     assert result.diverged_at == 0
     assert result.drift.arguments == [{"step": 0, "tool": "x", "a": {"n": 1}, "b": {"n": 2}}]
     assert result.drift.tool_order == [{"step": 1, "a": [], "b": ["y"]}]
     assert result.drift.step_count == {"a": 2, "b": 3}
+
+
+def _id_minting_planner() -> Agent:
+    """The planner with a model that, like a real provider, mints fresh tool call ids for every turn."""
+    minted = itertools.count(1)
+
+    def script(messages: list[Message]) -> str | dict[str, Any]:
+        if not any(m.role == "assistant" for m in messages):
+            return {"tool_calls": [{"id": f"call_{next(minted):04d}", "name": "weather", "args": {"city": city}}
+                                   for city in ("Oslo", "Rome")]}
+        return "Plan based on: " + ", ".join(str(m.content) for m in messages if m.role == "tool")
+    return Agent(name="planner", model=MockModel(script), instructions="Plan trips.", tools=[weather])
+
+
+def _changed(messages: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    """``messages`` with one thing other than an id changed in the first turn (or its results)."""
+    changed = copy.deepcopy(messages)
+    turn = next(m for m in changed if m["role"] == "assistant")
+    if what == "text":
+        changed[-1]["content"] += "!"
+    elif what == "tool":
+        turn["tool_calls"][1]["name"] = "book"
+    elif what == "arguments":
+        turn["tool_calls"][1]["args"] = {"city": "Lima"}
+    else:
+        next(m for m in changed if m["role"] == "tool")["content"] = "rain in Oslo"
+    return changed
+
+
+def _with_ids(messages: list[dict[str, Any]], ids: dict[str, str]) -> list[dict[str, Any]]:
+    """``messages`` with each tool call id replaced through ``ids``."""
+    renamed = copy.deepcopy(messages)
+    for message in renamed:
+        for call in message.get("tool_calls") or ():
+            call["id"] = ids[call["id"]]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = ids[message["tool_call_id"]]
+    return renamed
+
+
+def test_two_runs_that_differ_only_in_ids_have_the_same_trajectory(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    driver = make_driver(_id_minting_planner())
+    for session_id in ("trip-a", "trip-b"):
+        client.agent("planner").send("Plan my trip", session_id=session_id)
+        driver.drain(session_id)
+    a, b = client.store.load("trip-a"), client.store.load("trip-b")
+    assert a is not None and b is not None and a.status == b.status == "finished"
+    ids_a, ids_b = ([c.id for m in run.messages for c in m.tool_calls or ()] for run in (a, b))
+    dumped_a, dumped_b = [m.dump() for m in a.messages], [m.dump() for m in b.messages]
+    # Two separate runs whose transcripts differ in their call ids, and in nothing else.
+    assert len(ids_a) == 2 and set(ids_a).isdisjoint(ids_b) and dumped_a != dumped_b
+    assert _with_ids(dumped_b, dict(zip(ids_b, ids_a, strict=True))) == dumped_a
+    same = compare_trajectories(a, b)
+    print(f"runs with calls {ids_a} and {ids_b}: diverged_at {same.diverged_at}, drift {same.drift}")
+    assert same.diverged_at is None and same.drift == Drift()
+    # Anything but an id still counts.
+    for what in ("text", "tool", "arguments", "result"):
+        assert compare_trajectories(dumped_a, _changed(dumped_b, what)).diverged_at is not None, what
 
 
 def _interrupted_after_model_turn(make_driver, client: Client, agent: Agent):  # type: ignore[no-untyped-def]

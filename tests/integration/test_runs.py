@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from sqlalchemy import Connection, event
 
 from producer.client import Client
 from store import errors
+from store.checkpoints import PostgresCheckpointStore
+from store.settings import Settings
+from tests.support.driver import Driver
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
@@ -118,29 +124,66 @@ def test_input_sent_mid_run_lands_after_the_pending_results(make_driver, client:
     assert sum(1 for r in roles if r == ("user", "Weather please")) == 1
 
 
-def test_sends_from_many_threads_are_all_applied_in_commit_order(make_driver, settings, store):
+def test_sends_from_many_threads_are_all_applied_in_commit_order(
+        make_driver: Callable[..., Driver], settings: Settings, store: PostgresCheckpointStore) -> None:
     agent_def = Agent(name="echo", model=MockModel(lambda messages: f"seen {len(messages)}"))
     driver = make_driver(agent_def)
-    numbers: list[int] = []
+    sends = 12
+    numbers: dict[str, int] = {}
+    committed: list[tuple[int, str]] = []
     lock = threading.Lock()
+
+    # The commit order, seen from the connections: a send holds the run's row lock from its inbox
+    # insert to its commit, so the next send's commit hook cannot run before this one's commit.
+    def on_execute(conn: Connection, cursor: object, statement: str, parameters: Any, context: object,
+                   executemany: bool) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO INBOX"):
+            [message] = json.loads(parameters["messages"])
+            conn.info["inbox_entry"] = (parameters["n"], message["content"])
+
+    def on_commit(conn: Connection) -> None:
+        entry = conn.info.pop("inbox_entry", None)
+        if entry is not None:
+            with lock:
+                committed.append(entry)
+
+    def on_rollback(conn: Connection) -> None:
+        conn.info.pop("inbox_entry", None)
+
+    start = threading.Barrier(sends)
 
     def send(k: int) -> None:
         with Client(settings, engine=store.engine) as own:
+            start.wait(timeout=10)
             run = own.agent("echo").send(f"message {k}", session_id="e-1")
         with lock:
-            numbers.append(run.input_number)
+            numbers[f"message {k}"] = run.input_number
 
-    threads = [threading.Thread(target=send, args=(k,)) for k in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(numbers) == list(range(1, 13))
+    hooks: list[tuple[str, Callable[..., None]]] = [
+        ("after_cursor_execute", on_execute), ("commit", on_commit), ("rollback", on_rollback)]
+    for name, hook in hooks:
+        event.listen(store.engine, name, hook)
+    try:
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(sends)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for name, hook in hooks:
+            event.remove(store.engine, name, hook)
+    commit_order = [text for _, text in committed]
+    assert sorted(commit_order) == sorted(numbers) and len(commit_order) == sends
+    # Inbox numbers follow commit order, and each send was told its own number.
+    assert [n for n, _ in committed] == list(range(1, sends + 1))
+    assert [numbers[text] for text in commit_order] == list(range(1, sends + 1))
     driver.drain("e-1")
     checkpoint = store.load("e-1")
+    assert checkpoint is not None
     users = [m.content for m in checkpoint.messages if m.role == "user"]
-    assert sorted(users) == sorted(f"message {k}" for k in range(12))
-    assert checkpoint.inbox_cursor == 12 and checkpoint.status == "finished"
+    print(f"commit order: {[t.split()[1] for t in commit_order]}\napplied order: {[u.split()[1] for u in users]}")
+    assert users == commit_order
+    assert checkpoint.inbox_cursor == sends and checkpoint.status == "finished"
     assert store.inbox("e-1", 0) == []
 
 

@@ -148,16 +148,35 @@ def test_each_failure_class_is_classified_after_exactly_one_request(
     assert len(server.requests) == 1
 
 
+#: The model's request timeout in the slow-answer test.
+TIMEOUT_S = 0.3
+#: How late past the timeout a loaded 2-core machine may raise it: the SDK's thread woken late, the
+#: request written late. The SDK is warmed by one answered request first (client, lazy imports,
+#: connection), so only the timed request's own work counts: a few ms when measured, with other
+#: crash tests loading both cores. A timeout past twice the one asked for fails.
+TIMEOUT_SLACK_S = 0.3
+#: The fake server answers this long after the request, past the latest the timeout may trip: a
+#: timeout that does not trip shows as an answer, one that trips late as the elapsed time.
+ANSWER_AFTER_S = TIMEOUT_S + TIMEOUT_SLACK_S + 0.5
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_slow_answer_past_the_timeout_is_a_retryable_timeout(
         provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
-    server.queue(Slow(1.0, Turn(text="too late")))
+    model = make_model(provider, timeout=TIMEOUT_S)
+    server.queue(Turn(text="warm"))
+    assert model.generate(QUESTION, []).text == "warm"
+    server.reset()
+    server.queue(Slow(ANSWER_AFTER_S, Turn(text="too late")))
     started = time.monotonic()
     with pytest.raises(errors.ProviderError) as caught:
-        make_model(provider, timeout=0.3).generate(QUESTION, [])
-    assert time.monotonic() - started < 0.9
+        model.generate(QUESTION, [])
+    elapsed = time.monotonic() - started
+    limit = round(TIMEOUT_S + TIMEOUT_SLACK_S, 3)
+    print(f"{provider}: timeout of {TIMEOUT_S} s raised after {elapsed:.3f} s (limit {limit} s)")
+    assert TIMEOUT_S <= elapsed <= limit, f"timed out after {elapsed:.3f} s"
     assert (caught.value.category, caught.value.retryable) == ("timeout", True)
-    assert caught.value.message == f"{provider}: timeout: no answer within 0.3 s"
+    assert caught.value.message == f"{provider}: timeout: no answer within {TIMEOUT_S} s"
     assert len(server.requests) == 1
 
 

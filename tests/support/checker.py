@@ -47,15 +47,87 @@ def transcript_digest(messages: Iterable[Mapping[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class Fault:
-    """One kill or stop done by a test: when, which processes, which runs' leases they held."""
+    """One kill or stop done by a test: when, which processes, which runs' leases they held.
+
+    ``carried`` names the other runs whose step message the victims held (received from the broker,
+    not acked, no lease taken yet): a run recovering from an earlier fault is hit again when the
+    message that would recover it dies with a worker.
+    """
 
     ts: float
     action: str
     pids: tuple[int, ...]
     runs: tuple[str, ...]
+    carried: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"ts": self.ts, "action": self.action, "pids": list(self.pids), "runs": list(self.runs)}
+        return {"ts": self.ts, "action": self.action, "pids": list(self.pids), "runs": list(self.runs),
+                "carried": list(self.carried)}
+
+
+@dataclass
+class Episode:
+    """One interruption of one run: the faults that touched it before it made progress again.
+
+    A fault touches a run when the killed or stopped process held the run's lease. While the run is
+    still recovering from an earlier fault (no save since that fault), a fault also touches it when
+    the victims carried its step message: at that point nobody holds the lease, and the message the
+    sweep sent to recover the run is what a second kill takes away. The recovery then starts over,
+    so it is measured from the last touching fault, and the run counts as hit again.
+
+    A kill that took neither the lease nor the message does not touch a recovering run: with a kill
+    every few seconds nearly every recovery overlaps one, and restarting the clock at each would
+    measure the chaos cadence instead of the recovery (a sweep slowed far past its budget would pass).
+    """
+
+    run: str
+    faults: list[Fault]
+    #: The first save after the last touching fault (None: the run never saved again).
+    progress_at: float | None = None
+
+    @property
+    def since_last_s(self) -> float:
+        """Recovery time: from the last fault that touched the run to its next save."""
+        assert self.progress_at is not None
+        return round(self.progress_at - self.faults[-1].ts, 3)
+
+    @property
+    def since_first_s(self) -> float:
+        """How long the run stood still in all, from the first fault of the episode."""
+        assert self.progress_at is not None
+        return round(self.progress_at - self.faults[0].ts, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "action": self.faults[-1].action, "fault_ts": self.faults[-1].ts,
+                "recovery_s": self.since_last_s, "faults": len(self.faults), "first_fault_ts": self.faults[0].ts,
+                "actions": [f.action for f in self.faults], "since_first_s": self.since_first_s}
+
+
+def _progress_after(saved_at: Sequence[float], ts: float) -> float | None:
+    # A victim can commit a save it sent in the milliseconds it takes to die: not progress.
+    return next((at for at in saved_at if at > ts + VICTIM_GRACE_S), None)
+
+
+def recovery_episodes(run_id: str, saves: Iterable[float], faults: Sequence[Fault]) -> list[Episode]:
+    """The interruptions of run ``run_id`` whose saves were at ``saves`` (epoch seconds), in time order.
+
+    See ``Episode`` for which faults touch a run.
+    """
+    saved_at = sorted(saves)
+    episodes: list[Episode] = []
+    for fault in sorted(faults, key=lambda f: f.ts):
+        current = episodes[-1] if episodes else None
+        if current is not None and (current.progress_at is None or fault.ts < current.progress_at):
+            if run_id not in fault.runs and run_id not in fault.carried:
+                continue
+            current.faults.append(fault)
+        elif run_id in fault.runs:
+            current = Episode(run_id, [fault])
+            episodes.append(current)
+        else:
+            continue
+        current.progress_at = _progress_after(saved_at, fault.ts)
+    return episodes
 
 
 @dataclass
@@ -142,7 +214,8 @@ def transcript_violations(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (nearest rank) of ``values``, rounded to the ms; None when empty."""
     if not values:
         return None
     ordered = sorted(values)
@@ -311,26 +384,26 @@ class _Checker:
                     self.fail("I3", f"{sid}: turn {k} regenerated from seq {base} (recorded at seq {recorded_at[k]})")
 
     def recovery(self) -> dict[str, Any]:
-        times: list[float] = []
-        unrecovered = []
+        """Recovery figures (check 10), one per episode, each measured from the last fault that touched the run."""
+        episodes = [episode for sid in sorted(self.runs)
+                    for episode in recovery_episodes(sid, (s.saved_at for s in self.runs[sid].history), self.faults)]
+        measured = [e for e in episodes if e.progress_at is not None]
+        stuck = {e.run for e in episodes if e.progress_at is None and self.runs[e.run].status != "finished"}
+        unrecovered = sorted(stuck | {sid for fault in self.faults for sid in fault.runs if sid not in self.runs})
+        times = [e.since_last_s for e in measured]
         by_run: dict[str, float] = {}
-        slowest: list[dict[str, Any]] = []
-        for fault in self.faults:
-            for sid in fault.runs:
-                run = self.runs.get(sid)
-                # A victim can commit a save it sent in the milliseconds it takes to die: not progress.
-                later = [s.saved_at for s in (run.history if run else []) if s.saved_at > fault.ts + VICTIM_GRACE_S]
-                if later:
-                    times.append(later[0] - fault.ts)
-                    by_run[sid] = round(max(by_run.get(sid, 0.0), later[0] - fault.ts), 3)
-                    slowest.append({"run": sid, "action": fault.action, "fault_ts": fault.ts,
-                                    "recovery_s": round(later[0] - fault.ts, 3)})
-                elif run is None or run.status != "finished":
-                    unrecovered.append(sid)
-        return {"faults": len(self.faults), "affected": len(times) + len(unrecovered),
-                "count": len(times), "p50_s": _percentile(times, 50), "p99_s": _percentile(times, 99),
+        for episode in measured:
+            by_run[episode.run] = max(by_run.get(episode.run, 0.0), episode.since_last_s)
+        hit_again = [e for e in measured if len(e.faults) > 1]
+        return {"faults": len(self.faults), "affected": len(measured) + len(unrecovered),
+                "count": len(times), "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
                 "max_s": round(max(times), 3) if times else None, "unrecovered": unrecovered,
-                "by_run_s": by_run, "slowest": sorted(slowest, key=lambda r: -r["recovery_s"])[:3]}
+                "by_run_s": by_run,
+                "slowest": [e.to_json() for e in sorted(measured, key=lambda e: -e.since_last_s)[:3]],
+                "hit_again": {"count": len(hit_again),
+                              "max_since_first_s": round(max(e.since_first_s for e in hit_again), 3)
+                              if hit_again else None,
+                              "runs": [e.to_json() for e in hit_again]}}
 
     def report(self) -> dict[str, Any]:
         for sid in self.recovery()["unrecovered"]:

@@ -1,12 +1,14 @@
 """Real ``celery worker`` and ``celery beat`` subprocesses for the crash tests, and the faults done to them.
 
 Each worker runs in its own session (process group) so a test can SIGKILL the whole group at once.
-Every fault is recorded as a ``checker.Fault`` (time, victims, runs whose lease they held) for the
-recovery figures; ``Cluster.close`` kills every process started here, whatever the test did.
+Every fault is recorded as a ``checker.Fault`` (time, victims, runs whose lease they held, runs whose
+step message a killed worker held) for the recovery figures; ``Cluster.close`` kills every process
+started here, whatever the test did.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -28,6 +30,7 @@ from psycopg import sql
 
 from producer.client import Client, normalize_input
 from store import keys
+from store.settings import Settings
 from tests.support import services
 from tests.support.checker import LOG_ENV, Fault, read_log
 
@@ -36,6 +39,13 @@ AGENTS_MODULE = "tests.support.agents"
 _MTIME_SLACK_S = 0.02
 _LOG_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/([^\]]+)\] (.*)")
 _OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> (\w+)")
+_STEP_TIME = re.compile(r"Task lousho\.advance\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")
+_SWEEP_SENT = re.compile(r"Sending due task lousho-recover ")
+_SWEEP_RECEIVED = re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] received")
+_RECEIVED = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/MainProcess\]"
+                       r" Task lousho\.advance\[([0-9a-f-]+)\] received")
+#: The hash where kombu's Redis transport keeps delivered, unacked messages (``Channel.unacked_key``).
+_UNACKED_KEY = "unacked"
 #: Crash points of ``worker/steps.py`` (each writes ``crash-<point>-<run>`` when it fires).
 CRASH_POINTS = (
     "after_lease_before_epoch", "during_model_call", "after_model_response_before_save",
@@ -90,6 +100,36 @@ def is_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as dead)."""
     stat = _stat(pid)
     return stat is not None and stat[0] != "Z"
+
+
+@dataclass(frozen=True)
+class RecoveryBudget:
+    """How soon a run hit by a fault must make progress again (RELIABILITY I11), from the settings.
+
+    The bound is lease TTL + sweep interval + one step: the victim's lease expires at most a TTL
+    after the fault (the run's last save is older still, so the sweep finds it stale by then), the
+    beat sends the next sweep within an interval, and the re-sent step saves after its own work.
+    ``slack_s`` is what the test allows on top on a loaded 2-core machine, each test saying why.
+    """
+
+    lease_ttl_s: float
+    sweep_s: float
+    step_s: float
+    slack_s: float
+
+    @property
+    def bound_s(self) -> float:
+        """I11: lease TTL + sweep interval + one step."""
+        return round(self.lease_ttl_s + self.sweep_s + self.step_s, 3)
+
+    @property
+    def limit_s(self) -> float:
+        """The bound plus the slack: a recovery slower than this fails the test."""
+        return round(self.bound_s + self.slack_s, 3)
+
+    def __str__(self) -> str:
+        return (f"{self.limit_s} s (TTL {self.lease_ttl_s} + sweep {self.sweep_s} + step {self.step_s}"
+                f" = {self.bound_s} s, + slack {self.slack_s} s)")
 
 
 @dataclass
@@ -170,6 +210,17 @@ class Cluster:
         base.update(self.extra_env)
         return base
 
+    def settings(self) -> Settings:
+        """The settings the workers and the beat run with (``env()``, ``extra_env`` included)."""
+        prefix = "LOUSHO_"
+        return Settings.model_validate({name[len(prefix):].lower(): value for name, value in self.env().items()
+                                        if name.startswith(prefix)})
+
+    def recovery_budget(self, step_s: float, slack_s: float) -> RecoveryBudget:
+        """I11's bound for this cluster's settings and a step of ``step_s``, plus ``slack_s``."""
+        settings = self.settings()
+        return RecoveryBudget(settings.lease_ttl_ms / 1000, settings.recover_interval_s, step_s, slack_s)
+
     # -- processes ---------------------------------------------------------------------------
 
     def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -234,11 +285,37 @@ class Cluster:
         """The pid holding the run's lease now, if any."""
         return self.lease_holders().get(session_id)
 
-    def _record(self, action: str, pids: Sequence[int], deliver: Callable[[], None]) -> Fault:
+    def carried_runs(self, worker: Worker) -> set[str]:
+        """Runs whose step message ``worker`` received and never acked (waiting for a pool process or running).
+
+        The broker keeps each delivered message in its ``unacked`` hash until the ack; the workers'
+        logs name each task they received. A message requeued after its pool process died keeps its
+        task id, so a task belongs to the worker that received it last. Read after a whole worker
+        was killed, these are the step messages that died with it.
+        """
+        last: dict[str, tuple[str, Worker]] = {}
+        for candidate in self.workers:
+            for stamp, task_id in _RECEIVED.findall(candidate.log_path.read_text(errors="replace")):
+                if task_id not in last or stamp >= last[task_id][0]:
+                    last[task_id] = (stamp, candidate)
+        carried = set()
+        for raw in self.redis.hvals(_UNACKED_KEY):
+            payload = json.loads(raw)[0]
+            task_id = payload["headers"].get("id")
+            if payload["headers"].get("task") == "lousho.advance" and task_id in last and last[task_id][1] is worker:
+                carried.add(str(json.loads(base64.b64decode(payload["body"]))[0][0]))
+        return carried
+
+    def _record(self, action: str, pids: Sequence[int], deliver: Callable[[], None],
+                worker: Worker | None = None) -> Fault:
         holders = self.lease_holders()
         ts = time.time()
         deliver()
-        fault = Fault(ts, action, tuple(pids), tuple(sorted(s for s, p in holders.items() if p in pids)))
+        # A victim's lease outlives it by up to the TTL: reading again catches one taken in the
+        # milliseconds between the first read and the kill.
+        held = {s for s, p in [*holders.items(), *self.lease_holders().items()] if p in pids}
+        carried = self.carried_runs(worker) - held if worker is not None else set()
+        fault = Fault(ts, action, tuple(pids), tuple(sorted(held)), tuple(sorted(carried)))
         self.faults.append(fault)
         with open(self.workdir / "faults.jsonl", "a") as record:
             record.write(json.dumps(fault.to_json()) + "\n")
@@ -250,17 +327,17 @@ class Cluster:
 
     def kill_group(self, worker: Worker) -> Fault:
         """SIGKILL the worker's whole process group: nothing is acked or rejected."""
-        pids = [worker.pid, *worker.children()]
-        fault = self._record("kill-group", pids, lambda: os.killpg(worker.pid, signal.SIGKILL))
-        worker.process.wait(timeout=10)
-        return fault
+        def kill() -> None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.process.wait(timeout=10)
+        return self._record("kill-group", [worker.pid, *worker.children()], kill, worker)
 
     def kill_main(self, worker: Worker) -> Fault:
         """SIGKILL only the main process; its pool children die with it (Celery sets PDEATHSIG)."""
-        pids = [worker.pid, *worker.children()]
-        fault = self._record("kill-main", pids, lambda: os.kill(worker.pid, signal.SIGKILL))
-        worker.process.wait(timeout=10)
-        return fault
+        def kill() -> None:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.process.wait(timeout=10)
+        return self._record("kill-main", [worker.pid, *worker.children()], kill, worker)
 
     def stop(self, pid: int) -> Fault:
         """SIGSTOP one process (it keeps its lease value but stops renewing it)."""
@@ -358,6 +435,17 @@ class Cluster:
     def worker_logs(self) -> str:
         """Every worker log, concatenated."""
         return "".join(w.log_path.read_text(errors="replace") for w in self.workers)
+
+    def step_times(self) -> list[float]:
+        """Seconds each step (``lousho.advance`` task) took, from the workers' ``succeeded in`` lines."""
+        return [float(t) for t in _STEP_TIME.findall(self.worker_logs())]
+
+    def sweeps(self) -> tuple[int, int]:
+        """(recover sweeps the beats sent, sweeps the workers received). Far fewer received than sent
+        means something else consumes the test's Redis db (or workers were down a long time)."""
+        logs = [self.workdir / f"beat-{n}.log" for n in range(1, len(self.beats) + 1)]
+        sent = sum(len(_SWEEP_SENT.findall(log.read_text(errors="replace"))) for log in logs if log.exists())
+        return sent, len(_SWEEP_RECEIVED.findall(self.worker_logs()))
 
     def outcomes(self) -> Counter[str]:
         """How many steps ended with each ``Outcome`` (from the workers' ``advance ... -> x`` lines)."""

@@ -8,7 +8,7 @@ test suite; about 3 minutes with the defaults, never more than ``--max-seconds``
 What it does:
 
 1. recreates its own database (``--database``, default ``lousho_soak``) and flushes its own Redis db
-   (``--redis-db``, default 11) on the servers of ``LOUSHO_DATABASE_URL`` and ``LOUSHO_REDIS_URL``
+   (``--redis-db``, default 9) on the servers of ``LOUSHO_DATABASE_URL`` and ``LOUSHO_REDIS_URL``
    (loopback only), with the CI timing of the tests (lease TTL 2 s, sweep every 1 s) and every other
    setting at its default;
 2. starts the fake OpenAI-compatible provider on 127.0.0.1, ``--workers`` real ``celery worker``
@@ -67,7 +67,7 @@ class Config:
     max_seconds: float = 420.0
     seed: int = 1
     database: str = "lousho_soak"
-    redis_db: int = 11
+    redis_db: int = 9
     keep: bool = False
 
 

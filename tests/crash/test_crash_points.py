@@ -7,6 +7,7 @@ hands the run on. RELIABILITY section 3 says how much extra work each point may 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from tests.support import checker
@@ -22,9 +23,16 @@ EXPECTED_EXTRA = {point: (0, 0, 0, None) for point in CRASH_POINTS} | {
     "after_started_marker_before_approved_call": (0, 0, 1, 0),
     "after_approved_effect_before_result_save": (0, 0, 1, 1),
 }
-#: RELIABILITY's C1 target; a miss is printed, the CI budget (max <= 8 s) fails the test.
+#: RELIABILITY's C1 target; a miss is printed. What fails the test is the budget derived from the
+#: workers' settings (``Cluster.recovery_budget``).
 RECOVERY_TARGET_S = 6.0
-RECOVERY_MAX_S = 8.0
+#: On top of TTL + sweep + one step: the 22 crashed runs' steps queue on two workers' four pool processes
+#: (the step counts each of them once), and a loaded 2-core machine delays the sweep and the re-sent step.
+SLACK_S = 2.0
+#: Pool processes of the cluster: two workers of concurrency 2.
+POOL = 4
+#: The longest step of these runs: a serial batch of 3 calls of at most 100 ms (tests/support/agents.py).
+STEP_S = 0.3
 #: A parallel twin may re-run every call of the batch that was in flight (3 calls in turn 0).
 TWIN_MAX_REEXECUTIONS = 3
 
@@ -88,7 +96,9 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
         assert twin["wasted_model_calls"] == EXPECTED_EXTRA[point][1], (point, twin)
         assert twin["interrupted_results"] == EXPECTED_EXTRA[point][2], (point, twin)
     assert extra == EXPECTED_EXTRA
-    assert worst is not None and worst <= RECOVERY_MAX_S
+    budget = cluster.recovery_budget(round(math.ceil(len(run_ids) / POOL) * STEP_S, 3), SLACK_S)
+    print(f"recovery budget {budget}")
+    assert worst is not None and worst <= budget.limit_s
 
 
 def test_beat_sweep_rescues_a_run_whose_next_message_died_with_its_worker(

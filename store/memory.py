@@ -208,34 +208,35 @@ class MemoryCheckpointStore:
             run.uncounted_usage = record
             return True
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
-        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
+    def _failed(self, session_id: str, fence: int, error: records.LastError) -> _Run | None:
+        """The run with ``error`` recorded under its fence (call with the lock held); None if fenced out."""
         record = error.model_dump()
         payloads.dumps(record)
         _refuse_nul(record)
+        run = self._runs.get(session_id)
+        if run is None or run.fence != fence:
+            return None
+        run.last_error, run.updated_at = record, self._clock()
+        return run
+
+    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
+        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
         with self._lock:
-            run = self._runs.get(session_id)
-            if run is None or run.fence != fence:
+            run = self._failed(session_id, fence, error)
+            if run is None:
                 return None
-            run.last_error = record
-            run.updated_at = self._clock()
             run.next_attempt_at = None
             return run.attempts
 
     def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
         """Record a transient failure and when to try again (see ``PostgresCheckpointStore.retry_later``)."""
-        record = error.model_dump()
-        payloads.dumps(record)
-        _refuse_nul(record)
         with self._lock:
-            run = self._runs.get(session_id)
-            if run is None or run.fence != fence:
+            run = self._failed(session_id, fence, error)
+            if run is None:
                 return None
-            now = self._clock()
-            run.last_error, run.updated_at, run.attempts = record, now, 0
-            run.failures += 1
-            run.retry_since = run.retry_since or now
-            run.next_attempt_at = now + timedelta(seconds=max(delay_s, 0.0))
+            run.attempts, run.failures = 0, run.failures + 1
+            run.retry_since = run.retry_since or run.updated_at
+            run.next_attempt_at = run.updated_at + timedelta(seconds=max(delay_s, 0.0))
             return run.seq
 
     def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:

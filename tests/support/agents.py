@@ -42,7 +42,12 @@ _fd_lock = threading.Lock()
 
 def log_event(record: dict[str, Any]) -> None:
     """Append one JSON line to the test log (no-op when ``LOUSHO_TEST_LOG`` is unset)."""
-    path = os.environ.get(LOG_ENV)
+    append_event(os.environ.get(LOG_ENV), record)
+
+
+def append_event(path: str | None, record: dict[str, Any]) -> None:
+    """Append ``record`` (stamped with time and pid) as one JSON line to ``path``, in one ``os.write`` on an
+    ``O_APPEND`` descriptor kept per process, so a SIGKILL never leaves half a line behind another."""
     if not path:
         return
     line = {"ts": time.time(), "pid": os.getpid(), **record}

@@ -49,23 +49,11 @@ RECOVER = "lousho.recover"
 #: Nothing listens on the discard port: without the variable every call fails as a connection error.
 _UNSET_URL = "http://127.0.0.1:9/v1"
 
-_fds: dict[tuple[int, str], int] = {}
-_fd_lock = threading.Lock()
 
 
 def log_event(record: dict[str, Any]) -> None:
     """Append one JSON line to ``LOUSHO_WEATHER_LOG`` (no-op when it is unset)."""
-    path = os.environ.get(LOG_ENV)
-    if not path:
-        return
-    data = (json.dumps({"ts": time.time(), "pid": os.getpid(), **record}, separators=(",", ":")) + "\n").encode()
-    key = (os.getpid(), path)
-    with _fd_lock:
-        fd = _fds.get(key)
-        if fd is None:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            _fds[key] = fd
-    os.write(fd, data)
+    crash_agents.append_event(os.environ.get(LOG_ENV), record)
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

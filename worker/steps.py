@@ -118,13 +118,19 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     except errors.FencedOutError:
         return Outcome.FENCED
     except Exception as exc:  # classified and recorded below, never swallowed
-        try:
-            checkpoint = _keep_input(deps, checkpoint, action)
-        except errors.FencedOutError:
-            return Outcome.FENCED
-        except errors.LoushoError as unkept:  # the merged input itself cannot be saved (too large, say)
-            exc = unkept
-        return _record_failure(deps, checkpoint, exc, after, now)
+        return _fail(deps, checkpoint, action, exc, after, now)
+
+
+def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception, after: Next,
+          now: datetime | None) -> Outcome:
+    """Record why the step failed, after keeping the input it had merged."""
+    try:
+        checkpoint = _keep_input(deps, checkpoint, action)
+    except errors.FencedOutError:
+        return Outcome.FENCED
+    except errors.LoushoError as unkept:  # the merged input itself cannot be saved (too large, say)
+        return _record_failure(deps, checkpoint, unkept, after, now)
+    return _record_failure(deps, checkpoint, exc, after, now)
 
 
 def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action) -> Checkpoint:

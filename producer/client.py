@@ -8,33 +8,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
 from producer import forks
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
-from store import errors, payloads, records
+from producer.schedules import Schedules
+from store import errors, records
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.faults import crash_point
+from store.inputs import Input, normalize_input
 from store.leases import LeaseManager
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings, load_settings
 
-if TYPE_CHECKING:
-    from producer.schedules import Schedules
-
 log = logging.getLogger("lousho.client")
-MAX_INPUT_MESSAGES = 1000
 _KNOWN_AGENTS_TTL_S = 5.0
-
-Input = str | Sequence[dict[str, Any] | Message]
 
 
 class RunResult(BaseModel):
@@ -148,8 +143,6 @@ class Client:
     @property
     def schedules(self) -> Schedules:
         """Schedules stored in Postgres: create, list, pause, resume, delete (``producer.schedules``)."""
-        from producer.schedules import Schedules  # imported here: producer.schedules imports this module
-
         return Schedules(self)
 
     def agent(self, name: str) -> AgentHandle:
@@ -352,39 +345,3 @@ class AgentHandle:
 def _check_idempotency_key(key: object) -> None:
     if not isinstance(key, str) or not 1 <= len(key) <= 200 or not key.isprintable():
         raise errors.ConfigurationError("idempotency_key must be 1-200 printable characters")
-
-
-def normalize_input(input: Input) -> list[Message]:
-    """Messages from a string or a list of chat dicts, checked against the input limits.
-
-    Raises:
-        InputTooLargeError: too many messages, a string over 1 MiB, or nesting over 32 levels.
-        ConfigurationError: a message does not have the chat shape.
-    """
-    if isinstance(input, str):
-        raw: list[Any] = [{"role": "user", "content": input}]
-    elif isinstance(input, Sequence):
-        raw = list(input)
-    else:
-        raise errors.ConfigurationError("input must be a string or a list of messages")
-    if len(raw) > MAX_INPUT_MESSAGES:
-        raise errors.InputTooLargeError(f"at most {MAX_INPUT_MESSAGES} messages per send")
-    total = 0
-    messages = []
-    for item in raw:
-        if isinstance(item, Message):
-            item = item.dump()
-        payloads.check_depth(item)
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str) and len(content) > payloads.MAX_INPUT_STRING:
-            raise errors.InputTooLargeError(f"a message is over {payloads.MAX_INPUT_STRING} characters")
-        try:
-            message = Message.model_validate(payloads.sanitize(item))
-        except ValidationError as exc:
-            raise errors.ConfigurationError(f"not a chat message: {exc.errors()[0]['msg']}") from None
-        total += len(payloads.dumps(message.dump()).encode("utf-8"))
-        if total > payloads.MAX_INPUT_TOTAL:
-            raise errors.InputTooLargeError(
-                f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less")
-        messages.append(message)
-    return messages

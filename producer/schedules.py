@@ -10,24 +10,32 @@ import argparse
 import builtins
 import json
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from producer import client as client_module
-from store import errors
+from store import errors, inputs
+from store.checkpoints import PostgresCheckpointStore
 from store.schedules import CatchUp, Fire, Overlap, PostgresScheduleStore, Schedule, build_spec
 
-if TYPE_CHECKING:
-    from producer.client import Client
+
+class Producer(Protocol):
+    """What schedules need of ``producer.client.Client`` (typed here so neither module imports the other)."""
+
+    @property
+    def store(self) -> PostgresCheckpointStore:
+        """The checkpoint store."""
+
+    def known_agents(self) -> list[str]:
+        """Agents registered by workers."""
 
 
 class Schedules:
     """Schedules stored in Postgres; every beat fires each of their ticks once."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Producer) -> None:
         self._client = client
         self._store = PostgresScheduleStore(client.store.engine)
 
-    def create(self, name: str, agent: str, input: client_module.Input, *, cron: str | None = None,
+    def create(self, name: str, agent: str, input: inputs.Input, *, cron: str | None = None,
                every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
                catch_up: CatchUp = "one", check_agent: bool = True) -> Schedule:
         """Store a schedule that sends ``input`` to a new run of ``agent`` at each tick.
@@ -46,7 +54,7 @@ class Schedules:
             InputTooLargeError: the input is too large or too deep.
             AgentNotFoundError: workers registered agents and this name is not among them.
         """
-        messages = client_module.normalize_input(input)
+        messages = inputs.normalize_input(input)
         if check_agent:
             known = self._client.known_agents()
             if known and agent not in known:
@@ -122,7 +130,7 @@ def _dump(schedule: Schedule) -> dict[str, Any]:
             **schedule.model_dump(mode="json", include={"broken_error", "broken_at"})}
 
 
-def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
+def cmd_schedules(client: Producer, args: argparse.Namespace) -> int:
     """Run ``lousho schedules <action>``."""
     schedules = Schedules(client)
     if args.action == "create":

@@ -34,8 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
-from producer import client as client_module
-from store import errors, payloads, records, redaction
+from store import errors, inputs, payloads, records, redaction
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import Transaction
@@ -151,7 +150,7 @@ class WebhookConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     tolerance_s: int = TOLERANCE_S
     input_pointers: Mapping[str, str] = field(default_factory=dict)
-    input_builders: Mapping[str, Callable[[Any], client_module.Input]] = field(default_factory=dict)
+    input_builders: Mapping[str, Callable[[Any], inputs.Input]] = field(default_factory=dict)
     agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
     github_agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
 
@@ -391,11 +390,11 @@ def input_messages(config: WebhookConfig, agent: str, document: Any) -> list[rec
     builder = config.input_builders.get(agent)
     try:
         if builder is not None:
-            chosen: client_module.Input = builder(document)
+            chosen: inputs.Input = builder(document)
         else:
             value = _pointer(document, config.input_pointers.get(agent, ""))
             chosen = value if isinstance(value, str) else payloads.dumps(payloads.sanitize(value))
-        messages = client_module.normalize_input(chosen)
+        messages = inputs.normalize_input(chosen)
     except (KeyError, errors.ConfigurationError, errors.InputTooLargeError):
         raise Rejected(422, "LOUSHO_WEBHOOK_INPUT_INVALID", "the body has no usable input for this agent") from None
     if not messages:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from producer.client import MAX_INPUT_MESSAGES, normalize_input
 from store import errors, payloads
+from store.inputs import MAX_INPUT_MESSAGES, normalize_input
 from store.records import Message
 
 

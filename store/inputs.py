@@ -1,0 +1,55 @@
+"""Input rules: how a send's input becomes chat messages, and the limits it is held to.
+
+One owner for every way input gets in (the client, schedules, webhooks); no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from store import errors, payloads
+from store.records import Message
+
+MAX_INPUT_MESSAGES = 1000
+
+#: What ``send`` accepts: a string (one user message) or a list of chat messages.
+Input = str | Sequence[dict[str, Any] | Message]
+
+
+def normalize_input(input: Input) -> list[Message]:
+    """Messages from a string or a list of chat dicts, checked against the input limits.
+
+    Raises:
+        InputTooLargeError: too many messages, a string over 1 MiB, or nesting over 32 levels.
+        ConfigurationError: a message does not have the chat shape.
+    """
+    if isinstance(input, str):
+        raw: list[Any] = [{"role": "user", "content": input}]
+    elif isinstance(input, Sequence):
+        raw = list(input)
+    else:
+        raise errors.ConfigurationError("input must be a string or a list of messages")
+    if len(raw) > MAX_INPUT_MESSAGES:
+        raise errors.InputTooLargeError(f"at most {MAX_INPUT_MESSAGES} messages per send")
+    total = 0
+    messages = []
+    for item in raw:
+        if isinstance(item, Message):
+            item = item.dump()
+        payloads.check_depth(item)
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str) and len(content) > payloads.MAX_INPUT_STRING:
+            raise errors.InputTooLargeError(f"a message is over {payloads.MAX_INPUT_STRING} characters")
+        try:
+            message = Message.model_validate(payloads.sanitize(item))
+        except ValidationError as exc:
+            raise errors.ConfigurationError(f"not a chat message: {exc.errors()[0]['msg']}") from None
+        total += len(payloads.dumps(message.dump()).encode("utf-8"))
+        if total > payloads.MAX_INPUT_TOTAL:
+            raise errors.InputTooLargeError(
+                f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less")
+        messages.append(message)
+    return messages

@@ -43,14 +43,14 @@ def services_env() -> tuple[dict[str, str], list[str]]:
     """The environment, and the command prefix that provides the services it does not name.
 
     With ``LOUSHO_DATABASE_URL`` and ``LOUSHO_REDIS_URL`` set, no prefix; otherwise
-    ``python -m producer.embedded exec --``, which starts (or reuses) the embedded server for each
+    ``python -m devkit.embedded exec --``, which starts (or reuses) the embedded server for each
     URL unset, exports it to the command and stops what it started when the command ends.
     """
     env = dict(os.environ)
     if env.get("LOUSHO_DATABASE_URL") and env.get("LOUSHO_REDIS_URL"):
         return env, []
     say("LOUSHO_DATABASE_URL / LOUSHO_REDIS_URL unset: using the embedded PostgreSQL and Redis (.lousho/)")
-    return env, [str(PYTHON), "-m", "producer.embedded", "exec", "--"]
+    return env, [str(PYTHON), "-m", "devkit.embedded", "exec", "--"]
 
 
 def main(argv: list[str]) -> int:
@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
         return subprocess.run([lousho, "demo", *rest], cwd=ROOT, env=env).returncode
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
-    checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "tests", "bench", "examples"],
-              [str(PYTHON), "-m", "mypy", "store", "worker", "producer"],
+    checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench", "examples"],
+              [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],
               [str(VENV / "bin" / "lint-imports")]]
     for check in checks:
         if subprocess.run(check, cwd=ROOT, env=env).returncode != 0:

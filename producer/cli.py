@@ -186,9 +186,9 @@ def cmd_webhooks_serve(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(client: Client, args: argparse.Namespace) -> int:
-    from producer.demo import run_demo
-    from producer.devserver import dev_services
-    from producer.embedded import EmbeddedError
+    from devkit.demo import run_demo
+    from devkit.devserver import dev_services
+    from devkit.embedded import EmbeddedError
 
     try:
         with dev_services() as settings:  # the configured services, else embedded ones for the demo
@@ -199,8 +199,8 @@ def cmd_demo(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_dev(client: Client, args: argparse.Namespace) -> int:
-    from producer.devserver import run_dev, stop_services
-    from producer.embedded import EmbeddedError
+    from devkit.devserver import run_dev, stop_services
+    from devkit.embedded import EmbeddedError
 
     try:
         if args.stop:

@@ -17,11 +17,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, history, payloads, records
+from store import errors, history, payloads, records, runs
 from store.database import Transaction
 
-_COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-            " updated_at, uncounted_usage, next_attempt_at, retry_since, failures")
+_COLUMNS = runs.COLUMNS
 
 # Claim the fencing token and load the run in one statement. A start counts as an attempt only
 # when the step will do work (matching seq, and a run that is in progress or has new input).
@@ -83,44 +82,17 @@ WHERE session_id = :sid AND fence = :fence RETURNING seq
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
-# The one rule of which runs should be moving (a step has work to do), shared by the sweep, resume and pending.
-_SHOULD_MOVE = "(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
-_NOT_PARKED = "(last_error IS NULL OR (last_error ->> 'retryable')::boolean)"
 _RESET_ATTEMPTS = text(f"""
 UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL
-WHERE session_id = :sid AND {_SHOULD_MOVE} RETURNING seq
+WHERE session_id = :sid AND {runs.HAS_WORK} RETURNING seq
 """)
-_LOCK_RUN = text(
-    f"SELECT {_COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid FOR UPDATE")
-# A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
-# after that history: restarting at 0 would collide with the kept rows on every save.
-_CREATE_RUN = text("""
-INSERT INTO runs (session_id, agent, seq)
-SELECT :sid, :agent, COALESCE(MAX(seq), 0) FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING
-""")
-_NEW_RUN = text("""
-INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
-SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
-FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING RETURNING session_id
-""")
-# New input is a person acting on the run: a parked or waiting run tries again with it.
-_BUMP_INBOX = text("""
-UPDATE runs SET inbox_head = inbox_head + 1, last_error = NULL, attempts = 0, failures = 0, retry_since = NULL,
-  next_attempt_at = NULL
-WHERE session_id = :sid RETURNING inbox_head
-""")
-_SENT_BEFORE = text("SELECT n FROM sends WHERE session_id = :sid AND idempotency_key = :key")
-_REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES (:sid, :key, :n)")
-_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 # Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
 # seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
 # by (due, session_id) so a page full of live leases does not hide the rest.
 _DUE = text(f"""
 SELECT session_id, seq, agent, next_attempt_at IS NOT NULL AS retrying,
   COALESCE(next_attempt_at, updated_at) AS due FROM runs
-WHERE {_SHOULD_MOVE} AND {_NOT_PARKED}
+WHERE {runs.HAS_WORK} AND {runs.NOT_PARKED}
   AND CASE WHEN next_attempt_at IS NULL THEN updated_at < now() - make_interval(secs => :stale)
            ELSE next_attempt_at <= now() END
   AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => :stale))
@@ -128,7 +100,7 @@ WHERE {_SHOULD_MOVE} AND {_NOT_PARKED}
 ORDER BY COALESCE(next_attempt_at, updated_at), session_id LIMIT :limit
 """)
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
-_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {_SHOULD_MOVE})"
+_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {runs.HAS_WORK})"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
 
@@ -146,42 +118,11 @@ class Claim:
     now: datetime | None = None
 
 
-def _checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
-    mapping = row._mapping
-    document = dict(mapping["document"] or {})
-    document.pop("session_id", None)
-    uncounted = mapping["uncounted_usage"]
-    found_format = document.pop("format", records.CHECKPOINT_FORMAT)
-    if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
-        raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
-    try:
-        checkpoint = records.Checkpoint(
-            session_id=session_id,
-            status=mapping["status"],
-            seq=mapping["seq"],
-            fence=mapping["fence"],
-            attempts=mapping["attempts"],
-            last_error=mapping["last_error"],
-            inbox_cursor=mapping["inbox_cursor"],
-            updated_at=mapping["updated_at"],
-            next_attempt_at=mapping["next_attempt_at"],
-            retry_since=mapping["retry_since"],
-            failures=mapping["failures"],
-            **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
-        )
-        if uncounted:
-            extra = records.Usage.model_validate(uncounted)
-            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
-        return checkpoint
-    except (ValueError, TypeError) as exc:
-        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
-
-
 def _pending(row: Row[Any]) -> records.PendingRun:
     """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
     mapping = row._mapping
     try:
-        checkpoint = _checkpoint(row, row.session_id)
+        checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
         error = records.LastError(**exc.to_record())
         return records.PendingRun(
@@ -216,7 +157,7 @@ class PostgresCheckpointStore:
             if row is None:
                 fence = conn.execute(_FENCE_OF, {"sid": session_id}).scalar()
                 return Claim(None, stored_fence=None if fence is None else int(fence))
-        checkpoint = _checkpoint(row, session_id)
+        checkpoint = runs.row_checkpoint(row, session_id)
         if self.history_limit > 0 and checkpoint.history_seq == checkpoint.seq:
             self._remember(session_id, checkpoint.seq, checkpoint.messages)
         return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]), now=row._mapping["db_now"])
@@ -332,42 +273,13 @@ class PostgresCheckpointStore:
             ConfigurationError: the session belongs to another agent.
             CheckpointCorruptError: the stored run cannot be read.
         """
-        body = payloads.dumps([m.dump() for m in messages])
         with self._begin() as conn:
-            conn.execute(_CREATE_RUN, {"sid": session_id, "agent": agent})
-            row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
-            if row.document:
-                _checkpoint(row, session_id)  # an unreadable run takes no input: delete it first
-            if row.agent != agent:
-                raise errors.ConfigurationError(
-                    f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
-            if idempotency_key is not None:
-                earlier = conn.execute(_SENT_BEFORE, {"sid": session_id, "key": idempotency_key}).scalar()
-                if earlier is not None:
-                    return int(earlier)
-            if row.status == "awaiting-approval":
-                approvals = row.approvals or []
-                raise errors.SessionAwaitingApprovalError(session_id, approvals[0] if approvals else None)
-            number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
-            conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body})
-            if idempotency_key is not None:
-                conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})
-        return number
+            return runs.queue_input(conn, session_id, agent, messages, idempotency_key)
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
-        # Its first history entry must hold the whole transcript: it has no entry of its own to extend.
-        body = payloads.dumps(checkpoint.model_copy(update={"history_seq": None}).document())
         with self._begin() as conn:
-            created = conn.execute(_NEW_RUN, {
-                "sid": checkpoint.session_id, "agent": checkpoint.agent, "status": checkpoint.status,
-                "doc": body, "head": 1 if queued else 0}).first()
-            if created is None:
-                return False
-            if queued:
-                conn.execute(_ADD_INBOX, {"sid": checkpoint.session_id, "n": 1,
-                                          "messages": payloads.dumps([m.dump() for m in queued])})
-        return True
+            return runs.create_from(conn, checkpoint, queued)
 
     def reset_attempts(self, session_id: str) -> int | None:
         """Clear a parked or waiting run's error and retry time so it runs now; returns its seq, None
@@ -386,7 +298,7 @@ class PostgresCheckpointStore:
         """
         with self._single() as conn:
             row = conn.execute(_LOAD, {"sid": session_id}).first()
-        return None if row is None else _checkpoint(row, session_id)
+        return None if row is None else runs.row_checkpoint(row, session_id)
 
     def progress(self, session_id: str) -> records.Progress | None:
         """A run's status, inbox cursor and last error, without reading its transcript; None if unknown."""
@@ -413,7 +325,7 @@ class PostgresCheckpointStore:
         found: builtins.list[records.Checkpoint | records.PendingRun] = []
         for row in rows:
             try:
-                found.append(_checkpoint(row, row.session_id))
+                found.append(runs.row_checkpoint(row, row.session_id))
             except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
                 found.append(records.PendingRun(
                     session_id=row.session_id, checkpoint_id=row.session_id, status="in-progress",

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
-from store import errors, payloads, records
+from store import errors, records, runs
 from store.database import Transaction
 
 Source = Literal["standard-webhooks", "github"]
@@ -47,16 +47,6 @@ ON CONFLICT (agent, body_sha256) DO NOTHING RETURNING delivery_id
 """)
 _GET_BODY = text("SELECT delivery_id, received_at FROM delivery_bodies WHERE agent = :agent AND body_sha256 = :sha")
 
-# A run recreated under an id whose history was kept continues its seq after that history.
-_NEW_RUN = text("""
-INSERT INTO runs (session_id, agent, seq, inbox_head)
-SELECT :sid, :agent, COALESCE(MAX(seq), 0), 1 FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING RETURNING inbox_head
-""")
-_LOCK_RUN = text(
-    "SELECT agent, status, document -> 'approval_ids' AS approval_ids FROM runs WHERE session_id = :sid FOR UPDATE")
-_BUMP_INBOX = text("UPDATE runs SET inbox_head = inbox_head + 1 WHERE session_id = :sid RETURNING inbox_head")
-_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 
 
 class Delivery(BaseModel):
@@ -125,41 +115,6 @@ def session_id_for(agent: str, delivery_id: str) -> str:
     return f"{PREFIX}h{digest}"
 
 
-def start_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> int:
-    """Create the run ``session_id`` with ``messages`` as its first input, in the caller's transaction.
-
-    When the run exists already the input is queued after what it has, under its row lock, with
-    the same rules as ``PostgresCheckpointStore.append_input``. Returns the inbox number.
-
-    Raises:
-        ConfigurationError: the run belongs to another agent.
-        SessionAwaitingApprovalError: the run waits on an approval.
-    """
-    if create_run(conn, session_id, agent, messages):
-        return 1
-    row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
-    if row.agent != agent:
-        raise errors.ConfigurationError(f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
-    if row.status == "awaiting-approval":
-        waiting = row.approval_ids or []
-        raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
-    number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
-    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _messages(messages)})
-    return number
-
-
-def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> bool:
-    """Create the run ``session_id`` with ``messages`` as inbox entry 1, in the caller's transaction.
-
-    Returns False, writing nothing, when a run with that id exists.
-    """
-    created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent}).first()
-    if created is None:
-        return False
-    conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _messages(messages)})
-    return True
-
-
 def _original(conn: Connection, params: dict[str, str]) -> Delivery:
     """The delivery that first brought a body (committed, so visible to this transaction's next statement)."""
     body = conn.execute(_GET_BODY, params).one()
@@ -170,10 +125,6 @@ def _original(conn: Connection, params: dict[str, str]) -> Delivery:
     return Delivery(agent=params["agent"], delivery_id=body.delivery_id,
                     session_id=session_id_for(params["agent"], body.delivery_id), source="github",
                     body_sha256=params["sha"], received_at=body.received_at)
-
-
-def _messages(messages: Sequence[records.Message]) -> str:
-    return payloads.dumps([m.dump() for m in messages])
 
 
 class PostgresDeliveryStore:
@@ -208,7 +159,7 @@ class PostgresDeliveryStore:
                     return Intake(Delivery.model_validate(dict(existing._mapping)), created=False)
                 if source == "github" and conn.execute(_CLAIM_BODY, params).first() is None:
                     raise _Replay(_original(conn, params))
-                start_run(conn, session_id, agent, messages)
+                runs.queue_input(conn, session_id, agent, messages)
         except _Replay as replay:
             return Intake(replay.original, created=False, replay_of=replay.original.delivery_id)
         return Intake(Delivery.model_validate(dict(row._mapping)), created=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from store import errors, keys, payloads, records
+from store import errors, keys, payloads, records, runs
 from store.approvals import Decision
 from store.checkpoints import Claim
 from store.leases import Lease
@@ -83,16 +83,6 @@ def _refuse_nul(value: Any) -> None:
             stack.extend(item)
 
 
-def _has_work(run: _Run) -> bool:
-    """In progress, or finished with input waiting."""
-    return run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
-
-
-def _should_move(run: _Run) -> bool:
-    """Has work and is not parked (the sweep's candidates, before timing)."""
-    return _has_work(run) and (run.last_error is None or run.last_error.get("retryable") is True)
-
-
 def _to_checkpoint(session_id: str, run: _Run) -> records.Checkpoint:
     try:
         document = dict(json.loads(run.document))
@@ -139,7 +129,7 @@ class MemoryCheckpointStore:
                 return Claim(None, stored_fence=None)
             if not run.fence < token:
                 return Claim(None, stored_fence=run.fence)
-            if (seq is None or run.seq == seq) and _has_work(run):
+            if (seq is None or run.seq == seq) and runs.has_work(run):
                 run.attempts += 1
             run.fence = token
             return Claim(_to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=self._clock())
@@ -330,7 +320,7 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
         with self._lock:
             run = self._runs.get(session_id)
-            if run is None or not _has_work(run):
+            if run is None or not runs.has_work(run):
                 return None
             run.clear_failures()
             return run.seq
@@ -406,7 +396,7 @@ class MemoryCheckpointStore:
             cutoff = now - timedelta(seconds=stale_after_s)
             found = []
             for sid, run in self._runs.items():
-                if not _should_move(run):
+                if not (runs.has_work(run) and not runs.is_parked(run.last_error)):
                     continue
                 due = run.next_attempt_at or run.updated_at
                 if run.swept_at is not None and run.swept_at >= cutoff:
@@ -432,7 +422,7 @@ class MemoryCheckpointStore:
         """Runs that are not finished, oldest first (see ``PostgresCheckpointStore.pending``)."""
         with self._lock:
             rows = sorted(((run.created_at, sid, run) for sid, run in self._runs.items()
-                           if (run.status == "awaiting-approval" or _has_work(run))
+                           if (run.status == "awaiting-approval" or runs.has_work(run))
                            and (agent is None or run.agent == agent)), key=lambda item: (item[0], item[1]))[:limit]
             found = []
             for _, sid, run in rows:

@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, fie
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection, Row
 
-from store import errors, payloads, records
+from store import errors, payloads, records, runs
 from store.database import Transaction
-from store.deliveries import create_run
 
 Overlap = Literal["skip", "allow"]
 CatchUp = Literal["skip", "one"]
@@ -581,7 +580,7 @@ class PostgresScheduleStore:
         if session_id is None:
             swept.skipped.append(tick)
             return
-        if create_run(conn, session_id, schedule.agent, schedule.messages):
+        if runs.create_run(conn, session_id, schedule.agent, schedule.messages):
             swept.fired.append((tick, session_id))
         else:  # a run made by hand under this id: leave it alone, the tick is still claimed once
             conn.execute(_UNFIRE, {"id": schedule.schedule_id, "fire_at": tick})

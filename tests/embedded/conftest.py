@@ -10,4 +10,4 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "embedded: starts the embedded Postgres and Redis of producer.embedded")
+    config.addinivalue_line("markers", "embedded: starts the embedded Postgres and Redis of devkit.embedded")

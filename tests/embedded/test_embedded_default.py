@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from producer.client import Client
-from producer.embedded import EmbeddedServices, ServiceURLs
+from devkit.embedded import EmbeddedServices, ServiceURLs
 from store.database import migrate
 from store.leases import LeaseManager
 from store.settings import Settings
@@ -144,7 +144,7 @@ def test_services_start_reuse_serve_a_run_and_stop_clean(embedded: EmbeddedServi
 
 def test_lousho_dev_runs_until_a_signal_and_leaves_nothing(tmp_path: Path) -> None:
     output = tmp_path / "dev.out"
-    script = ("import sys; from pathlib import Path; from producer.devserver import run_dev; "
+    script = ("import sys; from pathlib import Path; from devkit.devserver import run_dev; "
               "sys.exit(run_dev(root=Path(sys.argv[1]), concurrency=1, stop_timeout=15))")
     with output.open("wb") as sink:
         dev = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdin=subprocess.DEVNULL,

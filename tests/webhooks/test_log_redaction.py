@@ -2,7 +2,7 @@
 requests to the webhook server with secrets in their query strings, leave zero matches in any output line.
 
 Processes: the CLI (``lousho pending``, ending in an uncaught exception), ``lousho webhooks serve`` (uvicorn's
-loggers included), ``lousho dev``, ``lousho demo`` and the embedded-server runner (``python -m producer.embedded``).
+loggers included), ``lousho dev``, ``lousho demo`` and the embedded-server runner (``python -m devkit.embedded``).
 """
 
 from __future__ import annotations
@@ -132,9 +132,9 @@ def test_the_cli_logs_no_secret(tmp_path: Path) -> None:
 
 def test_the_embedded_server_runner_logs_no_secret(tmp_path: Path) -> None:
     print()
-    output = _run([WRAP.format(body="from producer.embedded import main; s.wrap('embedded', lambda: "
+    output = _run([WRAP.format(body="from devkit.embedded import main; s.wrap('embedded', lambda: "
                                     "main(['status', '--root', sys.argv[1]]))"), str(tmp_path)], _environment(), 120)
-    _report("python -m producer.embedded", output, "embedded")
+    _report("python -m devkit.embedded", output, "embedded")
 
 
 def _signed(path: str, delivery_id: str, client: httpx.Client) -> int:

@@ -1,7 +1,7 @@
 """``lousho dev``: services, a worker and beat for local development, in one foreground command.
 
 This module owns choosing the services for a development process (the ones named by
-``LOUSHO_DATABASE_URL`` / ``LOUSHO_REDIS_URL``, else the embedded servers of ``producer.embedded``),
+``LOUSHO_DATABASE_URL`` / ``LOUSHO_REDIS_URL``, else the embedded servers of ``devkit.embedded``),
 migrating the database, running ``celery -A worker worker`` and ``celery -A worker beat`` (and Flower
 on request) as child processes, and shutting all of them down on Ctrl-C or SIGTERM: SIGTERM to the
 children, SIGKILL after a timeout, then the embedded servers it started.
@@ -26,7 +26,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
-from producer.embedded import EmbeddedServices, default_root, exported
+from devkit.embedded import EmbeddedServices, default_root, exported
 from store import redaction
 from store.database import ensure_database, migrate
 from store.settings import Settings
@@ -65,7 +65,7 @@ def resolve_services(environ: Mapping[str, str] | None = None, *, root: Path | N
         used, and ``release()`` stops those started here.
 
     Raises:
-        producer.embedded.EmbeddedError: an embedded server could not be started.
+        devkit.embedded.EmbeddedError: an embedded server could not be started.
     """
     env = dict(os.environ if environ is None else environ)
     database_url = env.get("LOUSHO_DATABASE_URL")

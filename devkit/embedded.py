@@ -24,7 +24,7 @@ root (``unshare --user``: its files stay owned by the caller, so any folder root
 where user namespaces are not allowed, it runs as ``nobody`` through ``setpriv`` and its data folder
 is handed to that user.
 
-Command line (``python -m producer.embedded``): ``start``, ``stop``, ``status``, and
+Command line (``python -m devkit.embedded``): ``start``, ``stop``, ``status``, and
 ``exec -- COMMAND...`` which runs a command with ``LOUSHO_DATABASE_URL`` and ``LOUSHO_REDIS_URL``
 pointing at the embedded servers and stops the ones it started when the command ends.
 """
@@ -774,7 +774,7 @@ def _exec(services: EmbeddedServices, command: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m producer.embedded start|stop|status|exec``; returns the exit status."""
+    """``python -m devkit.embedded start|stop|status|exec``; returns the exit status."""
     from store import redaction  # the one project module used here: it imports nothing of the project
 
     redaction.install()
@@ -782,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.add_argument("--root", type=Path, default=None, help="project folder (data in ROOT/.lousho)")
     common.add_argument("--json", action="store_true", help="print JSON")
     common.add_argument("--fast", action="store_true", help="no fsync (throwaway data)")
-    parser = argparse.ArgumentParser(prog="python -m producer.embedded",
+    parser = argparse.ArgumentParser(prog="python -m devkit.embedded",
                                      description="Embedded PostgreSQL and Redis for development.")
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("start", parents=[common], help="start (or reuse) both servers; print their URLs")

@@ -1,0 +1,5 @@
+"""Development tools: embedded PostgreSQL and Redis, the ``lousho dev`` server and the ``lousho demo`` run.
+
+Nothing here produces or runs work in production. The ``lousho`` command imports this package for its
+``dev`` and ``demo`` commands; ``store``, ``worker`` and the client library never do.
+"""

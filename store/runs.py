@@ -1,0 +1,176 @@
+"""A run's row: creating runs, queueing input, reading the row back as a checkpoint, and the "should move" rule.
+
+Every statement that creates a run or queues input for one is here, in the caller's transaction, so sends,
+forks, webhook deliveries and schedule ticks follow the same rules. Steps' own writes (claim, fenced save,
+failures) stay in ``store.checkpoints``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import Row
+
+from store import errors, payloads, records
+
+#: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
+COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
+           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures")
+#: The one rule of which runs have work to do: in progress, or finished with input waiting. Used by the
+#: sweep, ``resume`` and ``pending``; ``should_move`` is the same rule for records in memory.
+HAS_WORK = "(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
+#: A run whose last error is not retryable is parked: it waits for a person (send or resume).
+NOT_PARKED = "(last_error IS NULL OR (last_error ->> 'retryable')::boolean)"
+
+# A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
+# after that history: restarting at 0 would collide with the kept rows on every save.
+_ENSURE_RUN = text("""
+INSERT INTO runs (session_id, agent, seq)
+SELECT :sid, :agent, COALESCE(MAX(seq), 0) FROM checkpoint_history WHERE session_id = :sid
+ON CONFLICT (session_id) DO NOTHING
+""")
+_NEW_RUN = text("""
+INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
+SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
+FROM checkpoint_history WHERE session_id = :sid
+ON CONFLICT (session_id) DO NOTHING RETURNING session_id
+""")
+_LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid"
+                 " FOR UPDATE")
+# New input is a person acting on the run: a parked or waiting run tries again with it.
+_BUMP_INBOX = text("""
+UPDATE runs SET inbox_head = inbox_head + 1, last_error = NULL, attempts = 0, failures = 0, retry_since = NULL,
+  next_attempt_at = NULL
+WHERE session_id = :sid RETURNING inbox_head
+""")
+_SENT_BEFORE = text("SELECT n FROM sends WHERE session_id = :sid AND idempotency_key = :key")
+_REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES (:sid, :key, :n)")
+_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
+
+
+class RunRow(Protocol):
+    """What ``should_move`` reads of a run (a stored row or a record in memory)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def inbox_head(self) -> int: ...
+
+    @property
+    def inbox_cursor(self) -> int: ...
+
+
+def has_work(run: RunRow) -> bool:
+    """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
+    return run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
+
+
+def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:
+    """True when the run stopped on an error that is not retryable: ``NOT NOT_PARKED`` in memory."""
+    if last_error is None:
+        return False
+    retryable = last_error.retryable if isinstance(last_error, records.LastError) else last_error.get("retryable")
+    return retryable is not True
+
+
+def row_checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
+    """The run's row (``COLUMNS``) as a checkpoint.
+
+    Raises:
+        CheckpointFormatError: the checkpoint was written in a newer format than this code reads.
+        CheckpointCorruptError: the stored document cannot be read.
+    """
+    mapping = row._mapping
+    document = dict(mapping["document"] or {})
+    document.pop("session_id", None)
+    uncounted = mapping["uncounted_usage"]
+    found_format = document.pop("format", records.CHECKPOINT_FORMAT)
+    if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
+        raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
+    try:
+        checkpoint = records.Checkpoint(
+            session_id=session_id,
+            status=mapping["status"],
+            seq=mapping["seq"],
+            fence=mapping["fence"],
+            attempts=mapping["attempts"],
+            last_error=mapping["last_error"],
+            inbox_cursor=mapping["inbox_cursor"],
+            updated_at=mapping["updated_at"],
+            next_attempt_at=mapping["next_attempt_at"],
+            retry_since=mapping["retry_since"],
+            failures=mapping["failures"],
+            **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
+        )
+        if uncounted:
+            extra = records.Usage.model_validate(uncounted)
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
+        return checkpoint
+    except (ValueError, TypeError) as exc:
+        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+
+
+def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
+                idempotency_key: str | None = None) -> int:
+    """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
+
+    The run row is locked while the number is taken, so numbers follow commit order. A key already
+    used on this run queues nothing and returns the first send's number. New input clears a parked
+    or waiting run's error: the run tries again with it.
+
+    Raises:
+        SessionAwaitingApprovalError: the run waits on an approval.
+        ConfigurationError: the run belongs to another agent.
+        CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
+    """
+    conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
+    row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
+    if row.document:
+        row_checkpoint(row, session_id)
+    if row.agent != agent:
+        raise errors.ConfigurationError(f"session {session_id!r} belongs to agent {row.agent!r}, not {agent!r}")
+    if idempotency_key is not None:
+        earlier = conn.execute(_SENT_BEFORE, {"sid": session_id, "key": idempotency_key}).scalar()
+        if earlier is not None:
+            return int(earlier)
+    if row.status == "awaiting-approval":
+        waiting = row.approvals or []
+        raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
+    number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _dump(messages)})
+    if idempotency_key is not None:
+        conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})
+    return number
+
+
+def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> bool:
+    """Create the run ``session_id`` with ``messages`` as its first input, in the caller's transaction.
+
+    Returns False, writing nothing, when a run with that id exists.
+    """
+    return _insert(conn, session_id, agent, "in-progress", "{}", messages)
+
+
+def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
+    """Create a run whose state is ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
+    # Its first history entry must hold the whole transcript: it has no entry of its own to extend.
+    document = payloads.dumps(checkpoint.model_copy(update={"history_seq": None}).document())
+    return _insert(conn, checkpoint.session_id, checkpoint.agent, checkpoint.status, document, queued)
+
+
+def _insert(conn: Connection, session_id: str, agent: str, status: str, document: str,
+            queued: Sequence[records.Message]) -> bool:
+    created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent, "status": status, "doc": document,
+                                      "head": 1 if queued else 0}).first()
+    if created is None:
+        return False
+    if queued:
+        conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued)})
+    return True
+
+
+def _dump(messages: Sequence[records.Message]) -> str:
+    return payloads.dumps([m.dump() for m in messages])

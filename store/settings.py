@@ -40,12 +40,15 @@ class Settings(BaseSettings):
     schedule_interval_s: float = 5.0
     #: How late a tick may still fire as itself (at least 3 periods are used); older ticks follow catch_up.
     schedule_grace_s: float = 60.0
-    #: Standard Webhooks secrets (``whsec_...``), comma-separated: two of them during a rotation.
+    # The webhook receiver's fields; ``producer.webhooks.config.WebhookConfig.from_settings`` interprets them.
+    #: Standard Webhooks secrets (``whsec_...``), comma-separated: two of them during a rotation; an item
+    #: ``agent=whsec_...`` verifies only that agent's deliveries.
     webhook_secrets: SecretStr = SecretStr("")
     #: GitHub webhook secrets, comma-separated, for ``X-Hub-Signature-256``; empty turns GitHub intake off.
     github_webhook_secrets: SecretStr = SecretStr("")
-    #: Bearer key of ``GET /runs/{id}`` and ``POST /approvals/{id}``; unset refuses both routes.
+    #: Bearer key of ``GET /runs/{id}`` and ``POST /approvals/{id}``; unset or empty refuses both routes.
     api_key: SecretStr | None = None
+    #: Largest webhook body accepted, in bytes (413 beyond).
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
     webhook_input: str = ""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 from fastapi import FastAPI
+from pydantic import SecretStr
 from sqlalchemy import Engine
 
 from producer.client import Client
@@ -19,7 +20,7 @@ from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.deliveries import PostgresDeliveryStore
 from store.leases import Heartbeat, LeaseManager
-from store.settings import Settings
+from store.settings import Settings, load_settings
 from tests.support import services
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
@@ -48,6 +49,21 @@ HOOKS = Agent(name="hooks", model=MockModel([{"tool_calls": [{"name": "note", "a
               instructions="Handle the event.", tools=[note])
 DESK = Agent(name="desk", model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "Refunded."]),
              instructions="Handle refunds.", tools=[refund])
+
+
+#: The variables the receiver's configuration is built from; ``webhook_config`` unsets those it is not given.
+WEBHOOK_VARIABLES = ("LOUSHO_WEBHOOK_SECRETS", "LOUSHO_GITHUB_WEBHOOK_SECRETS", "LOUSHO_API_KEY",
+                     "LOUSHO_WEBHOOK_MAX_BODY_BYTES", "LOUSHO_WEBHOOK_INPUT")
+
+
+def webhook_config(**variables: str) -> WebhookConfig:
+    """The configuration `lousho webhooks serve` builds when the environment holds exactly these variables."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in WEBHOOK_VARIABLES:
+            patch.delenv(name, raising=False)
+        for name, value in variables.items():
+            patch.setenv(name, value)
+        return WebhookConfig.from_settings(load_settings())
 
 
 def key(secret: str) -> bytes:
@@ -108,7 +124,8 @@ def receiver(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMa
     backend = Backend(deliveries=PostgresDeliveryStore(engine), checkpoints=PostgresCheckpointStore(engine),
                       approvals=PostgresApprovalStore(engine), enqueue=driver.enqueue,
                       lease_holder=leases.holder, known_agents=client.known_agents)
-    config = WebhookConfig(secrets=(key(SECRET), key(OLD_SECRET)), github_secrets=(b"gh-secret",), api_key=API_KEY,
+    config = WebhookConfig(secrets=(key(SECRET), key(OLD_SECRET)), github_secrets=(b"gh-secret",),
+                           api_key=SecretStr(API_KEY),
                            input_pointers={"desk": "/request"})
     app = create_app(config, backend)
     yield Receiver(app=app, driver=driver, store=store, engine=store.engine, settings=settings)

@@ -147,10 +147,10 @@ def _die_between_commit_and_publish(monkeypatch: pytest.MonkeyPatch, client: Tes
         if point == "webhook_commit_before_enqueue":
             raise Died
 
-    monkeypatch.setattr(webhooks, "crash_point", die)
+    monkeypatch.setattr(webhooks.intake, "crash_point", die)
     with pytest.raises(Died):
         _post(client, "hooks", {"n": 1}, delivery_id)
-    monkeypatch.setattr(webhooks, "crash_point", lambda point, session_id: None)
+    monkeypatch.setattr(webhooks.intake, "crash_point", lambda point, session_id: None)
 
 
 def test_a_publish_lost_after_the_commit_is_repaired_by_the_recover_sweep(

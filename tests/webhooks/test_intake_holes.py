@@ -24,7 +24,7 @@ from producer.client import Client
 from producer.webhooks import Backend, WebhookConfig, create_app
 from store.database import make_engine
 from tests.support import services
-from tests.webhooks.conftest import API_KEY, SECRET, Receiver, noted, signed_headers
+from tests.webhooks.conftest import API_KEY, SECRET, Receiver, noted, signed_headers, webhook_config
 from tests.webhooks.recovery import run_recover_sweep
 
 pytestmark = pytest.mark.integration
@@ -55,10 +55,10 @@ def _github(client: TestClient, agent: str, body: bytes, delivery_id: str, secre
 
 
 def _bound_app(receiver: Receiver) -> FastAPI:
-    config = WebhookConfig.from_env({
-        "LOUSHO_WEBHOOK_SECRETS": f"hooks={HOOKS_ONLY},desk={DESK_ONLY},{SECRET}",
-        "LOUSHO_GITHUB_WEBHOOK_SECRETS": "hooks=gh-hooks-only,gh-shared",
-        "LOUSHO_API_KEY": API_KEY, "LOUSHO_WEBHOOK_INPUT": "desk=/request"})
+    config = webhook_config(
+        LOUSHO_WEBHOOK_SECRETS=f"hooks={HOOKS_ONLY},desk={DESK_ONLY},{SECRET}",
+        LOUSHO_GITHUB_WEBHOOK_SECRETS="hooks=gh-hooks-only,gh-shared",
+        LOUSHO_API_KEY=API_KEY, LOUSHO_WEBHOOK_INPUT="desk=/request")
     return create_app(config, receiver.app.state.backend)
 
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from producer.webhooks import Backend, WebhookConfig, create_app
 from store import errors
-from tests.webhooks.conftest import OLD_SECRET, SECRET, key, signed_headers
+from tests.webhooks.conftest import OLD_SECRET, SECRET, key, signed_headers, webhook_config
 from tests.webhooks.test_signatures import Recorder
 
 SHOP = "whsec_" + base64.b64encode(b"shop-only-secret-0123456789abcdef").decode()
@@ -21,7 +21,7 @@ BODY = b'{"event":"order.paid","order":7}'
 
 
 def _config(**env: str) -> WebhookConfig:
-    return WebhookConfig.from_env(env)
+    return webhook_config(**env)
 
 
 def _github(secret: bytes, body: bytes = BODY) -> dict[str, str]:

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from starlette.datastructures import Headers
 
 from producer import webhooks
 from producer.webhooks import Backend, Rejected, WebhookConfig, create_app, sign
 from store import errors, payloads
-from tests.webhooks.conftest import API_KEY, OLD_SECRET, SECRET, key, signed_headers
+from tests.webhooks.conftest import API_KEY, OLD_SECRET, SECRET, key, signed_headers, webhook_config
 
 BODY = b'{"event":"order.paid","order":7}'
 
@@ -36,7 +37,7 @@ def _app(*secrets: str, recorder: Recorder | None = None) -> tuple[TestClient, R
     backend = Backend(deliveries=recorder, checkpoints=recorder, approvals=recorder,  # type: ignore[arg-type]
                       enqueue=recorder.enqueue, lease_holder=recorder.holder, known_agents=recorder.known)
     config = WebhookConfig(secrets=tuple(key(s) for s in secrets or (SECRET,)), github_secrets=(b"gh",),
-                           api_key=API_KEY)
+                           api_key=SecretStr(API_KEY))
     return TestClient(create_app(config, backend), raise_server_exceptions=False), recorder
 
 
@@ -144,9 +145,9 @@ def test_secrets_must_be_whsec_base64() -> None:
     with pytest.raises(errors.ConfigurationError):
         webhooks.parse_secret("whsec_not base64!")
     with pytest.raises(errors.ConfigurationError):
-        WebhookConfig.from_env({"LOUSHO_WEBHOOK_SECRETS": ""})
-    config = WebhookConfig.from_env({"LOUSHO_WEBHOOK_SECRETS": f"{SECRET}, {OLD_SECRET}",
-                                     "LOUSHO_WEBHOOK_INPUT": "desk=/request", "LOUSHO_API_KEY": "k"})
+        webhook_config(LOUSHO_WEBHOOK_SECRETS="")
+    config = webhook_config(LOUSHO_WEBHOOK_SECRETS=f"{SECRET}, {OLD_SECRET}", LOUSHO_WEBHOOK_INPUT="desk=/request",
+                            LOUSHO_API_KEY="k")
     assert config.secrets == (key(SECRET), key(OLD_SECRET)) and config.input_pointers == {"desk": "/request"}
 
 
@@ -176,7 +177,7 @@ def test_a_two_mib_body_gets_413_before_it_is_verified_or_parsed(chunked: bool,
         raise AssertionError("must not be reached")
 
     monkeypatch.setattr(payloads, "loads_untrusted", never)
-    monkeypatch.setattr(webhooks, "verify_standard", never)
+    monkeypatch.setattr(webhooks.signatures, "verify_standard", never)
     client, recorder = _app()
     big = b'{"pad":"' + b"x" * (2 * 1024 * 1024) + b'"}'
     headers = signed_headers(big, "msg_big", int(time.time()))

@@ -1,0 +1,89 @@
+"""The receiver's ASGI app, built by ``create_app``: routes, error bodies, startup configuration.
+
+Nothing is created at import time; uvicorn serves it with ``--factory producer.webhooks.app:create_app``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from producer.webhooks import routes
+from producer.webhooks.backend import Backend
+from producer.webhooks.config import WebhookConfig
+from producer.webhooks.rejections import Rejected
+from store import errors, redaction
+from store.settings import Settings, load_settings
+
+log = logging.getLogger("lousho.webhooks")
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if code == "LOUSHO_API_KEY_INVALID" else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+async def _on_rejected(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Rejected)  # registered for Rejected only
+    return _error(exc.status, exc.code, exc.message)
+
+
+async def _on_invalid(request: Request, exc: Exception) -> JSONResponse:
+    return _error(400, "LOUSHO_BAD_REQUEST", "the request is malformed")
+
+
+async def _on_storage(request: Request, exc: Exception) -> JSONResponse:
+    # A delivery committed before Redis failed is still run: the recover sweep or the redelivery enqueues it.
+    log.warning("webhook request failed on a service: %s", type(exc).__name__)
+    return _error(503, errors.StorageError.code, "service unavailable, retry later")
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    built = None
+    settings: Settings | None = None
+    if app.state.config is None:
+        # Configured from the environment: a real server (``lousho webhooks serve`` or uvicorn's factory).
+        redaction.install()
+        settings = load_settings()
+        app.state.config = WebhookConfig.from_settings(settings)
+    if app.state.backend is None:
+        app.state.backend = built = Backend.from_settings(settings or load_settings())
+    try:
+        yield
+    finally:
+        if built is not None:
+            built.close()
+
+
+def create_app(config: WebhookConfig | None = None, backend: Backend | None = None, *,
+               clock: Callable[[], float] = time.time) -> FastAPI:
+    """The receiver. Without arguments, configuration and connections come from ``Settings`` at startup.
+
+    Routes: ``POST /webhooks/{agent}``, ``GET /runs/{session_id}`` and ``POST /approvals/{approval_id}``
+    (``Authorization: Bearer <LOUSHO_API_KEY>``), ``GET /healthz``.
+
+    Raises:
+        ConfigurationError: ``config`` has no secret or no usable body cap.
+    """
+    if config is not None:
+        config.check()
+    app = FastAPI(title="Lousho webhooks", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
+    app.state.config, app.state.backend, app.state.clock = config, backend, clock
+    app.add_exception_handler(Rejected, _on_rejected)
+    app.add_exception_handler(RequestValidationError, _on_invalid)
+    app.add_exception_handler(errors.StorageError, _on_storage)
+    app.add_exception_handler(redis.RedisError, _on_storage)
+    app.add_api_route("/webhooks/{agent}", routes.receive, methods=["POST"], status_code=202)
+    app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status")
+    app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"])
+    app.add_api_route("/healthz", routes.healthz, methods=["GET"])
+    return app

@@ -1,0 +1,134 @@
+"""The receiver's routes: intake of a delivery, a run's status, an approval decision, the health check.
+
+Owns the API-key check of the read and approval routes and the JSON each route answers; every refusal is
+a ``Rejected``, turned into an error body by the app. Blocking store calls run in the thread pool.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from producer.webhooks import bodies, headers, intake
+from producer.webhooks.backend import Backend
+from producer.webhooks.config import AGENT_NAME, WebhookConfig
+from producer.webhooks.rejections import Rejected, bad_request
+from store import errors, records
+from store.database import Transaction
+from store.faults import crash_point
+
+_MAX_DECISION_BYTES = 64 * 1024
+
+
+class _DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    approved: bool
+    note: str | None = Field(default=None, max_length=10_000)
+
+
+def _state(request: Request) -> tuple[WebhookConfig, Backend]:
+    config: WebhookConfig = request.app.state.config
+    backend: Backend = request.app.state.backend
+    return config, backend
+
+
+def _authorize(request: Request, config: WebhookConfig) -> None:
+    values = request.headers.getlist("authorization")
+    scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
+    expected = config.api_key.get_secret_value() if config.api_key is not None else ""
+    if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), expected.encode()):
+        raise Rejected(401, "LOUSHO_API_KEY_INVALID", "a valid API key is required")
+
+
+def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
+    try:
+        records.validate_session_id(session_id)
+        checkpoint = backend.checkpoints.load(session_id)
+    except errors.SessionIdInvalidError:
+        raise Rejected(404, "LOUSHO_RUN_NOT_FOUND", "no such run") from None
+    except errors.CheckpointCorruptError:
+        return {"session_id": session_id, "status": "corrupt", "pending_approvals": []}
+    if checkpoint is None:
+        raise Rejected(404, "LOUSHO_RUN_NOT_FOUND", "no such run")
+    approvals = backend.approvals.by_ids(checkpoint.approval_ids)
+    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at"})
+               for a in approvals.values() if a.status == "pending"]
+    return {"session_id": session_id, "agent": checkpoint.agent, "status": checkpoint.status,
+            "finish_reason": checkpoint.finish_reason, "text": checkpoint.final_text, "steps": checkpoint.step,
+            "last_error": checkpoint.last_error.model_dump() if checkpoint.last_error else None,
+            "pending_approvals": pending}
+
+
+def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tuple[str, bool]:
+    if len(approval_id) > 200:
+        raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval")
+    try:
+        made = backend.approvals.resolve(approval_id, decision.approved, decision.note)
+    except errors.ApprovalNotFoundError:
+        raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval") from None
+    except errors.ApprovalOrphanedError:
+        raise Rejected(409, "LOUSHO_APPROVAL_ORPHANED", "the approval's run no longer waits on it") from None
+    session_id = made.approval.session_id
+    if made.run_continues:
+        crash_point("approval_decided_before_resume_enqueue", session_id)
+        backend.publish(session_id, made.approval.agent)
+    return session_id, made.run_continues
+
+
+def _healthy(backend: Backend) -> bool:
+    try:
+        with Transaction(backend.deliveries.engine) as conn:
+            conn.execute(text("SELECT 1"))
+    except errors.StorageError:
+        return False
+    return True
+
+
+async def receive(agent: str, request: Request) -> JSONResponse:
+    """``POST /webhooks/{agent}``: a verified delivery becomes one run (202), exactly once per delivery id."""
+    config, backend = _state(request)
+    if not AGENT_NAME.fullmatch(agent):
+        raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
+    delivery = await intake.verified(request, config, agent, request.app.state.clock())
+    session_id, status, duplicate = await run_in_threadpool(intake.accept, backend, config, agent, delivery)
+    url = str(request.url_for("run_status", session_id=session_id))
+    return JSONResponse({"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate},
+                        status_code=202)
+
+
+async def run_status(session_id: str, request: Request) -> JSONResponse:
+    """``GET /runs/{session_id}``: how a run stands and its pending approvals (API key required)."""
+    config, backend = _state(request)
+    _authorize(request, config)
+    return JSONResponse(await run_in_threadpool(_run_view, backend, session_id))
+
+
+async def approval(approval_id: str, request: Request) -> JSONResponse:
+    """``POST /approvals/{approval_id}``: approve or reject a pending tool call (API key required)."""
+    config, backend = _state(request)
+    _authorize(request, config)
+    headers.check_json_type(request.headers)
+    try:
+        decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request,
+                                                                                         _MAX_DECISION_BYTES)))
+    except ValidationError:
+        raise bad_request('the body must be {"approved": true|false, "note": optional text}') from None
+    session_id, continues = await run_in_threadpool(_decide, backend, approval_id, decision)
+    return JSONResponse({"approval_id": approval_id, "session_id": session_id,
+                         "decision": "approved" if decision.approved else "rejected", "run_continues": continues,
+                         "status_url": str(request.url_for("run_status", session_id=session_id))})
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """``GET /healthz``: 200 when Postgres answers, else 503."""
+    _, backend = _state(request)
+    ok = await run_in_threadpool(_healthy, backend)
+    return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)

@@ -107,12 +107,32 @@ def check_configuration(app: Celery) -> None:
         raise RuntimeError("unsafe Celery configuration: " + "; ".join(problems))
 
 
-# Every process that imports the app (worker, beat, flower) masks secrets in its logs from here on.
-redaction.install()
+def install(app: Celery, settings: Settings | None = None) -> Celery:
+    """Make ``app`` run Lousho steps: the production configuration, the sweeps' beat entries and the tasks.
+
+    Works on the app ``celery -A worker`` finds and on an application's own Celery app alike
+    (``install(my_app)`` next to its own tasks); returns ``app``.
+
+    Raises:
+        ConfigurationError: a setting is invalid (from ``load_settings``).
+        RuntimeError: the resulting configuration would break the delivery guarantees.
+    """
+    # Every process that builds an app (worker, beat, flower) masks secrets in its logs from here on.
+    redaction.install()
+    configure(app, settings if settings is not None else load_settings())
+    check_configuration(app)
+    app.conf.include = [*(app.conf.include or ()), "worker.tasks"]
+    return app
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """A new Celery app named ``lousho``, set up by ``install``."""
+    return install(Celery("lousho"), settings)
+
+
 settings = load_settings()
-app = Celery("lousho", include=["worker.tasks"])
-configure(app, settings)
-check_configuration(app)
+#: The app ``celery -A worker`` finds; building it reads the settings and touches no service.
+app = create_app(settings)
 
 
 @signals.after_setup_logger.connect

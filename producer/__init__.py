@@ -1,4 +1,7 @@
-"""The producer side: ``Client`` and friends, used from any process to send runs and read results."""
+"""The producer side: ``Client`` and friends, used from any process to send runs and read results.
+
+Re-exports the error family of ``store.errors`` (what the client's methods and ``Run.wait`` raise); defines nothing.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from producer.trajectories import TrajectoryComparison, compare_trajectories
 from store.errors import (
     AgentDriftError,
     AgentNotFoundError,
+    ApprovalNotFoundError,
     ApprovalOrphanedError,
     CheckpointCorruptError,
     CheckpointFormatError,
@@ -16,11 +20,18 @@ from store.errors import (
     ConfigurationError,
     InputTooLargeError,
     LoushoError,
+    ProviderError,
+    ProviderRateLimitedError,
     ResumeToolMissingError,
+    RunFailedError,
     RunTimeoutError,
+    ScheduleBrokenError,
+    ScheduleNotFoundError,
     SessionAwaitingApprovalError,
     SessionBusyError,
     SessionIdInvalidError,
+    StepAttemptsExceededError,
+    StorageError,
 )
 from store.records import HistoryEntry, PendingRun
 
@@ -28,6 +39,7 @@ __all__ = [
     "AgentDriftError",
     "AgentHandle",
     "AgentNotFoundError",
+    "ApprovalNotFoundError",
     "ApprovalOrphanedError",
     "Approvals",
     "CheckpointCorruptError",
@@ -40,14 +52,21 @@ __all__ = [
     "InputTooLargeError",
     "LoushoError",
     "PendingRun",
+    "ProviderError",
+    "ProviderRateLimitedError",
     "ResumeToolMissingError",
     "Run",
+    "RunFailedError",
     "RunResult",
     "RunTimeoutError",
+    "ScheduleBrokenError",
+    "ScheduleNotFoundError",
     "Schedules",
     "SessionAwaitingApprovalError",
     "SessionBusyError",
     "SessionIdInvalidError",
+    "StepAttemptsExceededError",
+    "StorageError",
     "TrajectoryComparison",
     "compare_trajectories",
 ]

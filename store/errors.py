@@ -5,25 +5,31 @@ Producers, workers and the CLI raise and catch these; nothing here does I/O.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 class LoushoError(Exception):
-    """Root of every error the project raises on purpose.
+    """Root of every error the project raises on purpose; raised only through a subclass.
 
     ``code`` is stable API (callers branch on it, never on the message) and ``retryable``
-    says whether trying the same thing again later can succeed.
+    says whether trying the same thing again later can succeed. A subclass with structured
+    fields sets them as typed attributes in its ``__init__`` and names them in ``field_names``.
     """
 
     code: ClassVar[str] = "LOUSHO_GENERIC_ERROR"
     retryable: ClassVar[bool] = False
+    #: The typed attributes ``fields`` lists, in order; each subclass's ``__init__`` sets them.
+    field_names: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, message: str, **fields: Any) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.message = message
-        self.fields = fields
-        for name, value in fields.items():
-            setattr(self, name, value)
+        self.message: str = message
+
+    @property
+    def fields(self) -> dict[str, object]:
+        """The structured fields by name (none for an error rebuilt by ``from_record``: they are not stored)."""
+        attributes = vars(self)
+        return {name: attributes[name] for name in self.field_names if name in attributes}
 
     def to_record(self) -> dict[str, Any]:
         """The ``last_error`` shape stored on a checkpoint."""
@@ -31,134 +37,167 @@ class LoushoError(Exception):
 
 
 class ConfigurationError(LoushoError):
-    """A setting, option or argument is missing or has a value we cannot use."""
+    """Raised when a setting, option or argument is missing or has a value we cannot use.
+
+    ``field`` names the invalid field of a definition (a schedule's, say) and ``variable`` the
+    environment variable at fault, when the raiser knows one.
+    """
 
     code = "LOUSHO_CONFIG_INVALID"
+    field_names = ("field", "variable")
+
+    def __init__(self, message: str, *, field: str | None = None, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.field: str | None = field
+        self.variable: str | None = variable
 
 
 class SessionIdInvalidError(LoushoError):
-    """A run id breaks the id rules (1-200 of ``A-Za-z0-9_.-``, no edge dot, no reserved suffix)."""
+    """Raised when a run id breaks the id rules (1-200 of ``A-Za-z0-9_.-``, no edge dot, no reserved suffix).
+
+    ``session_id`` is the refused value as given (it may not even be a string).
+    """
 
     code = "LOUSHO_SESSION_ID_INVALID"
+    field_names = ("session_id", "reason")
 
     def __init__(self, session_id: object, reason: str) -> None:
         shown = repr(session_id)[:80]
-        super().__init__(f"invalid session id {shown}: {reason}", session_id=session_id)
+        super().__init__(f"invalid session id {shown}: {reason}")
+        self.session_id: object = session_id
+        self.reason: str = reason
 
 
 class SessionBusyError(LoushoError):
-    """Another worker or process holds the run's lease right now; nothing was run."""
+    """Raised when another worker or process holds the run's lease right now; nothing was run."""
 
     code = "LOUSHO_SESSION_BUSY"
     retryable = True
+    field_names = ("session_id",)
 
     def __init__(self, session_id: str) -> None:
-        super().__init__(f"run {session_id!r} is running elsewhere (lease held)", session_id=session_id)
+        super().__init__(f"run {session_id!r} is running elsewhere (lease held)")
+        self.session_id: str = session_id
 
 
 class SessionAwaitingApprovalError(LoushoError):
-    """New input or a resume reached a run paused on an approval; decide the approval first."""
+    """Raised when new input or a resume reaches a run paused on an approval; decide the approval first."""
 
     code = "LOUSHO_SESSION_AWAITING_APPROVAL"
+    field_names = ("session_id", "approval_id")
 
     def __init__(self, session_id: str, approval_id: str | None) -> None:
-        super().__init__(
-            f"run {session_id!r} waits on approval {approval_id!r}: resolve it first",
-            session_id=session_id,
-            approval_id=approval_id,
-        )
+        super().__init__(f"run {session_id!r} waits on approval {approval_id!r}: resolve it first")
+        self.session_id: str = session_id
+        self.approval_id: str | None = approval_id
 
 
 class FencedOutError(LoushoError):
-    """A save carried a fencing token older than the run's: another holder took over."""
+    """Raised when a save carries a fencing token older than the run's: another holder took over."""
 
     code = "LOUSHO_SESSION_BUSY"
     retryable = True
+    field_names = ("session_id", "fence")
 
     def __init__(self, session_id: str, fence: int) -> None:
-        super().__init__(f"save of run {session_id!r} with fence {fence} refused: lease lost",
-                         session_id=session_id, fence=fence)
+        super().__init__(f"save of run {session_id!r} with fence {fence} refused: lease lost")
+        self.session_id: str = session_id
+        self.fence: int = fence
 
 
 class AgentNotFoundError(LoushoError):
-    """No agent of that name is registered with the workers."""
+    """Raised when no agent of that name is registered with the workers."""
 
     code = "LOUSHO_AGENT_NOT_FOUND"
+    field_names = ("agent",)
 
     def __init__(self, name: str, known: list[str] | None = None) -> None:
         listed = f"; known agents: {', '.join(sorted(known))}" if known else ""
-        super().__init__(f"unknown agent {name!r}{listed}", agent=name)
+        super().__init__(f"unknown agent {name!r}{listed}")
+        self.agent: str = name
 
 
 class ApprovalOrphanedError(LoushoError):
-    """The approval's run checkpoint was deleted, pruned or replaced; it was withdrawn."""
+    """Raised when deciding an approval whose run checkpoint was deleted, pruned or replaced; it was withdrawn."""
 
     code = "LOUSHO_APPROVAL_ORPHANED"
+    field_names = ("approval_id", "session_id")
+
+    def __init__(self, message: str, *, approval_id: str, session_id: str) -> None:
+        super().__init__(message)
+        self.approval_id: str = approval_id
+        self.session_id: str = session_id
 
 
 class ApprovalNotFoundError(LoushoError):
-    """No pending approval has that id (unknown, or already decided)."""
+    """Raised when no pending approval has that id (unknown, or already decided)."""
 
     code = "LOUSHO_APPROVAL_NOT_FOUND"
 
 
 class AgentDriftError(LoushoError):
-    """The resuming agent differs from the one that saved the checkpoint (``on_agent_drift='error'``)."""
+    """Raised when the resuming agent differs from the one that saved the checkpoint (``on_agent_drift='error'``)."""
 
     code = "LOUSHO_AGENT_DRIFT"
 
 
 class ResumeToolMissingError(LoushoError):
-    """A pending tool call names a tool the agent no longer has."""
+    """Raised when a pending tool call names a tool the agent no longer has."""
 
     code = "LOUSHO_RESUME_TOOL_MISSING"
 
 
 class CheckpointCorruptError(LoushoError):
-    """A stored checkpoint cannot be read; delete it to start over."""
+    """Raised when a stored checkpoint cannot be read; delete it to start over."""
 
     code = "LOUSHO_CHECKPOINT_CORRUPT"
 
 
 class CheckpointFormatError(LoushoError):
-    """A stored checkpoint was written in a newer format than this worker reads (a rolling deploy is
-    under way); the step is handed back to a worker of the newer release."""
+    """Raised when a stored checkpoint is in a newer format than this worker reads.
+
+    A rolling deploy is under way: the step is handed back to a worker of the newer release.
+    """
 
     code = "LOUSHO_CHECKPOINT_FORMAT_UNKNOWN"
     retryable = True
+    field_names = ("session_id", "found", "supported")
 
     def __init__(self, session_id: str, found: int, supported: int) -> None:
-        super().__init__(f"checkpoint of run {session_id!r} has format {found}; this worker reads up to {supported}",
-                         session_id=session_id, found=found, supported=supported)
+        super().__init__(f"checkpoint of run {session_id!r} has format {found}; this worker reads up to {supported}")
+        self.session_id: str = session_id
+        self.found: int = found
+        self.supported: int = supported
 
 
 class CheckpointNotFoundError(LoushoError):
-    """The asked-for checkpoint or history step is not stored."""
+    """Raised when the asked-for run, checkpoint or history step is not stored."""
 
     code = "LOUSHO_CHECKPOINT_NOT_FOUND"
 
 
 class ProviderError(LoushoError):
-    """The model provider failed; ``retryable`` follows the failure's class.
+    """Raised by a model when its provider failed; ``retryable`` follows the failure's class.
 
     ``category`` is one of ``rate-limit``, ``timeout``, ``connection``, ``server``, ``invalid-request``,
     ``auth``, ``not-found``, ``context-length`` or ``unknown``; ``retry_after`` (seconds) is the
-    provider's own hint (a 429's ``Retry-After``).
+    provider's own hint (a 429's ``Retry-After``); ``status`` is the HTTP status, when there was one.
     """
 
     code = "LOUSHO_PROVIDER_REQUEST_FAILED"
+    field_names = ("category", "retry_after", "status")
 
     def __init__(self, message: str, *, retryable: bool = True, category: str = "unknown",
                  retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable  # type: ignore[misc]  # per instance: 5xx retry, 400 does not
-        self.category = category
-        self.retry_after = retry_after
-        self.status = status
+        self.category: str = category
+        self.retry_after: float | None = retry_after
+        self.status: int | None = status
 
 
 class ProviderRateLimitedError(ProviderError):
-    """The provider answered 429; retried after its ``Retry-After`` (or our backoff)."""
+    """Raised by a model when its provider answered 429; retried after its ``Retry-After`` (or our backoff)."""
 
     code = "LOUSHO_PROVIDER_RATE_LIMITED"
 
@@ -167,33 +206,33 @@ class ProviderRateLimitedError(ProviderError):
 
 
 class StepAttemptsExceededError(LoushoError):
-    """A step was started too many times in a row without progress; the run is parked."""
+    """Recorded when a step was started too many times in a row without progress; the run is parked."""
 
     code = "LOUSHO_STEP_ATTEMPTS_EXCEEDED"
 
 
 class InputTooLargeError(LoushoError):
-    """Input passed a size or depth limit and was refused before anything was written."""
+    """Raised when input passes a size or depth limit; it is refused before anything is written."""
 
     code = "LOUSHO_INPUT_TOO_LARGE"
 
 
 class StorageError(LoushoError):
-    """A store could not be reached or answered with an error."""
+    """Raised when a store or the broker cannot be reached or answers with an error."""
 
     code = "LOUSHO_STORAGE_FAILED"
     retryable = True
 
 
 class RunTimeoutError(LoushoError):
-    """``Run.wait`` gave up before the run settled; the run goes on."""
+    """Raised when ``Run.wait`` gives up before the run settled; the run goes on."""
 
     code = "LOUSHO_OPERATION_TIMEOUT"
     retryable = True
 
 
 class RunFailedError(LoushoError):
-    """The run stopped with an error whose code has no class of its own here."""
+    """Raised by ``Run.wait`` when the run stopped with an error whose code has no class of its own here."""
 
     def __init__(self, code: str, message: str, retryable: bool) -> None:
         super().__init__(message)
@@ -229,3 +268,41 @@ def from_record(record: dict[str, Any]) -> LoushoError:
     error = cls.__new__(cls)
     LoushoError.__init__(error, message)
     return error
+
+
+#: Why a stored schedule's ticks cannot be computed; the stable prefix of its ``broken_error``.
+BrokenReason = Literal[
+    "timezone-unknown",  #: the host's time zone database has no such zone
+    "cron-invalid",  #: the cron library rejects the stored expression
+    "every-invalid",  #: the stored interval is not a positive number of seconds
+    "tick-out-of-range",  #: a tick falls outside the years datetime arithmetic can hold
+]
+
+
+class ScheduleNotFoundError(LoushoError):
+    """Raised when no schedule has that name."""
+
+    code = "LOUSHO_SCHEDULE_NOT_FOUND"
+    field_names = ("name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}")
+        self.name: str = name
+
+
+class ScheduleBrokenError(LoushoError):
+    """Raised by tick arithmetic when a stored schedule's ticks cannot be computed on this host.
+
+    Its time zone is missing from this host's time zone database, the cron library rejects its
+    expression, or its interval is out of range (a row written by hand, by another release, or
+    checked on a host with a different tz database). The sweep stores ``str(error)`` as the
+    schedule's ``broken_error`` and skips it until it is redefined or resumed.
+    """
+
+    code = "LOUSHO_SCHEDULE_BROKEN"
+    field_names = ("name", "reason")
+
+    def __init__(self, name: str, reason: BrokenReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.name: str = name
+        self.reason: BrokenReason = reason

@@ -21,7 +21,7 @@ from store.leases import Lease
 from store.records import Approval, Checkpoint, Message, ToolCall
 from worker import machine
 from worker.agents import Agent, ToolArgsInvalid, ToolContext
-from worker.context import Next, Outcome, StepDeps, save
+from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
 
 
@@ -161,13 +161,8 @@ def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> Message:
     return machine.tool_message(call, value)
 
 
-def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
-              after: Next) -> Outcome:
-    """Run the pending calls of the last turn; pause on the ones that need a human."""
-    plan = _sort_calls(deps, agent, checkpoint, calls)
-    # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
-    batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
-                   unsettled=len(calls))
+def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
+    """Run the calls cleared to run now, up to ``tool_concurrency`` at once; each result is saved as it settles."""
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:
@@ -175,41 +170,64 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
             crash_point("tool_before_effect", sid)
             batch.settle(_invoke(agent, checkpoint, call))
 
+    workers = min(agent.tool_concurrency, len(calls))
+    if workers <= 1:
+        for call in calls:
+            run_one(call)
+    elif calls:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
+            for future in [pool.submit(run_one, call) for call in calls]:
+                future.result()
+
+
+def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
+    """Run the approved calls one by one, each marked started (saved) before its effect."""
+    sid = checkpoint.session_id
+    for call in calls:
+        # Durable "started" before the effect: a human approved one execution, not two.
+        if not batch.mark_started(call):
+            break
+        crash_point("after_started_marker_before_approved_call", sid)
+        result = _invoke(agent, checkpoint, call)
+        crash_point("after_approved_effect_before_result_save", sid)
+        batch.settle(result)
+
+
+def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
+    """One pending approval per gated call."""
+    fingerprint = deps.fingerprint(agent)
+    # Ids sort by creation, then call order, so listings read in the order the model asked.
+    stamp = f"ap_{time.time_ns():016x}"
+    return [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
+                     tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
+                     fingerprint=fingerprint)
+            for k, call in enumerate(calls)]
+
+
+def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,
+              calls: list[ToolCall]) -> StepResult:
+    """Run the pending calls of the last turn; pause on the ones that need a human.
+
+    Returns:
+        The outcome, with the next step's message when every call has a result.
+    """
+    plan = _sort_calls(deps, agent, checkpoint, calls)
+    # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
+    batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
+                   unsettled=len(calls))
+    sid = checkpoint.session_id
     try:
         for result in plan.results:
             batch.settle(result)
-        workers = min(agent.tool_concurrency, len(plan.run))
-        if workers <= 1:
-            for call in plan.run:
-                run_one(call)
-        elif plan.run:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
-                for future in [pool.submit(run_one, call) for call in plan.run]:
-                    future.result()
-        for call in plan.approved:
-            # Durable "started" before the effect: a human approved one execution, not two.
-            if not batch.mark_started(call):
-                break
-            crash_point("after_started_marker_before_approved_call", sid)
-            result = _invoke(agent, checkpoint, call)
-            crash_point("after_approved_effect_before_result_save", sid)
-            batch.settle(result)
-        if plan.gated and batch.may_start():
-            fingerprint = deps.fingerprint(agent)
-            # Ids sort by creation, then call order, so listings read in the order the model asked.
-            stamp = f"ap_{time.time_ns():016x}"
-            approvals = [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=sid,
-                                  tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
-                                  fingerprint=fingerprint)
-                         for k, call in enumerate(plan.gated)]
-            if batch.pause(approvals):
-                return Outcome.PAUSED
+        _run_cleared(batch, agent, checkpoint, plan.run)
+        _run_approved(batch, agent, checkpoint, plan.approved)
+        if plan.gated and batch.may_start() and batch.pause(_approvals(deps, agent, sid, plan.gated)):
+            return StepResult(Outcome.PAUSED)
     finally:
         with batch.lock:
             batch.closed = True
     if batch.fenced or batch.checkpoint.pending_tool_calls:
         # The lease was lost before every call ran; the new holder runs the rest.
-        return Outcome.FENCED
+        return StepResult(Outcome.FENCED)
     crash_point("after_batch_save_before_enqueue", sid)
-    after.seq = batch.checkpoint.seq
-    return Outcome.ADVANCED
+    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=checkpoint.agent))

@@ -85,14 +85,24 @@ class StepDeps:
         return self.fingerprints[agent.name]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Next:
-    """The follow-up message a step asks for once its lease is released."""
+    """The follow-up ``advance`` message a step asks for; ``run_step`` sends it once the lease is released."""
 
-    seq: int | None = None
+    #: The run's seq when the message is sent; once the run has moved past it, the message is a stale duplicate.
+    seq: int
+    #: Seconds the broker holds the message back.
     countdown: float = 0.0
     #: The agent whose queue the message goes to (None: the shared queue).
     agent: str | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did and the follow-up message it asks for (None: no message)."""
+
+    outcome: Outcome
+    follow_up: Next | None = None
 
 
 def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,

@@ -11,8 +11,8 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Drift:
-    """The differences, part by part."""
+class AgentDrift:
+    """What changed in an agent since it saved a run, part by part (``compare_trajectories`` compares runs)."""
 
     model: tuple[str, str] | None = None
     tools_added: list[str] = field(default_factory=list)
@@ -42,7 +42,7 @@ class Drift:
                 "instructions": self.instructions}
 
 
-def compare(saved: dict[str, Any] | None, current: dict[str, Any]) -> Drift | None:
+def compare(saved: dict[str, Any] | None, current: dict[str, Any]) -> AgentDrift | None:
     """The drift from ``saved`` to ``current``; None when equal or when nothing was saved."""
     if not saved or saved.get("hash") == current.get("hash"):
         return None
@@ -51,7 +51,7 @@ def compare(saved: dict[str, Any] | None, current: dict[str, Any]) -> Drift | No
     model = None
     if saved.get("model") != current.get("model"):
         model = (str(saved.get("model")), str(current.get("model")))
-    drift = Drift(
+    drift = AgentDrift(
         model=model,
         tools_added=sorted(set(new_tools) - set(old_tools)),
         tools_removed=sorted(set(old_tools) - set(new_tools)),

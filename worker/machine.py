@@ -165,8 +165,10 @@ def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
 
 
 def mark_started(checkpoint: Checkpoint, call_id: str) -> Checkpoint:
-    """Record that an approved call is about to run; a resume that finds it without a result
-    gives it an ``interrupted`` result instead of running it again."""
+    """Record that an approved call is about to run.
+
+    A resume that finds it without a result gives it an ``interrupted`` result instead of running it again.
+    """
     if call_id in checkpoint.started_tool_call_ids:
         return checkpoint
     return checkpoint.model_copy(update={"started_tool_call_ids": [*checkpoint.started_tool_call_ids, call_id]})

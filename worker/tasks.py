@@ -29,7 +29,8 @@ from store.schedules import PostgresScheduleStore
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
 from worker.celery import app, settings
-from worker.steps import COUNTDOWN_MAX_S, Outcome, StepDeps, run_step
+from worker.retry import COUNTDOWN_MAX_S
+from worker.steps import Outcome, StepDeps, run_step
 
 log = logging.getLogger("lousho.tasks")
 
@@ -88,9 +89,12 @@ def registration_window_s() -> float:
 
 @signals.worker_init.connect
 def _register_worker(sender: Any = None, **_: Any) -> None:
-    """In the worker's parent, before it reports ready: import the agent modules (children inherit
-    them warm), consume each agent's queue, and register the agents with the checkpoint formats
-    this release reads, so steps for them are routed here and handed-back steps know we exist."""
+    """In the worker's parent, before it reports ready: load the agents, consume their queues, register them.
+
+    The agent modules are imported here so the children inherit them warm; the agents are registered
+    with the checkpoint formats this release reads, so steps for them are routed here and handed-back
+    steps know we exist.
+    """
     try:
         agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     except errors.ConfigurationError as exc:
@@ -136,9 +140,11 @@ def _forget_worker(**_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _warm_process(**_: Any) -> None:
-    """Build this pool process's connections before its first task, so a replacement for a killed
-    process recovers runs without first paying for its setup. In a thread: process start must stay
-    fast (Celery gives it a few seconds) even when a service answers slowly."""
+    """Build this pool process's connections before its first task.
+
+    A replacement for a killed process then recovers runs without first paying for its setup. In a
+    thread: process start must stay fast (Celery gives it a few seconds) even when a service answers slowly.
+    """
 
     def warm() -> None:
         try:
@@ -176,8 +182,14 @@ SWEEP_LIMIT = 500
 
 @app.task(name="lousho.recover", ignore_result=True)
 def recover() -> int:
-    """Send a step for each run that can move and is not moving: silent for a lease TTL with no live
-    lease, or due for a retry. Parked, paused and waiting runs are never sent. Returns how many."""
+    """Send a step for each run that can move and is not moving.
+
+    Such a run was silent for a lease TTL with no live lease, or is due for a retry. Parked, paused
+    and waiting runs are never sent.
+
+    Returns:
+        How many runs were sent.
+    """
     built = deps()
     stale_after = max(settings.lease_ttl_ms / 1000, 0.5)
     # Retries that come due together (an outage ended) are spread over a few seconds.

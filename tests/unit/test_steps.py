@@ -23,7 +23,8 @@ from worker import machine
 from worker.agents import Agent, Tool, ToolContext, tool
 from worker.providers import MockModel
 from worker.providers.base import ModelResponse, ToolSpec
-from worker.steps import Outcome, retry_delay
+from worker.retry import retry_delay
+from worker.steps import Outcome
 
 SID = "order-7"
 ADVANCED, FINISHED = Outcome.ADVANCED, Outcome.FINISHED

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from celery import signals
+from celery import shared_task, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from store import errors, records
@@ -28,7 +28,7 @@ from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
-from worker.celery import app, settings
+from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
 from worker.steps import Outcome, StepDeps, run_step
 
@@ -155,7 +155,7 @@ def _warm_process(**_: Any) -> None:
     threading.Thread(target=warm, name="lousho-warm", daemon=True).start()
 
 
-@app.task(name="lousho.advance", ignore_result=True)
+@shared_task(name="lousho.advance", ignore_result=True)
 def advance(session_id: str, seq: int | None = None) -> None:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates."""
     if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
@@ -180,7 +180,7 @@ def advance(session_id: str, seq: int | None = None) -> None:
 SWEEP_LIMIT = 500
 
 
-@app.task(name="lousho.recover", ignore_result=True)
+@shared_task(name="lousho.recover", ignore_result=True)
 def recover() -> int:
     """Send a step for each run that can move and is not moving.
 
@@ -229,7 +229,7 @@ def recover() -> int:
     return sent
 
 
-@app.task(name="lousho.schedules", ignore_result=True)
+@shared_task(name="lousho.schedules", ignore_result=True)
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
     result = schedule_sweep.sweep(PostgresScheduleStore(deps().store.engine),

@@ -3,8 +3,8 @@
 This module owns choosing the services for a development process (the ones named by
 ``LOUSHO_DATABASE_URL`` / ``LOUSHO_REDIS_URL``, else the embedded servers of ``devkit.embedded``),
 migrating the database, running ``celery -A worker worker`` and ``celery -A worker beat`` (and Flower
-on request) as child processes, and shutting all of them down on Ctrl-C or SIGTERM: SIGTERM to the
-children, SIGKILL after a timeout, then the embedded servers it started.
+on request) as child processes (through ``devkit.supervisor``), and shutting all of them down on Ctrl-C
+or SIGTERM: SIGTERM to the children, SIGKILL after a timeout, then the embedded servers it started.
 
 It must not keep durable state of its own, change how steps run, or stop a server it did not start
 (configured services, or embedded ones another process started and still uses).
@@ -13,20 +13,19 @@ It must not keep durable state of its own, change how steps run, or stop a serve
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
 from devkit.embedded import EmbeddedServices, default_root, exported
+from devkit.supervisor import Child, Supervisor
 from store import redaction
 from store.database import ensure_database, migrate
 from store.settings import Settings
@@ -123,55 +122,6 @@ def stop_services(root: Path | None = None) -> None:
     EmbeddedServices(root).stop()
 
 
-def _die_with_parent() -> None:
-    """In a child before exec: receive SIGTERM if ``lousho dev`` itself dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class _Child:
-    name: str
-    process: subprocess.Popen[bytes]
-
-
-class _Supervisor:
-    """Children in their own sessions: the terminal's Ctrl-C reaches only ``lousho dev``, which stops
-    them in order (beat, then worker, then Flower)."""
-
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root = root
-        self.env = env
-        self.children: list[_Child] = []
-
-    def spawn(self, name: str, args: list[str], extra_env: Mapping[str, str] | None = None) -> _Child:
-        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker", *args], cwd=self.root,
-                                   env={**self.env, **(extra_env or {})}, stdin=subprocess.DEVNULL,
-                                   start_new_session=True,
-                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        child = _Child(name, process)
-        self.children.append(child)
-        return child
-
-    def exited(self) -> _Child | None:
-        return next((c for c in self.children if c.process.poll() is not None), None)
-
-    def stop(self, timeout: float, hurry: Callable[[], bool]) -> None:
-        """SIGTERM every child, wait up to ``timeout`` (less once ``hurry()``), SIGKILL what is left."""
-        for child in self.children:  # a warm shutdown: running steps finish or are redelivered
-            if child.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while (any(c.process.poll() is None for c in self.children) and time.monotonic() < deadline
-               and not hurry()):
-            time.sleep(0.05)
-        for child in self.children:  # whatever is left of each group (pool processes included)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
-            child.process.wait()
-
-
 def _pythonpath(root: Path, env: Mapping[str, str]) -> str:
     existing = env.get("PYTHONPATH", "")
     return str(root) + (os.pathsep + existing if existing else "")
@@ -215,46 +165,14 @@ def run_dev(settings: Settings | None = None, *, root: Path | None = None, concu
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
     services: Services | None = None
-    supervisor: _Supervisor | None = None
-    code = 0
+    supervisor: Supervisor | None = None
     try:
-        if settings is None:
-            if not all(os.environ.get(name) for name in _URL_VARIABLES):
-                say(f"[dev] starting embedded PostgreSQL and Redis (data in {root / '.lousho'})")
-            services = resolve_services(root=root)
-        else:
-            services = Services(settings)
-        settings = services.settings
-        ensure_database(settings)
-        migrate(settings)
-        home = root / ".lousho"
-        home.mkdir(exist_ok=True)
-        agents = settings.agents or (DEFAULT_AGENTS if (root / "examples" / "shop.py").is_file() else "")
-        env = {**os.environ, "LOUSHO_DATABASE_URL": settings.database_url, "LOUSHO_REDIS_URL": settings.redis_url,
-               "LOUSHO_AGENTS": agents, "PYTHONPATH": _pythonpath(root, os.environ)}
-        supervisor = _Supervisor(root, env)
+        services = _choose_services(settings, root, say)
+        supervisor, agents = _prepare(services, root)
         if not stopping:
-            worker = supervisor.spawn("worker", ["worker", "-c", str(concurrency), "--loglevel", "INFO",
-                                                 "--without-gossip", "--without-mingle"])
-            beat = supervisor.spawn("beat", ["beat", "-s", str(home / "celerybeat-schedule"), "--loglevel", "INFO"])
-            flower_line = ""
-            if flower and find_spec("flower") is None:
-                flower_line = "  flower    not installed (pip install flower)"
-            elif flower:
-                auth = os.environ.get("FLOWER_BASIC_AUTH") or f"lousho:{secrets.token_urlsafe(12)}"
-                supervisor.spawn("flower", ["flower", "--address=127.0.0.1", f"--port={flower_port}"],
-                                 {"FLOWER_BASIC_AUTH": auth})
-                user, _, password = auth.partition(":")
-                flower_line = (f"  flower    http://127.0.0.1:{flower_port}  (user {user}, password "
-                               f"{password if 'FLOWER_BASIC_AUTH' not in os.environ else 'from FLOWER_BASIC_AUTH'})")
-            _banner(say, services, agents, worker, beat, flower_line, concurrency)
-        while not stopping:
-            crashed = supervisor.exited()
-            if crashed is not None:
-                say(f"[dev] {crashed.name} exited with status {crashed.process.returncode}: stopping everything")
-                code = 1
-                break
-            time.sleep(0.2)
+            _start_children(supervisor, services, agents, concurrency=concurrency, flower=flower,
+                            flower_port=flower_port, say=say)
+        return _watch(supervisor, stopping, say)
     finally:
         try:
             if supervisor is not None:
@@ -267,7 +185,58 @@ def run_dev(settings: Settings | None = None, *, root: Path | None = None, concu
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-    return code
+
+
+def _choose_services(settings: Settings | None, root: Path, say: Any) -> Services:
+    if settings is not None:
+        return Services(settings)
+    if not all(os.environ.get(name) for name in _URL_VARIABLES):
+        say(f"[dev] starting embedded PostgreSQL and Redis (data in {root / '.lousho'})")
+    return resolve_services(root=root)
+
+
+def _prepare(services: Services, root: Path) -> tuple[Supervisor, str]:
+    """Create and migrate the database; returns the children's supervisor and the agents they load."""
+    settings = services.settings
+    ensure_database(settings)
+    migrate(settings)
+    (root / ".lousho").mkdir(exist_ok=True)
+    agents = settings.agents or (DEFAULT_AGENTS if (root / "examples" / "shop.py").is_file() else "")
+    env = {**os.environ, "LOUSHO_DATABASE_URL": settings.database_url, "LOUSHO_REDIS_URL": settings.redis_url,
+           "LOUSHO_AGENTS": agents, "PYTHONPATH": _pythonpath(root, os.environ)}
+    return Supervisor(root, env), agents
+
+
+def _start_children(supervisor: Supervisor, services: Services, agents: str, *, concurrency: int, flower: bool,
+                    flower_port: int, say: Any) -> None:
+    home = supervisor.root / ".lousho"
+    worker = supervisor.spawn("worker", ["worker", "-c", str(concurrency), "--loglevel", "INFO",
+                                         "--without-gossip", "--without-mingle"])
+    beat = supervisor.spawn("beat", ["beat", "-s", str(home / "celerybeat-schedule"), "--loglevel", "INFO"])
+    flower_line = _start_flower(supervisor, flower_port) if flower else ""
+    _banner(say, services, agents, worker, beat, flower_line, concurrency)
+
+
+def _start_flower(supervisor: Supervisor, port: int) -> str:
+    """Start Flower with basic auth when it is installed; returns the banner's line about it."""
+    if find_spec("flower") is None:
+        return "  flower    not installed (pip install flower)"
+    auth = os.environ.get("FLOWER_BASIC_AUTH") or f"lousho:{secrets.token_urlsafe(12)}"
+    supervisor.spawn("flower", ["flower", "--address=127.0.0.1", f"--port={port}"], {"FLOWER_BASIC_AUTH": auth})
+    user, _, password = auth.partition(":")
+    return (f"  flower    http://127.0.0.1:{port}  (user {user}, password "
+            f"{password if 'FLOWER_BASIC_AUTH' not in os.environ else 'from FLOWER_BASIC_AUTH'})")
+
+
+def _watch(supervisor: Supervisor, stopping: list[int], say: Any) -> int:
+    """Wait for a signal (0) or for a child to exit on its own (1)."""
+    while not stopping:
+        crashed = supervisor.exited()
+        if crashed is not None:
+            say(f"[dev] {crashed.name} exited with status {crashed.process.returncode}: stopping everything")
+            return 1
+        time.sleep(0.2)
+    return 0
 
 
 def _release(services: Services, keep_services: bool, say: Any) -> None:
@@ -287,7 +256,7 @@ def _release(services: Services, keep_services: bool, say: Any) -> None:
             "stop with: lousho dev --stop")
 
 
-def _banner(say: Any, services: Services, agents: str, worker: _Child, beat: _Child, flower_line: str,
+def _banner(say: Any, services: Services, agents: str, worker: Child, beat: Child, flower_line: str,
             concurrency: int) -> None:
     settings = services.settings
     say("")

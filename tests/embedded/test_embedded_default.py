@@ -20,8 +20,8 @@ import psycopg
 import pytest
 import redis
 
-from producer.client import Client
 from devkit.embedded import EmbeddedServices, ServiceURLs
+from producer.client import Client
 from store.database import migrate
 from store.leases import LeaseManager
 from store.settings import Settings

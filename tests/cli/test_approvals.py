@@ -1,0 +1,92 @@
+"""``lousho approvals list|approve|reject`` on the real services, with a run paused on a gated transfer."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.client import Client
+from tests.cli.conftest import Lousho, drive_in_background
+from tests.support.driver import Driver
+
+pytestmark = pytest.mark.integration
+
+
+def test_list_says_when_nothing_waits(lousho: Lousho) -> None:
+    assert lousho("approvals", "list").out == "no pending approvals\n"
+    assert lousho("approvals", "list", "--json").json() == []
+
+
+def test_list_shows_the_gated_call(lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    _, approval_id = paused
+
+    printed = lousho("approvals", "list")
+    as_json = lousho("approvals", "list", "--json")
+    other_agent = lousho("approvals", "list", "--agent", "weather", "--json")
+
+    assert printed.code == 0
+    assert printed.out.startswith(f'{approval_id}  bank  b-1  transfer({{"amount": 10}})  call ')
+    [approval] = as_json.json()
+    assert approval["approval_id"] == approval_id and approval["session_id"] == "b-1"
+    assert approval["tool_name"] == "transfer" and approval["args"] == {"amount": 10}
+    assert approval["status"] == "pending" and "fingerprint" not in approval
+    assert other_agent.json() == []
+
+
+def test_approve_decides_and_the_run_is_pending_again(lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    _, approval_id = paused
+
+    as_json = lousho("approvals", "approve", approval_id, "--note", "fine", "--json")
+
+    assert as_json.code == 0
+    assert as_json.json() == {"approval_id": approval_id, "decision": "approved", "session_id": "b-1"}
+    assert lousho("approvals", "list", "--json").json() == []
+    [run] = lousho("pending", "--json").json()
+    assert run["session_id"] == "b-1" and run["status"] == "in-progress"
+
+
+def test_reject_prints_the_decision(lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    _, approval_id = paused
+
+    printed = lousho("approvals", "reject", approval_id, "--agent", "bank")
+
+    assert (printed.code, printed.out) == (0, f"rejected {approval_id} (run b-1)\n")
+
+
+def test_approve_wait_prints_how_the_run_settled(lousho: Lousho, paused: tuple[Driver, str], client: Client) -> None:
+    driver, approval_id = paused
+
+    def decided() -> bool:
+        checkpoint = client.store.load("b-1")
+        return checkpoint is not None and checkpoint.status == "in-progress"
+
+    thread = drive_in_background(driver, "b-1", decided)
+
+    printed = lousho("approvals", "approve", approval_id, "--wait", "--timeout", "30")
+    thread.join(30)
+
+    assert printed.code == 0, printed.err
+    assert printed.out == f"approved {approval_id}; b-1: stop after 2 step(s)\nDone.\n"
+
+
+def test_an_unknown_approval_prints_its_code(lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    _, approval_id = paused
+
+    unknown = lousho("approvals", "approve", "appr-nope")
+    as_json = lousho("approvals", "reject", "appr-nope", "--json")
+    other_agent = lousho("approvals", "approve", approval_id, "--agent", "weather")
+    decided = [lousho("approvals", "approve", approval_id), lousho("approvals", "approve", approval_id)]
+
+    assert unknown.code == 1 and unknown.error_code() == "LOUSHO_APPROVAL_NOT_FOUND"
+    assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_APPROVAL_NOT_FOUND"
+    assert other_agent.code == 1 and other_agent.error_code() == "LOUSHO_APPROVAL_NOT_FOUND"
+    assert decided[0].code == 0
+    assert decided[1].code == 1 and decided[1].error_code() == "LOUSHO_APPROVAL_NOT_FOUND"
+
+
+def test_approve_without_an_id_prints_the_configuration_code(lousho: Lousho) -> None:
+    printed = lousho("approvals", "approve")
+    as_json = lousho("approvals", "reject", "--json")
+
+    assert printed.code == 1 and printed.error_code() == "LOUSHO_CONFIG_INVALID"
+    assert "approvals approve needs an approval id" in printed.err
+    assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_CONFIG_INVALID"

@@ -1,4 +1,4 @@
-"""Make arbitrary values safe to store as Postgres JSON: no NUL, no NaN, valid Unicode, bounded size and depth.
+r"""Make arbitrary values safe to store as Postgres JSON: no NUL, no NaN, valid Unicode, bounded size and depth.
 
 Postgres refuses ``\\u0000`` and ``NaN`` in ``jsonb``, and a lone surrogate cannot be encoded as UTF-8;
 a value carrying any of them would fail every save of its run forever (a poison pill), so every value

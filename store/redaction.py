@@ -1,4 +1,6 @@
-"""Masks secret-shaped text: API keys, bearer and basic credentials, webhook secrets, passwords in URLs and in
+"""Masks secret-shaped text in logs.
+
+Covers API keys, bearer and basic credentials, webhook secrets, passwords in URLs and in
 ``key=value`` pairs (query parameters, headers, JSON, environment dumps).
 
 ``redact(text)`` is what other modules call on text they store, send or show. ``install()`` masks every log
@@ -97,6 +99,7 @@ class RedactingFilter(logging.Filter):
     """Masks secrets in a record's final message and its exception text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Mask the record in place; never drops it."""
         mask_record(record)
         return True
 

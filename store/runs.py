@@ -54,13 +54,19 @@ class RunRow(Protocol):
     """What ``should_move`` reads of a run (a stored row or a record in memory)."""
 
     @property
-    def status(self) -> str: ...
+    def status(self) -> str:
+        """The run's ``status`` column."""
+        ...
 
     @property
-    def inbox_head(self) -> int: ...
+    def inbox_head(self) -> int:
+        """The run's ``inbox_head`` column."""
+        ...
 
     @property
-    def inbox_cursor(self) -> int: ...
+    def inbox_cursor(self) -> int:
+        """The run's ``inbox_cursor`` column."""
+        ...
 
 
 def has_work(run: RunRow) -> bool:

@@ -100,6 +100,7 @@ class Tool:
         return bool(rule(args, context)) if callable(rule) else bool(rule)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the tool's function directly (outside a run)."""
         return self.fn(*args, **kwargs)
 
 

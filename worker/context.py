@@ -11,11 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from store import errors
+from store import errors, interfaces
 from store.checkpoints import PostgresCheckpointStore
-from store.leases import Heartbeat, LeaseManager
-from store.records import Approval, Checkpoint
-from store.registry import Serving
+from store.records import Approval, Checkpoint, Serving, StepWrite
 from worker.agents import Agent
 
 log = logging.getLogger("lousho.step")
@@ -25,13 +23,8 @@ class Enqueue(Protocol):
     """Sends ``advance`` for a run: to the queue of ``agent`` when given, else the shared queue."""
 
     def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0,
-                 agent: str | None = None, /) -> None: ...
-
-
-class Registry(Protocol):
-    """Which live workers serve an agent (``store.registry.PostgresAgentRegistry``)."""
-
-    def serving(self, agent: str, within_s: float, exclude: str = "") -> list[Serving]: ...
+                 agent: str | None = None, /) -> None:
+        """Send ``advance`` for the run (``seq`` None: whatever step is next)."""
 
 
 class Outcome(enum.StrEnum):
@@ -55,8 +48,8 @@ class StepDeps:
     """What a step needs, built once per worker process."""
 
     store: PostgresCheckpointStore
-    leases: LeaseManager
-    heartbeat: Heartbeat
+    leases: interfaces.Leases
+    heartbeat: interfaces.Heartbeat
     agents: dict[str, Agent]
     enqueue: Enqueue
     max_attempts: int = 5
@@ -65,7 +58,7 @@ class StepDeps:
     #: How long a streak of transient failures is retried before the run is parked.
     retry_for_s: float = 6 * 3600.0
     #: Live registrations of agents by workers; None when no fleet is known (a test in one process).
-    registry: Registry | None = None
+    registry: interfaces.ServingRegistry | None = None
     #: This worker's id in the registry (its own registrations are not "another worker").
     worker_id: str = ""
     #: A registration is live when refreshed within this many seconds.
@@ -113,10 +106,7 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
         FencedOutError: another holder claimed the run since we loaded it.
     """
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
-    if approvals:
-        saved = deps.store.save(new, drained_inbox=drained_inbox, approvals=approvals)
-    else:
-        saved = deps.store.save(new, drained_inbox=drained_inbox)
+    saved = deps.store.record_step(StepWrite(checkpoint=new, drained_inbox=drained_inbox, approvals=tuple(approvals)))
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)

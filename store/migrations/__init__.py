@@ -1,0 +1,1 @@
+"""Alembic migrations of the Lousho schema (``lousho migrate`` applies them)."""

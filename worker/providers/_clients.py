@@ -1,5 +1,7 @@
-"""SDK clients for the real providers: lazy import with an install hint, keys, one client per process,
-and the translation of SDK exceptions into ``ProviderError``.
+"""SDK clients for the real providers.
+
+Lazy import with an install hint, keys, one client per process, and the translation of SDK exceptions
+into ``ProviderError``.
 
 A client holds a connection pool, which must not cross a ``fork`` (Celery's prefork pool forks
 after the agents may have been imported), so each process builds its own on first use.

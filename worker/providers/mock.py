@@ -35,6 +35,7 @@ class MockModel:
         self.model_id = model_id
 
     def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        """The scripted response for this transcript (chosen by its number of assistant turns)."""
         problems = machine.transcript_problems(messages)
         if problems:
             raise errors.ProviderError(f"invalid transcript: {problems[0]}", retryable=False)

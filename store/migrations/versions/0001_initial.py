@@ -17,6 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Apply this revision."""
     op.create_table(
         "runs",
         sa.Column("session_id", sa.Text, primary_key=True),
@@ -62,6 +63,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Revert this revision."""
     op.drop_table("agents")
     op.drop_table("inbox")
     op.drop_index("checkpoint_history_saved_idx", table_name="checkpoint_history")

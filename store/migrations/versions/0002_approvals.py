@@ -17,6 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Apply this revision."""
     op.create_table(
         "approvals",
         sa.Column("approval_id", sa.Text, primary_key=True),
@@ -37,6 +38,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Revert this revision."""
     op.drop_index("approvals_pending_idx", table_name="approvals")
     op.drop_index("approvals_session_idx", table_name="approvals")
     op.drop_table("approvals")

@@ -17,8 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Apply this revision."""
     op.add_column("runs", sa.Column("uncounted_usage", JSONB, nullable=True))
 
 
 def downgrade() -> None:
+    """Revert this revision."""
     op.drop_column("runs", "uncounted_usage")

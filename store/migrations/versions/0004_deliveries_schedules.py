@@ -17,6 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Apply this revision."""
     op.create_table(
         "deliveries",
         sa.Column("agent", sa.Text, nullable=False),
@@ -62,6 +63,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Revert this revision."""
     op.drop_table("schedule_fires")
     op.drop_index("schedules_due_idx", table_name="schedules")
     op.drop_table("schedules")

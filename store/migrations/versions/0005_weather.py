@@ -1,5 +1,7 @@
-"""Production weather: retry timing on runs, per-worker agent registrations, idempotent sends,
-broken schedules, and GitHub bodies seen per agent.
+"""Production weather.
+
+Retry timing on runs, per-worker agent registrations, idempotent sends, broken schedules, and GitHub bodies
+seen per agent.
 
 Revision ID: 0005
 Revises: 0004
@@ -18,6 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Apply this revision."""
     op.add_column("runs", sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column("runs", sa.Column("retry_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("runs", sa.Column("failures", sa.Integer, nullable=False, server_default="0"))
@@ -66,6 +69,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Revert this revision."""
     op.drop_table("delivery_bodies")
     op.drop_index("schedules_due_idx", table_name="schedules")
     op.create_index("schedules_due_idx", "schedules", ["next_fire_at"], postgresql_where=sa.text("NOT paused"))

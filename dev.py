@@ -22,6 +22,7 @@ STAMP = VENV / ".lousho-installed"
 
 
 def say(text: str) -> None:
+    """Print ``text`` as a line of this script's own output."""
     print(f"[dev] {text}", flush=True)
 
 
@@ -54,6 +55,11 @@ def services_env() -> tuple[dict[str, str], list[str]]:
 
 
 def main(argv: list[str]) -> int:
+    """Run ``demo``, ``lousho`` or ``test`` in the bootstrapped environment; the usage and 2 otherwise.
+
+    ``test`` first runs ruff, mypy and import-linter, and pytest (with ``argv``'s other arguments)
+    only when they pass. Returns the command's exit status.
+    """
     if sys.version_info < (3, 11):  # noqa: UP036  # this file runs before any venv exists
         sys.exit("Lousho Worker needs Python 3.11 or newer")
     if not argv or argv[0] not in ("demo", "test", "lousho"):
@@ -67,7 +73,8 @@ def main(argv: list[str]) -> int:
         return subprocess.run([lousho, "demo", *rest], cwd=ROOT, env=env).returncode
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
-    checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench", "examples"],
+    checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
+               "examples"],
               [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],
               [str(VENV / "bin" / "lint-imports")]]
     for check in checks:

@@ -26,45 +26,35 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import os
 import pstats
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import redis
 
-from bench.run import Config, percentile
+from bench import agents as bench_agents
+from bench import phases
+from bench.config import Config
+from bench.results import percentile
+
+if TYPE_CHECKING:
+    from store.checkpoints import PostgresCheckpointStore
+    from worker.context import StepDeps
 
 DATABASE = "lousho_bench_profile"
 REDIS_DB = 12
 QUEUE = "bench-profile"
 ENGINES = ("default", "no-pre-ping", "autocommit", "async-claim")
 
-#: variant -> phase -> durations (s), wall clock and this thread's CPU; ``_current`` names the variant.
-_spent: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-_cpu: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-_current = ["warm-up"]
-
-
-def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` recording its wall and CPU duration under ``name`` for the variant being measured."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _spent[_current[0]][name].append(time.perf_counter() - started)
-            _cpu[_current[0]][name].append(time.thread_time() - cpu)
-    return wrapper
-
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with ``engines`` the list of engine variants to measure."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="runs stepped round-robin per batch")
     parser.add_argument("--hops", type=int, default=41, help="steps per run (rounded up to odd)")
@@ -82,7 +72,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class _Tally:
+    """Per variant: each ``run_step``'s wall and CPU time and the loops' wall time; outcomes of all batches."""
+
+    totals: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cpu_totals: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    loop_time: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Profile ``run_step`` phase by phase (``python -m bench.profile_step``); 0 when it is done."""
     args = parse_args(argv)
     config = Config(database=DATABASE, redis_db=REDIS_DB)
     # The worker modules read their settings at import: point them at the profile's services first.
@@ -93,19 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     })
     os.environ.pop("BENCH_TIMINGS", None)
 
-    from sqlalchemy import Engine, create_engine
-
-    import store.checkpoints
-    import store.payloads
-    import worker.machine
-    from bench import agents as bench_agents
     from producer import Client
-    from store.checkpoints import PostgresCheckpointStore
     from store.database import migrate
-    from store.records import Checkpoint
     from store.settings import Settings
     from worker import tasks
-    from worker.steps import run_step
 
     settings = Settings()
     with psycopg.connect(config.server_url, autocommit=True, connect_timeout=5) as conn:
@@ -116,117 +108,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker.flushdb()
 
     deps = tasks.deps()
-
-    def engine(variant: str) -> Engine:
-        if variant == "default":
-            return deps.store.engine
-        options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
-                                   "hide_parameters": True,
-                                   "connect_args": {"connect_timeout": 5, "application_name": "lousho"}}
-        if variant in ("autocommit", "async-claim"):
-            options["isolation_level"] = "AUTOCOMMIT"
-        return create_engine(settings.sqlalchemy_url, **options)
-
-    def async_claims() -> PostgresCheckpointStore:
-        # Claims commit without waiting for the WAL flush; saves still wait (and flush the claim too).
-        options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
-                                   "hide_parameters": True, "isolation_level": "AUTOCOMMIT",
-                                   "connect_args": {"connect_timeout": 5, "application_name": "lousho",
-                                                    "options": "-c synchronous_commit=off"}}
-        return PostgresCheckpointStore(create_engine(settings.sqlalchemy_url, **options), settings.history_limit)
-
-    # Wrap everything the step calls (instance attributes shadow the methods; module functions are
-    # looked up at call time). Sub-phases (indented names) are also counted inside their phase.
-    stores = {}
-    for variant in args.engines:
-        variant_store = PostgresCheckpointStore(engine(variant), settings.history_limit)
-        claimer = async_claims() if variant == "async-claim" else variant_store
-        variant_store.claim = timed("claim-and-load", claimer.claim)  # type: ignore[method-assign]
-        variant_store.inbox = timed("inbox read (first step only)", variant_store.inbox)  # type: ignore[method-assign]
-        variant_store.save = timed("fenced save + history", variant_store.save)  # type: ignore[method-assign]
-        variant_store.note_usage = timed(  # type: ignore[method-assign]
-            "usage note (model turns, --usage)", variant_store.note_usage)
-        dialect = variant_store.engine.dialect
-        if variant == "default":
-            dialect.do_ping = timed("  pool pre-ping", dialect.do_ping)  # type: ignore[method-assign]
-        stores[variant] = variant_store
-    next_seq: dict[str, int | None] = {}
-    enqueue = timed("enqueue (Celery publish)", deps.enqueue)
-
-    def capture(session_id: str, seq: int | None, countdown: float = 0.0) -> None:
-        next_seq[session_id] = seq
-        enqueue(session_id, seq, countdown)
-
-    deps.enqueue = capture
-    deps.leases.acquire = timed("lease acquire (Lua SET NX + INCR)", deps.leases.acquire)  # type: ignore[method-assign]
-    deps.leases.release = timed("lease release (Lua compare-and-delete)", deps.leases.release)  # type: ignore[method-assign]
-    deps.heartbeat.hold = timed("heartbeat hold+drop", deps.heartbeat.hold)  # type: ignore[method-assign]
-    deps.heartbeat.drop = timed("heartbeat hold+drop", deps.heartbeat.drop)  # type: ignore[method-assign]
-    store.checkpoints._checkpoint = timed("  row -> Checkpoint (pydantic)", store.checkpoints._checkpoint)
-    Checkpoint.document = timed("  Checkpoint.document (model_dump)", Checkpoint.document)  # type: ignore[method-assign]
-    store.payloads.dumps = timed("  json dumps", store.payloads.dumps)
-    worker.machine.plan = timed("plan (pure step machine)", worker.machine.plan)
+    stores = phases.instrument_stores(deps, settings, args.engines)
+    next_seq = phases.instrument_step_calls(deps)
     agent_name = bench_agents.USAGE_AGENT if args.usage else bench_agents.AGENT
-    agent = deps.agents[agent_name]
-    agent.model.generate = timed("model turn (MockModel)", agent.model.generate)  # type: ignore[method-assign]
-    noop = agent.tools["noop"]
-    noop.invoke = timed("tool call (no-op, validated)", noop.invoke)  # type: ignore[method-assign]
+    phases.instrument_agent(deps, agent_name)
 
     client = Client(settings)
-    handle = client.agent(agent_name)
-    message = bench_agents.input_for(args.hops)
     profiler = cProfile.Profile() if args.cprofile else None
-    totals: dict[str, list[float]] = defaultdict(list)
-    cpu_totals: dict[str, list[float]] = defaultdict(list)
-    loop_time: dict[str, float] = defaultdict(float)
-    outcomes: dict[str, int] = defaultdict(int)
-    schedule = [("warm-up", args.engines[0])]
-    for batch in range(args.repeat):
-        order = args.engines if batch % 2 == 0 else list(reversed(args.engines))
-        schedule += [(variant, variant) for variant in order]
-    for number, (label, variant) in enumerate(schedule):
-        _current[0] = label
-        deps.store = stores[variant]
-        ids = [f"p{number}-{i:03d}" for i in range(args.runs)]
-        for session_id in ids:
-            handle.send(message, session_id=session_id, check_agent=False)
-            next_seq[session_id] = None
-        active = list(ids)
-        measured = label != "warm-up"
-        started = time.perf_counter()
-        if profiler is not None and measured:
-            profiler.enable()
-        while active:
-            for session_id in list(active):
-                seq = next_seq.pop(session_id)
-                before, cpu = time.perf_counter(), time.thread_time()
-                outcome = run_step(deps, session_id, seq)
-                totals[label].append(time.perf_counter() - before)
-                cpu_totals[label].append(time.thread_time() - cpu)
-                outcomes[outcome.value] += 1
-                if session_id not in next_seq:  # no next step enqueued: the run finished
-                    active.remove(session_id)
-        if profiler is not None:
-            profiler.disable()
-        loop_time[label] += time.perf_counter() - started
+    tally = _measure(args, deps, stores, next_seq, client.agent(agent_name), profiler)
 
     deps.heartbeat.stop()
     client.close()
     broker.flushdb()
 
     for variant in args.engines:
-        _report(args, variant, totals[variant], cpu_totals[variant], loop_time[variant])
-    print("outcomes (all batches): " + ", ".join(f"{name} {count}" for name, count in sorted(outcomes.items())))
+        _report(args, variant, tally.totals[variant], tally.cpu_totals[variant], tally.loop_time[variant])
+    print("outcomes (all batches): " + ", ".join(f"{name} {count}" for name, count in sorted(tally.outcomes.items())))
     if len(args.engines) > 1:
-        print("\ncomparison (ms per step, mean):")
-        for variant in args.engines:
-            spent = _spent[variant]
-            steps = len(totals[variant])
-            claim = sum(spent["claim-and-load"]) * 1000 / steps
-            save = sum(spent["fenced save + history"]) * 1000 / steps
-            total = sum(totals[variant]) * 1000 / steps
-            print(f"  {variant:<12} claim {claim:6.3f}  save {save:6.3f}  run_step {total:6.3f}  "
-                  f"p50 {percentile(totals[variant], 50) * 1000:6.3f}")
+        _compare(args.engines, tally.totals)
     if profiler is not None:
         print(f"\ncProfile, top {args.cprofile} functions by own time (measured batches only):")
         stats = pstats.Stats(profiler, stream=sys.stdout)
@@ -234,8 +133,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _measure(args: argparse.Namespace, deps: StepDeps, stores: dict[str, PostgresCheckpointStore],
+             next_seq: dict[str, int | None], handle: Any, profiler: cProfile.Profile | None) -> _Tally:
+    """A warm-up batch, then ``--repeat`` batches of each variant in alternating order, each stepped to its end."""
+    message = bench_agents.input_for(args.hops)
+    tally = _Tally()
+    schedule = [("warm-up", args.engines[0])]
+    for batch in range(args.repeat):
+        order = args.engines if batch % 2 == 0 else list(reversed(args.engines))
+        schedule += [(variant, variant) for variant in order]
+    for number, (label, variant) in enumerate(schedule):
+        phases.current[0] = label
+        deps.store = stores[variant]
+        ids = [f"p{number}-{i:03d}" for i in range(args.runs)]
+        for session_id in ids:
+            handle.send(message, session_id=session_id, check_agent=False)
+            next_seq[session_id] = None
+        measured = label != "warm-up"
+        started = time.perf_counter()
+        if profiler is not None and measured:
+            profiler.enable()
+        _step_to_the_end(deps, ids, next_seq, tally, label)
+        if profiler is not None:
+            profiler.disable()
+        tally.loop_time[label] += time.perf_counter() - started
+    return tally
+
+
+def _step_to_the_end(deps: StepDeps, ids: list[str], next_seq: dict[str, int | None], tally: _Tally,
+                     label: str) -> None:
+    """Call ``run_step`` round-robin over the runs ``ids`` until each has finished, timing every call."""
+    from worker.steps import run_step
+
+    active = list(ids)
+    while active:
+        for session_id in list(active):
+            seq = next_seq.pop(session_id)
+            before, cpu = time.perf_counter(), time.thread_time()
+            outcome = run_step(deps, session_id, seq)
+            tally.totals[label].append(time.perf_counter() - before)
+            tally.cpu_totals[label].append(time.thread_time() - cpu)
+            tally.outcomes[outcome.value] += 1
+            if session_id not in next_seq:  # no next step enqueued: the run finished
+                active.remove(session_id)
+
+
+def _compare(engines: list[str], totals: dict[str, list[float]]) -> None:
+    """Print claim, save and whole-step time per step of each engine variant, side by side."""
+    print("\ncomparison (ms per step, mean):")
+    for variant in engines:
+        spent = phases.spent[variant]
+        steps = len(totals[variant])
+        claim = sum(spent["claim-and-load"]) * 1000 / steps
+        save = sum(spent["fenced save + history"]) * 1000 / steps
+        total = sum(totals[variant]) * 1000 / steps
+        print(f"  {variant:<12} claim {claim:6.3f}  save {save:6.3f}  run_step {total:6.3f}  "
+              f"p50 {percentile(totals[variant], 50) * 1000:6.3f}")
+
+
 def _report(args: argparse.Namespace, variant: str, totals: list[float], cpu_totals: list[float],
             loop_time: float) -> None:
+    """Print ``variant``'s table: wall and CPU time per step of each phase, the rest, and the whole step."""
     steps = len(totals)
     total_ms = sum(totals) * 1000
     cpu_ms = sum(cpu_totals) * 1000
@@ -245,9 +203,9 @@ def _report(args: argparse.Namespace, variant: str, totals: list[float], cpu_tot
     print("  wall = elapsed time, cpu = this process's CPU time; per step = total over steps")
     print(f"{'phase':<42} {'calls':>6} {'p50 ms':>7} {'wall/step':>9} {'cpu/step':>8} {'wall %':>7}")
     accounted = accounted_cpu = 0.0
-    for name, spent in _spent[variant].items():
+    for name, spent in phases.spent[variant].items():
         ms = sum(spent) * 1000
-        cpu = sum(_cpu[variant][name]) * 1000
+        cpu = sum(phases.cpu[variant][name]) * 1000
         if not name.startswith("  "):
             accounted += ms
             accounted_cpu += cpu

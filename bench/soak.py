@@ -83,6 +83,7 @@ class Progress:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
+    """The command line as a ``Config``: one ``--flag`` per field, with the field's default."""
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0] if __doc__
                                      else None)
     defaults = Config()
@@ -271,6 +272,7 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one soak (``python -m bench.soak``); 0 when every check passed."""
     root = Path(__file__).resolve().parent.parent
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))

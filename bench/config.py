@@ -1,0 +1,106 @@
+"""What one benchmark invocation measures and against which services: ``Config`` and the command line.
+
+It only describes the run; starting workers, timing rounds and reporting live elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import agents as bench_agents
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one invocation measures, and against which services."""
+
+    runs: int = 20
+    hops: int = 21
+    rounds: int = 5
+    concurrency: int = 2
+    warmup_hops: int = 5
+    server_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    database: str = "lousho_bench"
+    redis_url: str = "redis://127.0.0.1:6379"
+    redis_db: int = 13
+    loglevel: str = "WARNING"
+    timeout_s: float = 120.0
+    json_path: str | None = None
+    usage: bool = False
+    other_tree: str | None = None
+
+    @property
+    def agent(self) -> str:
+        """The bench agent the Lousho runs use."""
+        return bench_agents.USAGE_AGENT if self.usage else bench_agents.AGENT
+
+    @property
+    def steps_per_run(self) -> int:
+        """Steps one Lousho run really takes (an odd number; see ``bench.agents``)."""
+        return bench_agents.steps_for(self.hops)
+
+    @property
+    def database_url(self) -> str:
+        """The bench database's URL: ``server_url`` with its database name replaced by ``database``."""
+        base, _, query = self.server_url.partition("?")
+        base = base.rsplit("/", 1)[0] if base.count("/") >= 3 else base
+        return f"{base}/{self.database}" + (f"?{query}" if query else "")
+
+    @property
+    def bench_redis_url(self) -> str:
+        """The bench Redis URL: ``redis_url`` with its db number replaced by ``redis_db``."""
+        base, _, query = self.redis_url.partition("?")
+        parts = base.rstrip("/").split("/")
+        if len(parts) > 3 and parts[-1].isdigit():
+            parts = parts[:-1]
+        return "/".join(parts) + f"/{self.redis_db}" + (f"?{query}" if query else "")
+
+    @property
+    def history_limit(self) -> int:
+        """Production default (50), raised when runs are longer so every step keeps its row."""
+        return max(50, self.steps_per_run + 1)
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    """The command line as a ``Config``."""
+    defaults = Config()
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description="Lousho steps/s and per-step overhead against a bare Celery chain.")
+    parser.add_argument("--runs", type=int, default=defaults.runs, help="concurrent runs (and chains) per round")
+    parser.add_argument("--hops", type=int, default=defaults.hops,
+                        help="steps per run; rounded up to odd (tool turns come in pairs, plus the final turn)")
+    parser.add_argument("--rounds", type=int, default=defaults.rounds, help="rounds of each system, interleaved")
+    parser.add_argument("--concurrency", type=int, default=defaults.concurrency,
+                        help="prefork processes of each worker")
+    parser.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
+                        help="write the results as JSON (default path: bench/results/bench-<time>.json)")
+    parser.add_argument("--server-url", default=os.environ.get("LOUSHO_BENCH_SERVER_URL", defaults.server_url),
+                        help="Postgres server URL (the bench database is created next to it)")
+    parser.add_argument("--database", default=defaults.database, help="database to drop and recreate")
+    parser.add_argument("--redis-url", default=os.environ.get("LOUSHO_BENCH_REDIS_URL", defaults.redis_url))
+    parser.add_argument("--redis-db", type=int, default=defaults.redis_db, help="Redis db to flush and use")
+    parser.add_argument("--loglevel", default=defaults.loglevel, help="worker log level (both workers)")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds allowed per round")
+    parser.add_argument("--usage", action="store_true",
+                        help="the model reports token usage like a real provider (one more write per model turn)")
+    parser.add_argument("--other-tree", metavar="PATH",
+                        help="also measure a Lousho worker started from this copy of the project (same schema)")
+    args = parser.parse_args(argv)
+    for name in ("runs", "hops", "rounds", "concurrency"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.other_tree is not None:
+        other = Path(args.other_tree).resolve()
+        if not (other / "worker" / "celery.py").exists():
+            parser.error(f"--other-tree {other} does not look like a copy of the project")
+        args.other_tree = str(other)
+    return Config(runs=args.runs, hops=args.hops, rounds=args.rounds, concurrency=args.concurrency,
+                  server_url=args.server_url, database=args.database, redis_url=args.redis_url,
+                  redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
+                  usage=args.usage, other_tree=args.other_tree)

@@ -1,7 +1,7 @@
 """Schedules from the producer side: ``client.schedules`` (create/list/pause/resume/delete), ``lousho schedules``.
 
 Owns argument checking and the command line. It must not fire ticks: the beat sweep in
-``worker.schedules`` does, and the tick arithmetic lives with the records in ``store.schedules``.
+``worker.schedules`` does; the records are ``store.schedule_records``, the tick arithmetic ``store.ticks``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 from store import errors, inputs
 from store.checkpoints import PostgresCheckpointStore
-from store.schedules import CatchUp, Fire, Overlap, PostgresScheduleStore, Schedule, build_spec
+from store.schedule_records import CatchUp, Fire, Overlap, Schedule, build_spec
+from store.schedules import PostgresScheduleStore
 
 
 class Producer(Protocol):
@@ -56,9 +57,7 @@ class Schedules:
         """
         messages = inputs.normalize_input(input)
         if check_agent:
-            known = self._client.known_agents()
-            if known and agent not in known:
-                raise errors.AgentNotFoundError(agent, known)
+            inputs.check_agent(agent, self._client.known_agents())
         spec = build_spec(name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap,
                           catch_up=catch_up)
         return self._store.create(spec)

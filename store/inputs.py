@@ -1,4 +1,4 @@
-"""Input rules: how a send's input becomes chat messages, and the limits it is held to.
+"""Input rules: how a send's input becomes chat messages, the limits it is held to, and the known-agent check.
 
 One owner for every way input gets in (the client, schedules, webhooks); no I/O here.
 """
@@ -53,3 +53,13 @@ def normalize_input(input: Input) -> list[Message]:
                 f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less")
         messages.append(message)
     return messages
+
+
+def check_agent(name: str, known: list[str]) -> None:
+    """Refuse input for an agent the workers did not register; any name passes while none registered.
+
+    Raises:
+        AgentNotFoundError: ``known`` is not empty and ``name`` is not in it.
+    """
+    if known and name not in known:
+        raise errors.AgentNotFoundError(name, known)

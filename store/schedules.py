@@ -1,60 +1,61 @@
-"""Schedules in Postgres: their records, their tick arithmetic (cron with DST, or a fixed interval), and tick claims.
+"""The Postgres schedule store: schedule definitions, their state, and the claim of their ticks.
 
 A tick is claimed by a ``schedule_fires`` row, unique per (schedule, fire time), in the same
 transaction that creates its run, so any number of sweeps fire it once. Which ticks fire is
 decided by the caller's planner (``worker.schedules``); this module must not publish messages.
 A stored schedule whose ticks cannot be computed on this host is marked broken and skipped, never retried
-by every sweep ahead of the healthy ones.
+by every sweep ahead of the healthy ones. Records are ``store.schedule_records``, tick arithmetic ``store.ticks``.
 """
 
 from __future__ import annotations
 
 import builtins
-import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime
+from typing import Any
 
-from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection, Row
 
-from store import errors, payloads, records, runs
+from store import errors, payloads, runs
 from store.database import Transaction
+from store.errors import BrokenReason, ScheduleBrokenError, ScheduleNotFoundError
+from store.schedule_records import (
+    CatchUp,
+    Fire,
+    Origin,
+    Overlap,
+    Schedule,
+    ScheduleSpec,
+    TickOutcome,
+    TickPlan,
+    build_spec,
+)
+from store.ticks import MAX_EVERY_S, PREFIX, every_seconds, tick_session_id
 
-Overlap = Literal["skip", "allow"]
-CatchUp = Literal["skip", "one"]
-Origin = Literal["api", "code"]
-Outcome = Literal["fired", "skipped"]
-#: Why a stored schedule's ticks cannot be computed; the stable prefix of its ``broken_error``.
-BrokenReason = Literal[
-    "timezone-unknown",  #: the host's time zone database has no such zone
-    "cron-invalid",  #: the cron library rejects the stored expression
-    "every-invalid",  #: the stored interval is not a positive number of seconds
-    "tick-out-of-range",  #: a tick falls outside the years datetime arithmetic can hold
+# Callers import these from here as well as from their owners.
+__all__ = [
+    "MAX_EVERY_S",
+    "PREFIX",
+    "BrokenReason",
+    "CatchUp",
+    "Fire",
+    "Origin",
+    "Overlap",
+    "Planner",
+    "PostgresScheduleStore",
+    "Schedule",
+    "ScheduleBrokenError",
+    "ScheduleNotFoundError",
+    "ScheduleSpec",
+    "Swept",
+    "TickOutcome",
+    "TickPlan",
+    "build_spec",
+    "every_seconds",
+    "tick_session_id",
 ]
-
-#: Run ids of schedule runs start with this: ``sched-<schedule_id>-<UTC fire time>``.
-PREFIX = "sched-"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-_MACROS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
-}
-#: Candidates a cron iterator may yield before we give up looking for a later tick (DST repeats).
-_MAX_CANDIDATES = 1000
-#: The longest ``every`` accepted: 10 years of 365 days, in seconds. Far inside the ``integer``
-#: column (2**31 - 1) and datetime's year 9999, so no accepted interval can overflow tick arithmetic.
-MAX_EVERY_S = 10 * 365 * 86_400
-#: Validation context of rows read back from Postgres: their timing is loaded as stored, not re-checked,
-#: because whether it can be computed depends on the host (its tz database, its cron library). The sweep
-#: finds out by computing ticks, and marks the schedule broken when it cannot.
-_STORED = {"stored": True}
 
 _COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
             " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at")
@@ -119,254 +120,6 @@ WHERE schedule_id = :id
 """)
 
 
-class ScheduleNotFoundError(errors.LoushoError):
-    """No schedule has that name."""
-
-    code = "LOUSHO_SCHEDULE_NOT_FOUND"
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no schedule named {name!r}", name=name)
-
-
-def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
-    return value.astimezone(UTC)
-
-
-class ScheduleBrokenError(errors.LoushoError):
-    """A stored schedule's ticks cannot be computed on this host; raised by tick arithmetic.
-
-    Its time zone is missing from this host's time zone database, the cron library rejects its
-    expression, or its interval is out of range (a row written by hand, by another release, or
-    checked on a host with a different tz database). The sweep stores ``str(error)`` as the
-    schedule's ``broken_error`` and skips it until it is redefined or resumed.
-    """
-
-    code = "LOUSHO_SCHEDULE_BROKEN"
-    name: str
-    reason: BrokenReason
-
-    def __init__(self, name: str, reason: BrokenReason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}", name=name, reason=reason)
-
-
-def _zone(name: str) -> ZoneInfo:
-    """The zone ``name``; ``ValueError`` when this host cannot load it."""
-    try:
-        return ZoneInfo(name)
-    # A directory of the database ("America") or an unreadable file is an OSError, not a lookup error.
-    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ValueError(f"unknown time zone {name!r}") from exc
-
-
-def _is_stored(info: ValidationInfo) -> bool:
-    return isinstance(info.context, dict) and info.context.get("stored") is True
-
-
-class ScheduleSpec(BaseModel):
-    """What a schedule is: when it fires (``cron`` in ``timezone``, or ``every_s`` seconds) and what it sends.
-
-    Interval ticks are aligned on the Unix epoch (``every_s=300`` fires at :00, :05, …), so a tick's
-    identity never depends on when the schedule was created or swept. Cron ticks follow Debian
-    cron across DST changes: a fixed-time job in the skipped hour fires right after the jump, one in
-    the repeated hour fires once, and jobs with ``*`` in the hour field fire every real hour.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    agent: str
-    messages: list[records.Message]
-    cron: str | None = None
-    every_s: int | None = None
-    timezone: str = "UTC"
-    overlap: Overlap = "skip"
-    catch_up: CatchUp = "one"
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME.fullmatch(value):
-            raise ValueError("a schedule name is 1-100 of letters, digits, '_', '-' or '.'")
-        return value
-
-    @field_validator("agent")
-    @classmethod
-    def _agent(cls, value: str) -> str:
-        if not value or len(value) > 200:
-            raise ValueError("an agent name is 1-200 characters")
-        return value
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None or _is_stored(info):
-            return value
-        expr = " ".join(value.split())
-        expr = _MACROS.get(expr.lower(), expr)
-        if len(expr.split()) != 5:
-            raise ValueError("a cron expression has 5 fields (minute hour day month weekday) or is a @macro")
-        try:
-            next(CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC)))
-        except CronSimError as exc:
-            raise ValueError(f"invalid cron expression: {exc}") from None
-        return expr
-
-    @field_validator("every_s")
-    @classmethod
-    def _every_s(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and not _is_stored(info) and not 1 <= value <= MAX_EVERY_S:
-            raise ValueError(f"every must be 1 to {MAX_EVERY_S} seconds (10 years)")
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _timezone(cls, value: str, info: ValidationInfo) -> str:
-        if not _is_stored(info):
-            _zone(value)
-        return value
-
-    @model_validator(mode="after")
-    def _one_timing(self) -> ScheduleSpec:
-        if (self.cron is None) == (self.every_s is None):
-            raise ValueError("give exactly one of cron or every")
-        if not self.messages:
-            raise ValueError("a schedule needs some input")
-        return self
-
-    def next_tick(self, after: datetime) -> datetime:
-        """The first tick strictly after ``after``, in UTC.
-
-        Raises:
-            ConfigurationError: the cron expression never matches again.
-            ScheduleBrokenError: this host cannot compute the schedule's ticks (see ``BrokenReason``).
-        """
-        after = _utc(after)
-        with self._arithmetic():
-            if self.every_s is not None:
-                step = self._step()
-                return _EPOCH + ((after - _EPOCH) // step + 1) * step
-            # Around a DST fall-back the iterator can yield a wall time that is earlier in real time.
-            for _, candidate in zip(range(_MAX_CANDIDATES), self._cron_ticks(after), strict=False):
-                tick = candidate.astimezone(UTC)
-                if tick > after:
-                    return tick
-        raise errors.ConfigurationError(f"cron expression {self.cron!r} does not fire again")
-
-    def last_tick(self, at: datetime) -> datetime | None:
-        """The latest tick at or before ``at``, in UTC (None when there is none in 50 years).
-
-        Raises:
-            ScheduleBrokenError: this host cannot compute the schedule's ticks (see ``BrokenReason``).
-        """
-        at = _utc(at)
-        with self._arithmetic():
-            if self.every_s is not None:
-                step = self._step()
-                return _EPOCH + ((at - _EPOCH) // step) * step
-            iterator = self._cron_ticks(at.replace(microsecond=0) + timedelta(seconds=1), reverse=True)
-            found = None
-            for _, candidate in zip(range(_MAX_CANDIDATES), iterator, strict=False):
-                if candidate.astimezone(UTC) <= at:
-                    found = candidate.astimezone(UTC)
-                    break
-        if found is None:
-            return None
-        # Backwards through a repeated (fall-back) hour the iterator can skip a tick: walk forward to the last.
-        for _ in range(_MAX_CANDIDATES):
-            following = self.next_tick(found)
-            if following > at:
-                break
-            found = following
-        return found
-
-    def _step(self) -> timedelta:
-        assert self.every_s is not None  # the caller checked
-        if self.every_s < 1:
-            raise ScheduleBrokenError(self.name, "every-invalid",
-                                      f"every_s={self.every_s} is not a positive number of seconds")
-        return timedelta(seconds=self.every_s)
-
-    def _cron_ticks(self, start: datetime, reverse: bool = False) -> CronSim:
-        assert self.cron is not None  # guaranteed by _one_timing
-        try:
-            zone = _zone(self.timezone)
-        except ValueError as exc:
-            raise ScheduleBrokenError(self.name, "timezone-unknown",
-                                      f"time zone {self.timezone!r} is not in this host's time zone database") from exc
-        try:
-            return CronSim(self.cron, start.astimezone(zone), reverse=reverse)
-        except CronSimError as exc:
-            raise ScheduleBrokenError(self.name, "cron-invalid",
-                                      f"cron expression {self.cron!r} is rejected: {exc}") from exc
-
-    @contextmanager
-    def _arithmetic(self) -> Iterator[None]:
-        """Turn datetime overflow (an interval of millennia, a tick past year 9999) into a broken schedule."""
-        try:
-            yield
-        except OverflowError as exc:
-            raise ScheduleBrokenError(self.name, "tick-out-of-range",
-                                      f"its ticks leave the years 1-9999 ({exc})") from exc
-
-    def row(self, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:
-        """Bound parameters for inserting or redefining this schedule."""
-        return {"name": self.name, "agent": self.agent, "input": payloads.dumps([m.dump() for m in self.messages]),
-                "cron": self.cron, "every_s": self.every_s, "timezone": self.timezone, "overlap": self.overlap,
-                "catch_up": self.catch_up, "origin": origin, "next": next_fire_at}
-
-    def same_timing(self, other: ScheduleSpec) -> bool:
-        """Whether ``other`` fires at the same ticks."""
-        return (self.cron, self.every_s, self.timezone) == (other.cron, other.every_s, other.timezone)
-
-
-class Schedule(ScheduleSpec):
-    """A stored schedule: its spec plus its state.
-
-    ``broken_error`` (with ``broken_at``, the database's time) is set when a sweep could not compute
-    its ticks: ``<reason>: <detail>``, the reason one of ``BrokenReason``. Sweeps skip it until it is
-    redefined or resumed.
-    """
-
-    schedule_id: int
-    paused: bool = False
-    origin: Origin = "api"
-    next_fire_at: datetime
-    last_fire_at: datetime | None = None
-    last_session_id: str | None = None
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    broken_error: str | None = None
-    broken_at: datetime | None = None
-
-    def spec(self) -> ScheduleSpec:
-        """The definition part, without state (taken as it is, like a stored row)."""
-        return ScheduleSpec.model_validate(self.model_dump(include=set(ScheduleSpec.model_fields)), context=_STORED)
-
-
-class Fire(BaseModel):
-    """One claimed tick: ``fired`` started ``session_id``; ``skipped`` was claimed without a run (overlap)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    fire_at: datetime
-    session_id: str | None
-    outcome: Outcome
-    claimed_at: datetime
-
-
-@dataclass(frozen=True)
-class TickPlan:
-    """A planner's decision for one due schedule: ticks to fire, ticks to claim without a run, what is next."""
-
-    fire: Sequence[datetime]
-    skip: Sequence[datetime]
-    next_fire_at: datetime
-    #: Overdue ticks the catch-up policy dropped (not recorded).
-    missed: int = 0
-
-
 #: (schedule, the database's now, whether its previous run is unfinished) -> plan.
 Planner = Callable[[Schedule, datetime, bool], TickPlan]
 
@@ -385,42 +138,11 @@ class Swept:
     missed: int = 0
 
 
-def every_seconds(every: float | timedelta) -> int:
-    """Whole seconds of an interval given as seconds or a ``timedelta``.
-
-    Raises:
-        ConfigurationError: not a whole number of seconds from 1 to ``MAX_EVERY_S`` (10 years).
-    """
-    seconds = every.total_seconds() if isinstance(every, timedelta) else every
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_EVERY_S
-            or seconds != int(seconds)):
-        raise errors.ConfigurationError(f"every must be a whole number of seconds from 1 to {MAX_EVERY_S} (10 years),"
-                                        f" got {every!r}", field="every")
-    return int(seconds)
-
-
-def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cron: str | None = None,
-               every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-               catch_up: CatchUp = "one") -> ScheduleSpec:
-    """A checked ``ScheduleSpec``.
-
-    Raises:
-        ConfigurationError: a field is invalid (name, cron, time zone, ``every`` out of 1 s to 10 years,
-            both or neither timing, policies); its ``field`` names it.
-    """
-    try:
-        return ScheduleSpec(name=name, agent=agent, messages=list(messages), cron=cron,
-                            every_s=None if every is None else every_seconds(every), timezone=timezone,
-                            overlap=overlap, catch_up=catch_up)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise errors.ConfigurationError(f"invalid schedule {where or name!r}: {first['msg']}", field=where) from None
-
-
-def tick_session_id(schedule_id: int, fire_at: datetime) -> str:
-    """The run id of a tick: ``sched-<schedule_id>-<YYYYmmddTHHMMSSZ>`` (a valid run id)."""
-    return records.validate_session_id(f"{PREFIX}{schedule_id}-{_utc(fire_at):%Y%m%dT%H%M%SZ}")
+def _params(spec: ScheduleSpec, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:
+    """Bound parameters for inserting or redefining ``spec``."""
+    return {"name": spec.name, "agent": spec.agent, "input": payloads.dumps([m.dump() for m in spec.messages]),
+            "cron": spec.cron, "every_s": spec.every_s, "timezone": spec.timezone, "overlap": spec.overlap,
+            "catch_up": spec.catch_up, "origin": origin, "next": next_fire_at}
 
 
 def _schedule(row: Row[Any]) -> Schedule:
@@ -428,7 +150,7 @@ def _schedule(row: Row[Any]) -> Schedule:
     values.pop("db_now", None)
     values.pop("previous_busy", None)
     values["messages"] = values.pop("input")
-    return Schedule.model_validate(values, context=_STORED)
+    return Schedule.from_stored(values)
 
 
 class PostgresScheduleStore:
@@ -445,7 +167,7 @@ class PostgresScheduleStore:
         """
         with Transaction(self.engine) as conn:
             now: datetime = conn.execute(_NOW).scalar_one()
-            row = conn.execute(_INSERT, spec.row(origin, spec.next_tick(now))).first()
+            row = conn.execute(_INSERT, _params(spec, origin, spec.next_tick(now))).first()
         if row is None:
             raise errors.ConfigurationError(f"a schedule named {spec.name!r} exists already")
         return _schedule(row)
@@ -459,7 +181,7 @@ class PostgresScheduleStore:
         """
         with Transaction(self.engine) as conn:
             now: datetime = conn.execute(_NOW).scalar_one()
-            row = conn.execute(_INSERT, spec.row(origin, spec.next_tick(now))).first()
+            row = conn.execute(_INSERT, _params(spec, origin, spec.next_tick(now))).first()
             if row is not None:
                 return _schedule(row)
             current = _schedule(conn.execute(_LOCK_BY_NAME, {"name": spec.name}).one())
@@ -468,7 +190,7 @@ class PostgresScheduleStore:
                 return current
             keep = current.spec().same_timing(spec) and not broken
             next_fire_at = current.next_fire_at if keep else spec.next_tick(now)
-            return _schedule(conn.execute(_REDEFINE, spec.row(origin, next_fire_at)).one())
+            return _schedule(conn.execute(_REDEFINE, _params(spec, origin, next_fire_at)).one())
 
     def get(self, name: str) -> Schedule:
         """The schedule named ``name``.

@@ -11,22 +11,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from store import errors, payloads, records
+from store import errors, inputs
 from store.faults import crash_point
-from store.schedules import (
-    CatchUp,
-    Overlap,
-    PostgresScheduleStore,
-    Schedule,
-    ScheduleSpec,
-    TickPlan,
-    build_spec,
-)
+from store.schedule_records import CatchUp, Overlap, Schedule, ScheduleSpec, TickPlan, build_spec
+from store.schedules import PostgresScheduleStore
 from worker.agents import import_agent_modules
 
 log = logging.getLogger("lousho.schedules")
@@ -71,17 +63,6 @@ def _next_or_never(schedule: Schedule, after: datetime) -> datetime:
         return NEVER
 
 
-def _count_between(schedule: Schedule, first: datetime, last: datetime) -> int:
-    """Ticks in [first, last], counted up to a cap (only for logs and figures)."""
-    if schedule.every_s is not None:
-        return int((last - first) // timedelta(seconds=schedule.every_s)) + 1
-    count, tick = 0, first
-    while tick <= last and count < _MAX_COUNTED:
-        count += 1
-        tick = _next_or_never(schedule, tick)
-    return count
-
-
 def plan_ticks(schedule: Schedule, now: datetime, previous_busy: bool, *, grace: timedelta = DEFAULT_GRACE,
                max_ticks: int = MAX_TICKS) -> TickPlan:
     """Decide what happens to the due ticks of ``schedule`` at the database time ``now``.
@@ -103,7 +84,7 @@ def plan_ticks(schedule: Schedule, now: datetime, previous_busy: bool, *, grace:
         if latest_late is not None and latest_late < first:
             latest_late = None
         if latest_late is not None:
-            missed = _count_between(schedule, first, latest_late)
+            missed = schedule.count_ticks(first, latest_late, _MAX_COUNTED)  # only for logs and figures
         tick = _next_or_never(schedule, cutoff - _JUST_BEFORE)
     else:
         tick = first
@@ -195,23 +176,19 @@ def publish(result: SweepResult, enqueue: Callable[[str], None]) -> int:
     return len(result.fired)
 
 
-def declare(name: str, agent: str, input: str | Sequence[dict[str, Any]], *, cron: str | None = None,
+def declare(name: str, agent: str, input: inputs.Input, *, cron: str | None = None,
             every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
             catch_up: CatchUp = "one") -> ScheduleSpec:
     """A schedule declared in code, next to its agent; workers sync it at start (see ``sync_declared``).
 
     Raises:
         ConfigurationError: an invalid field, or input that is not a string or chat messages.
-        InputTooLargeError: the input nests too deeply.
+        InputTooLargeError: the input is too large or nests too deeply (the limits of ``store.inputs``).
     """
-    raw: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
-    messages = []
-    for item in raw:
-        payloads.check_depth(item)
-        try:
-            messages.append(records.Message.model_validate(payloads.sanitize(item)))
-        except ValueError as exc:
-            raise errors.ConfigurationError(f"schedule {name!r}: input is not chat messages") from exc
+    try:
+        messages = inputs.normalize_input(input)
+    except errors.ConfigurationError as exc:
+        raise errors.ConfigurationError(f"schedule {name!r}: {exc}") from exc
     return build_spec(name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap,
                       catch_up=catch_up)
 

@@ -21,7 +21,8 @@ from sqlalchemy import text
 
 from producer.schedules import Schedules
 from store.checkpoints import PostgresCheckpointStore
-from store.schedules import PostgresScheduleStore, tick_session_id
+from store.schedules import PostgresScheduleStore
+from store.ticks import tick_session_id
 from tests.support import services
 
 pytestmark = pytest.mark.integration

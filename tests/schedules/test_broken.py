@@ -18,7 +18,8 @@ from producer import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import records
 from store.checkpoints import PostgresCheckpointStore
-from store.schedules import PostgresScheduleStore, build_spec
+from store.schedule_records import build_spec
+from store.schedules import PostgresScheduleStore
 from worker.schedules import SweepResult, sweep
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from store.schedules import PostgresScheduleStore, tick_session_id
+from store.schedules import PostgresScheduleStore
+from store.ticks import tick_session_id
 from tests.support import services
 from tests.support.cluster import ROOT, Cluster
 

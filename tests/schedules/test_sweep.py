@@ -15,7 +15,7 @@ from producer import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
-from store.schedules import PostgresScheduleStore, ScheduleNotFoundError
+from store.schedules import PostgresScheduleStore
 from worker.schedules import SweepResult, publish, sweep, sync_declared
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_create_list_pause_resume_delete(schedules: Schedules) -> None:
     resumed = schedules.resume("report")
     assert resumed.paused is False and resumed.next_fire_at >= made.next_fire_at
     assert schedules.delete("report") is True and schedules.delete("report") is False
-    with pytest.raises(ScheduleNotFoundError):
+    with pytest.raises(errors.ScheduleNotFoundError):
         schedules.pause("report")
 
 

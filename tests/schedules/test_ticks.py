@@ -8,7 +8,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from store import errors, records
-from store.schedules import Schedule, ScheduleSpec, Swept, build_spec, tick_session_id
+from store.schedule_records import Schedule, ScheduleSpec, build_spec
+from store.schedules import Swept
+from store.ticks import tick_session_id
 from worker.schedules import NEVER, declare, plan_ticks, publish, sweep, sweep_timing
 
 MSG = [records.Message(role="user", content="Send the report")]

@@ -16,7 +16,10 @@ from sqlalchemy import text
 from producer import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import errors, records
-from store.schedules import MAX_EVERY_S, PostgresScheduleStore, ScheduleBrokenError, build_spec
+from store.errors import ScheduleBrokenError
+from store.schedule_records import build_spec
+from store.schedules import PostgresScheduleStore
+from store.ticks import MAX_EVERY_S
 from worker.schedules import declare
 
 MSG = [records.Message(role="user", content="Send the report")]

@@ -18,7 +18,7 @@ from producer import forks
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
-from store import errors, records
+from store import errors, interfaces, records
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -106,22 +106,30 @@ class Client:
     def __init__(self, settings: Settings | None = None, *, engine: Engine | None = None) -> None:
         self.settings = settings or load_settings()
         self._engine = engine
+        #: Whether ``close`` disposes of the engine (made here, not given).
+        self._owns_engine = engine is None
         self._store: PostgresCheckpointStore | None = None
         self._redis: redis.Redis | None = None
-        self._leases: LeaseManager | None = None
+        self._leases: interfaces.Leases | None = None
         self._enqueuer: Enqueuer | None = None
         self._known: tuple[float, list[str]] = (0.0, [])
+
+    @property
+    def engine(self) -> Engine:
+        """The SQL engine of the client's Postgres stores (made on first use unless one was given)."""
+        if self._engine is None:
+            self._engine = make_engine(self.settings)
+        return self._engine
 
     @property
     def store(self) -> PostgresCheckpointStore:
         """The checkpoint store (connects on first use)."""
         if self._store is None:
-            engine = self._engine or make_engine(self.settings)
-            self._store = PostgresCheckpointStore(engine, self.settings.history_limit)
+            self._store = PostgresCheckpointStore(self.engine, self.settings.history_limit)
         return self._store
 
     @property
-    def leases(self) -> LeaseManager:
+    def leases(self) -> interfaces.Leases:
         """Read access to run leases (to refuse a resume of a live run)."""
         if self._leases is None:
             self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -158,8 +166,11 @@ class Client:
         return names
 
     def pending(self, agent: str | None = None) -> list[PendingRun]:
-        """Runs that are not finished (of one agent, or all), each with its ``state``: running,
-        retrying (with ``next_attempt_at``), parked on an error (``last_error``), or paused."""
+        """Runs that are not finished, of one agent or all.
+
+        Each comes with its ``state``: running, retrying (with ``next_attempt_at``), parked on an error
+        (``last_error``), or paused.
+        """
         return self.store.pending(agent)
 
     def resume(self, session_id: str) -> Run | None:
@@ -206,8 +217,8 @@ class Client:
             self._enqueuer.close()
         if self._redis is not None:
             self._redis.close()
-        if self._store is not None and self._engine is None:
-            self._store.engine.dispose()
+        if self._owns_engine and self._engine is not None:
+            self._engine.dispose()
 
     def __enter__(self) -> Client:
         return self
@@ -222,7 +233,7 @@ class Approvals:
     def __init__(self, client: Client, agent: str | None) -> None:
         self._client = client
         self._agent = agent
-        self._store = PostgresApprovalStore(client.store.engine)
+        self._store: interfaces.ApprovalStore = PostgresApprovalStore(client.engine)
 
     def list(self) -> list[Approval]:
         """Undecided approvals (session, call id, tool name, arguments, created at), oldest first."""

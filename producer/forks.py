@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from store import errors, payloads, records
-from store.checkpoints import PostgresCheckpointStore
+from store import errors, interfaces, payloads, records
 from store.records import Checkpoint, Message
 
 MAX_FORK_NUMBER = 10_000
@@ -76,7 +75,7 @@ def apply_patch(checkpoint: Checkpoint, patch: dict[str, Any]) -> tuple[Checkpoi
     return checkpoint, queued
 
 
-def fork(store: PostgresCheckpointStore, session_id: str, from_step: int, patch: dict[str, Any] | None = None,
+def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch: dict[str, Any] | None = None,
          new_session_id: str | None = None, *, agent: str | None = None) -> Fork:
     """Start a new run from the newest history entry of ``from_step`` of ``session_id``.
 

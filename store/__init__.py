@@ -1,5 +1,6 @@
-"""Durable state of Lousho Worker: records, the Postgres checkpoint store, Redis leases, errors.
+"""Durable state of Lousho Worker: records, the ports callers type against, their stores, errors.
 
+The ports are ``store.interfaces``; Postgres and Redis implement them, ``store.memory`` for unit tests.
 Imports neither Celery nor the worker or producer packages.
 """
 

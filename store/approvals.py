@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -16,7 +15,9 @@ from sqlalchemy.engine import Connection
 
 from store import errors, payloads
 from store.database import Transaction
-from store.records import Approval
+from store.records import Approval, Decision
+
+__all__ = ["Decision", "PostgresApprovalStore", "insert", "put_back", "withdraw_for_run"]
 
 _COLUMNS = ("approval_id, session_id, tool_call_id, tool_name, args, agent, status, note, fingerprint,"
             " created_at, decided_at")
@@ -41,14 +42,6 @@ WHERE approval_id = ANY(:ids) AND status IN ('approved', 'rejected')
 _PAUSE_AGAIN = text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = :sid AND status = 'in-progress'")
 _WITHDRAW_RUN = text(
     "UPDATE approvals SET status = 'withdrawn', decided_at = now() WHERE session_id = :sid AND status = 'pending'")
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a resolve did: the run it belongs to, and whether the run may continue now."""
-
-    approval: Approval
-    run_continues: bool
 
 
 def insert(conn: Connection, approvals: Sequence[Approval]) -> None:

@@ -1,15 +1,15 @@
-"""The Postgres checkpoint store: claim-and-load, fenced save with history, inbox, listing, pruning.
+"""The Postgres checkpoint store: claim-and-load, a step's fenced write with history, inbox, listing, pruning.
 
-Every statement on the step's hot path is one round trip of plain SQL (``text()``, compiled once).
-Times come from Postgres ``now()``, never from worker clocks.
+It implements ``store.interfaces.CheckpointStore``; runs are created and given input by ``store.runs``. Every
+statement on the step's hot path is one round trip of plain SQL (``text()``, compiled once). Times come from
+Postgres ``now()``, never from worker clocks. It stays whole: every statement that reads or changes a run's
+control columns after its creation (fence, seq, attempts, retry times) is here, next to the rules it shares.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,8 +17,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, history, payloads, records, runs
+from store import errors, history, payloads, records, registry, runs
 from store.database import Transaction
+from store.records import Claim
+
+__all__ = ["Claim", "PostgresCheckpointStore"]
 
 _COLUMNS = runs.COLUMNS
 
@@ -45,28 +48,15 @@ saved AS (
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at
 )"""
-# The ring is cut at the newest keyframe that is at least ``keep`` entries old, so every kept
-# entry can be rebuilt (see store/history.py); between ``keep`` and ``keep + KEYFRAME_EVERY`` stay.
-_SAVE_HISTORY = """,
-hist AS (
-  INSERT INTO checkpoint_history (session_id, seq, fence, step, status, saved_at, document)
-  SELECT session_id, :seq, :fence, :step, :status, updated_at, CAST(:entry AS jsonb) FROM saved
-),
-trimmed AS (
-  DELETE FROM checkpoint_history
-  WHERE session_id = :sid AND EXISTS (SELECT 1 FROM saved) AND seq < (
-    SELECT max(seq) FROM checkpoint_history
-    WHERE session_id = :sid AND seq <= :seq - :keep AND NOT jsonb_exists(document, 'messages_keep'))
-)"""
 _SAVE_INBOX = """,
 drained AS (
   DELETE FROM inbox WHERE session_id = :sid AND n <= :cursor AND EXISTS (SELECT 1 FROM saved)
 )"""
 _SAVE_TAIL = "\nSELECT updated_at FROM saved"
 _SAVES = {
-    (history, inbox): text(_SAVE_HEAD + (_SAVE_HISTORY if history else "") + (_SAVE_INBOX if inbox else "")
-                           + _SAVE_TAIL)
-    for history in (True, False) for inbox in (True, False)
+    (keeps, inbox): text(_SAVE_HEAD + (history.SAVE_ENTRY if keeps else "") + (_SAVE_INBOX if inbox else "")
+                         + _SAVE_TAIL)
+    for keeps in (True, False) for inbox in (True, False)
 }
 
 _FAIL = text("""
@@ -104,20 +94,6 @@ _PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR 
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
 
-_MAX_BASES = 4096
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Result of claiming a run's fence: the run as loaded, or the fence that beat our token."""
-
-    checkpoint: records.Checkpoint | None
-    inbox_head: int = 0
-    stored_fence: int | None = None
-    #: Postgres's clock when the claim was made (retry budgets are measured against it, never a worker's).
-    now: datetime | None = None
-
-
 def _pending(row: Row[Any]) -> records.PendingRun:
     """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
     mapping = row._mapping
@@ -141,8 +117,7 @@ class PostgresCheckpointStore:
         self.history_limit = history_limit
         # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        # Per run, the seq and transcript of its newest history entry written or loaded here.
-        self._bases: OrderedDict[str, tuple[int, builtins.list[records.Message]]] = OrderedDict()
+        self._bases = history.Bases()
 
     # -- the step's hot path ---------------------------------------------------------------
 
@@ -159,7 +134,7 @@ class PostgresCheckpointStore:
                 return Claim(None, stored_fence=None if fence is None else int(fence))
         checkpoint = runs.row_checkpoint(row, session_id)
         if self.history_limit > 0 and checkpoint.history_seq == checkpoint.seq:
-            self._remember(session_id, checkpoint.seq, checkpoint.messages)
+            self._bases.remember(session_id, checkpoint.seq, checkpoint.messages)
         return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]), now=row._mapping["db_now"])
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
@@ -168,17 +143,17 @@ class PostgresCheckpointStore:
             rows = conn.execute(_INBOX, {"sid": session_id, "cursor": cursor}).all()
         return [records.InboxEntry(n=row.n, messages=row.messages) for row in rows]
 
-    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
-             approvals: Sequence[records.Approval] = ()) -> datetime | None:
-        """Write ``checkpoint`` (its ``seq`` must be the stored one plus one) if its fence still holds.
+    def record_step(self, write: records.StepWrite) -> datetime | None:
+        """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
 
-        The history row, the ring trim and the inbox trim go in the same statement; new approval
-        rows (a pausing save) in the same transaction. Returns the save time, or None when the
-        fence or seq no longer matched (another holder took over).
+        The whole checkpoint is written; the history row, the ring trim and the inbox trim go in the
+        same statement, the approvals the step opened in the same transaction. Returns the save time,
+        or None when the fence or seq no longer matched (another holder took over).
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
         """
+        checkpoint, approvals = write.checkpoint, write.approvals
         sid, seq = checkpoint.session_id, checkpoint.seq
         keeps_history = self.history_limit > 0
         if keeps_history:
@@ -192,25 +167,26 @@ class PostgresCheckpointStore:
             "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
         }
         if keeps_history:
-            base = self._bases.pop(sid, None)
-            shared = 0
-            if base is not None and base[0] == seq - 1 and seq % history.KEYFRAME_EVERY:
-                shared = history.shared_prefix(base[1], checkpoint.messages)
+            shared = self._bases.shared(sid, seq, checkpoint.messages)
             params["entry"] = payloads.dumps(history.entry_document(document, shared)) if shared else body
-        statement = _SAVES[(keeps_history, drained_inbox)]
+        statement = _SAVES[(keeps_history, write.drained_inbox)]
         with (self._begin() if approvals else self._single()) as conn:
             saved: datetime | None = conn.execute(statement, params).scalar()
             if saved is not None and approvals:
                 approval_rows.insert(conn, approvals)
         if saved is not None and keeps_history:
-            self._remember(sid, seq, checkpoint.messages)
+            self._bases.remember(sid, seq, checkpoint.messages)
         return saved
 
-    def _remember(self, session_id: str, seq: int, messages: builtins.list[records.Message]) -> None:
-        """Keep the transcript of the newest history entry, the base of the next entry's delta."""
-        self._bases[session_id] = (seq, messages)
-        while len(self._bases) > _MAX_BASES:
-            self._bases.popitem(last=False)
+    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
+             approvals: Sequence[records.Approval] = ()) -> datetime | None:
+        """``record_step`` of a whole checkpoint: a step that does not say what it added.
+
+        Raises:
+            InputTooLargeError: the serialized checkpoint is over the size limit.
+        """
+        return self.record_step(records.StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox,
+                                                  approvals=tuple(approvals)))
 
     def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
@@ -282,8 +258,10 @@ class PostgresCheckpointStore:
             return runs.create_from(conn, checkpoint, queued)
 
     def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked or waiting run's error and retry time so it runs now; returns its seq, None
-        when it has nothing to do (finished with no new input, paused, unknown)."""
+        """Clear a parked or waiting run's error and retry time so it runs now.
+
+        Returns its seq, None when it has nothing to do (finished with no new input, paused, unknown).
+        """
         with self._begin() as conn:
             seq = conn.execute(_RESET_ATTEMPTS, {"sid": session_id}).scalar()
         return None if seq is None else int(seq)
@@ -338,27 +316,11 @@ class PostgresCheckpointStore:
 
         At most ``history_limit`` entries (the ring may hold a few more, back to a keyframe).
         """
-        query = text(
-            "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
-            " LEFT JOIN runs r ON r.session_id = h.session_id WHERE h.session_id = :sid ORDER BY h.seq")
-        with self._single() as conn:
-            rows = {row.seq: row for row in conn.execute(query, {"sid": session_id}).all()}
-        wanted = len(rows) if self.history_limit <= 0 else self.history_limit
+        wanted = None if self.history_limit <= 0 else self.history_limit
         if limit is not None:
-            wanted = min(wanted, limit)
-        entries: builtins.list[records.HistoryEntry] = []
-        for seq, document in reversed(history.expand((seq, row.document) for seq, row in rows.items())):
-            if len(entries) >= wanted:
-                break
-            row = rows[seq]
-            document = dict(document)
-            document.setdefault("agent", row.agent or "")
-            checkpoint = records.Checkpoint(
-                session_id=session_id, status=row.status, seq=row.seq, fence=row.fence, updated_at=row.saved_at,
-                **{k: v for k, v in document.items() if k != "session_id"})
-            entries.append(records.HistoryEntry(step=row.step, seq=row.seq, saved_at=row.saved_at,
-                                                status=row.status, checkpoint=checkpoint))
-        return entries
+            wanted = limit if wanted is None else min(wanted, limit)
+        with self._single() as conn:
+            return history.read(conn, session_id, wanted)
 
     def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
@@ -423,18 +385,14 @@ class PostgresCheckpointStore:
 
     def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
         """Record the agents a worker serves, so producers can refuse unknown names."""
-        if not fingerprints:
-            return
-        statement = text("""
-            INSERT INTO agents (name, fingerprint, seen_at) VALUES (:name, CAST(:fp AS jsonb), now())
-            ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, seen_at = now()""")
-        with self._begin() as conn:
-            conn.execute(statement, [{"name": n, "fp": payloads.dumps(fp)} for n, fp in fingerprints.items()])
+        if fingerprints:
+            with self._begin() as conn:
+                registry.register_names(conn, fingerprints)
 
     def known_agents(self) -> builtins.list[str]:
         """Names of agents some worker registered."""
         with self._begin() as conn:
-            return [row.name for row in conn.execute(text("SELECT name FROM agents ORDER BY name"))]
+            return registry.known_names(conn)
 
     def _begin(self) -> Transaction:
         return Transaction(self.engine)

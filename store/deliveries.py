@@ -10,18 +10,19 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
 from store import errors, records, runs
 from store.database import Transaction
+from store.records import Delivery, Intake
 
-Source = Literal["standard-webhooks", "github"]
+__all__ = ["MAX_DELIVERY_ID", "PREFIX", "Delivery", "Intake", "PostgresDeliveryStore", "Source", "check_delivery_id",
+           "session_id_for"]
+
+#: How a delivery was signed (``records.DeliverySource``).
+Source = records.DeliverySource
 
 #: Run ids of webhook runs start with this.
 PREFIX = "job-"
@@ -46,33 +47,6 @@ INSERT INTO delivery_bodies (agent, body_sha256, delivery_id) VALUES (:agent, :s
 ON CONFLICT (agent, body_sha256) DO NOTHING RETURNING delivery_id
 """)
 _GET_BODY = text("SELECT delivery_id, received_at FROM delivery_bodies WHERE agent = :agent AND body_sha256 = :sha")
-
-
-
-class Delivery(BaseModel):
-    """One accepted webhook delivery and the run it started."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    agent: str
-    delivery_id: str
-    session_id: str
-    source: Source
-    body_sha256: str
-    received_at: datetime
-
-
-@dataclass(frozen=True)
-class Intake:
-    """What recording a delivery did: ``created`` is False for a delivery seen before.
-
-    ``replay_of`` is set when a GitHub delivery came under a new id with the signed body of an earlier
-    one: ``delivery`` is then that earlier delivery, and nothing was written.
-    """
-
-    delivery: Delivery
-    created: bool
-    replay_of: str | None = None
 
 
 class _Replay(Exception):

@@ -12,12 +12,14 @@ import os
 import socket
 import threading
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from store import keys, records
+from store.records import Lease
+
+__all__ = ["Heartbeat", "Lease", "LeaseManager"]
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +62,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-@dataclass
-class Lease:
-    """A lease held on one run; ``lost`` is set when a renewal found another owner."""
-
-    session_id: str
-    owner: str
-    token: int
-    lost: threading.Event = field(default_factory=threading.Event)
 
 
 def _owner_id() -> str:

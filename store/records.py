@@ -1,11 +1,16 @@
-"""Pydantic records that cross package boundaries: messages, checkpoints, history, pending runs.
+"""Records that cross package boundaries: transcripts, checkpoints, runs, and what the stores exchange.
 
-Rows become these records inside ``store/`` only; nothing here touches a database.
+Messages, checkpoints, history and pending runs, and what the ports of ``store.interfaces`` exchange with their
+callers (claims, step writes, decisions, leases, deliveries). Rows become these records inside ``store/`` only;
+nothing here touches a database. It stays whole so that every record a caller of ``store`` holds has one address.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -278,8 +283,11 @@ class HistoryEntry(_Record):
 
 
 def run_state(status: Status, last_error: LastError | None, next_attempt_at: datetime | None = None) -> RunState:
-    """Where an unfinished run stands: ``paused`` on approvals, ``parked`` by an error that needs a
-    person, ``retrying`` after a transient failure, else ``running`` (moving, or about to)."""
+    """Where an unfinished run stands.
+
+    ``paused`` on approvals, ``parked`` by an error that needs a person, ``retrying`` after a transient
+    failure, else ``running`` (moving, or about to).
+    """
     if status == "awaiting-approval":
         return "paused"
     if last_error is not None and not last_error.retryable:
@@ -329,3 +337,100 @@ class DueRun(_Record):
     #: True when the run waits for a retry after a transient failure (not a lost message).
     retrying: bool = False
     due: datetime
+
+
+# -- what the stores exchange with their callers -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Result of claiming a run's fence: the run as loaded, or the fence that beat our token."""
+
+    checkpoint: Checkpoint | None
+    inbox_head: int = 0
+    stored_fence: int | None = None
+    #: The store's clock when the claim was made (retry budgets are measured against it, never a worker's).
+    now: datetime | None = None
+
+
+class StepWrite(_Record):
+    """What one step adds to its run, handed to the store as one fenced write.
+
+    ``checkpoint`` is the run as the step leaves it: its ``seq`` is the stored one plus one and its
+    ``fence`` the step's token. The other fields say what the step added, so a store can write only
+    that; a store may also write the whole checkpoint.
+    """
+
+    checkpoint: Checkpoint
+    #: Index in ``checkpoint.messages`` of the first message this step added or changed: the ones before
+    #: it are as the step loaded them. None when the step does not say (the whole transcript may differ).
+    first_new_message: int | None = Field(default=None, ge=0)
+    #: The step merged inbox entries up to ``checkpoint.inbox_cursor``: the store drops them.
+    drained_inbox: bool = False
+    #: Approvals the step opened (a pausing write): created with the write, never without it.
+    approvals: tuple[Approval, ...] = ()
+
+    @property
+    def new_messages(self) -> list[Message]:
+        """The messages this step added or changed (the whole transcript when it does not say)."""
+        return self.checkpoint.messages[self.first_new_message or 0:]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a resolve did: the approval as decided, and whether its run may continue now."""
+
+    approval: Approval
+    run_continues: bool
+
+
+@dataclass
+class Lease:
+    """A lease held on one run; ``lost`` is set when a renewal found another owner."""
+
+    session_id: str
+    owner: str
+    token: int
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """One live worker's registration of an agent."""
+
+    worker_id: str
+    fingerprint: dict[str, Any]
+    formats: list[int]
+
+    def has_tools(self, names: Iterable[str]) -> bool:
+        """Whether this worker's version of the agent has every tool in ``names``."""
+        tools = self.fingerprint.get("tools") or {}
+        return all(name in tools for name in names)
+
+
+#: How a webhook delivery was signed.
+DeliverySource = Literal["standard-webhooks", "github"]
+
+
+class Delivery(_Record):
+    """One accepted webhook delivery and the run it started."""
+
+    agent: str
+    delivery_id: str
+    session_id: str
+    source: DeliverySource
+    body_sha256: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What recording a delivery did: ``created`` is False for a delivery seen before.
+
+    ``replay_of`` is set when a GitHub delivery came under a new id with the signed body of an earlier
+    one: ``delivery`` is then that earlier delivery, and nothing was written.
+    """
+
+    delivery: Delivery
+    created: bool
+    replay_of: str | None = None

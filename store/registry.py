@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection
 
 from store import payloads
 from store.database import Transaction
+from store.records import Serving
+
+__all__ = ["PostgresAgentRegistry", "Serving"]
 
 _REGISTER = text("""
 INSERT INTO agent_workers (agent, worker_id, fingerprint, formats, seen_at)
@@ -27,6 +30,7 @@ _NAMES = text("""
 INSERT INTO agents (name, fingerprint, seen_at) VALUES (:agent, CAST(:fingerprint AS jsonb), now())
 ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, seen_at = now()
 """)
+_KNOWN_NAMES = text("SELECT name FROM agents ORDER BY name")
 _REFRESH = text("UPDATE agent_workers SET seen_at = now() WHERE worker_id = :worker")
 _FORGET = text("DELETE FROM agent_workers WHERE worker_id = :worker")
 # Registrations of workers gone for a day are dropped by whoever registers next.
@@ -38,18 +42,16 @@ WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND wo
 """)
 
 
-@dataclass(frozen=True)
-class Serving:
-    """One live worker's registration of an agent."""
+def register_names(conn: Connection, fingerprints: Mapping[str, dict[str, Any]]) -> None:
+    """Record agent names (and their fingerprints) in ``agents``, in the caller's transaction."""
+    # Sorted, so concurrent registrations lock the rows in one order.
+    conn.execute(_NAMES, [{"agent": name, "fingerprint": payloads.dumps(fingerprint)}
+                          for name, fingerprint in sorted(fingerprints.items())])
 
-    worker_id: str
-    fingerprint: dict[str, Any]
-    formats: builtins.list[int]
 
-    def has_tools(self, names: Iterable[str]) -> bool:
-        """Whether this worker's version of the agent has every tool in ``names``."""
-        tools = self.fingerprint.get("tools") or {}
-        return all(name in tools for name in names)
+def known_names(conn: Connection) -> builtins.list[str]:
+    """Names of agents some worker registered, sorted."""
+    return [row.name for row in conn.execute(_KNOWN_NAMES)]
 
 
 class PostgresAgentRegistry:
@@ -71,7 +73,7 @@ class PostgresAgentRegistry:
         with Transaction(self.engine) as conn:
             conn.execute(_EXPIRE)
             conn.execute(_REGISTER, rows)
-            conn.execute(_NAMES, [{"agent": r["agent"], "fingerprint": r["fingerprint"]} for r in rows])
+            register_names(conn, fingerprints)
 
     def refresh(self, worker_id: str) -> None:
         """Say ``worker_id`` is still alive."""

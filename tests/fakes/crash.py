@@ -10,9 +10,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from store.leases import Lease
+from store import interfaces
+from store.records import Lease
 from worker import batch, steps
 
 #: Modules that imported ``crash_point`` by name; each gets the in-process version.
@@ -25,10 +25,6 @@ class SimulatedCrash(BaseException):
     def __init__(self, point: str, session_id: str) -> None:
         super().__init__(f"crash at {point} for {session_id}")
         self.point, self.session_id = point, session_id
-
-
-class _Releasing(Protocol):
-    def release(self, lease: Lease) -> bool: ...
 
 
 @dataclass
@@ -65,7 +61,7 @@ class Crashes:
         self._dying.clear()
 
     @contextmanager
-    def installed(self, leases: _Releasing) -> Iterator[Crashes]:
+    def installed(self, leases: interfaces.Leases) -> Iterator[Crashes]:
         """Route crash points here, and keep ``leases`` from releasing anything while a step dies."""
         originals = [(module, module.crash_point) for module in _PATCHED_MODULES]
         shadowed = "release" in vars(leases)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from store.leases import Lease
+from store.records import Lease
 
 
 class NullHeartbeat:
-    """Same interface as ``store.leases.Heartbeat``; remembers which leases a step held."""
+    """A ``store.interfaces.Heartbeat`` that renews nothing; remembers which leases a step held."""
 
     def __init__(self) -> None:
         self.holding: dict[str, Lease] = {}

@@ -1,40 +1,25 @@
-"""The run-lease contract: checks every lease implementation must pass, given a factory.
+"""The run-lease contract: checks every implementation of ``store.interfaces.Leases`` must pass, given a factory.
 
 The unit tier runs them against ``LeaseManager`` over fakeredis (with Lua) and against
-``store.memory.MemoryLeaseManager``; the integration tier can run them against real Redis.
+``store.memory.MemoryLeaseManager``; the integration tier runs them against real Redis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import pytest
 
-from store import errors
-from store.leases import Lease
-
-
-class Leases(Protocol):
-    """The lease methods the step, the heartbeat, the producer and the sweep use."""
-
-    ttl_ms: int
-
-    def acquire(self, session_id: str, floor: int = 0) -> Lease | None: ...
-    def raise_token(self, lease: Lease, floor: int) -> bool: ...
-    def renew(self, lease: Lease) -> bool: ...
-    def renew_many(self, leases: list[Lease]) -> None: ...
-    def release(self, lease: Lease) -> bool: ...
-    def holder(self, session_id: str) -> str | None: ...
-    def held(self, session_ids: list[str]) -> set[str]: ...
+from store import errors, interfaces
+from store.records import Lease
 
 
 @dataclass
 class LeaseSubject:
     """Leases under test, and the two things that happen to them from outside."""
 
-    leases: Leases
+    leases: interfaces.Leases
     #: The lease on a run times out (its holder stalled past the TTL).
     expire: Callable[[str], object]
     #: The lease service loses every key, fencing counters included (a restart without persistence).
@@ -44,7 +29,7 @@ class LeaseSubject:
 LeaseFactory = Callable[[], LeaseSubject]
 
 
-def _take(leases: Leases, session_id: str, floor: int = 0) -> Lease:
+def _take(leases: interfaces.Leases, session_id: str, floor: int = 0) -> Lease:
     lease = leases.acquire(session_id, floor)
     assert lease is not None, f"lease on {session_id} not granted"
     return lease

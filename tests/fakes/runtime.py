@@ -1,6 +1,6 @@
 """A whole step runtime in memory: fake clock, store, leases, heartbeat and queue behind ``StepDeps``.
 
-Sends go through the producer's input rules and the store's inbox, steps through ``run_step``, so a
+Sends go through the input rules (``store.inputs``) and the store's inbox, steps through ``run_step``, so a
 unit test exercises the same path as a worker, minus Celery and the network.
 """
 
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
 
-from producer.client import Input, normalize_input
-from store.checkpoints import PostgresCheckpointStore
-from store.leases import Heartbeat, LeaseManager
+from store import interfaces
+from store.inputs import Input, normalize_input
 from store.memory import MemoryCheckpointStore, MemoryLeaseManager
 from store.records import Checkpoint
 from tests.fakes.clock import FakeClock
@@ -30,14 +28,14 @@ class MemoryRuntime:
 
     clock: FakeClock
     store: MemoryCheckpointStore
-    leases: MemoryLeaseManager | LeaseManager
+    leases: interfaces.Leases
     heartbeat: NullHeartbeat
     queue: StepQueue
     deps: StepDeps
 
     @classmethod
     def build(cls, agents: Iterable[Agent], *, history_limit: int = 50, max_attempts: int = 5,
-              leases: LeaseManager | MemoryLeaseManager | None = None, clock: FakeClock | None = None,
+              leases: interfaces.Leases | None = None, clock: FakeClock | None = None,
               store: MemoryCheckpointStore | None = None) -> MemoryRuntime:
         """A runtime serving ``agents``; leases default to in-memory ones on the same clock."""
         clock = clock or FakeClock()
@@ -46,10 +44,9 @@ class MemoryRuntime:
         heartbeat = NullHeartbeat()
         queue = StepQueue()
         deps = StepDeps(
-            # StepDeps names the Postgres and Redis classes; the fakes implement the same methods.
-            store=cast(PostgresCheckpointStore, store),
-            leases=cast(LeaseManager, leases),
-            heartbeat=cast(Heartbeat, heartbeat),
+            store=store,
+            leases=leases,
+            heartbeat=heartbeat,
             agents={agent.name: agent for agent in agents},
             enqueue=queue,
             max_attempts=max_attempts,

@@ -40,7 +40,7 @@ def postgres_subjects(store: PostgresCheckpointStore) -> Iterator[store_contract
     def make(history_limit: int) -> store_contract.StoreSubject:
         services.reset_state()
         return store_contract.StoreSubject(
-            store=PostgresCheckpointStore(engine, history_limit),  # type: ignore[arg-type]
+            store=PostgresCheckpointStore(engine, history_limit),
             approvals=PostgresApprovalStore(engine),
             now=_now, tick=lambda: time.sleep(0.01), corrupt=_corrupt)
 

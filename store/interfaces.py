@@ -1,0 +1,314 @@
+"""The ports callers type against: checkpoints, approvals, leases, heartbeat, agent registry, deliveries, schedules.
+
+Only ``typing.Protocol`` classes over ``store.records``; implementations (Postgres, Redis, memory) need no
+inheritance and are held to them by the contract suites in ``tests/``. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from store import records
+
+if TYPE_CHECKING:
+    from store.schedules import Fire, Origin, Planner, Schedule, ScheduleSpec, Swept
+
+__all__ = [
+    "AgentRegistry",
+    "ApprovalStore",
+    "CheckpointStore",
+    "DeliveryStore",
+    "Heartbeat",
+    "Leases",
+    "ProducerStore",
+    "RecoveryStore",
+    "ScheduleStore",
+    "ServingRegistry",
+    "StepStore",
+    "WorkerStore",
+]
+
+
+# -- the checkpoint store, by who uses it ------------------------------------------------------------
+# A step needs ``StepStore`` (it hands over a ``StepWrite``: what it added, not a document to overwrite), the
+# recovery sweep ``RecoveryStore``, a worker process both (``WorkerStore``), the client ``ProducerStore``.
+# ``CheckpointStore`` is all of them: what every implementation offers and the contract suite checks.
+
+
+class StepStore(Protocol):
+    """What one step does to its run: claim the fence, read input, write what it did, record failures.
+
+    Every write is fenced: it takes effect only while the run's stored fence is the caller's token.
+    """
+
+    def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
+        """Claim ``token`` as the run's fence and load the run; no checkpoint when unknown or out-fenced."""
+
+    def inbox(self, session_id: str, cursor: int) -> builtins.list[records.InboxEntry]:
+        """Input sent after ``cursor``, in send order."""
+
+    def record_step(self, write: records.StepWrite) -> datetime | None:
+        """Write what a step did as the run's next seq; the save time, or None when fenced out.
+
+        Raises:
+            InputTooLargeError: the serialized checkpoint is over the size limit.
+        """
+
+    def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
+        """Keep a model call's usage before its turn is written; False when fenced out."""
+
+    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
+        """Store why a step failed; the attempts count, None when fenced out."""
+
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+        """Record a transient failure and when to try again; the run's seq, None when fenced out."""
+
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+        """Park the run on ``error`` and put the decisions of ``approval_ids`` back; False when fenced out."""
+
+    def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """The approvals of a pause, by id (missing ids are left out)."""
+
+
+class RecoveryStore(Protocol):
+    """What the recovery sweep reads: runs that should be moving and are not."""
+
+    def due_runs(self, stale_after_s: float, limit: int = 500,
+                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+        """Runs a step can move now, most overdue first; ``after`` continues from the previous page."""
+
+    def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
+        """``(session_id, seq)`` of the runs ``due_runs`` lists."""
+
+    def mark_swept(self, session_ids: Sequence[str]) -> None:
+        """Note that a step was just sent for these runs: ``due_runs`` leaves them out for a while."""
+
+
+class WorkerStore(StepStore, RecoveryStore, Protocol):
+    """What a worker process uses: its steps, its recovery sweep, and the names of the agents it serves."""
+
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
+
+
+class ProducerStore(Protocol):
+    """What producers use: queue input, fork, resume, read, list and delete runs."""
+
+    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
+                     idempotency_key: str | None = None) -> int:
+        """Queue input for a run (creating it) and return its inbox number.
+
+        Raises:
+            SessionAwaitingApprovalError: the run waits on an approval.
+            ConfigurationError: the session belongs to another agent.
+            CheckpointCorruptError: the stored run cannot be read.
+        """
+
+    def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
+        """Store a new run as ``checkpoint`` (a fork) with ``queued`` input; False if the id is taken."""
+
+    def reset_attempts(self, session_id: str) -> int | None:
+        """Clear a parked or waiting run's error so it runs now; its seq, None when it has nothing to do."""
+
+    def load(self, session_id: str) -> records.Checkpoint | None:
+        """The latest checkpoint of a run, or None.
+
+        Raises:
+            CheckpointCorruptError: the stored document does not parse as a checkpoint.
+        """
+
+    def progress(self, session_id: str) -> records.Progress | None:
+        """A run's status, inbox cursor and last error, without its transcript; None if unknown."""
+
+    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
+             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
+        """Latest checkpoints by creation; an unreadable one comes as a corrupt ``PendingRun``."""
+
+    def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
+        """Saved states of a run, newest first; ``[]`` for an unknown run."""
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
+        """Runs that are not finished (running, retrying, parked or paused), oldest first."""
+
+    def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
+
+    def prune(self, older_than: datetime) -> int:
+        """Drop finished runs last saved before ``older_than`` and history entries older than it.
+
+        Raises:
+            ConfigurationError: ``older_than`` is a naive datetime.
+        """
+
+    def known_agents(self) -> builtins.list[str]:
+        """Names of agents some worker registered."""
+
+
+class CheckpointStore(WorkerStore, ProducerStore, Protocol):
+    """The whole checkpoint store: what ``PostgresCheckpointStore`` and ``MemoryCheckpointStore`` offer."""
+
+
+# -- approvals, leases, heartbeat ------------------------------------------------------------------
+
+
+class ApprovalStore(Protocol):
+    """Reads and decisions on the approvals that pausing writes open."""
+
+    def by_ids(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """Approvals by id (missing ids are left out)."""
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.Approval]:
+        """Undecided approvals, oldest first."""
+
+    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> records.Decision:
+        """Decide an approval once.
+
+        Raises:
+            ApprovalNotFoundError: unknown, or already decided.
+            ApprovalOrphanedError: its run no longer waits on it; it is withdrawn and nothing runs.
+        """
+
+
+class Leases(Protocol):
+    """Run leases with fencing tokens: what the step, the heartbeat, the producer and the sweep use."""
+
+    ttl_ms: int
+
+    def acquire(self, session_id: str, floor: int = 0) -> records.Lease | None:
+        """Take the run's lease with a fencing token above ``floor``; None when it is held.
+
+        Raises:
+            SessionIdInvalidError: the id is not a valid run id (nothing is touched).
+        """
+
+    def raise_token(self, lease: records.Lease, floor: int) -> bool:
+        """Give ``lease`` a token above ``floor`` if it is still held; False when it is not."""
+
+    def renew(self, lease: records.Lease) -> bool:
+        """Push the lease's expiry out by one TTL; False (and ``lost`` set) when it is not ours anymore."""
+
+    def renew_many(self, leases: builtins.list[records.Lease]) -> None:
+        """Renew several leases, setting ``lost`` on those that are not ours anymore."""
+
+    def release(self, lease: records.Lease) -> bool:
+        """Drop the lease if we still own it."""
+
+    def holder(self, session_id: str) -> str | None:
+        """The owner id of the live lease on a run, if any.
+
+        Raises:
+            SessionIdInvalidError: the id is not a valid run id.
+        """
+
+    def held(self, session_ids: builtins.list[str]) -> set[str]:
+        """Which of these runs have a live lease."""
+
+
+class Heartbeat(Protocol):
+    """Keeps the leases a process holds renewed while its steps run."""
+
+    def hold(self, lease: records.Lease) -> None:
+        """Keep ``lease`` renewed until ``drop``."""
+
+    def drop(self, lease: records.Lease) -> None:
+        """Stop renewing ``lease``."""
+
+    def stop(self) -> None:
+        """Stop renewing anything (shutdown)."""
+
+
+# -- agent registry, deliveries, schedules ---------------------------------------------------------
+
+
+class ServingRegistry(Protocol):
+    """Which live workers serve an agent: what a step asks before handing a run back."""
+
+    def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[records.Serving]:
+        """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""
+
+
+class AgentRegistry(ServingRegistry, Protocol):
+    """Registrations of the agents each live worker serves."""
+
+    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
+        """Record that ``worker_id`` serves these agents and reads these checkpoint formats, now."""
+
+    def refresh(self, worker_id: str) -> None:
+        """Say ``worker_id`` is still alive."""
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a stopping worker's registrations."""
+
+    def live_agents(self, within_s: float) -> set[str]:
+        """Agents at least one live worker (seen in the last ``within_s`` seconds) serves."""
+
+
+class DeliveryStore(Protocol):
+    """Webhook deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""
+
+    def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
+               messages: Sequence[records.Message]) -> records.Intake:
+        """Record a verified delivery and start its run, in one transaction.
+
+        Raises:
+            ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.
+            SessionAwaitingApprovalError: the run id is taken by a run paused on an approval.
+            StorageError: the store failed; nothing was written.
+        """
+
+    def get(self, agent: str, delivery_id: str) -> records.Delivery | None:
+        """The recorded delivery, or None."""
+
+
+class ScheduleStore(Protocol):
+    """Schedule definitions, their state, and the claim of their ticks."""
+
+    def create(self, spec: ScheduleSpec, origin: Origin = "api") -> Schedule:
+        """Store a new schedule.
+
+        Raises:
+            ConfigurationError: the name is taken.
+        """
+
+    def sync(self, spec: ScheduleSpec, origin: Origin = "code") -> Schedule:
+        """Create ``spec`` or redefine the schedule of that name (declared in code)."""
+
+    def get(self, name: str) -> Schedule:
+        """The schedule named ``name``.
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+
+    def list(self) -> builtins.list[Schedule]:
+        """Every schedule, by name."""
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing ``name`` until it is resumed.
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+
+    def resume(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next tick after now.
+
+        Raises:
+            ScheduleNotFoundError: no such schedule.
+        """
+
+    def delete(self, name: str) -> bool:
+        """Drop the schedule and its tick claims (the runs it started stay); False when unknown."""
+
+    def fires(self, name: str, limit: int = 100) -> builtins.list[Fire]:
+        """The schedule's claimed ticks, newest first."""
+
+    def fire_next_due(self, plan: Planner) -> Swept | None:
+        """Apply ``plan`` to the most overdue schedule no other sweep holds; None when none is due.
+
+        Raises:
+            StorageError: the store failed; nothing of this schedule was written.
+        """

@@ -1,0 +1,318 @@
+"""The in-memory checkpoint store: ``PostgresCheckpointStore`` semantics over ``MemoryState``, for unit tests.
+
+Every method is atomic under the state's lock; times come from the state's clock. Runs are created and
+given input by ``store.memory.runs``, listed by ``store.memory.listing``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from store import errors, history, payloads, records, runs
+from store.memory import approvals as approval_rows
+from store.memory import listing
+from store.memory import runs as run_rows
+from store.memory.state import Clock, MemoryState, RunRow, SavedRow, refuse_nul, to_checkpoint, utc_now
+
+
+class MemoryCheckpointStore:
+    """``PostgresCheckpointStore`` semantics over dicts; ``state`` holds its tables (shared with approvals)."""
+
+    def __init__(self, history_limit: int = 50, clock: Clock = utc_now) -> None:
+        self.history_limit = history_limit
+        self.state = MemoryState(clock=clock)
+
+    # -- the step's hot path ---------------------------------------------------------------
+
+    def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
+        """Claim ``token`` as the run's fence and load the run (see ``PostgresCheckpointStore.claim``)."""
+        state = self.state
+        with state.lock:
+            run = state.runs.get(session_id)
+            if run is None:
+                return records.Claim(None, stored_fence=None)
+            if not run.fence < token:
+                return records.Claim(None, stored_fence=run.fence)
+            if (seq is None or run.seq == seq) and runs.has_work(run):
+                run.attempts += 1
+            run.fence = token
+            return records.Claim(to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=state.clock())
+
+    def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
+        """Input sent after ``cursor``, in send order."""
+        with self.state.lock:
+            entries = sorted((n, body) for n, body in self.state.inbox.get(session_id, {}).items() if n > cursor)
+        return [records.InboxEntry(n=n, messages=json.loads(body)) for n, body in entries]
+
+    def record_step(self, write: records.StepWrite) -> datetime | None:
+        """Write what a step did if its fence holds and its seq is the stored one plus one.
+
+        The whole checkpoint is written, through ``save``: a unit test that wraps ``save`` on a store
+        sees every write of its steps. Returns the save time, or None when refused.
+
+        Raises:
+            InputTooLargeError: the serialized checkpoint is over the size limit.
+            StorageError: the document holds a NUL (as Postgres refuses it), or the history
+                ring already has this seq (a primary-key violation in Postgres).
+        """
+        return self.save(write.checkpoint, drained_inbox=write.drained_inbox, approvals=write.approvals)
+
+    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
+             approvals: Sequence[records.Approval] = ()) -> datetime | None:
+        """Write ``checkpoint`` as a step that does not say what it added, with the approvals it opened.
+
+        Raises:
+            InputTooLargeError: the serialized checkpoint is over the size limit.
+            StorageError: the document holds a NUL, or the history ring already has this seq.
+        """
+        if self.history_limit > 0:
+            checkpoint = checkpoint.model_copy(update={"history_seq": checkpoint.seq})
+        document = checkpoint.document()
+        body = payloads.dumps(document)
+        if len(body) > payloads.MAX_CHECKPOINT:
+            raise errors.InputTooLargeError(f"checkpoint of {len(body)} bytes is over the limit")
+        refuse_nul(document)
+        sid, seq, state = checkpoint.session_id, checkpoint.seq, self.state
+        with state.lock:
+            run = state.runs.get(sid)
+            if run is None or run.fence != checkpoint.fence or run.seq != seq - 1:
+                return None
+            ring = state.history.setdefault(sid, {})
+            if self.history_limit > 0 and seq in ring:
+                raise errors.StorageError("database error: UniqueViolation")
+            now = state.clock()
+            run.status, run.seq = checkpoint.status, seq
+            run.clear_failures()
+            run.uncounted_usage = None
+            run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
+            if self.history_limit > 0:
+                ring[seq] = SavedRow(seq, checkpoint.fence, checkpoint.step, checkpoint.status, now, body)
+                for old in [s for s in ring if s <= seq - self.history_limit]:
+                    del ring[old]
+            if drained_inbox:
+                inbox = state.inbox.get(sid, {})
+                for n in [n for n in inbox if n <= checkpoint.inbox_cursor]:
+                    del inbox[n]
+            approval_rows.insert(state, approvals, now)
+            return now
+
+    def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
+        """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
+        record = usage.model_dump()
+        payloads.dumps(record)
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None or run.fence != fence:
+                return False
+            run.uncounted_usage = record
+            return True
+
+    def _failed(self, session_id: str, fence: int, error: records.LastError) -> RunRow | None:
+        """The run with ``error`` recorded under its fence (call with the lock held); None if fenced out."""
+        record = error.model_dump()
+        payloads.dumps(record)
+        refuse_nul(record)
+        run = self.state.runs.get(session_id)
+        if run is None or run.fence != fence:
+            return None
+        run.last_error, run.updated_at = record, self.state.clock()
+        return run
+
+    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
+        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
+        with self.state.lock:
+            run = self._failed(session_id, fence, error)
+            if run is None:
+                return None
+            run.next_attempt_at = None
+            return run.attempts
+
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+        """Record a transient failure and when to try again (see ``PostgresCheckpointStore.retry_later``)."""
+        with self.state.lock:
+            run = self._failed(session_id, fence, error)
+            if run is None:
+                return None
+            run.attempts, run.failures = 0, run.failures + 1
+            run.retry_since = run.retry_since or run.updated_at
+            run.next_attempt_at = run.updated_at + timedelta(seconds=max(delay_s, 0.0))
+            return run.seq
+
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+        """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
+
+        Decisions of ``approval_ids`` go back to pending and the run back to awaiting approval.
+        """
+        record = error.model_copy(update={"retryable": False}).model_dump()
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None or run.fence != fence:
+                return False
+            run.last_error, run.updated_at = record, self.state.clock()
+            if approval_ids:
+                approval_rows.put_back(self.state, approval_ids)
+                if run.status == "in-progress":
+                    run.status = "awaiting-approval"
+            return True
+
+    def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
+        """The approvals of a pause, by id (missing ids are left out)."""
+        with self.state.lock:
+            return approval_rows.by_ids(self.state, approval_ids)
+
+    # -- producers -------------------------------------------------------------------------
+
+    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
+                     idempotency_key: str | None = None) -> int:
+        """Queue input for a run (creating the run) and return its per-run inbox number.
+
+        Raises:
+            SessionAwaitingApprovalError: the run waits on an approval.
+            ConfigurationError: the session belongs to another agent.
+            CheckpointCorruptError: the stored run cannot be read.
+            StorageError: the input holds a NUL (as Postgres refuses it).
+        """
+        body = run_rows.dump_messages(messages)
+        refuse_nul([session_id, agent])
+        with self.state.lock:
+            return run_rows.queue_input(self.state, session_id, agent, body, idempotency_key)
+
+    def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
+        """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
+        document = checkpoint.model_copy(update={"history_seq": None}).document()
+        body = payloads.dumps(document)
+        queued_body = payloads.dumps([m.dump() for m in queued]) if queued else None
+        refuse_nul([document, checkpoint.agent])
+        with self.state.lock:
+            return run_rows.create_from(self.state, checkpoint, body, queued_body)
+
+    def reset_attempts(self, session_id: str) -> int | None:
+        """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None or not runs.has_work(run):
+                return None
+            run.clear_failures()
+            return run.seq
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def load(self, session_id: str) -> records.Checkpoint | None:
+        """The latest checkpoint of a run, or None.
+
+        Raises:
+            CheckpointCorruptError: the stored document does not parse as a checkpoint.
+        """
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            return None if run is None else to_checkpoint(session_id, run)
+
+    def progress(self, session_id: str) -> records.Progress | None:
+        """A run's status, inbox cursor and last error, without its transcript; None if unknown."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None:
+                return None
+            error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
+            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error)
+
+    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
+             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
+        """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a PendingRun."""
+        with self.state.lock:
+            return listing.latest(self.state, statuses, agent, limit)
+
+    def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
+        """Saved states of a run, newest first; ``[]`` for an unknown run."""
+        with self.state.lock:
+            saved = sorted(self.state.history.get(session_id, {}).values(), key=lambda s: s.seq, reverse=True)
+            run = self.state.runs.get(session_id)
+            agent = run.agent if run is not None else ""
+        if limit is not None:
+            saved = saved[:limit]
+        return [history.entry(session_id, agent, json.loads(row.document), step=row.step, seq=row.seq,
+                              fence=row.fence, status=row.status, saved_at=row.saved_at) for row in saved]
+
+    def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
+        """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
+        return [(run.session_id, run.seq) for run in self.due_runs(stale_after_s, limit)]
+
+    def due_runs(self, stale_after_s: float, limit: int = 500,
+                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+        """Runs a step can move now, most overdue first (see ``PostgresCheckpointStore.due_runs``)."""
+        with self.state.lock:
+            return listing.due(self.state, stale_after_s, limit, after)
+
+    def mark_swept(self, session_ids: Sequence[str]) -> None:
+        """Note that the sweep just sent a step for these runs (see ``PostgresCheckpointStore.mark_swept``)."""
+        with self.state.lock:
+            now = self.state.clock()
+            for session_id in session_ids:
+                run = self.state.runs.get(session_id)
+                if run is not None:
+                    run.swept_at = now
+
+    def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
+        """Runs that are not finished, oldest first (see ``PostgresCheckpointStore.pending``)."""
+        with self.state.lock:
+            return listing.pending(self.state, agent, limit)
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
+        state = self.state
+        with state.lock:
+            deleted = state.runs.pop(session_id, None) is not None
+            approval_rows.withdraw_for_run(state, session_id, state.clock())
+            state.inbox.pop(session_id, None)
+            for key in [k for k in state.sends if k[0] == session_id]:
+                del state.sends[key]
+            if not keep_history:
+                state.history.pop(session_id, None)
+            return deleted
+
+    def prune(self, older_than: datetime) -> int:
+        """Drop finished runs last saved before ``older_than`` and history entries older than it.
+
+        Raises:
+            ConfigurationError: ``older_than`` is a naive datetime.
+        """
+        if older_than.tzinfo is None:
+            raise errors.ConfigurationError("prune needs a timezone-aware cutoff")
+        state = self.state
+        with state.lock:
+            doomed = [sid for sid, run in state.runs.items() if run.status == "finished"
+                      and run.inbox_head <= run.inbox_cursor and run.updated_at < older_than]
+            for sid in doomed:
+                del state.runs[sid]
+            for ring in state.history.values():
+                for seq in [seq for seq, row in ring.items() if row.saved_at < older_than]:
+                    del ring[seq]
+            return len(doomed)
+
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
+        with self.state.lock:
+            self.state.agents.update(fingerprints)
+
+    def known_agents(self) -> builtins.list[str]:
+        """Names of agents some worker registered."""
+        with self.state.lock:
+            return sorted(self.state.agents)
+
+    # -- test hooks --------------------------------------------------------------------------
+
+    def approvals_of(self, session_id: str) -> builtins.list[records.Approval]:
+        """Approval rows created by the saves of a run, oldest first."""
+        with self.state.lock:
+            return [a for a in self.state.approvals.values() if a.session_id == session_id]
+
+    def overwrite_document(self, session_id: str, document: Any) -> None:
+        """Replace a run's stored document verbatim (to simulate corruption in tests)."""
+        with self.state.lock:
+            self.state.runs[session_id].document = json.dumps(document)

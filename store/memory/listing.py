@@ -1,0 +1,74 @@
+"""Listings over the in-memory runs: latest checkpoints, pending runs, and runs the recovery sweep may move.
+
+The ``PostgresCheckpointStore`` queries of the same names, for a ``MemoryState`` whose lock the caller holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from store import errors, records, runs
+from store.memory.state import MemoryState, RunRow, to_checkpoint
+
+
+def _by_creation(wanted: Iterable[tuple[str, RunRow]], limit: int) -> list[tuple[str, RunRow]]:
+    return [(sid, run) for _, sid, run in sorted(((run.created_at, sid, run) for sid, run in wanted),
+                                                 key=lambda item: (item[0], item[1]))[:limit]]
+
+
+def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None,
+           limit: int) -> list[records.Checkpoint | records.PendingRun]:
+    """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a ``PendingRun``."""
+    wanted = None if statuses is None else set(statuses)
+    rows = _by_creation(((sid, run) for sid, run in state.runs.items()
+                         if (wanted is None or run.status in wanted) and (agent is None or run.agent == agent)), limit)
+    found: list[records.Checkpoint | records.PendingRun] = []
+    for sid, run in rows:
+        try:
+            found.append(to_checkpoint(sid, run))
+        except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
+            found.append(records.PendingRun(
+                session_id=sid, checkpoint_id=sid, status="in-progress", step=0,
+                last_error=records.LastError(**exc.to_record()), attempts=run.attempts, agent=run.agent))
+    return found
+
+
+def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:
+    """Runs that are not finished, oldest first; an unreadable one is listed parked as corrupt."""
+    rows = _by_creation(((sid, run) for sid, run in state.runs.items()
+                         if (run.status == "awaiting-approval" or runs.has_work(run))
+                         and (agent is None or run.agent == agent)), limit)
+    found = []
+    for sid, run in rows:
+        try:
+            found.append(records.pending_run(to_checkpoint(sid, run)))
+        except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
+            error = records.LastError(**exc.to_record())
+            found.append(records.PendingRun(
+                session_id=sid, checkpoint_id=sid, status=run.status, step=0, last_error=error,
+                attempts=run.attempts, agent=run.agent, state=records.run_state(run.status, error),
+                next_attempt_at=run.next_attempt_at))
+    return found
+
+
+def due(state: MemoryState, stale_after_s: float, limit: int, after: records.DueRun | None) -> list[records.DueRun]:
+    """Runs a step can move now, most overdue first: silent for ``stale_after_s`` or due for a retry.
+
+    Never parked runs, nor runs the sweep sent less than ``stale_after_s`` ago; ``after`` continues a listing.
+    """
+    now = state.clock()
+    cutoff = now - timedelta(seconds=stale_after_s)
+    found = []
+    for sid, run in state.runs.items():
+        if not runs.has_work(run) or runs.is_parked(run.last_error):
+            continue
+        if run.swept_at is not None and run.swept_at >= cutoff:
+            continue
+        due_at = run.next_attempt_at or run.updated_at
+        moving = run.updated_at < cutoff if run.next_attempt_at is None else run.next_attempt_at <= now
+        if moving and (after is None or (due_at, sid) > (after.due, after.session_id)):
+            found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent,
+                                        retrying=run.next_attempt_at is not None, due=due_at))
+    found.sort(key=lambda r: (r.due, r.session_id))
+    return found[:limit]

@@ -1,0 +1,132 @@
+"""The tables of the in-memory store: run rows, history rows, inbox, approvals and sends, under one lock.
+
+Shared explicitly by the memory checkpoint and approval stores (as the Postgres ones share a database). It
+must not decide anything a store method decides: only rows, their reading back, and what Postgres refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from store import errors, records
+
+#: Where the in-memory store and leases take "now" from (Postgres ``now()`` and Redis's clock).
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The real time, for stores built without a fake clock."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class RunRow:
+    """One ``runs`` row: control columns plus the JSON text of the document."""
+
+    agent: str
+    created_at: datetime
+    updated_at: datetime
+    status: records.Status = "in-progress"
+    seq: int = 0
+    fence: int = 0
+    attempts: int = 0
+    last_error: dict[str, Any] | None = None
+    inbox_head: int = 0
+    inbox_cursor: int = 0
+    document: str = "{}"
+    uncounted_usage: dict[str, Any] | None = None
+    next_attempt_at: datetime | None = None
+    retry_since: datetime | None = None
+    failures: int = 0
+    swept_at: datetime | None = None
+
+    def clear_failures(self) -> None:
+        """Forget the attempts, error and retry time (a save, or new input from a person)."""
+        self.attempts, self.last_error, self.failures = 0, None, 0
+        self.retry_since = self.next_attempt_at = None
+
+    def waiting_on(self) -> list[str]:
+        """The approval ids the stored document waits on."""
+        return list(json.loads(self.document).get("approval_ids") or [])
+
+
+@dataclass(frozen=True)
+class SavedRow:
+    """One ``checkpoint_history`` row."""
+
+    seq: int
+    fence: int
+    step: int
+    status: records.Status
+    saved_at: datetime
+    document: str
+
+
+@dataclass
+class MemoryState:
+    """Every table of one in-memory database; hold ``lock`` while reading or changing any of them."""
+
+    clock: Clock = utc_now
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    runs: dict[str, RunRow] = field(default_factory=dict)
+    history: dict[str, dict[int, SavedRow]] = field(default_factory=dict)
+    inbox: dict[str, dict[int, str]] = field(default_factory=dict)
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    approvals: dict[str, records.Approval] = field(default_factory=dict)
+    sends: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def kept_seq(self, session_id: str) -> int:
+        """The newest seq in a run's history (0 when none): a run recreated over kept history goes on from it."""
+        return max(self.history.get(session_id, {}), default=0)
+
+
+def refuse_nul(value: Any) -> None:
+    """Postgres refuses a NUL character in text and jsonb; the fake refuses it the same way.
+
+    Raises:
+        StorageError: ``value`` holds a NUL somewhere.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise errors.StorageError("database error: UntranslatableCharacter")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
+    """The run's row as a checkpoint (``store.runs.row_checkpoint`` for a row in memory).
+
+    Raises:
+        CheckpointFormatError: the checkpoint was written in a newer format than this code reads.
+        CheckpointCorruptError: the stored document cannot be read.
+    """
+    try:
+        document = dict(json.loads(run.document))
+        document.pop("session_id", None)
+        document.pop("agent", None)
+        found_format = document.pop("format", records.CHECKPOINT_FORMAT)
+        if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
+            raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
+        last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
+        checkpoint = records.Checkpoint(
+            session_id=session_id, agent=run.agent, status=run.status, seq=run.seq, fence=run.fence,
+            attempts=run.attempts, last_error=last_error, inbox_cursor=run.inbox_cursor,
+            updated_at=run.updated_at, next_attempt_at=run.next_attempt_at, retry_since=run.retry_since,
+            failures=run.failures, **document)
+        if run.uncounted_usage:
+            extra = records.Usage.model_validate(run.uncounted_usage)
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
+        return checkpoint
+    except (ValueError, TypeError) as exc:
+        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc

@@ -1,0 +1,238 @@
+"""Contract checks of what a step does: input, claims, fenced writes, usage noted before a write."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from store import errors, payloads, records
+from store.records import LastError, Message, StepWrite, ToolCall, Usage
+from tests.fakes.store_contract.subject import (
+    AGENT,
+    StoreFactory,
+    claimed_run,
+    comparable,
+    new_run,
+    save_next,
+    user_message,
+    write,
+)
+
+# -- inbox -------------------------------------------------------------------------------------
+
+
+def check_append_input_creates_the_run_and_numbers_input_per_run(make: StoreFactory) -> None:
+    store = make(50).store
+    assert store.append_input("ct-inbox-a", AGENT, [user_message("one")]) == 1
+    assert store.append_input("ct-inbox-a", AGENT, [user_message("two"), user_message("three")]) == 2
+    assert store.append_input("ct-inbox-b", AGENT, [user_message("other")]) == 1
+
+    created = store.load("ct-inbox-a")
+    assert created is not None
+    assert (created.agent, created.status, created.seq, created.fence, created.attempts) == (
+        AGENT, "in-progress", 0, 0, 0)
+    assert created.messages == [] and created.inbox_cursor == 0 and created.last_error is None
+    assert created.updated_at is not None and created.updated_at.tzinfo is not None
+    entries = store.inbox("ct-inbox-a", 0)
+    assert [e.n for e in entries] == [1, 2]
+    assert [[m.content for m in e.messages] for e in entries] == [["one"], ["two", "three"]]
+    assert [e.n for e in store.inbox("ct-inbox-a", 1)] == [2]
+    assert store.inbox("ct-inbox-unknown", 0) == []
+
+
+def check_append_input_refuses_a_session_of_another_agent(make: StoreFactory) -> None:
+    store = make(50).store
+    store.append_input("ct-agent", AGENT, [user_message("mine")])
+    with pytest.raises(errors.ConfigurationError):
+        store.append_input("ct-agent", "someone-else", [user_message("theirs")])
+    assert [e.n for e in store.inbox("ct-agent", 0)] == [1]
+    loaded = store.load("ct-agent")
+    assert loaded is not None and loaded.agent == AGENT
+
+
+def check_append_input_refuses_a_run_awaiting_approval(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-paused")
+    save_next(store, checkpoint, status="awaiting-approval", approval_ids=["ap-1", "ap-2"], inbox_cursor=1)
+    with pytest.raises(errors.SessionAwaitingApprovalError) as raised:
+        store.append_input("ct-paused", AGENT, [user_message("are you done?")])
+    assert raised.value.fields == {"session_id": "ct-paused", "approval_id": "ap-1"}
+    assert store.inbox("ct-paused", 0) == []
+
+
+# -- claim -------------------------------------------------------------------------------------
+
+
+def check_claim_of_an_unknown_run_loads_nothing(make: StoreFactory) -> None:
+    store = make(50).store
+    assert store.claim("ct-nobody", 7, None) == records.Claim(None, stored_fence=None)
+
+
+def check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one(make: StoreFactory) -> None:
+    store = make(50).store
+    store.append_input("ct-claim", AGENT, [user_message("hi")])
+    claim = store.claim("ct-claim", 5, None)
+    assert claim.checkpoint is not None and claim.checkpoint.fence == 5 and claim.inbox_head == 1
+    assert store.claim("ct-claim", 5, None) == records.Claim(None, stored_fence=5)
+    assert store.claim("ct-claim", 3, None) == records.Claim(None, stored_fence=5)
+    assert claimed_run(store, "ct-claim", 6).fence == 6
+    loaded = store.load("ct-claim")
+    assert loaded is not None and loaded.fence == 6
+
+
+def check_claim_counts_an_attempt_only_when_the_step_has_work(make: StoreFactory) -> None:
+    store = make(50).store
+    store.append_input("ct-attempts", AGENT, [user_message("hi")])
+    assert claimed_run(store, "ct-attempts", 1).attempts == 1          # in progress, no seq given
+    assert claimed_run(store, "ct-attempts", 2, seq=0).attempts == 2   # in progress, matching seq
+    current = claimed_run(store, "ct-attempts", 3, seq=9)               # a stale message: no attempt
+    assert current.attempts == 2
+
+    save_next(store, current, status="finished", inbox_cursor=1)
+    assert claimed_run(store, "ct-attempts", 4).attempts == 0          # finished, nothing new to do
+    store.append_input("ct-attempts", AGENT, [user_message("more")])
+    assert claimed_run(store, "ct-attempts", 5).attempts == 1          # finished with new input
+
+
+# -- save ---------------------------------------------------------------------------------------
+
+
+def check_save_is_fenced_and_takes_exactly_the_next_seq(make: StoreFactory) -> None:
+    store = make(50).store
+    first = new_run(store, "ct-save")
+    saved_at = write(store, first.model_copy(update={"seq": 1, "step": 1}))
+    assert saved_at is not None and saved_at.tzinfo is not None
+    assert write(store, first.model_copy(update={"seq": 1, "step": 2})) is None   # same seq twice
+    assert write(store, first.model_copy(update={"seq": 3, "step": 3})) is None   # a gap
+
+    second = claimed_run(store, "ct-save", 2)
+    # The first holder's token was replaced: its save is refused before the new holder saved.
+    assert write(store, first.model_copy(update={"seq": 2, "step": 99})) is None
+    loaded = store.load("ct-save")
+    assert loaded is not None and (loaded.seq, loaded.step, loaded.fence) == (1, 1, 2)
+    assert write(store, second.model_copy(update={"seq": 2, "step": 2})) is not None
+    assert [(e.seq, e.checkpoint.fence) for e in store.history("ct-save")] == [(2, 2), (1, 1)]
+
+
+def check_save_clears_attempts_and_the_last_error(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-clear")
+    assert store.record_failure("ct-clear", checkpoint.fence, LastError(code="X", message="boom", retryable=True)) == 1
+    failed = store.load("ct-clear")
+    assert failed is not None and failed.last_error == LastError(code="X", message="boom", retryable=True)
+    save_next(store, checkpoint, step=1)
+    loaded = store.load("ct-clear")
+    assert loaded is not None and loaded.attempts == 0 and loaded.last_error is None
+
+
+def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-doc")
+    call = ToolCall(id="call-1", name="charge", args={"amount": 5.5, "tags": ["a", "b"], "meta": {"n": 10**30}})
+    messages = [
+        Message(role="system", content="be brief"),
+        Message(role="user", content="100% _sure_ '; DROP TABLE runs; -- \u65e5\u672c \U0001f680 \\u0000 \"q\""),
+        Message(role="assistant", content=None, tool_calls=[call]),
+        Message(role="tool", tool_call_id="call-1", name="charge", content='{"error": "no"}', is_error=True),
+        Message(role="assistant", content="done"),
+    ]
+    saved = save_next(store, checkpoint, messages=messages, step=2, status="finished", finish_reason="stop",
+                      usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7), run_start=1,
+                      business_state={"cart": [1, 2, {"x": None}], "flag": True, "ratio": 0.25},
+                      fingerprint={"hash": "abc"}, started_tool_call_ids=["call-1"], inbox_cursor=1)
+    loaded = store.load("ct-doc")
+    assert loaded is not None
+    assert comparable(loaded) == comparable(saved)
+    assert loaded.inbox_cursor == 1
+    (entry,) = store.history("ct-doc")
+    assert comparable(entry.checkpoint) == comparable(saved)
+
+
+def check_save_trims_the_drained_inbox(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-drain")
+    store.append_input("ct-drain", AGENT, [user_message("two")])
+    store.append_input("ct-drain", AGENT, [user_message("three")])
+    kept = checkpoint.model_copy(update={"seq": 1, "inbox_cursor": 1})
+    assert write(store, kept) is not None
+    assert [e.n for e in store.inbox("ct-drain", 0)] == [1, 2, 3]      # not drained: kept
+    drained = kept.model_copy(update={"seq": 2, "inbox_cursor": 2})
+    assert write(store, drained, drained_inbox=True) is not None
+    assert [e.n for e in store.inbox("ct-drain", 0)] == [3]
+    loaded = store.load("ct-drain")
+    assert loaded is not None and loaded.inbox_cursor == 2
+
+
+def check_save_refuses_an_oversized_checkpoint_and_writes_nothing(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-huge")
+    huge = checkpoint.model_copy(update={"seq": 1, "messages": [user_message("x" * (payloads.MAX_CHECKPOINT + 1))]})
+    with pytest.raises(errors.InputTooLargeError):
+        write(store, huge)
+    loaded = store.load("ct-huge")
+    assert loaded is not None and loaded.seq == 0 and store.history("ct-huge") == []
+
+
+def check_save_refuses_a_nul_as_postgres_does(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-nul")
+    with pytest.raises(errors.StorageError):
+        write(store, checkpoint.model_copy(update={"seq": 1, "business_state": {"k": "a\x00b"}}))
+    loaded = store.load("ct-nul")
+    assert loaded is not None and loaded.seq == 0 and store.history("ct-nul") == []
+
+
+def check_a_write_that_says_what_it_added_keeps_the_whole_run(make: StoreFactory) -> None:
+    store = make(50).store
+    first = save_next(store, new_run(store, "ct-added"), step=1, messages=[user_message("one")])
+    second = first.model_copy(update={
+        "seq": 2, "step": 2, "messages": [*first.messages, Message(role="assistant", content="two")]})
+    step = StepWrite(checkpoint=second, first_new_message=1)
+    assert [m.content for m in step.new_messages] == ["two"]
+    assert store.record_step(step) is not None
+    loaded = store.load("ct-added")
+    assert loaded is not None and [m.content for m in loaded.messages] == ["one", "two"]
+    assert [[m.content for m in e.checkpoint.messages] for e in store.history("ct-added")] == [["one", "two"], ["one"]]
+
+
+# -- usage noted before a write -----------------------------------------------------------------
+
+
+def check_note_usage_is_fenced_and_counted_until_the_next_write(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-usage")
+    first = Usage(input_tokens=2, output_tokens=3, total_tokens=5)
+    noted = Usage(input_tokens=4, output_tokens=5, total_tokens=9)
+    assert store.note_usage("ct-usage", checkpoint.fence + 1, first) is False     # not the holder's fence
+    assert store.note_usage("ct-nobody", 1, first) is False
+    assert store.note_usage("ct-usage", checkpoint.fence, first) is True
+    assert store.note_usage("ct-usage", checkpoint.fence, noted) is True          # replaces, never adds
+    loaded = store.load("ct-usage")
+    assert loaded is not None and (loaded.usage, loaded.uncounted_usage) == (noted, noted)
+
+    # The next holder sees the usage too; its write counts it in the checkpoint, and nothing is left uncounted.
+    taken = claimed_run(store, "ct-usage", checkpoint.fence + 1)
+    assert (taken.usage, taken.uncounted_usage) == (noted, noted)
+    save_next(store, taken, step=1)
+    loaded = store.load("ct-usage")
+    assert loaded is not None and (loaded.usage, loaded.uncounted_usage) == (noted, None)
+    assert store.note_usage("ct-usage", checkpoint.fence, first) is False         # the old holder is fenced out
+
+
+CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
+    check_append_input_creates_the_run_and_numbers_input_per_run,
+    check_append_input_refuses_a_session_of_another_agent,
+    check_append_input_refuses_a_run_awaiting_approval,
+    check_claim_of_an_unknown_run_loads_nothing,
+    check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one,
+    check_claim_counts_an_attempt_only_when_the_step_has_work,
+    check_save_is_fenced_and_takes_exactly_the_next_seq,
+    check_save_clears_attempts_and_the_last_error,
+    check_save_round_trips_the_whole_document,
+    check_save_trims_the_drained_inbox,
+    check_save_refuses_an_oversized_checkpoint_and_writes_nothing,
+    check_save_refuses_a_nul_as_postgres_does,
+    check_a_write_that_says_what_it_added_keeps_the_whole_run,
+    check_note_usage_is_fenced_and_counted_until_the_next_write,
+)

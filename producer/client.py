@@ -18,7 +18,7 @@ from producer import forks
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
-from store import errors, interfaces, records
+from store import errors, inputs, interfaces, records
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -108,7 +108,7 @@ class Client:
         self._engine = engine
         #: Whether ``close`` disposes of the engine (made here, not given).
         self._owns_engine = engine is None
-        self._store: PostgresCheckpointStore | None = None
+        self._store: interfaces.ProducerStore | None = None
         self._redis: redis.Redis | None = None
         self._leases: interfaces.Leases | None = None
         self._enqueuer: Enqueuer | None = None
@@ -122,7 +122,7 @@ class Client:
         return self._engine
 
     @property
-    def store(self) -> PostgresCheckpointStore:
+    def store(self) -> interfaces.ProducerStore:
         """The checkpoint store (connects on first use)."""
         if self._store is None:
             self._store = PostgresCheckpointStore(self.engine, self.settings.history_limit)
@@ -298,9 +298,7 @@ class AgentHandle:
         if not messages:
             return self._resume_or_current(session_id)
         if check_agent:
-            known = self._client.known_agents()
-            if known and self.name not in known:
-                raise errors.AgentNotFoundError(self.name, known)
+            inputs.check_agent(self.name, self._client.known_agents())
         number = self._client.store.append_input(session_id, self.name, messages, idempotency_key)
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from store import errors, interfaces
-from store.checkpoints import PostgresCheckpointStore
 from store.records import Approval, Checkpoint, Serving, StepWrite
 from worker.agents import Agent
 
@@ -47,7 +46,7 @@ class Outcome(enum.StrEnum):
 class StepDeps:
     """What a step needs, built once per worker process."""
 
-    store: PostgresCheckpointStore
+    store: interfaces.WorkerStore
     leases: interfaces.Leases
     heartbeat: interfaces.Heartbeat
     agents: dict[str, Agent]

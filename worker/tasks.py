@@ -19,6 +19,7 @@ from typing import Any
 import redis
 from celery import shared_task, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
+from sqlalchemy import Engine
 
 from store import errors, records
 from store.checkpoints import PostgresCheckpointStore
@@ -50,8 +51,16 @@ def deps() -> StepDeps:
         return built
 
 
+def _engine() -> Engine:
+    """This process's SQL engine, made with its step dependencies (the sweeps' stores use it too)."""
+    deps()
+    engine: Engine = _state["engine"]
+    return engine
+
+
 def _build() -> StepDeps:
-    store = PostgresCheckpointStore(make_engine(settings), settings.history_limit)
+    engine = _state["engine"] = make_engine(settings)
+    store = PostgresCheckpointStore(engine, settings.history_limit)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
                                   health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
@@ -59,14 +68,14 @@ def _build() -> StepDeps:
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
                      agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
-                     registry=PostgresAgentRegistry(store.engine), worker_id=_state["worker_id"],
+                     registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
                      registry_window_s=registration_window_s())
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
         log.warning("could not register agents; producers will not check names until the next start")
     try:
-        schedule_sweep.sync_declared(PostgresScheduleStore(store.engine), settings.agent_modules)
+        schedule_sweep.sync_declared(PostgresScheduleStore(engine), settings.agent_modules)
     except errors.StorageError:
         log.warning("could not sync the schedules declared in code; they sync at the next start")
     return built
@@ -198,7 +207,7 @@ def recover() -> int:
     # worker that takes it hands it back, or parks it once LOUSHO_RETRY_FOR_S is spent. Its own queue
     # would hold it unread.
     try:
-        served = PostgresAgentRegistry(built.store.engine).live_agents(registration_window_s())
+        served = PostgresAgentRegistry(_engine()).live_agents(registration_window_s())
     except errors.StorageError:
         served = set()
     sent, after = 0, None
@@ -232,7 +241,7 @@ def recover() -> int:
 @shared_task(name="lousho.schedules", ignore_result=True)
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
-    result = schedule_sweep.sweep(PostgresScheduleStore(deps().store.engine),
+    result = schedule_sweep.sweep(PostgresScheduleStore(_engine()),
                                   grace=timedelta(seconds=max(settings.schedule_grace_s,
                                                               3 * settings.schedule_interval_s)))
     sent = schedule_sweep.publish(

@@ -10,8 +10,8 @@ import argparse
 from collections.abc import Sequence
 from importlib import metadata
 
-from producer import schedules as schedule_commands
 from producer.cli import approvals, dev, output, runs, webhooks
+from producer.cli import schedules as schedule_commands
 from producer.client import Client
 from store import errors
 from store.settings import load_settings

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from store import errors
+from store import errors, interfaces
 from store.approvals import PostgresApprovalStore
-from store.checkpoints import PostgresCheckpointStore
 from store.deliveries import PostgresDeliveryStore
 from store.settings import Settings
 
@@ -33,7 +32,7 @@ class Backend:
     """What the routes use: the stores, the publisher, the lease reader; built once per process."""
 
     deliveries: PostgresDeliveryStore
-    checkpoints: PostgresCheckpointStore
+    checkpoints: interfaces.ProducerStore
     approvals: PostgresApprovalStore
     #: ``enqueue(session_id, agent=…)``: send ``advance`` to that agent's queue.
     enqueue: Callable[..., None]
@@ -44,7 +43,7 @@ class Backend:
     @classmethod
     def from_client(cls, client: Client) -> Backend:
         """A backend on a producer client's engine, broker connection and Redis."""
-        engine = client.store.engine
+        engine = client.engine
         return cls(deliveries=PostgresDeliveryStore(engine), checkpoints=client.store,
                    approvals=PostgresApprovalStore(engine), enqueue=client.enqueuer.advance,
                    lease_holder=client.leases.holder, known_agents=client.known_agents, close=client.close)

@@ -125,9 +125,10 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
             body without usable input, 409 when the delivery's run id belongs to another run.
     """
     document = bodies.parse_json(delivery.body)
-    known = backend.known_agents()
-    if known and agent not in known:
-        raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
+    try:
+        inputs.check_agent(agent, backend.known_agents())
+    except errors.AgentNotFoundError:
+        raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent") from None  # the list of agents stays private
     messages = input_messages(config, agent, document)
     digest = hashlib.sha256(delivery.body).hexdigest()
     try:

@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from producer.client import normalize_input
+from store.inputs import normalize_input
 from store.settings import Settings
 from tests.providers.fake_server import FakeProviderServer
 from tests.support import checker, services

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from producer import schedules as schedule_cli
+from producer.cli import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import records
 from store.checkpoints import PostgresCheckpointStore

@@ -56,7 +56,7 @@ def test_a_broken_schedule_is_listed_broken_and_the_healthy_one_fires_every_tick
         cluster: Cluster) -> None:
     settings = services.test_settings()
     interval = settings.schedule_interval_s
-    store = PostgresScheduleStore(cluster.client.store.engine)
+    store = PostgresScheduleStore(cluster.client.engine)
     cluster.start_worker(concurrency=2)
     with store.engine.begin() as conn:
         conn.execute(text("""

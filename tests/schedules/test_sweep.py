@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from producer import schedules as schedule_cli
+from producer.cli import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import errors
 from store.checkpoints import PostgresCheckpointStore

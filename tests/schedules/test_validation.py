@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from producer import schedules as schedule_cli
+from producer.cli import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import errors, records
 from store.errors import ScheduleBrokenError

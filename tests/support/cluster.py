@@ -28,8 +28,9 @@ import psycopg
 import redis
 from psycopg import sql
 
-from producer.client import Client, normalize_input
+from producer.client import Client
 from store import keys
+from store.inputs import normalize_input
 from store.settings import Settings
 from tests.support import services
 from tests.support.checker import LOG_ENV, Fault, read_log

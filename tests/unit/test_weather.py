@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from producer.client import normalize_input
 from store import errors, payloads
+from store.inputs import normalize_input
 from store.memory import MemoryApprovalStore
 from store.records import Message
 from store.registry import Serving

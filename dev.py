@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
     checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
-               "examples"],
+               "examples", "dev.py"],
               [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],
               [str(VENV / "bin" / "lint-imports")]]
     for check in checks:

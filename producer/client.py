@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -258,10 +259,19 @@ class Approvals:
         session_id = decision.approval.session_id
         checkpoint = self._client.store.load(session_id)
         cursor = checkpoint.inbox_cursor if checkpoint is not None else 0
-        if decision.run_continues:
-            crash_point("approval_decided_before_resume_enqueue", session_id)
-            self._client.nudge(session_id, agent=decision.approval.agent)
+        continue_after(decision, lambda sid, agent: self._client.nudge(sid, agent=agent))
         return Run(self._client, session_id, cursor)
+
+
+def continue_after(decision: records.Decision, send: Callable[[str, str], None]) -> None:
+    """Send the run's next step when ``decision`` (committed) was the last one its pause waited on.
+
+    The one rule of approve-then-enqueue, for ``Approvals.resolve`` and the HTTP intake's decisions: the
+    decision is durable before anything is sent, and a lost send is repaired by the recovery sweep.
+    """
+    if decision.run_continues:
+        crash_point("approval_decided_before_resume_enqueue", decision.approval.session_id)
+        send(decision.approval.session_id, decision.approval.agent)
 
 
 class AgentHandle:

@@ -57,7 +57,7 @@ class StepDeps:
     #: How long a streak of transient failures is retried before the run is parked.
     retry_for_s: float = 6 * 3600.0
     #: Live registrations of agents by workers; None when no fleet is known (a test in one process).
-    registry: interfaces.ServingRegistry | None = None
+    registry: interfaces.AgentRegistry | None = None
     #: This worker's id in the registry (its own registrations are not "another worker").
     worker_id: str = ""
     #: A registration is live when refreshed within this many seconds.

@@ -207,7 +207,7 @@ def recover() -> int:
     # worker that takes it hands it back, or parks it once LOUSHO_RETRY_FOR_S is spent. Its own queue
     # would hold it unread.
     try:
-        served = PostgresAgentRegistry(_engine()).live_agents(registration_window_s())
+        served = built.registry.live_agents(registration_window_s()) if built.registry is not None else set()
     except errors.StorageError:
         served = set()
     sent, after = 0, None

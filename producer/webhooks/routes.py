@@ -15,13 +15,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from producer.client import continue_after
 from producer.webhooks import bodies, headers, intake
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
 from store import errors, records
 from store.database import Transaction
-from store.faults import crash_point
 
 _MAX_DECISION_BYTES = 64 * 1024
 
@@ -76,11 +76,8 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval") from None
     except errors.ApprovalOrphanedError:
         raise Rejected(409, "LOUSHO_APPROVAL_ORPHANED", "the approval's run no longer waits on it") from None
-    session_id = made.approval.session_id
-    if made.run_continues:
-        crash_point("approval_decided_before_resume_enqueue", session_id)
-        backend.publish(session_id, made.approval.agent)
-    return session_id, made.run_continues
+    continue_after(made, backend.publish)
+    return made.approval.session_id, made.run_continues
 
 
 def _healthy(backend: Backend) -> bool:

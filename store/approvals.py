@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
-from store import errors, payloads
+from store import errors, inputs, payloads
 from store.database import Transaction
 from store.records import Approval, Decision
 
@@ -97,8 +97,7 @@ class PostgresApprovalStore:
             ApprovalOrphanedError: its run is gone, replaced or waits on other approvals; it is
                 withdrawn (or was already) and nothing runs.
         """
-        if note is not None:
-            note = payloads.truncate_text(payloads.clean_text(note), 10_000)
+        note = inputs.clean_note(note)
         orphaned = False
         with Transaction(self.engine) as conn:
             # The run row is locked before the approval row, the order delete() takes them in, so a

@@ -14,6 +14,8 @@ from store import errors, payloads
 from store.records import Message
 
 MAX_INPUT_MESSAGES = 1000
+#: Longest note kept with an approval decision, in characters.
+MAX_NOTE_CHARS = 10_000
 
 #: What ``send`` accepts: a string (one user message) or a list of chat messages.
 Input = str | Sequence[dict[str, Any] | Message]
@@ -63,3 +65,8 @@ def check_agent(name: str, known: list[str]) -> None:
     """
     if known and name not in known:
         raise errors.AgentNotFoundError(name, known)
+
+
+def clean_note(note: str | None) -> str | None:
+    """A decision's note as stored: valid Unicode, at most ``MAX_NOTE_CHARS`` characters (longer is cut, marked)."""
+    return None if note is None else payloads.truncate_text(payloads.clean_text(note), MAX_NOTE_CHARS)

@@ -20,7 +20,7 @@ from producer.webhooks import bodies, headers, intake
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
-from store import errors, records
+from store import errors, inputs, records
 from store.database import Transaction
 
 _MAX_DECISION_BYTES = 64 * 1024
@@ -30,7 +30,7 @@ class _DecisionBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     approved: bool
-    note: str | None = Field(default=None, max_length=10_000)
+    note: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
 
 
 def _state(request: Request) -> tuple[WebhookConfig, Backend]:

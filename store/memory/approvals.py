@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from store import errors, payloads, records
+from store import errors, inputs, payloads, records
 from store.memory.state import MemoryState
 
 
@@ -78,8 +78,7 @@ class MemoryApprovalStore:
             ApprovalOrphanedError: its run is gone, replaced or waits on other approvals; it is
                 withdrawn (or was already) and nothing runs.
         """
-        if note is not None:
-            note = payloads.truncate_text(payloads.clean_text(note), 10_000)
+        note = inputs.clean_note(note)
         state = self._state
         with state.lock:
             approval = state.approvals.get(approval_id)

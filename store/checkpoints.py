@@ -30,7 +30,7 @@ _COLUMNS = runs.COLUMNS
 _CLAIM = text(f"""
 UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
-    AND (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor)) THEN 1 ELSE 0 END
+    AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
 RETURNING {_COLUMNS}, now() AS db_now
 """)
@@ -96,16 +96,10 @@ _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
 def _pending(row: Row[Any]) -> records.PendingRun:
     """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
-    mapping = row._mapping
     try:
         checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
-        error = records.LastError(**exc.to_record())
-        return records.PendingRun(
-            session_id=row.session_id, checkpoint_id=row.session_id, status=mapping["status"], step=0,
-            last_error=error, attempts=row.attempts, agent=row.agent,
-            state=records.run_state(mapping["status"], error, row.next_attempt_at),
-            next_attempt_at=row.next_attempt_at)
+        return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
     return records.pending_run(checkpoint)
 
 
@@ -305,10 +299,8 @@ class PostgresCheckpointStore:
             try:
                 found.append(runs.row_checkpoint(row, row.session_id))
             except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
-                found.append(records.PendingRun(
-                    session_id=row.session_id, checkpoint_id=row.session_id, status="in-progress",
-                    step=0, last_error=records.LastError(**exc.to_record()), attempts=row.attempts,
-                    agent=row.agent))
+                found.append(records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc,
+                                                    listed=True))
         return found
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:

@@ -120,6 +120,8 @@ class PostgresDeliveryStore:
         Raises:
             ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.
             SessionAwaitingApprovalError: the run id is taken by a run paused on an approval.
+            CheckpointCorruptError: the run id is taken by a run whose checkpoint cannot be read.
+            CheckpointFormatError: the run id is taken by a run in a checkpoint format this release cannot read.
             StorageError: the database failed; nothing was written.
         """
         session_id = session_id_for(agent, delivery_id)
@@ -133,7 +135,9 @@ class PostgresDeliveryStore:
                     return Intake(Delivery.model_validate(dict(existing._mapping)), created=False)
                 if source == "github" and conn.execute(_CLAIM_BODY, params).first() is None:
                     raise _Replay(_original(conn, params))
-                runs.queue_input(conn, session_id, agent, messages)
+                # The run is almost always new: one insert; a run made by hand under the id gets the input queued.
+                if not runs.create_run(conn, session_id, agent, messages):
+                    runs.queue_input(conn, session_id, agent, messages)
         except _Replay as replay:
             return Intake(replay.original, created=False, replay_of=replay.original.delivery_id)
         return Intake(Delivery.model_validate(dict(row._mapping)), created=True)

@@ -328,6 +328,44 @@ def pending_run(checkpoint: Checkpoint) -> PendingRun:
         next_attempt_at=checkpoint.next_attempt_at)
 
 
+def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,
+                   error: errors.CheckpointCorruptError | errors.CheckpointFormatError,
+                   next_attempt_at: datetime | None = None, *, listed: bool = False) -> PendingRun:
+    """How a run whose checkpoint cannot be read is shown: parked with its error (``listed``: as ``list()`` shows it).
+
+    ``pending()`` shows the row's own status and state; ``list()`` shows it in progress at step 0.
+    """
+    last_error = LastError(**error.to_record())
+    if listed:
+        return PendingRun(session_id=session_id, checkpoint_id=session_id, status="in-progress", step=0,
+                          last_error=last_error, attempts=attempts, agent=agent)
+    return PendingRun(session_id=session_id, checkpoint_id=session_id, status=status, step=0, last_error=last_error,
+                      attempts=attempts, agent=agent, state=run_state(status, last_error, next_attempt_at),
+                      next_attempt_at=next_attempt_at)
+
+
+def stored_checkpoint(session_id: str, columns: dict[str, Any], document: dict[str, Any],
+                      uncounted_usage: Any = None) -> Checkpoint:
+    """A run's stored columns and document as a checkpoint (the one reading of a stored run, in any store).
+
+    Raises:
+        CheckpointFormatError: the checkpoint was written in a newer format than this code reads.
+        CheckpointCorruptError: the stored document cannot be read.
+    """
+    document = {k: v for k, v in document.items() if k not in ("session_id", "agent")}
+    found_format = document.pop("format", CHECKPOINT_FORMAT)
+    if isinstance(found_format, int) and found_format > CHECKPOINT_FORMAT:
+        raise errors.CheckpointFormatError(session_id, found_format, CHECKPOINT_FORMAT)
+    try:
+        checkpoint = Checkpoint(session_id=session_id, **columns, **document)
+        if uncounted_usage:
+            extra = Usage.model_validate(uncounted_usage)
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
+        return checkpoint
+    except (ValueError, TypeError) as exc:
+        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+
+
 class DueRun(_Record):
     """A run the recovery sweep may send a step for: silent too long, or due for a retry."""
 

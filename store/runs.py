@@ -1,4 +1,4 @@
-"""A run's row: creating runs, queueing input, reading the row back as a checkpoint, and the "should move" rule.
+"""A run's row: creating runs, queueing input, reading the row back as a checkpoint, and the has-work rule.
 
 Every statement that creates a run or queues input for one is here, in the caller's transaction, so sends,
 forks, webhook deliveries and schedule ticks follow the same rules. Steps' own writes (claim, fenced save,
@@ -18,11 +18,33 @@ from store import errors, payloads, records
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
            " updated_at, uncounted_usage, next_attempt_at, retry_since, failures")
-#: The one rule of which runs have work to do: in progress, or finished with input waiting. Used by the
-#: sweep, ``resume`` and ``pending``; ``should_move`` is the same rule for records in memory.
-HAS_WORK = "(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
-#: A run whose last error is not retryable is parked: it waits for a person (send or resume).
-NOT_PARKED = "(last_error IS NULL OR (last_error ->> 'retryable')::boolean)"
+
+
+def has_work_sql(table: str = "") -> str:
+    """The one rule of which runs have work to do, as SQL on ``runs`` (aliased ``table``, if given).
+
+    In progress, or finished with input waiting. Used by the claim, the sweep, ``resume``, ``pending`` and
+    the schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
+    """
+    t = f"{table}." if table else ""
+    return f"({t}status = 'in-progress' OR ({t}status = 'finished' AND {t}inbox_head > {t}inbox_cursor))"
+
+
+def not_parked_sql(table: str = "") -> str:
+    """SQL true for a run that is not parked: a run whose last error is not retryable waits for a person.
+
+    ``is_parked`` is the same rule for runs held in memory.
+    """
+    t = f"{table}." if table else ""
+    return f"({t}last_error IS NULL OR ({t}last_error ->> 'retryable')::boolean)"
+
+
+#: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
+_CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
+                       "next_attempt_at", "retry_since", "failures")
+#: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
+HAS_WORK = has_work_sql()
+NOT_PARKED = not_parked_sql()
 
 # A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
 # after that history: restarting at 0 would collide with the kept rows on every save.
@@ -90,33 +112,8 @@ def row_checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
         CheckpointCorruptError: the stored document cannot be read.
     """
     mapping = row._mapping
-    document = dict(mapping["document"] or {})
-    document.pop("session_id", None)
-    uncounted = mapping["uncounted_usage"]
-    found_format = document.pop("format", records.CHECKPOINT_FORMAT)
-    if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
-        raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
-    try:
-        checkpoint = records.Checkpoint(
-            session_id=session_id,
-            status=mapping["status"],
-            seq=mapping["seq"],
-            fence=mapping["fence"],
-            attempts=mapping["attempts"],
-            last_error=mapping["last_error"],
-            inbox_cursor=mapping["inbox_cursor"],
-            updated_at=mapping["updated_at"],
-            next_attempt_at=mapping["next_attempt_at"],
-            retry_since=mapping["retry_since"],
-            failures=mapping["failures"],
-            **{"agent": mapping["agent"], **{k: v for k, v in document.items() if k != "agent"}},
-        )
-        if uncounted:
-            extra = records.Usage.model_validate(uncounted)
-            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
-        return checkpoint
-    except (ValueError, TypeError) as exc:
-        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+    return records.stored_checkpoint(session_id, {name: mapping[name] for name in _CHECKPOINT_COLUMNS},
+                                     mapping["document"] or {}, mapping["uncounted_usage"])
 
 
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
@@ -131,6 +128,7 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
         SessionAwaitingApprovalError: the run waits on an approval.
         ConfigurationError: the run belongs to another agent.
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
+        CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()

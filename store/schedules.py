@@ -99,8 +99,7 @@ JOIN schedules s ON s.schedule_id = f.schedule_id WHERE s.name = :name ORDER BY 
 _LOCK_DUE = text(f"""
 SELECT {", ".join("s." + c.strip() for c in _COLUMNS.split(","))}, now() AS db_now,
   COALESCE(r.status = 'awaiting-approval'
-    OR ((r.status = 'in-progress' OR (r.status = 'finished' AND r.inbox_head > r.inbox_cursor))
-        AND COALESCE(r.last_error ->> 'retryable', 'true') <> 'false'), false) AS previous_busy
+    OR ({runs.has_work_sql("r")} AND {runs.not_parked_sql("r")}), false) AS previous_busy
 FROM schedules s LEFT JOIN runs r ON r.session_id = s.last_session_id
 WHERE NOT s.paused AND s.broken_error IS NULL AND s.next_fire_at <= now()
 ORDER BY s.next_fire_at

@@ -107,32 +107,34 @@ def check_configuration(app: Celery) -> None:
         raise RuntimeError("unsafe Celery configuration: " + "; ".join(problems))
 
 
-def install(app: Celery, settings: Settings | None = None) -> Celery:
+def install(app: Celery) -> Celery:
     """Make ``app`` run Lousho steps: the production configuration, the sweeps' beat entries and the tasks.
 
     Works on the app ``celery -A worker`` finds and on an application's own Celery app alike
-    (``install(my_app)`` next to its own tasks); returns ``app``.
+    (``install(my_app)`` next to its own tasks); returns ``app``. The configuration comes from this
+    process's settings (``settings``, read from the ``LOUSHO_`` environment once), the same ones the
+    tasks use, so the app and its tasks never disagree on queues or timings.
 
     Raises:
-        ConfigurationError: a setting is invalid (from ``load_settings``).
         RuntimeError: the resulting configuration would break the delivery guarantees.
     """
     # Every process that builds an app (worker, beat, flower) masks secrets in its logs from here on.
     redaction.install()
-    configure(app, settings if settings is not None else load_settings())
+    configure(app, settings)
     check_configuration(app)
     app.conf.include = [*(app.conf.include or ()), "worker.tasks"]
     return app
 
 
-def create_app(settings: Settings | None = None) -> Celery:
+def create_app() -> Celery:
     """A new Celery app named ``lousho``, set up by ``install``."""
-    return install(Celery("lousho"), settings)
+    return install(Celery("lousho"))
 
 
+#: This process's settings: the app's configuration and the tasks read them (``ConfigurationError`` if invalid).
 settings = load_settings()
 #: The app ``celery -A worker`` finds; building it reads the settings and touches no service.
-app = create_app(settings)
+app = create_app()
 
 
 @signals.after_setup_logger.connect

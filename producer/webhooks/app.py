@@ -49,14 +49,14 @@ async def _on_storage(request: Request, exc: Exception) -> JSONResponse:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     built = None
-    settings: Settings | None = None
-    if app.state.config is None:
-        # Configured from the environment: a real server (``lousho webhooks serve`` or uvicorn's factory).
+    if app.state.config is None or app.state.backend is None:
+        # A real server (``lousho webhooks serve`` or uvicorn's factory): settings read once, here or by the caller.
         redaction.install()
-        settings = load_settings()
-        app.state.config = WebhookConfig.from_settings(settings)
-    if app.state.backend is None:
-        app.state.backend = built = Backend.from_settings(settings or load_settings())
+        settings: Settings = app.state.settings or load_settings()
+        if app.state.config is None:
+            app.state.config = WebhookConfig.from_settings(settings)
+        if app.state.backend is None:
+            app.state.backend = built = Backend.from_settings(settings)
     try:
         yield
     finally:
@@ -65,8 +65,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(config: WebhookConfig | None = None, backend: Backend | None = None, *,
-               clock: Callable[[], float] = time.time) -> FastAPI:
-    """The receiver. Without arguments, configuration and connections come from ``Settings`` at startup.
+               clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
+    """The receiver. What is not given is built at startup from ``settings`` (read from the environment if None).
 
     Routes: ``POST /webhooks/{agent}``, ``GET /runs/{session_id}`` and ``POST /approvals/{approval_id}``
     (``Authorization: Bearer <LOUSHO_API_KEY>``), ``GET /healthz``.
@@ -77,7 +77,7 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     if config is not None:
         config.check()
     app = FastAPI(title="Lousho webhooks", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
-    app.state.config, app.state.backend, app.state.clock = config, backend, clock
+    app.state.config, app.state.backend, app.state.clock, app.state.settings = config, backend, clock, settings
     app.add_exception_handler(Rejected, _on_rejected)
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_exception_handler(errors.StorageError, _on_storage)

@@ -133,7 +133,8 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
     digest = hashlib.sha256(delivery.body).hexdigest()
     try:
         intake = backend.deliveries.record(agent, delivery.delivery_id, delivery.source, digest, messages)
-    except (errors.ConfigurationError, errors.SessionAwaitingApprovalError):
+    except (errors.ConfigurationError, errors.SessionAwaitingApprovalError, errors.CheckpointCorruptError,
+            errors.CheckpointFormatError):
         raise Rejected(409, "LOUSHO_WEBHOOK_CONFLICT", "the delivery's run id is used by another run") from None
     session_id = intake.delivery.session_id
     if not intake.created:

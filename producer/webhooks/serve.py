@@ -1,4 +1,4 @@
-"""``lousho webhooks serve``: uvicorn running the receiver's app factory, its logs masked.
+"""``lousho webhooks serve``: uvicorn running the receiver built from the client's settings, its logs masked.
 
 Owns the server's logging configuration; the app itself is built by ``producer.webhooks.app.create_app``.
 """
@@ -15,7 +15,7 @@ from store import redaction
 if TYPE_CHECKING:
     from producer.client import Client
 
-#: What uvicorn imports and calls (``factory=True``) in the server process.
+#: The app factory for uvicorn started by hand: ``uvicorn --factory producer.webhooks.app:create_app``.
 APP_FACTORY = "producer.webhooks.app:create_app"
 
 
@@ -44,8 +44,10 @@ def cmd_serve(client: Client, args: argparse.Namespace) -> int:
     """
     import uvicorn
 
+    from producer.webhooks.app import create_app
+
     redaction.install()
-    WebhookConfig.from_settings(client.settings)  # fail before binding the port when the secrets are wrong
-    uvicorn.run(APP_FACTORY, factory=True, host=args.host, port=args.port, log_level=args.log_level,
+    config = WebhookConfig.from_settings(client.settings)  # fail before binding the port when the secrets are wrong
+    uvicorn.run(create_app(config, settings=client.settings), host=args.host, port=args.port, log_level=args.log_level,
                 log_config=log_config(args.log_level), server_header=False, date_header=False)
     return 0

@@ -28,9 +28,7 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
         try:
             found.append(to_checkpoint(sid, run))
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
-            found.append(records.PendingRun(
-                session_id=sid, checkpoint_id=sid, status="in-progress", step=0,
-                last_error=records.LastError(**exc.to_record()), attempts=run.attempts, agent=run.agent))
+            found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, listed=True))
     return found
 
 
@@ -44,11 +42,7 @@ def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.P
         try:
             found.append(records.pending_run(to_checkpoint(sid, run)))
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
-            error = records.LastError(**exc.to_record())
-            found.append(records.PendingRun(
-                session_id=sid, checkpoint_id=sid, status=run.status, step=0, last_error=error,
-                attempts=run.attempts, agent=run.agent, state=records.run_state(run.status, error),
-                next_attempt_at=run.next_attempt_at))
+            found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, run.next_attempt_at))
     return found
 
 

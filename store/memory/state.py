@@ -112,21 +112,12 @@ def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
         CheckpointCorruptError: the stored document cannot be read.
     """
     try:
-        document = dict(json.loads(run.document))
-        document.pop("session_id", None)
-        document.pop("agent", None)
-        found_format = document.pop("format", records.CHECKPOINT_FORMAT)
-        if isinstance(found_format, int) and found_format > records.CHECKPOINT_FORMAT:
-            raise errors.CheckpointFormatError(session_id, found_format, records.CHECKPOINT_FORMAT)
-        last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
-        checkpoint = records.Checkpoint(
-            session_id=session_id, agent=run.agent, status=run.status, seq=run.seq, fence=run.fence,
-            attempts=run.attempts, last_error=last_error, inbox_cursor=run.inbox_cursor,
-            updated_at=run.updated_at, next_attempt_at=run.next_attempt_at, retry_since=run.retry_since,
-            failures=run.failures, **document)
-        if run.uncounted_usage:
-            extra = records.Usage.model_validate(run.uncounted_usage)
-            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})
-        return checkpoint
-    except (ValueError, TypeError) as exc:
-        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read") from exc
+        document = json.loads(run.document)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read")
+    columns = {"agent": run.agent, "status": run.status, "seq": run.seq, "fence": run.fence, "attempts": run.attempts,
+               "last_error": run.last_error, "inbox_cursor": run.inbox_cursor, "updated_at": run.updated_at,
+               "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures}
+    return records.stored_checkpoint(session_id, columns, document, run.uncounted_usage)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from store.settings import Settings
 from worker import celery as lousho_celery
 
 
@@ -20,28 +19,27 @@ def test_install_gives_an_existing_app_the_configuration_the_sweeps_and_the_task
     mine = Celery("mine")
     mine.conf.include = ["myapp.tasks"]
 
-    lousho_celery.install(mine, Settings(queue="jobs"))
+    lousho_celery.install(mine)
     import worker.tasks  # noqa: F401 - registers the shared tasks, as the include does in a worker
 
     assert mine.conf.accept_content == ["json"]
     assert mine.conf.task_acks_late and mine.conf.task_reject_on_worker_lost
-    assert mine.conf.task_default_queue == "jobs"
+    assert mine.conf.task_default_queue == lousho_celery.settings.queue
     assert set(mine.conf.beat_schedule) == {"lousho-recover", "lousho-schedules"}
     assert mine.conf.include == ["myapp.tasks", "worker.tasks"]
     assert {"lousho.advance", "lousho.recover", "lousho.schedules"} <= set(mine.tasks)
 
 
 def test_create_app_builds_a_new_app_without_touching_the_module_app() -> None:
-    built = lousho_celery.create_app(Settings(queue="other"))
+    built = lousho_celery.create_app()
 
     assert built is not lousho_celery.app
     assert built.main == "lousho"
-    assert built.conf.task_default_queue == "other"
-    assert lousho_celery.app.conf.task_default_queue == lousho_celery.settings.queue
+    assert built.conf.task_default_queue == lousho_celery.app.conf.task_default_queue == lousho_celery.settings.queue
 
 
 def test_an_unsafe_configuration_is_refused() -> None:
-    mine = lousho_celery.install(Celery("mine"), Settings())
+    mine = lousho_celery.install(Celery("mine"))
     mine.conf.accept_content = ["json", "pickle"]
 
     with pytest.raises(RuntimeError, match="only JSON"):

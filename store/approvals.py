@@ -17,7 +17,7 @@ from store import errors, inputs, payloads
 from store.database import Transaction
 from store.records import Approval, Decision
 
-__all__ = ["Decision", "PostgresApprovalStore", "insert", "put_back", "withdraw_for_run"]
+__all__ = ["PostgresApprovalStore", "insert", "put_back", "withdraw_for_run"]
 
 _COLUMNS = ("approval_id, session_id, tool_call_id, tool_name, args, agent, status, note, fingerprint,"
             " created_at, decided_at")

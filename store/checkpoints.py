@@ -2,8 +2,9 @@
 
 It implements ``store.interfaces.CheckpointStore``; runs are created and given input by ``store.runs``. Every
 statement on the step's hot path is one round trip of plain SQL (``text()``, compiled once). Times come from
-Postgres ``now()``, never from worker clocks. It stays whole: every statement that reads or changes a run's
-control columns after its creation (fence, seq, attempts, retry times) is here, next to the rules it shares.
+Postgres ``now()``, never from worker clocks. It stays whole: every statement a step or the sweep makes on a
+run's control columns (fence, seq, attempts, retry times) is here; new input, which also clears them, is in
+``store.runs``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from store import errors, history, payloads, records, registry, runs
 from store.database import Transaction
 from store.records import Claim
 
-__all__ = ["Claim", "PostgresCheckpointStore"]
+__all__ = ["PostgresCheckpointStore"]
 
 _COLUMNS = runs.COLUMNS
 

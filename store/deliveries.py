@@ -18,11 +18,7 @@ from store import errors, records, runs
 from store.database import Transaction
 from store.records import Delivery, Intake
 
-__all__ = ["MAX_DELIVERY_ID", "PREFIX", "Delivery", "Intake", "PostgresDeliveryStore", "Source", "check_delivery_id",
-           "session_id_for"]
-
-#: How a delivery was signed (``records.DeliverySource``).
-Source = records.DeliverySource
+__all__ = ["MAX_DELIVERY_ID", "PREFIX", "PostgresDeliveryStore", "check_delivery_id", "session_id_for"]
 
 #: Run ids of webhook runs start with this.
 PREFIX = "job-"
@@ -107,7 +103,7 @@ class PostgresDeliveryStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def record(self, agent: str, delivery_id: str, source: Source, body_sha256: str,
+    def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
                messages: Sequence[records.Message]) -> Intake:
         """Record a verified delivery and start its run, all in one transaction.
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from store import records
 
 if TYPE_CHECKING:
-    from store.schedules import Fire, Origin, Planner, Schedule, ScheduleSpec, Swept
+    from store.schedule_records import Fire, Origin, Schedule, ScheduleSpec
+    from store.schedules import Planner, Swept
 
 __all__ = [
     "AgentRegistry",

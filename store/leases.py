@@ -19,7 +19,7 @@ import redis
 from store import keys, records
 from store.records import Lease
 
-__all__ = ["Heartbeat", "Lease", "LeaseManager"]
+__all__ = ["Heartbeat", "LeaseManager"]
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 Messages, checkpoints, history and pending runs, and what the ports of ``store.interfaces`` exchange with their
 callers (claims, step writes, decisions, leases, deliveries). Rows become these records inside ``store/`` only;
-nothing here touches a database. It stays whole so that every record a caller of ``store`` holds has one address.
+nothing here touches a database. It stays whole so that every record a run's callers hold has one address
+(schedule records live in ``store.schedule_records``, next to their checks).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from store import payloads
 from store.database import Transaction
 from store.records import Serving
 
-__all__ = ["PostgresAgentRegistry", "Serving"]
+__all__ = ["PostgresAgentRegistry"]
 
 _REGISTER = text("""
 INSERT INTO agent_workers (agent, worker_id, fingerprint, formats, seen_at)

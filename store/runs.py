@@ -73,7 +73,7 @@ _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n,
 
 
 class RunRow(Protocol):
-    """What ``should_move`` reads of a run (a stored row or a record in memory)."""
+    """What ``has_work`` reads of a run (a record in memory)."""
 
     @property
     def status(self) -> str:

@@ -20,42 +20,15 @@ from sqlalchemy.engine import Connection, Row
 
 from store import errors, payloads, runs
 from store.database import Transaction
-from store.errors import BrokenReason, ScheduleBrokenError, ScheduleNotFoundError
+from store.errors import ScheduleBrokenError, ScheduleNotFoundError
 from store.schedule_records import (
-    CatchUp,
     Fire,
     Origin,
-    Overlap,
     Schedule,
     ScheduleSpec,
-    TickOutcome,
     TickPlan,
-    build_spec,
 )
-from store.ticks import MAX_EVERY_S, PREFIX, every_seconds, tick_session_id
-
-# Callers import these from here as well as from their owners.
-__all__ = [
-    "MAX_EVERY_S",
-    "PREFIX",
-    "BrokenReason",
-    "CatchUp",
-    "Fire",
-    "Origin",
-    "Overlap",
-    "Planner",
-    "PostgresScheduleStore",
-    "Schedule",
-    "ScheduleBrokenError",
-    "ScheduleNotFoundError",
-    "ScheduleSpec",
-    "Swept",
-    "TickOutcome",
-    "TickPlan",
-    "build_spec",
-    "every_seconds",
-    "tick_session_id",
-]
+from store.ticks import tick_session_id
 
 _COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
             " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at")

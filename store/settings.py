@@ -122,8 +122,9 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]  # field names are checked by pydantic
     except ValidationError as exc:
-        problems = []
+        problems, variables = [], []
         for problem in exc.errors():
             field = ".".join(str(part) for part in problem.get("loc", ())) or "settings"
-            problems.append(f"LOUSHO_{field.upper()}: {problem.get('msg', 'invalid')}")
-        raise errors.ConfigurationError("; ".join(problems)) from None
+            variables.append(f"LOUSHO_{field.upper()}")
+            problems.append(f"{variables[-1]}: {problem.get('msg', 'invalid')}")
+        raise errors.ConfigurationError("; ".join(problems), variable=variables[0] if variables else None) from None

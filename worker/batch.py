@@ -17,8 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from store import errors, payloads
-from store.leases import Lease
-from store.records import Approval, Checkpoint, Message, ToolCall
+from store.records import Approval, Checkpoint, Lease, Message, ToolCall
 from worker import machine
 from worker.agents import Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save

@@ -22,11 +22,11 @@ COUNTDOWN_MAX_S = 5.0
 log = logging.getLogger("lousho.step")
 
 
-def park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> Outcome:
+def park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> StepResult:
     """Park the run: record ``error`` as not retryable, so no step runs until the run is resumed."""
     deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error.model_copy(update={"retryable": False}))
     log.warning("run %s parked: %s", checkpoint.session_id, error.code)
-    return Outcome.PARKED
+    return StepResult(Outcome.PARKED)
 
 
 def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: datetime | None) -> StepResult:
@@ -62,7 +62,7 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
     if elapsed >= deps.retry_for_s and (served_elsewhere is None or not served_elsewhere()):
         spent = error.model_copy(update={"retryable": False, "message": payloads.clean_error(
             f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
-        return StepResult(park(deps, checkpoint, spent))
+        return park(deps, checkpoint, spent)
     delay = retry_delay(checkpoint.failures + 1, retry_after, deps.retry_backoff_max_s)
     seq = deps.store.retry_later(sid, checkpoint.fence, error, delay)
     if seq is None:

@@ -15,8 +15,7 @@ from datetime import datetime
 import redis
 
 from store import errors, payloads, records
-from store.leases import Lease
-from store.records import Checkpoint, LastError, ToolCall, Usage
+from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
 from worker import drift, machine, retry
 from worker.agents import Agent
 from worker.batch import run_batch
@@ -89,7 +88,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     if checkpoint.attempts > deps.max_attempts:
         exceeded = errors.StepAttemptsExceededError(
             f"step started {checkpoint.attempts} times without finishing (the worker died each time); run parked")
-        return StepResult(retry.park(deps, checkpoint, LastError(**exceeded.to_record())))
+        return retry.park(deps, checkpoint, LastError(**exceeded.to_record()))
     agent = deps.agents.get(checkpoint.agent)
     if agent is None:
         return retry.hand_back_agent(deps, checkpoint, now)

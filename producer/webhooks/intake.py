@@ -19,7 +19,6 @@ from producer.webhooks.backend import Backend
 from producer.webhooks.config import WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
 from store import errors, inputs, payloads, records
-from store.deliveries import Source
 from store.faults import crash_point
 
 log = logging.getLogger("lousho.webhooks")
@@ -29,7 +28,7 @@ log = logging.getLogger("lousho.webhooks")
 class Verified:
     """A delivery whose signature held: who sent it, its id, its raw body."""
 
-    source: Source
+    source: records.DeliverySource
     delivery_id: str
     body: bytes
 

@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, currently_in_test_context, event, given, set
 from hypothesis import strategies as st
 
 from store import errors
-from store.checkpoints import Claim
 from store.memory import MemoryCheckpointStore, MemoryLeaseManager
-from store.records import Checkpoint, Message
+from store.records import Checkpoint, Claim, Message
 from tests.fakes.clock import FakeClock
 from tests.fakes.crash import Crashes, SimulatedCrash
 from tests.fakes.model import RecordingModel

@@ -10,8 +10,7 @@ import pytest
 from store import errors, payloads
 from store.inputs import normalize_input
 from store.memory import MemoryApprovalStore
-from store.records import Message
-from store.registry import Serving
+from store.records import Message, Serving
 from store.settings import load_settings
 from tests.fakes.crash import Crashes, SimulatedCrash
 from tests.fakes.runtime import TTL_MS, MemoryRuntime

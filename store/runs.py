@@ -72,7 +72,7 @@ _REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES
 _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
 
 
-class RunRow(Protocol):
+class InboxPosition(Protocol):
     """What ``has_work`` reads of a run (a record in memory)."""
 
     @property
@@ -91,7 +91,7 @@ class RunRow(Protocol):
         ...
 
 
-def has_work(run: RunRow) -> bool:
+def has_work(run: InboxPosition) -> bool:
     """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
     return run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
 

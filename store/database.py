@@ -28,9 +28,17 @@ def make_engine(settings: Settings, *, pool_size: int = 2, pooled: bool = True) 
     return create_engine(
         settings.sqlalchemy_url,
         hide_parameters=True,  # bound parameters are checkpoint contents: keep them out of errors
-        connect_args={"connect_timeout": 5, "application_name": "lousho"},
+        connect_args=_connect_args(settings),
         **options,
     )
+
+
+def _connect_args(settings: Settings) -> dict[str, Any]:
+    """Connection options for psycopg: a connect timeout, our application name, prepared statements or none."""
+    args: dict[str, Any] = {"connect_timeout": 5, "application_name": "lousho"}
+    if not settings.database_prepared_statements:
+        args["prepare_threshold"] = None  # never prepare: PgBouncer in transaction mode
+    return args
 
 
 def migrate(settings: Settings, revision: str = "head") -> None:

@@ -14,6 +14,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LOUSHO_", extra="ignore")
 
     database_url: str = "postgresql://127.0.0.1:5432/lousho"
+    #: Server-side prepared statements for the repeated statements of a step (psycopg prepares a statement
+    #: once it has run a few times on a connection). Turn off behind PgBouncer in transaction mode, where a
+    #: statement prepared on one server connection is not there on the next.
+    database_prepared_statements: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None
     agents: str = ""

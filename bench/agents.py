@@ -1,9 +1,10 @@
 """The benchmark's agent: a scripted model that calls a no-op tool, so every step is pure overhead.
 
-A run's input is ``"bench <turns>"``. The model answers its first ``<turns>`` turns with one call
-to ``noop`` and then a final text, so a run takes ``2 * turns + 1`` steps: model turn, tool batch,
-model turn, ..., final model turn. Each step is one task and one saved checkpoint. The turn count
-travels in the input, so runs of any length share the same worker processes.
+A run's input is ``"bench <turns> <bytes>"``. The model answers its first ``<turns>`` turns with one
+call to ``noop`` and then a final text, so a run takes ``2 * turns + 1`` steps: model turn, tool batch,
+model turn, ..., final model turn. Each step is one task and one saved checkpoint. ``noop`` returns
+``<bytes>`` bytes of text (``bench.payload``; ``"ok"`` for 0), so the transcript grows like a real one.
+Both numbers travel in the input, so runs of any length and size share the same worker processes.
 
 ``bench-usage`` is the same agent with a model that reports its token usage the way the real
 providers do, so each model turn also pays the usage note a real provider's turn pays before its
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import timing
+from bench import payload, timing
 from store.records import Message
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
@@ -27,9 +28,9 @@ USAGE_AGENT = "bench-usage"
 PREFIX = "bench "
 
 
-def input_for(hops: int) -> str:
-    """The input that makes a run take ``hops`` steps (rounded up to an odd number)."""
-    return f"{PREFIX}{turns_for(hops)}"
+def input_for(hops: int, result_bytes: int = 0) -> str:
+    """The input that makes a run take ``hops`` steps (rounded up to odd), its tool returning ``result_bytes``."""
+    return f"{PREFIX}{turns_for(hops)} {max(result_bytes, 0)}"
 
 
 def turns_for(hops: int) -> int:
@@ -42,24 +43,28 @@ def steps_for(hops: int) -> int:
     return 2 * turns_for(hops) + 1
 
 
-def _turns(messages: list[Message]) -> int:
+def _request(messages: list[Message]) -> tuple[int, int]:
+    """The run's tool-calling turns and result size, from its first ``bench`` input (0, 0 when none)."""
     for message in messages:
         if message.role == "user" and isinstance(message.content, str) and message.content.startswith(PREFIX):
-            return int(message.content[len(PREFIX):].split()[0])
-    return 0
+            words = message.content[len(PREFIX):].split()
+            return int(words[0]), int(words[1]) if len(words) > 1 else 0
+    return 0, 0
 
 
 def _script(messages: list[Message]) -> Any:
     done = sum(1 for m in messages if m.role == "assistant")
-    if done < _turns(messages):
-        return {"tool_calls": [{"name": "noop", "args": {}}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+    turns, size = _request(messages)
+    if done < turns:
+        args = {"size": size, "position": done} if size else {}
+        return {"tool_calls": [{"name": "noop", "args": args}], "usage": {"input_tokens": 1, "output_tokens": 1}}
     return {"text": "done", "usage": {"input_tokens": 1, "output_tokens": 1}}
 
 
 @tool
-def noop(ctx: ToolContext) -> str:
-    """Do nothing."""
-    return "ok"
+def noop(ctx: ToolContext, size: int = 0, position: int = 0) -> str:
+    """Return ``size`` bytes of text (``"ok"`` for 0), nothing else."""
+    return payload.result_text(size, position)
 
 
 class _UsageReportingModel(MockModel):

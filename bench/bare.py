@@ -3,7 +3,9 @@
 The app gets exactly the Lousho worker's Celery configuration (``worker.celery.configure``: JSON
 only, ``acks_late`` with ``reject_on_worker_lost``, prefetch 1, the same broker transport options
 and time limits) on its own queue, so the difference measured against Lousho is the step's own
-work: lease, claim-and-load, model or tool call, fenced save, release.
+work: lease, claim-and-load, model or tool call, fenced save, release. With ``--result-bytes N`` every
+hop's message carries a payload of N bytes (the tool result's size), which the hop passes on to the next
+one unchanged: the broker, serialization and delivery costs of the data grow with N as in Lousho.
 
 Start a worker with ``celery -A bench.bare worker -Q <queue>`` and ``LOUSHO_QUEUE=<queue>``.
 """
@@ -27,10 +29,10 @@ def make_app(settings: Settings) -> Celery:
     check_configuration(bare)
 
     @bare.task(name=HOP, ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
-    def hop(chain: str, n: int, total: int) -> None:
-        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop, nothing else."""
+    def hop(chain: str, n: int, total: int, payload: str = "") -> None:
+        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop with the same payload, nothing else."""
         if n < total:
-            hop.apply_async((chain, n + 1, total))
+            hop.apply_async((chain, n + 1, total, payload))
 
     return bare
 

@@ -21,7 +21,7 @@ class Config:
     """What one invocation measures, and against which services."""
 
     runs: int = 20
-    hops: int = 21
+    hops: tuple[int, ...] = (21,)
     rounds: int = 5
     concurrency: int = 2
     warmup_hops: int = 5
@@ -34,6 +34,9 @@ class Config:
     json_path: str | None = None
     usage: bool = False
     other_tree: str | None = None
+    result_bytes: int = 0
+    peer: str | None = None
+    dbos_polling_s: float = 0.05
 
     @property
     def agent(self) -> str:
@@ -41,9 +44,9 @@ class Config:
         return bench_agents.USAGE_AGENT if self.usage else bench_agents.AGENT
 
     @property
-    def steps_per_run(self) -> int:
-        """Steps one Lousho run really takes (an odd number; see ``bench.agents``)."""
-        return bench_agents.steps_for(self.hops)
+    def lengths(self) -> list[int]:
+        """Steps one run really takes, for each asked length, shortest first (odd; see ``bench.agents``)."""
+        return sorted({bench_agents.steps_for(hops) for hops in self.hops})
 
     @property
     def database_url(self) -> str:
@@ -51,6 +54,17 @@ class Config:
         base, _, query = self.server_url.partition("?")
         base = base.rsplit("/", 1)[0] if base.count("/") >= 3 else base
         return f"{base}/{self.database}" + (f"?{query}" if query else "")
+
+    @property
+    def dbos_database(self) -> str:
+        """The DBOS peer's system database, next to the bench database on the same server."""
+        return f"{self.database}_dbos"
+
+    @property
+    def dbos_database_url(self) -> str:
+        """The DBOS peer's system database URL (same server, user and query as ``database_url``)."""
+        base, _, query = self.database_url.partition("?")
+        return f"{base.rsplit('/', 1)[0]}/{self.dbos_database}" + (f"?{query}" if query else "")
 
     @property
     def bench_redis_url(self) -> str:
@@ -64,7 +78,7 @@ class Config:
     @property
     def history_limit(self) -> int:
         """Production default (50), raised when runs are longer so every step keeps its row."""
-        return max(50, self.steps_per_run + 1)
+        return max(50, max(self.lengths) + 1)
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
@@ -73,8 +87,15 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description="Lousho steps/s and per-step overhead against a bare Celery chain.")
     parser.add_argument("--runs", type=int, default=defaults.runs, help="concurrent runs (and chains) per round")
-    parser.add_argument("--hops", type=int, default=defaults.hops,
-                        help="steps per run; rounded up to odd (tool turns come in pairs, plus the final turn)")
+    parser.add_argument("--hops", type=_lengths, default=defaults.hops, metavar="N[,N...]",
+                        help="steps per run, one or more comma-separated lengths measured in turn; each rounded up "
+                             "to odd (tool turns come in pairs, plus the final turn)")
+    parser.add_argument("--result-bytes", type=int, default=defaults.result_bytes, metavar="N",
+                        help="bytes of text each tool call returns (0: 'ok'); the bare chain carries as many")
+    parser.add_argument("--peer", choices=["dbos"], help="also measure the same work as DBOS workflow steps "
+                        "(needs the optional dbos package)")
+    parser.add_argument("--dbos-polling", type=float, default=defaults.dbos_polling_s, metavar="S",
+                        help="queue polling interval of the DBOS peer's processes (DBOS's default is 1 s)")
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="rounds of each system, interleaved")
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency,
                         help="prefork processes of each worker")
@@ -92,9 +113,11 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--other-tree", metavar="PATH",
                         help="also measure a Lousho worker started from this copy of the project (same schema)")
     args = parser.parse_args(argv)
-    for name in ("runs", "hops", "rounds", "concurrency"):
+    for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.result_bytes < 0 or args.dbos_polling <= 0:
+        parser.error("--result-bytes must be at least 0 and --dbos-polling above 0")
     if args.other_tree is not None:
         other = Path(args.other_tree).resolve()
         if not (other / "worker" / "celery.py").exists():
@@ -103,4 +126,16 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     return Config(runs=args.runs, hops=args.hops, rounds=args.rounds, concurrency=args.concurrency,
                   server_url=args.server_url, database=args.database, redis_url=args.redis_url,
                   redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
-                  usage=args.usage, other_tree=args.other_tree)
+                  usage=args.usage, other_tree=args.other_tree, result_bytes=args.result_bytes, peer=args.peer,
+                  dbos_polling_s=args.dbos_polling)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """``--hops``: one or more comma-separated positive integers."""
+    try:
+        lengths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError("every length must be at least 1")
+    return lengths

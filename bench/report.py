@@ -1,4 +1,4 @@
-"""The benchmark's output: the table rows, the summary over rounds with its ratios, and the JSON file.
+"""The benchmark's output: the table rows, the summary per run length with its ratios, the per-system tables, the JSON.
 
 It formats and aggregates ``RoundResult``s; it measures nothing itself.
 """
@@ -19,87 +19,157 @@ from bench.results import RoundResult, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-HEADER = (f"{'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
+HEADER = (f"{'len':>4} {'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
           f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
           f"{'wrk cpu':>8} {'pg cpu':>7}")
 
 
 def format_row(s: dict[str, Any]) -> str:
     """One line of the table for a round's (or a system's overall) summary, under ``HEADER``."""
-    return (f"{s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} {s['steps_per_s']:>8.1f} "
+    return (f"{s['steps_per_run']:>4} {s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} "
+            f"{s['steps_per_s']:>8.1f} "
             f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f} "
             f"{s['gap_p50_ms']:>8.2f} {s['worker_cpu_ms_per_step']:>8.2f} {s['postgres_cpu_ms_per_step']:>7.2f}")
 
 
-def aggregate(results: list[RoundResult]) -> dict[str, Any]:
-    """Per system: median steps/s over rounds, percentiles over every step of every round; the ratios."""
-    summary: dict[str, Any] = {}
-    systems = list(dict.fromkeys(r.system for r in results))
-    for system in systems:
-        mine = [r for r in results if r.system == system]
-        rates = [r.steps_per_s for r in mine]
-        steps = [x for r in mine for x in r.step_ms]
-        tasks = [x for r in mine for x in r.task_ms]
-        gaps = [x for r in mine for x in r.gap_ms]
-        count = sum(r.steps for r in mine)
-        summary[system] = {
-            "system": system, "round": "all", "steps": count, "wall_s": round(sum(r.wall_s for r in mine), 4),
-            "steps_per_s": round(statistics.median(rates), 2),
-            "steps_per_s_min": round(min(rates), 2), "steps_per_s_max": round(max(rates), 2),
-            "step_p50_ms": round(percentile(steps, 50), 3), "step_p99_ms": round(percentile(steps, 99), 3),
-            "task_p50_ms": round(percentile(tasks, 50), 3), "task_p99_ms": round(percentile(tasks, 99), 3),
-            "gap_p50_ms": round(percentile(gaps, 50), 3),
-            "worker_cpu_ms_per_step": round(sum(r.worker_cpu_s for r in mine) * 1000 / count, 3),
-            "worker_main_cpu_ms_per_step": round(sum(r.worker_main_cpu_s for r in mine) * 1000 / count, 3),
-            "postgres_cpu_ms_per_step": round(sum(r.postgres_cpu_s for r in mine) * 1000 / count, 3),
-        }
-        summary[system]["cpu_ms_per_step"] = round(
-            summary[system]["worker_cpu_ms_per_step"] + summary[system]["postgres_cpu_ms_per_step"], 3)
+def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: int) -> dict[str, Any]:
+    """One system's figures at one run length over every round: median steps/s, percentiles over all steps."""
+    rates = [r.steps_per_s for r in mine]
+    steps = [x for r in mine for x in r.step_ms]
+    tasks = [x for r in mine for x in r.task_ms]
+    gaps = [x for r in mine for x in r.gap_ms]
+    count = sum(r.steps for r in mine)
+    row: dict[str, Any] = {
+        "system": system, "round": "all", "steps_per_run": length, "steps": count,
+        "wall_s": round(sum(r.wall_s for r in mine), 4),
+        "steps_per_s": round(statistics.median(rates), 2),
+        "steps_per_s_min": round(min(rates), 2), "steps_per_s_max": round(max(rates), 2),
+        "step_p50_ms": round(percentile(steps, 50), 3), "step_p99_ms": round(percentile(steps, 99), 3),
+        "task_p50_ms": round(percentile(tasks, 50), 3), "task_p99_ms": round(percentile(tasks, 99), 3),
+        "gap_p50_ms": round(percentile(gaps, 50), 3),
+        "worker_cpu_ms_per_step": round(sum(r.worker_cpu_s for r in mine) * 1000 / count, 3),
+        "worker_main_cpu_ms_per_step": round(sum(r.worker_main_cpu_s for r in mine) * 1000 / count, 3),
+        "postgres_cpu_ms_per_step": round(sum(r.postgres_cpu_s for r in mine) * 1000 / count, 3),
+        "peak_rss_mib": round(peak_rss_kib / 1024, 1),
+    }
+    row["cpu_ms_per_step"] = round(row["worker_cpu_ms_per_step"] + row["postgres_cpu_ms_per_step"], 3)
+    return row
+
+
+def _ratios(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict[str, Any]:
+    """Steps/s (overall and paired by round), CPU and added wall time of each system against its baseline."""
     rounds: dict[int, dict[str, float]] = defaultdict(dict)
     for r in results:
         rounds[r.round][r.system] = r.steps_per_s
-    summary["ratios"] = {}
-    for system, base in [(s, "bare") for s in systems if s != "bare"] + [("other", "lousho")]:
-        if system not in summary or base not in summary:
+    pairs = [(s, "bare") for s in rows if s != "bare"] + [("other", "lousho"), ("lousho", "dbos")]
+    ratios = {}
+    for system, base in pairs:
+        if system not in rows or base not in rows:
             continue
         paired = [p[system] / p[base] for p in rounds.values() if system in p and base in p]
-        summary["ratios"][f"{system}/{base}"] = {
-            "steps_per_s": round(summary[system]["steps_per_s"] / summary[base]["steps_per_s"], 3),
+        ratios[f"{system}/{base}"] = {
+            "steps_per_s": round(rows[system]["steps_per_s"] / rows[base]["steps_per_s"], 3),
             "paired_median": round(statistics.median(paired), 3),
             "per_round": [round(x, 3) for x in paired],
-            "cpu": round(summary[base]["cpu_ms_per_step"] / summary[system]["cpu_ms_per_step"], 3),
-            "added_wall_ms_per_step": round(
-                1000 / summary[system]["steps_per_s"] - 1000 / summary[base]["steps_per_s"], 3),
+            "cpu": round(rows[base]["cpu_ms_per_step"] / rows[system]["cpu_ms_per_step"], 3),
+            "added_wall_ms_per_step": round(1000 / rows[system]["steps_per_s"] - 1000 / rows[base]["steps_per_s"], 3),
         }
-    summary["ratio"] = summary["ratios"]["lousho/bare"]["steps_per_s"]
-    return summary
+    return ratios
+
+
+def _sweep(lengths: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per system, how its ratio to bare and its task p99 change from 21 steps (or the shortest) to the longest."""
+    ordered = sorted(lengths)
+    short = 21 if 21 in lengths else ordered[0]
+    long = ordered[-1]
+    sweep: dict[str, Any] = {}
+    for system in lengths[long]["systems"]:
+        if system not in lengths[short]["systems"]:
+            continue
+        at_short, at_long = lengths[short]["systems"][system], lengths[long]["systems"][system]
+        entry = {"shortest": short, "longest": long,
+                 "task_p99_longest_over_shortest": round(at_long["task_p99_ms"] / at_short["task_p99_ms"], 3)}
+        key = f"{system}/bare"
+        if key in lengths[short]["ratios"] and key in lengths[long]["ratios"]:
+            entry["ratio_longest_over_shortest"] = round(
+                lengths[long]["ratios"][key]["steps_per_s"] / lengths[short]["ratios"][key]["steps_per_s"], 3)
+        sweep[system] = entry
+    return sweep
+
+
+def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -> dict[str, Any]:
+    """Per run length and system the overall figures and the ratios; per system how they change with the length.
+
+    ``peak_rss`` maps a run length to each system's largest VmHWM (KiB) read after that length's rounds.
+    """
+    lengths: dict[int, dict[str, Any]] = {}
+    for length in sorted({r.steps_per_run for r in results}):
+        at_length = [r for r in results if r.steps_per_run == length]
+        rows = {system: _overall(system, length, [r for r in at_length if r.system == system],
+                                 peak_rss.get(length, {}).get(system, 0))
+                for system in dict.fromkeys(r.system for r in at_length)}
+        lengths[length] = {"systems": rows, "ratios": _ratios(rows, at_length)}
+    return {"lengths": lengths, "sweep": _sweep(lengths)}
+
+
+def _print_ratios(length: int, ratios: dict[str, Any]) -> None:
+    for name, ratio in ratios.items():
+        per_round = ", ".join(f"{x:.2f}" for x in ratio["per_round"])
+        target = ""
+        if name == "lousho/bare":
+            target = " (meets the 0.75x target)" if ratio["steps_per_s"] >= 0.75 else " (below the 0.75x target)"
+        print(f"  {length:>4} steps, {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
+              f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
+              f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms")
+
+
+def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: dict[str, Any]) -> None:
+    """The per-system table of issue 12: one row per run length, then how the figures change with the length."""
+    print(f"\n{system}:")
+    print(f"| steps per run | steps/s | {system}/bare steps/s | task p50 / p99 (ms) | worker CPU per step (ms) "
+          "| Postgres CPU per step (ms) | peak worker RSS (MiB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for length, figures in lengths.items():
+        row = figures["systems"].get(system)
+        if row is None:
+            continue
+        ratio = figures["ratios"].get(f"{system}/bare", {}).get("steps_per_s", 1.0 if system == "bare" else None)
+        shown = f"{ratio:.2f}x" if ratio is not None else "-"
+        print(f"| {length} | {row['steps_per_s']:.1f} | {shown} | {row['task_p50_ms']:.1f} / {row['task_p99_ms']:.1f} "
+              f"| {row['worker_cpu_ms_per_step']:.2f} | {row['postgres_cpu_ms_per_step']:.2f} "
+              f"| {row['peak_rss_mib']:.1f} |")
+    entry = sweep.get(system)
+    if entry and entry["longest"] != entry["shortest"]:
+        span = f"at {entry['longest']} / at {entry['shortest']} steps"
+        targeted = system == "lousho" and entry["shortest"] == 21  # issue 12's targets, from 21 steps
+        ratio_part = (f"{system}/bare {span}: {entry['ratio_longest_over_shortest']:.2f}"
+                      + (" (target >= 0.9)" if targeted else "") + "; "
+                      if "ratio_longest_over_shortest" in entry else "")
+        print(f"{ratio_part}task p99 {span}: {entry['task_p99_longest_over_shortest']:.2f}"
+              + (" (target <= 1.5)" if targeted else ""))
 
 
 def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int]]) -> None:
-    """Print the summary table, the ratios, CPU per step, the load average and the peak RSS."""
-    systems = [name for name in ("lousho", "other", "bare") if name in summary]
+    """Print the summary rows and ratios per run length, one table per system, the load average and peak RSS."""
+    lengths: dict[int, dict[str, Any]] = summary["lengths"]
+    systems = [name for name in ("lousho", "other", "dbos", "bare")
+               if any(name in figures["systems"] for figures in lengths.values())]
     print()
-    print(f"summary: {config.runs} concurrent runs x {config.steps_per_run} steps, {config.rounds} round(s) each, "
-          f"prefork -c {config.concurrency}, agent {config.agent}"
-          + (f", other = {config.other_tree}" if config.other_tree else ""))
-    print("  steps/s: median of rounds (range); percentiles over every step of every round (ms); cpu: ms per step")
+    print(f"summary: {config.runs} concurrent runs, {config.rounds} round(s) per run length, prefork -c "
+          f"{config.concurrency}, agent {config.agent}, tool results of {config.result_bytes} bytes"
+          + (f", other = {config.other_tree}" if config.other_tree else "")
+          + (f", DBOS queue polling every {config.dbos_polling_s} s" if "dbos" in systems else ""))
+    print("  steps/s: median of rounds; percentiles over every step of every round (ms); cpu: ms per step")
     print(HEADER)
+    for figures in lengths.values():
+        for system in systems:
+            if system in figures["systems"]:
+                print(format_row(figures["systems"][system]))
+    for length, figures in lengths.items():
+        _print_ratios(length, figures["ratios"])
     for system in systems:
-        print(format_row(summary[system]))
-    print("  steps/s range over rounds: " + ", ".join(
-        f"{s} {summary[s]['steps_per_s_min']:.1f}-{summary[s]['steps_per_s_max']:.1f}" for s in systems))
-    for name, ratio in summary["ratios"].items():
-        per_round = ", ".join(f"{x:.2f}" for x in ratio["per_round"])
-        target = ""
-        if name.endswith("/bare"):
-            target = " (meets the 0.75x target)" if ratio["steps_per_s"] >= 0.75 else " (below the 0.75x target)"
-        print(f"ratio {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
-              f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
-              f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms")
-    print("CPU per step, worker (of which its main process) + bench database backends; Redis not counted: " + ", ".join(
-        f"{s} {summary[s]['worker_cpu_ms_per_step']:.2f} ({summary[s]['worker_main_cpu_ms_per_step']:.2f}) + "
-        f"{summary[s]['postgres_cpu_ms_per_step']:.2f} ms" for s in systems))
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        _print_system_table(system, lengths, summary["sweep"])
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     for label, peaks in rss.items():
         if peaks:
             parts = ", ".join(f"{role} {kib / 1024:.1f}" for role, kib in peaks.items())
@@ -113,8 +183,10 @@ def write_json(config: Config, results: list[RoundResult], summary: dict[str, An
     path = Path(config.json_path) if config.json_path else RESULTS / f"bench-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
-        "when": stamp, "config": asdict(config) | {"steps_per_run": config.steps_per_run},
-        "rounds": [r.summary() for r in results], "summary": summary, "peak_rss_kib": rss,
+        "when": stamp, "config": asdict(config) | {"steps_per_run": config.lengths},
+        "rounds": [r.summary() for r in results], "peak_rss_kib": rss,
+        # JSON object keys are strings: the run lengths become "21", "201", ...
+        "summary": {"lengths": {str(k): v for k, v in summary["lengths"].items()}, "sweep": summary["sweep"]},
         "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
     }
     path.write_text(json.dumps(document, indent=2) + "\n")

@@ -39,11 +39,13 @@ class RoundResult:
     worker_cpu_s: float = 0.0
     worker_main_cpu_s: float = 0.0
     postgres_cpu_s: float = 0.0
+    steps_per_run: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The round's figures as JSON-ready numbers (ms, rounded), as printed and written."""
         return {
-            "system": self.system, "round": self.round, "steps": self.steps, "wall_s": round(self.wall_s, 4),
+            "system": self.system, "round": self.round, "steps_per_run": self.steps_per_run, "steps": self.steps,
+            "wall_s": round(self.wall_s, 4),
             "steps_per_s": round(self.steps_per_s, 2),
             "step_p50_ms": round(percentile(self.step_ms, 50), 3),
             "step_p99_ms": round(percentile(self.step_ms, 99), 3),

@@ -1,7 +1,8 @@
-"""One benchmark invocation: Lousho steps/s and per-step overhead against a bare Celery chain, side by side.
+"""One benchmark invocation: Lousho steps/s and per-step overhead against a bare Celery chain (and DBOS), side by side.
 
-``Bench`` owns the services, the workers and the interleaved rounds; ``main`` is ``python -m bench``. What it
-measures and how steps are timed: ``bench/README.md``. Figures are computed and printed by ``bench.report``.
+``Bench`` owns the services, the workers and the interleaved rounds of each run length; ``main`` is ``python -m
+bench``. What it measures: ``bench/README.md``. Rounds are taken by ``bench.rounds`` (``bench.dbos_peer`` for DBOS),
+figures computed and printed by ``bench.report``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,19 +20,17 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import agents as bench_agents
-from bench import timing
+from bench import dbos_app, dbos_peer, rounds, timing
 from bench.config import ROOT, Config, parse_args
 from bench.report import HEADER, aggregate, format_row, report, write_json
-from bench.results import RoundResult, gaps_ms, read_lines, task_times
-from bench.workers import BenchError, System, Worker, cpu_seconds
+from bench.results import RoundResult
+from bench.workers import BenchError, System, Worker, celery_command, cpu_seconds
 
 __all__ = ["Bench", "Config", "main", "parse_args"]
 
 LOUSHO_QUEUE = "bench-lousho"
 BARE_QUEUE = "bench-bare"
 OTHER_QUEUE = "bench-other"
-ADVANCE = "lousho.advance"
 
 
 class Bench:
@@ -45,7 +43,12 @@ class Bench:
         if config.other_tree is not None:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
         self.systems.append(System("bare", "bare", BARE_QUEUE, ROOT, "b"))
+        self.peer: dbos_peer.DbosPeer | None = None
+        if config.peer == "dbos" and dbos_peer.missing() is None:
+            self.peer = dbos_peer.DbosPeer(config, workdir)
+            self.systems.append(System("dbos", "dbos", dbos_app.QUEUE, ROOT, "d"))
         self.workers: dict[str, Worker] = {}
+        self.peak_rss: dict[int, dict[str, int]] = {}  # run length -> system -> largest VmHWM so far (KiB)
         self._clients: dict[str, Any] = {}
         self._bare_app: Any = None
         self._db: psycopg.Connection[Any] | None = None
@@ -74,6 +77,8 @@ class Bench:
         migrate(self.settings())
         redis.Redis.from_url(self.config.bench_redis_url, socket_connect_timeout=5).flushdb()
         self._db = psycopg.connect(self.config.database_url, autocommit=True)
+        if self.peer is not None:
+            self.peer.prepare()
 
     def environment(self, system: System) -> dict[str, str]:
         """The environment of ``system``'s worker: ours without any ``LOUSHO_`` variable, plus the bench's."""
@@ -92,11 +97,18 @@ class Bench:
         return env
 
     def start_workers(self) -> None:
-        """Start one worker subprocess per system, each logging to the work dir."""
+        """Start one worker subprocess per system, each logging to the work dir; wait for the DBOS peer's."""
         for system in self.systems:
-            self.workers[system.name] = Worker(
-                system.name, system.app, system.queue, self.config.concurrency, self.environment(system),
-                self.workdir / f"{system.name}-worker.log", self.config.loglevel, cwd=system.root)
+            if system.kind == "dbos" and self.peer is not None:
+                command = self.peer.command()
+            else:
+                command = celery_command(system.name, system.app, system.queue, self.config.concurrency,
+                                         self.config.loglevel)
+            self.workers[system.name] = Worker(system.name, command, self.environment(system),
+                                               self.workdir / f"{system.name}-worker.log", cwd=system.root)
+        if self.peer is not None:
+            self.peer.connect(self.workers["dbos"].alive)
+            self.workers["dbos"].pause()
 
     def stop_workers(self) -> None:
         """Stop every worker started (warm shutdown, then a kill if it lingers)."""
@@ -109,6 +121,8 @@ class Bench:
             client.close()
         if self._bare_app is not None:
             self._bare_app.close()
+        if self.peer is not None:
+            self.peer.close()
         if self._db is not None:
             self._db.close()
 
@@ -136,104 +150,31 @@ class Bench:
 
     # rounds
 
-    def run_round(self, system: System, label: str, number: int, runs: int, hops: int) -> RoundResult:
-        """One round of ``system`` with its CPU use measured around it."""
+    def run_round(self, system: System, label: str, number: int, runs: int, length: int) -> RoundResult:
+        """One round of ``system`` (``runs`` runs of ``length`` steps) with its CPU use measured around it."""
         worker = self.workers[system.name]
-        cpu_before, pg_before = worker.cpu(), self.postgres_cpu()
-        prefix = f"{label}{system.tag}-"
+        if system.kind == "dbos":  # it polls its queue: paused outside its own rounds
+            worker.pause(False)
+            time.sleep(0.2)
+        database = {"lousho": self.config.database, "dbos": self.config.dbos_database}.get(system.kind)
+        cpu_before, pg_before = worker.cpu(), self.postgres_cpu(database)
+        spec = rounds.RoundSpec(system.name, f"{label}{system.tag}-", number, runs, length, self.config.result_bytes,
+                                self.timings(system), self.config.timeout_s, self._check_workers)
         if system.kind == "lousho":
-            result = self.lousho_round(system, prefix, number, runs, hops)
+            assert self._db is not None
+            result = rounds.lousho_round(spec, self._db, self.client(system).agent(self.config.agent))
+        elif system.kind == "dbos" and self.peer is not None:
+            result = self.peer.round(spec)
         else:
-            result = self.bare_round(system, prefix, number, runs, bench_agents.steps_for(hops))
-        cpu_after, pg_after = worker.cpu(), self.postgres_cpu()
+            result = rounds.bare_round(spec, self.bare_app, system.queue)
+        cpu_after, pg_after = worker.cpu(), self.postgres_cpu(database)
         result.worker_cpu_s = sum(v - cpu_before.get(pid, 0.0) for pid, v in cpu_after.items())
         main_pid = worker.process.pid
         result.worker_main_cpu_s = cpu_after.get(main_pid, 0.0) - cpu_before.get(main_pid, 0.0)
-        if system.kind == "lousho":
-            result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
+        result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
+        if system.kind == "dbos":
+            worker.pause()
         return result
-
-    def lousho_round(self, system: System, prefix: str, number: int, runs: int, hops: int) -> RoundResult:
-        """``runs`` concurrent Lousho runs of ``hops`` steps; timed from ``checkpoint_history``."""
-        assert self._db is not None
-        handle = self.client(system).agent(self.config.agent)
-        message = bench_agents.input_for(hops)
-        expected = bench_agents.steps_for(hops)
-        started = time.time()
-        for i in range(runs):
-            handle.send(message, session_id=f"{prefix}{i:03d}", check_agent=False)
-        deadline = time.monotonic() + self.config.timeout_s
-        while True:
-            row = self._db.execute(
-                "SELECT count(*) FILTER (WHERE status = 'finished'),"
-                " count(*) FILTER (WHERE last_error IS NOT NULL AND NOT (last_error->>'retryable')::boolean)"
-                " FROM runs WHERE session_id LIKE %s", (prefix + "%",)).fetchone()
-            finished, parked = (int(row[0]), int(row[1])) if row else (0, 0)
-            if parked:
-                raise BenchError(f"{parked} run(s) {prefix}* of {system.name} were parked with an error")
-            if finished >= runs:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError(f"{system.name} runs {prefix}*: {finished}/{runs} finished in "
-                                 f"{self.config.timeout_s} s")
-            self._check_workers()
-            time.sleep(0.05)
-        history: dict[str, list[float]] = defaultdict(list)
-        rows = self._db.execute(
-            "SELECT r.session_id, extract(epoch FROM r.created_at)::float8, extract(epoch FROM h.saved_at)::float8"
-            " FROM runs r JOIN checkpoint_history h USING (session_id)"
-            " WHERE r.session_id LIKE %s ORDER BY r.session_id, h.seq", (prefix + "%",)).fetchall()
-        created: dict[str, float] = {}
-        for session_id, created_at, saved_at in rows:
-            created[session_id] = float(created_at)
-            history[session_id].append(float(saved_at))
-        short = [sid for sid, saves in history.items() if len(saves) != expected]
-        if len(history) != runs or short:
-            raise BenchError(f"{system.name} runs {prefix}*: expected {runs} runs of {expected} saves, "
-                             f"got {len(history)} runs, {len(short)} with another count")
-        step_ms = []
-        for session_id, saves in history.items():
-            previous = created[session_id]
-            for saved in saves:
-                step_ms.append((saved - previous) * 1000)
-                previous = saved
-        ended = max(saves[-1] for saves in history.values())
-        tasks = task_times(read_lines(self.timings(system)), ADVANCE, prefix)
-        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end, _ in spans]
-        steps = sum(len(saves) for saves in history.values())
-        wall = ended - started
-        return RoundResult(system.name, number, steps, wall, steps / wall, step_ms, task_ms, gaps_ms(tasks))
-
-    def bare_round(self, system: System, prefix: str, number: int, runs: int, hops: int) -> RoundResult:
-        """``runs`` concurrent bare chains of ``hops`` hops; timed from the hop tasks' start times."""
-        from bench.bare import HOP
-
-        sent: dict[str, float] = {}
-        started = time.time()
-        for i in range(runs):
-            chain = f"{prefix}{i:03d}"
-            sent[chain] = time.time()
-            self.bare_app.send_task(HOP, args=(chain, 1, hops), queue=system.queue)
-        deadline = time.monotonic() + self.config.timeout_s
-        while True:
-            tasks = task_times(read_lines(self.timings(system)), HOP, prefix)
-            done = sum(len(spans) for spans in tasks.values())
-            if done >= runs * hops:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError(f"bare chains {prefix}*: {done}/{runs * hops} hops in {self.config.timeout_s} s")
-            self._check_workers()
-            time.sleep(0.05)
-        step_ms = []
-        for chain, spans in tasks.items():
-            previous = sent[chain]
-            for start, _, _ in sorted(spans):
-                step_ms.append((start - previous) * 1000)
-                previous = start
-        task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end, _ in spans]
-        ended = max(end for spans in tasks.values() for _, end, _ in spans)
-        wall = ended - started
-        return RoundResult(system.name, number, done, wall, done / wall, step_ms, task_ms, gaps_ms(tasks))
 
     def warm_up(self) -> None:
         """Start every worker's pool processes (imports, connections, first-task costs), unmeasured."""
@@ -241,22 +182,30 @@ class Bench:
         for system in self.systems:
             self.run_round(system, "warm", 0, runs, self.config.warmup_hops)
 
-    def postgres_cpu(self) -> dict[int, float]:
-        """CPU seconds used so far by the server processes serving the bench database (not ours)."""
+    def postgres_cpu(self, database: str | None) -> dict[int, float]:
+        """CPU seconds used so far by the server processes serving ``database`` (not ours); none for None."""
         assert self._db is not None
-        rows = self._db.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                                (self.config.database,)).fetchall()
+        if database is None:
+            return {}
+        ours = [self.peer.backend_pid] if self.peer is not None else []  # its completion polling
+        rows = self._db.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+                                " AND NOT pid = ANY(%s)", (database, ours)).fetchall()
         return {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
 
     def measure(self) -> list[RoundResult]:
-        """The measured rounds, each system once per round in rotating order; prints each round's row."""
+        """Per run length (shortest first), the rounds, each system once per round in rotating order.
+
+        Prints each round's row; after each length, records each worker's peak RSS so far.
+        """
         results = []
-        for number in range(1, self.config.rounds + 1):
-            shift = (number - 1) % len(self.systems)
-            for system in self.systems[shift:] + self.systems[:shift]:
-                result = self.run_round(system, f"r{number}", number, self.config.runs, self.config.hops)
-                results.append(result)
-                print(format_row(result.summary()), flush=True)
+        for length in self.config.lengths:
+            for number in range(1, self.config.rounds + 1):
+                shift = (number - 1) % len(self.systems)
+                for system in self.systems[shift:] + self.systems[:shift]:
+                    result = self.run_round(system, f"{length}r{number}", number, self.config.runs, length)
+                    results.append(result)
+                    print(format_row(result.summary()), flush=True)
+            self.peak_rss[length] = {name: w.largest_rss_kib() for name, w in self.workers.items()}
         return results
 
 
@@ -265,8 +214,16 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; 0 on success, 1 when it could not complete, 130 when interrupted."""
+    """Run the benchmark.
+
+    Returns:
+        0 on success, 1 when it could not complete, 2 when the peer asked for could not be measured (the
+        others were), 130 when interrupted.
+    """
     config = parse_args(argv)
+    peer_missing = dbos_peer.missing() if config.peer == "dbos" else None
+    if peer_missing:
+        print(peer_missing, file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
     workdir = Path(tempfile.mkdtemp(prefix="lousho-bench-"))
@@ -282,11 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(HEADER, flush=True)
         results = bench.measure()
         rss = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
-        summary = aggregate(results)
+        summary = aggregate(results, bench.peak_rss)
         report(config, summary, rss)
         if config.json_path is not None:
             print(f"results written to {write_json(config, results, summary, rss)}")
         keep = False
+        if peer_missing:
+            print(f"the DBOS peer was not measured: {peer_missing}", file=sys.stderr)
+            return 2
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping workers", file=sys.stderr)

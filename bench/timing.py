@@ -1,12 +1,12 @@
 """In-task timing for benchmark workers: one line per finished task, appended to a shared file.
 
 Installed by ``bench.agents`` (inside Lousho worker processes) and ``bench.bare`` (inside the bare
-worker) when ``BENCH_TIMINGS`` names a file. Each line is
-``task-name<TAB>first-arg<TAB>second-arg<TAB>start<TAB>end`` with wall-clock seconds taken at
-Celery's ``task_prerun`` and ``task_postrun`` signals, i.e. the time the task body ran, without
-broker delivery and ack. The file is opened per process with ``O_APPEND`` and written with one
-``os.write`` per task, so lines from concurrent processes never interleave and the cost is a
-few microseconds, the same in both workers.
+worker) when ``BENCH_TIMINGS`` names a file; ``bench.dbos_peer`` calls ``record`` around each DBOS
+step. Each line is ``task-name<TAB>first-arg<TAB>second-arg<TAB>start<TAB>end`` with wall-clock
+seconds taken at Celery's ``task_prerun`` and ``task_postrun`` signals, i.e. the time the task body
+ran, without broker delivery and ack. The file is opened per process with ``O_APPEND`` and written
+with one ``os.write`` per task, so lines from concurrent processes never interleave and the cost is
+a few microseconds, the same in every worker.
 """
 
 from __future__ import annotations
@@ -42,8 +42,15 @@ def _postrun(task_id: str | None = None, task: Any = None, args: Any = None, **_
     if start is None or not path:
         return
     values = [*(args or ()), None, None]
-    line = f"{getattr(task, 'name', '?')}\t{values[0]}\t{values[1]}\t{start:.6f}\t{end:.6f}\n"
-    os.write(_descriptor(path), line.encode())
+    record(getattr(task, "name", "?"), values[0], values[1], start, end)
+
+
+def record(name: str, first: object, second: object, start: float, end: float) -> None:
+    """Append one timing line (used by the signals above, and by the DBOS peer around each step)."""
+    path = os.environ.get(ENV)
+    if path:
+        line = f"{name}\t{first}\t{second}\t{start:.6f}\t{end:.6f}\n"
+        os.write(_descriptor(path), line.encode())
 
 
 def install() -> bool:

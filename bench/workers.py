@@ -27,18 +27,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-class Worker:
-    """A celery worker subprocess in its own process group, stopped with its children."""
+def celery_command(label: str, app: str, queue: str, concurrency: int, loglevel: str) -> list[str]:
+    """The command line of a celery worker of ``app`` on ``queue`` with ``concurrency`` prefork processes."""
+    command = [str(ROOT / ".venv" / "bin" / "celery"), "-A", app, "worker", "-P", "prefork",
+               "-c", str(concurrency), "--without-gossip", "--without-mingle", "--without-heartbeat",
+               "-Q", queue, "-n", f"{label}@%h", "-l", loglevel]
+    if not Path(command[0]).exists():
+        command[0:1] = [sys.executable, "-m", "celery"]
+    return command
 
-    def __init__(self, label: str, app: str, queue: str, concurrency: int, env: dict[str, str], log: Path,
-                 loglevel: str, cwd: Path = ROOT) -> None:
+
+class Worker:
+    """A worker subprocess (celery, or the DBOS peer's supervisor) in its own process group, stopped with it."""
+
+    def __init__(self, label: str, command: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
         self.label = label
         self.log = log
-        command = [str(ROOT / ".venv" / "bin" / "celery"), "-A", app, "worker", "-P", "prefork",
-                   "-c", str(concurrency), "--without-gossip", "--without-mingle", "--without-heartbeat",
-                   "-Q", queue, "-n", f"{label}@%h", "-l", loglevel]
-        if not Path(command[0]).exists():
-            command[0:1] = [sys.executable, "-m", "celery"]
         self._log_file = log.open("wb")
         self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self._log_file,
                                         stderr=subprocess.STDOUT, start_new_session=True)
@@ -74,14 +78,31 @@ class Worker:
                 continue
         return peaks
 
+    def largest_rss_kib(self) -> int:
+        """The largest VmHWM so far among the processes doing the work, in KiB (0 when none could be read).
+
+        Those are the pool processes (or the DBOS serving processes); the main process when there are none.
+        """
+        peaks = self.peak_rss_kib()
+        workers = [kib for role, kib in peaks.items() if role != "main"]
+        return max(workers or peaks.values(), default=0)
+
     def cpu(self) -> dict[int, float]:
         """CPU seconds used so far by the main process and each pool process, by pid."""
         return {pid: cpu_seconds(pid) for pid in [self.process.pid, *self.children()]}
 
+    def pause(self, paused: bool = True) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) the whole process group, so an idle worker costs the others nothing."""
+        try:
+            os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     def stop(self, grace_s: float = 10.0) -> None:
-        """Warm shutdown of the whole process group, then a kill if it lingers."""
+        """Warm shutdown of the whole process group (continued first if paused), then a kill if it lingers."""
         if self.alive():
             try:
+                os.killpg(self.process.pid, signal.SIGCONT)
                 os.killpg(self.process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
@@ -111,10 +132,10 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class System:
-    """One thing measured: a Lousho worker (of this tree or another one) or the bare chain."""
+    """One thing measured: a Lousho worker (of this tree or another one), the bare chain or the DBOS peer."""
 
     name: str
-    kind: str  # "lousho" or "bare"
+    kind: str  # "lousho", "bare" or "dbos"
     queue: str
     root: Path
     tag: str  # makes its run ids unique within a round

@@ -41,7 +41,12 @@ def engine_for(deps: StepDeps, settings: Settings, variant: str) -> Engine:
     """The checkpoint store's engine for ``variant``: the worker's own for ``default``."""
     from sqlalchemy import create_engine
 
+    from store.checkpoints import PostgresCheckpointStore
+
     if variant == "default":
+        # The worker's stores are typed by their ports; the profile measures the Postgres one.
+        if not isinstance(deps.store, PostgresCheckpointStore):
+            raise TypeError("profile_step measures the Postgres checkpoint store")
         return deps.store.engine
     options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
                                "hide_parameters": True,

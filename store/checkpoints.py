@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, history, payloads, records, registry, runs
+from store import errors, history, payloads, records, registry, runs, transcripts
 from store.database import Transaction
 from store.records import Claim
 
@@ -33,31 +33,48 @@ UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
-RETURNING {_COLUMNS}, now() AS db_now
+RETURNING {_COLUMNS}, now() AS db_now,
+  (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m
+   WHERE m.session_id = :sid
+     AND m.slot >= CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END) AS tail
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
-_LOAD = text(f"SELECT {_COLUMNS} FROM runs WHERE session_id = :sid")
+_LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
+_STORED = text("SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
+               " (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
+               " WHERE m.session_id = :sid) AS rows FROM runs WHERE session_id = :sid")
 _PROGRESS = text("SELECT status, inbox_cursor, last_error FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
-_SAVE_HEAD = """
+# The fenced write of a step: the run's control columns and document, the messages it added (rows past the
+# stored ones; a rewrite also replaces and drops rows and renews the transcript id), the history entry (the
+# same document: it points at the rows by seq), the ring trim and the inbox trim, in one statement.
+_SAVE_HEAD = f"""
 WITH doc AS (SELECT CAST(:doc AS jsonb) AS body),
 saved AS (
   UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
     next_attempt_at = NULL, retry_since = NULL, failures = 0,
-    inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now()
+    inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now(),
+    transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
-  RETURNING session_id, updated_at
+  RETURNING session_id, updated_at, transcript_id
+),
+added AS ({runs.ADD_MESSAGES.strip()} WHERE EXISTS (SELECT 1 FROM saved)
+  ON CONFLICT (session_id, slot) DO UPDATE SET message = EXCLUDED.message, seq = EXCLUDED.seq
+)"""
+_SAVE_GONE = """,
+gone AS (
+  DELETE FROM run_messages WHERE session_id = :sid AND slot = ANY(CAST(:gone AS int[])) AND EXISTS (SELECT 1 FROM saved)
 )"""
 _SAVE_INBOX = """,
 drained AS (
   DELETE FROM inbox WHERE session_id = :sid AND n <= :cursor AND EXISTS (SELECT 1 FROM saved)
 )"""
-_SAVE_TAIL = "\nSELECT updated_at FROM saved"
+_SAVE_TAIL = "\nSELECT updated_at, transcript_id FROM saved"
 _SAVES = {
-    (keeps, inbox): text(_SAVE_HEAD + (history.SAVE_ENTRY if keeps else "") + (_SAVE_INBOX if inbox else "")
-                         + _SAVE_TAIL)
-    for keeps in (True, False) for inbox in (True, False)
+    (keeps, inbox, gone): text(_SAVE_HEAD + (_SAVE_GONE if gone else "") + (history.SAVE_ENTRY if keeps else "")
+                               + (_SAVE_INBOX if inbox else "") + _SAVE_TAIL)
+    for keeps in (True, False) for inbox in (True, False) for gone in (True, False)
 }
 
 _FAIL = text("""
@@ -90,9 +107,19 @@ WHERE {runs.HAS_WORK} AND {runs.NOT_PARKED}
   AND (COALESCE(next_attempt_at, updated_at), session_id) > (:after_due, :after_sid)
 ORDER BY COALESCE(next_attempt_at, updated_at), session_id LIMIT :limit
 """)
+_PRUNE_RUNS = """
+WITH pruned AS (
+  DELETE FROM runs WHERE status = 'finished' AND inbox_head <= inbox_cursor AND updated_at < :cutoff
+  RETURNING session_id
+),
+messages AS (DELETE FROM run_messages WHERE session_id IN (SELECT session_id FROM pruned))
+SELECT session_id FROM pruned
+"""
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
 _PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {runs.HAS_WORK})"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+#: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
+_LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
 
 
 def _pending(row: Row[Any]) -> records.PendingRun:
@@ -112,25 +139,54 @@ class PostgresCheckpointStore:
         self.history_limit = history_limit
         # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._bases = history.Bases()
+        self._transcripts = transcripts.Transcripts()
 
     # -- the step's hot path ---------------------------------------------------------------
 
     def claim(self, session_id: str, token: int, seq: int | None) -> Claim:
         """Claim ``token`` as the run's fence and load the run, in one statement.
 
+        Of the transcript only the rows past what this process remembers of the run are read (all of
+        them when it remembers nothing, or the run's transcript was rewritten since).
+
         Returns a ``Claim`` without checkpoint when the run is unknown (``stored_fence`` None)
         or when the stored fence is not below ``token`` (a Redis counter that was lost).
         """
+        known = self._transcripts.get(session_id)
+        params = {"sid": session_id, "token": token, "seq": seq, "known": known.transcript_id if known else None,
+                  "from": known.stable if known else 0}
         with self._single() as conn:
-            row = conn.execute(_CLAIM, {"sid": session_id, "token": token, "seq": seq}).first()
+            row = conn.execute(_CLAIM, params).first()
             if row is None:
                 fence = conn.execute(_FENCE_OF, {"sid": session_id}).scalar()
                 return Claim(None, stored_fence=None if fence is None else int(fence))
-        checkpoint = runs.row_checkpoint(row, session_id)
-        if self.history_limit > 0 and checkpoint.history_seq == checkpoint.seq:
-            self._bases.remember(session_id, checkpoint.seq, checkpoint.messages)
-        return Claim(checkpoint, inbox_head=int(row._mapping["inbox_head"]), now=row._mapping["db_now"])
+        mapping = row._mapping
+        messages = self._messages_of(session_id, mapping, known)
+        checkpoint = runs.row_checkpoint(mapping, session_id, messages)
+        return Claim(checkpoint, inbox_head=int(mapping["inbox_head"]), now=mapping["db_now"])
+
+    def _messages_of(self, session_id: str, row: Any, known: transcripts.Known | None) -> list[records.Message] | None:
+        """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
+        document = row["document"] or {}
+        if "messages_count" not in document:
+            # Format 1: the document holds the transcript (rows of the id, if any, are a deleted run's leftovers).
+            self._transcripts.forget(session_id)
+            return None
+        tail = [(slot, body, len(payloads.dumps(body))) for slot, body in row["tail"] or ()]
+        transcript_id, seq = int(row["transcript_id"]), int(row["seq"])
+        try:
+            if known is not None and known.transcript_id == transcript_id:
+                found = transcripts.extend(known, transcript_id, seq, tail)
+            else:
+                found = transcripts.from_rows(transcript_id, seq, tail)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise errors.CheckpointCorruptError(f"messages of run {session_id!r} cannot be read") from exc
+        if len(found.messages) != document["messages_count"]:
+            raise errors.CheckpointCorruptError(
+                f"run {session_id!r} has {len(found.messages)} stored messages, its document says"
+                f" {document.get('messages_count')}")
+        self._transcripts.remember(session_id, found)
+        return found.messages
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -141,9 +197,11 @@ class PostgresCheckpointStore:
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
 
-        The whole checkpoint is written; the history row, the ring trim and the inbox trim go in the
-        same statement, the approvals the step opened in the same transaction. Returns the save time,
-        or None when the fence or seq no longer matched (another holder took over).
+        Only the messages the step added are written, as rows (compared with what this process read of
+        the run: a write without a claim before it reads the stored rows first); the document, the
+        history entry, the ring trim and the inbox trim go in the same statement, the approvals the step
+        opened in the same transaction. Returns the save time, or None when the fence or seq no longer
+        matched (another holder took over).
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
@@ -153,25 +211,52 @@ class PostgresCheckpointStore:
         keeps_history = self.history_limit > 0
         if keeps_history:
             checkpoint = checkpoint.model_copy(update={"history_seq": seq})
-        document = checkpoint.document()
-        body = payloads.dumps(document)
-        if len(body) > payloads.MAX_CHECKPOINT:
-            raise errors.InputTooLargeError(f"checkpoint of {len(body)} bytes is over the limit")
+        known = self._stored(sid, seq - 1)
+        rows = transcripts.diff(known, checkpoint.messages)
+        document = runs.format_document(checkpoint, len(checkpoint.messages))
+        if len(document) + rows.total_bytes > payloads.MAX_CHECKPOINT:
+            raise errors.InputTooLargeError(
+                f"checkpoint of {len(document) + rows.total_bytes} bytes is over the limit")
         params = {
-            "sid": sid, "doc": body, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
+            "sid": sid, "doc": document, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
             "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
+            "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone,
         }
-        if keeps_history:
-            shared = self._bases.shared(sid, seq, checkpoint.messages)
-            params["entry"] = payloads.dumps(history.entry_document(document, shared)) if shared else body
-        statement = _SAVES[(keeps_history, write.drained_inbox)]
-        with (self._begin() if approvals else self._single()) as conn:
-            saved: datetime | None = conn.execute(statement, params).scalar()
+        statement = _SAVES[(keeps_history, write.drained_inbox, bool(rows.gone))]
+        with (self._begin() if approvals or rows.rewrites else self._single()) as conn:
+            if rows.rewrites and keeps_history:
+                # Stored messages change (never in a step): kept entries take their transcripts along first.
+                history.make_standalone(conn, sid)
+            saved = conn.execute(statement, params).first()
             if saved is not None and approvals:
                 approval_rows.insert(conn, approvals)
-        if saved is not None and keeps_history:
-            self._bases.remember(sid, seq, checkpoint.messages)
-        return saved
+        if saved is None:
+            self._transcripts.forget(sid)
+            return None
+        if checkpoint.status == "in-progress":
+            self._transcripts.remember(sid, transcripts.after_save(
+                known, rows, seq, list(checkpoint.messages), int(saved.transcript_id)))
+        else:
+            self._transcripts.forget(sid)  # finished or paused: not stepped again soon
+        updated_at: datetime = saved.updated_at
+        return updated_at
+
+    def _stored(self, session_id: str, seq: int) -> transcripts.Known:
+        """What is stored of the run's transcript as of save ``seq``: remembered, or read now."""
+        known = self._transcripts.get(session_id)
+        if known is not None and known.seq == seq:
+            return known
+        with self._single() as conn:
+            row = conn.execute(_STORED, {"sid": session_id}).first()
+        if row is None or not row.new_format:
+            # Format 1 (or no run): the whole transcript is written as rows; rows found are a deleted run's
+            # leftovers, replaced or dropped by this write.
+            leftovers = [int(slot) for slot, _ in row.rows or ()] if row is not None else []
+            return transcripts.Known(transcript_id=0 if row is None else int(row.transcript_id), seq=seq,
+                                     messages=[_LEFTOVER] * len(leftovers), slots=leftovers,
+                                     sizes=[0] * len(leftovers))
+        return transcripts.from_rows(int(row.transcript_id), int(row.seq),
+                                     ((slot, body, len(payloads.dumps(body))) for slot, body in row.rows or ()))
 
     def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
              approvals: Sequence[records.Approval] = ()) -> datetime | None:
@@ -292,7 +377,8 @@ class PostgresCheckpointStore:
             clauses.append("agent = :agent")
             params["agent"] = agent  # type: ignore[assignment]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        query = text(f"SELECT {_COLUMNS} FROM runs {where} ORDER BY created_at, session_id LIMIT :limit")
+        query = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs {where} ORDER BY created_at, session_id"
+                     " LIMIT :limit")
         with self._begin() as conn:
             rows = conn.execute(query, params).all()
         found: builtins.list[records.Checkpoint | records.PendingRun] = []
@@ -361,8 +447,13 @@ class PostgresCheckpointStore:
             approval_rows.withdraw_for_run(conn, session_id)
             conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
             conn.execute(text("DELETE FROM sends WHERE session_id = :sid"), {"sid": session_id})
-            if not keep_history:
+            if keep_history:
+                # Kept entries must outlive the message rows they point at: they take their transcripts along.
+                history.make_standalone(conn, session_id)
+            else:
                 conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
+            conn.execute(text("DELETE FROM run_messages WHERE session_id = :sid"), {"sid": session_id})
+        self._transcripts.forget(session_id)
         return bool(deleted)
 
     def prune(self, older_than: datetime) -> int:
@@ -370,9 +461,7 @@ class PostgresCheckpointStore:
         if older_than.tzinfo is None:
             raise errors.ConfigurationError("prune needs a timezone-aware cutoff")
         with self._begin() as conn:
-            runs = conn.execute(
-                text("DELETE FROM runs WHERE status = 'finished' AND inbox_head <= inbox_cursor"
-                     " AND updated_at < :cutoff"), {"cutoff": older_than}).rowcount
+            runs = len(conn.execute(text(_PRUNE_RUNS), {"cutoff": older_than}).all())
             conn.execute(text("DELETE FROM checkpoint_history WHERE saved_at < :cutoff"), {"cutoff": older_than})
         return int(runs)
 

@@ -1,16 +1,15 @@
-"""How history entries are stored so that a long run's history grows linearly, not with its square.
+"""History entries: how they are stored, the ring's trim rule, and reading entries back.
 
-Within a run a transcript only changes at its tail, so an entry stores the messages it shares with
-the entry before it as a count (``keep``) and only the rest as ``tail``. Every ``KEYFRAME_EVERY``
-saves (and whenever the previous entry is not known) an entry stores the whole transcript
-(``keep = 0``), and the ring is trimmed at a keyframe so every kept entry can be rebuilt.
-Rows written before this format (a full ``messages`` list) read as keyframes. Owns that format, the ring's
-trim rule and reading entries back; the fenced save of ``store.checkpoints`` writes an entry with its run.
+Since checkpoint format 2 an entry is the run's document as that save wrote it (no transcript, its
+``messages_count``): its transcript is the run's message rows written by saves up to its seq
+(``store.transcripts``), so an entry costs the same at step 5 and at step 500. Entries written before,
+in format 1, hold a whole transcript (a keyframe) or what they add to the entry before them
+(``messages_keep`` and ``messages_tail``); they stay readable. The fenced save of ``store.checkpoints``
+writes an entry with its run.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -18,17 +17,16 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from store import records
-from store.records import Message
+from store import payloads, records
 
-KEYFRAME_EVERY = 16
-#: The part of the fenced save (after its ``saved`` CTE) that adds entry ``:entry`` as ``:seq`` and trims the
-#: ring: it is cut at the newest keyframe at least ``:keep`` entries old, so every kept entry can be rebuilt;
-#: between ``keep`` and ``keep + KEYFRAME_EVERY`` entries stay.
+#: The part of the fenced save (after its ``saved`` CTE) that adds the save's document as entry ``:seq`` and
+#: trims the ring: it is cut at the newest keyframe at least ``:keep`` entries old, so every kept entry can be
+#: rebuilt (every format-2 entry stands alone); between ``keep`` and ``keep + 16`` entries stay while older
+#: format-1 entries remain.
 SAVE_ENTRY = """,
 hist AS (
   INSERT INTO checkpoint_history (session_id, seq, fence, step, status, saved_at, document)
-  SELECT session_id, :seq, :fence, :step, :status, updated_at, CAST(:entry AS jsonb) FROM saved
+  SELECT session_id, :seq, :fence, :step, :status, updated_at, (SELECT body FROM doc) FROM saved
 ),
 trimmed AS (
   DELETE FROM checkpoint_history
@@ -39,25 +37,11 @@ trimmed AS (
 _ENTRIES = text(
     "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
     " LEFT JOIN runs r ON r.session_id = h.session_id WHERE h.session_id = :sid ORDER BY h.seq")
-
-
-def shared_prefix(before: Sequence[Message], after: Sequence[Message]) -> int:
-    """How many leading messages ``after`` shares with ``before`` (identity first: saves share objects)."""
-    limit = min(len(before), len(after))
-    index = 0
-    while index < limit and (before[index] is after[index] or before[index] == after[index]):
-        index += 1
-    return index
-
-
-def entry_document(document: dict[str, Any], keep: int) -> dict[str, Any]:
-    """The history form of a checkpoint document: its first ``keep`` messages left out."""
-    if keep <= 0:
-        return document
-    entry = {k: v for k, v in document.items() if k != "messages"}
-    entry["messages_keep"] = keep
-    entry["messages_tail"] = list(document.get("messages") or [])[keep:]
-    return entry
+_REPLACE_ENTRY = text(
+    "UPDATE checkpoint_history SET document = CAST(:doc AS jsonb) WHERE session_id = :sid AND seq = :seq")
+_MESSAGE_ROWS = text("SELECT slot, seq, message FROM run_messages WHERE session_id = :sid ORDER BY slot")
+#: A stored message row: ``(slot, seq, message)``.
+MessageRow = tuple[int, int, dict[str, Any]]
 
 
 def is_keyframe(document: dict[str, Any]) -> bool:
@@ -65,14 +49,27 @@ def is_keyframe(document: dict[str, Any]) -> bool:
     return "messages_keep" not in document
 
 
-def expand(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+def expand(rows: Iterable[tuple[int, dict[str, Any]]],
+           stored: Sequence[MessageRow] = ()) -> list[tuple[int, dict[str, Any]]]:
     """Rebuild full documents from ``(seq, document)`` rows in ascending seq order.
 
-    A delta whose base entry is missing (trimmed or never written) cannot be rebuilt and is left out.
+    ``stored`` are the run's message rows in slot order, which format-2 entries point at. A delta whose
+    base entry is missing (trimmed or never written), or a format-2 entry whose rows were since rewritten,
+    cannot be rebuilt and is left out.
     """
     rebuilt: list[tuple[int, dict[str, Any]]] = []
     previous: tuple[int, list[Any]] | None = None
     for seq, document in rows:
+        if "messages_count" in document:
+            found = [body for _, written, body in stored if written <= seq]
+            if len(found) != document["messages_count"]:
+                previous = None
+                continue
+            full = {k: v for k, v in document.items() if k not in ("messages_count", "format")}
+            full["messages"] = found
+            rebuilt.append((seq, full))
+            previous = (seq, found)
+            continue
         if is_keyframe(document):
             messages = list(document.get("messages") or [])
             rebuilt.append((seq, document))
@@ -98,11 +95,17 @@ def entry(session_id: str, agent: str, document: dict[str, Any], *, step: int, s
     return records.HistoryEntry(step=step, seq=seq, saved_at=saved_at, status=status, checkpoint=checkpoint)
 
 
+def message_rows(conn: Connection, session_id: str) -> list[MessageRow]:
+    """The run's stored message rows, in slot order."""
+    return [(row.slot, row.seq, row.message) for row in conn.execute(_MESSAGE_ROWS, {"sid": session_id})]
+
+
 def read(conn: Connection, session_id: str, wanted: int | None) -> list[records.HistoryEntry]:
     """The rebuildable entries of a run, newest first, at most ``wanted`` of them (None: all)."""
     rows = {row.seq: row for row in conn.execute(_ENTRIES, {"sid": session_id}).all()}
+    messages = message_rows(conn, session_id) if rows else []
     entries: list[records.HistoryEntry] = []
-    for seq, document in reversed(expand((seq, row.document) for seq, row in rows.items())):
+    for seq, document in reversed(expand(((seq, row.document) for seq, row in rows.items()), messages)):
         if wanted is not None and len(entries) >= wanted:
             break
         row = rows[seq]
@@ -111,28 +114,20 @@ def read(conn: Connection, session_id: str, wanted: int | None) -> list[records.
     return entries
 
 
-class Bases:
-    """Per run, the seq and transcript of its newest history entry written or loaded in this process.
+def make_standalone(conn: Connection, session_id: str) -> int:
+    """Give every rebuildable format-2 entry of the run its whole transcript (before its message rows go).
 
-    The next entry of the run is stored as a delta against it; a run not remembered gets a keyframe.
+    Entries that cannot be rebuilt are dropped. Returns how many entries were rewritten.
     """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._bases: OrderedDict[str, tuple[int, list[Message]]] = OrderedDict()
-
-    def remember(self, session_id: str, seq: int, messages: list[Message]) -> None:
-        """Note the transcript of the entry ``seq`` of a run, the base of the next entry's delta."""
-        self._bases[session_id] = (seq, messages)
-        while len(self._bases) > self._size:
-            self._bases.popitem(last=False)
-
-    def shared(self, session_id: str, seq: int, messages: Sequence[Message]) -> int:
-        """How many leading messages the entry ``seq`` may leave to its base (0: store a keyframe).
-
-        The base is forgotten: the caller remembers the new entry once it is written.
-        """
-        base = self._bases.pop(session_id, None)
-        if base is None or base[0] != seq - 1 or not seq % KEYFRAME_EVERY:
-            return 0
-        return shared_prefix(base[1], messages)
+    rows = conn.execute(_ENTRIES, {"sid": session_id}).all()
+    pointing = {row.seq for row in rows if "messages_count" in (row.document or {})}
+    if not pointing:
+        return 0
+    rebuilt = dict(expand(((row.seq, row.document) for row in rows), message_rows(conn, session_id)))
+    for seq in sorted(pointing):
+        if seq in rebuilt:
+            conn.execute(_REPLACE_ENTRY, {"sid": session_id, "seq": seq, "doc": payloads.dumps(rebuilt[seq])})
+        else:
+            conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid AND seq = :seq"),
+                         {"sid": session_id, "seq": seq})
+    return len(pointing)

@@ -25,10 +25,14 @@ FinishReason = Literal["stop", "awaiting-approval", "max-steps", "aborted"]
 #: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
 RunState = Literal["running", "retrying", "parked", "paused", "aborted"]
 
-#: The stored checkpoint format this release writes. Formats change in two releases: first every worker
-#: learns to read the new one, then the new one is written; a step that meets a newer format than it
-#: reads hands the run back to a worker that can (a rolling deploy), it never parks it.
-CHECKPOINT_FORMAT = 1
+#: The stored checkpoint format this release writes: 2, the transcript as append-only rows (``store.transcripts``)
+#: and the rest in the run's document; 1 held the whole transcript in the document. Formats change in two
+#: steps: the schema first only adds, so the previous release keeps running beside this one, and a step
+#: that meets a newer format than it reads hands the run back to a worker that can (a rolling deploy),
+#: it never parks it; runs still in the old format are moved once no old worker is left.
+CHECKPOINT_FORMAT = 2
+#: The formats this release reads (workers register them, so handed-back steps find a reader).
+READ_FORMATS = (1, 2)
 
 #: Run ids: 1-200 of letters, digits, ``_ - .``; no leading or trailing dot.
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -132,6 +136,11 @@ class LastError(_Record):
     retryable: bool = False
 
 
+#: Checkpoint fields stored as columns of the run's row, never in its document.
+_COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
+                            "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format"}
+
+
 class Checkpoint(_Record):
     """The whole state of one run: its transcript, counters and control fields.
 
@@ -179,13 +188,12 @@ class Checkpoint(_Record):
         return value
 
     def document(self) -> dict[str, Any]:
-        """The part stored as the checkpoint's JSON body (control fields live in columns)."""
-        return self.model_dump(
-            mode="json",
-            exclude={"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at", "inbox_cursor",
-                     "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format"},
-            exclude_none=True,
-        )
+        """The part stored as the checkpoint's JSON body in format 1 (control fields live in columns)."""
+        return self.model_dump(mode="json", exclude=_COLUMN_FIELDS, exclude_none=True)
+
+    def control_document(self) -> dict[str, Any]:
+        """``document()`` without the transcript: the run's document in format 2 (messages are rows)."""
+        return self.model_dump(mode="json", exclude=_COLUMN_FIELDS | {"messages"}, exclude_none=True)
 
     @property
     def pending_tool_calls(self) -> list[ToolCall]:
@@ -346,19 +354,24 @@ def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,
 
 
 def stored_checkpoint(session_id: str, columns: dict[str, Any], document: dict[str, Any],
-                      uncounted_usage: Any = None) -> Checkpoint:
+                      uncounted_usage: Any = None, messages: list[Message] | None = None) -> Checkpoint:
     """A run's stored columns and document as a checkpoint (the one reading of a stored run, in any store).
+
+    ``messages`` is the transcript of a format-2 run, read from its rows (and not validated again); a
+    format-1 document carries its own.
 
     Raises:
         CheckpointFormatError: the checkpoint was written in a newer format than this code reads.
         CheckpointCorruptError: the stored document cannot be read.
     """
-    document = {k: v for k, v in document.items() if k not in ("session_id", "agent")}
-    found_format = document.pop("format", CHECKPOINT_FORMAT)
+    document = {k: v for k, v in document.items() if k not in ("session_id", "agent", "messages_count")}
+    found_format = document.pop("format", 1)
     if isinstance(found_format, int) and found_format > CHECKPOINT_FORMAT:
         raise errors.CheckpointFormatError(session_id, found_format, CHECKPOINT_FORMAT)
     try:
         checkpoint = Checkpoint(session_id=session_id, **columns, **document)
+        if messages:
+            checkpoint = checkpoint.model_copy(update={"messages": messages})
         if uncounted_usage:
             extra = Usage.model_validate(uncounted_usage)
             checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + extra, "uncounted_usage": extra})

@@ -7,17 +7,25 @@ failures) stay in ``store.checkpoints``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, text
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Row, RowMapping
 
-from store import errors, payloads, records
+from store import errors, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures")
+           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id")
+#: The whole transcript of the run of the row (format 2), as a JSON array in slot order, for readers.
+MESSAGES = ("(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
+            " WHERE m.session_id = runs.session_id) AS messages")
+#: Adds ``:rows`` (``[[slot, message], ...]``) as messages of run ``:sid`` written by save ``:seq``.
+ADD_MESSAGES = """
+INSERT INTO run_messages (session_id, slot, seq, message)
+SELECT :sid, CAST(e ->> 0 AS int), :seq, e -> 1 FROM jsonb_array_elements(CAST(:rows AS jsonb)) e
+"""
 
 
 def has_work_sql(table: str = "") -> str:
@@ -57,8 +65,9 @@ _NEW_RUN = text("""
 INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
 SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
 FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING RETURNING session_id
+ON CONFLICT (session_id) DO NOTHING RETURNING seq
 """)
+_ADD_MESSAGES = text(ADD_MESSAGES)
 _LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid"
                  " FOR UPDATE")
 # New input is a person acting on the run: a parked or waiting run tries again with it.
@@ -104,16 +113,25 @@ def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:
     return retryable is not True
 
 
-def row_checkpoint(row: Row[Any], session_id: str) -> records.Checkpoint:
+def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: str,
+                   messages: list[records.Message] | None = None) -> records.Checkpoint:
     """The run's row (``COLUMNS``) as a checkpoint.
+
+    The transcript of a format-2 run is ``messages`` when given, else the row's ``messages`` column
+    (``MESSAGES``) when it has one, else left empty (for callers that do not read it).
 
     Raises:
         CheckpointFormatError: the checkpoint was written in a newer format than this code reads.
         CheckpointCorruptError: the stored document cannot be read.
     """
-    mapping = row._mapping
+    mapping = row._mapping if isinstance(row, Row) else row
+    if messages is None and "messages" in mapping:
+        try:
+            messages = [transcripts.message_from_row(body) for body in mapping["messages"] or ()]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise errors.CheckpointCorruptError(f"messages of run {session_id!r} cannot be read") from exc
     return records.stored_checkpoint(session_id, {name: mapping[name] for name in _CHECKPOINT_COLUMNS},
-                                     mapping["document"] or {}, mapping["uncounted_usage"])
+                                     mapping["document"] or {}, mapping["uncounted_usage"], messages)
 
 
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
@@ -159,18 +177,33 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
-    """Create a run whose state is ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
-    # Its first history entry must hold the whole transcript: it has no entry of its own to extend.
-    document = payloads.dumps(checkpoint.model_copy(update={"history_seq": None}).document())
-    return _insert(conn, checkpoint.session_id, checkpoint.agent, checkpoint.status, document, queued)
+    """Create a run whose state is ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken.
+
+    Stored in format 2: its messages are rows written with the run.
+    """
+    messages = checkpoint.messages
+    document = format_document(checkpoint.model_copy(update={"history_seq": None}), len(messages))
+    rows = "[" + ",".join(f"[{slot},{payloads.dumps(m.dump())}]"
+                          for slot, m in zip(transcripts.slots_of(messages), messages, strict=True)) + "]"
+    return _insert(conn, checkpoint.session_id, checkpoint.agent, checkpoint.status, document, queued, rows)
+
+
+def format_document(checkpoint: records.Checkpoint, messages_count: int) -> str:
+    """The run document of ``checkpoint`` in format 2: no transcript, the format and the message count."""
+    document = checkpoint.control_document()
+    document["format"] = records.CHECKPOINT_FORMAT
+    document["messages_count"] = messages_count
+    return payloads.dumps(document)
 
 
 def _insert(conn: Connection, session_id: str, agent: str, status: str, document: str,
-            queued: Sequence[records.Message]) -> bool:
+            queued: Sequence[records.Message], rows: str = "[]") -> bool:
     created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent, "status": status, "doc": document,
                                       "head": 1 if queued else 0}).first()
     if created is None:
         return False
+    if rows != "[]":
+        conn.execute(_ADD_MESSAGES, {"sid": session_id, "seq": int(created.seq), "rows": rows})
     if queued:
         conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued)})
     return True

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     Table,
     Text,
     false,
@@ -26,6 +27,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
+
+#: Numbers of run transcripts: a run gets a new one when it is created and when its stored messages are
+#: rewritten, so a process that remembers the messages of a run knows when that memory is void.
+transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 
 #: The latest checkpoint of each run: control fields as columns, the rest in ``document``.
 runs = Table(
@@ -54,6 +59,8 @@ runs = Table(
     #: When the recovery sweep last sent a step for the run; it sends again only a lease TTL later, so a
     #: backlog in the queue does not turn into a pile of duplicates.
     Column("swept_at", DateTime(timezone=True), nullable=True),
+    #: Which transcript the run's ``run_messages`` rows are (see ``transcript_ids``).
+    Column("transcript_id", BigInteger, nullable=False, server_default=transcript_ids.next_value()),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
           postgresql_where=text("(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")),
@@ -72,6 +79,19 @@ checkpoint_history = Table(
     Column("document", JSONB, nullable=False),
     PrimaryKeyConstraint("session_id", "seq"),
     Index("checkpoint_history_saved_idx", "saved_at"),
+)
+
+#: The messages of runs stored in checkpoint format 2, one row each, never rewritten by a step: ``slot`` is the
+#: message's place in the transcript, ``seq`` the save that wrote it (a history entry at seq S is the rows with
+#: seq <= S). Events of a run can point at a row by ``(session_id, slot)``.
+run_messages = Table(
+    "run_messages",
+    metadata,
+    Column("session_id", Text, nullable=False),
+    Column("slot", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("message", JSONB, nullable=False),
+    PrimaryKeyConstraint("session_id", "slot"),
 )
 
 #: Input sent to a run, durable before it is enqueued; ``n`` is per run and follows commit order.

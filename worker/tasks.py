@@ -117,7 +117,7 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     registry = PostgresAgentRegistry(make_engine(settings, pooled=False))
     fingerprints = {name: agent.fingerprint() for name, agent in agents.items()}
     try:
-        registry.register(worker_id, fingerprints, [records.CHECKPOINT_FORMAT])
+        registry.register(worker_id, fingerprints, records.READ_FORMATS)
     except errors.StorageError as exc:
         log.warning("could not register agents (%s); retrying in the background", exc.code)
     stop = threading.Event()
@@ -126,7 +126,7 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     def refresh() -> None:
         while not stop.wait(registration_refresh_s()):
             try:
-                registry.register(worker_id, fingerprints, [records.CHECKPOINT_FORMAT])
+                registry.register(worker_id, fingerprints, records.READ_FORMATS)
             except errors.StorageError:
                 log.warning("could not refresh this worker's agent registration")
 

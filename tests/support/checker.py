@@ -166,18 +166,25 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 def _load_runs(database_url: str) -> dict[str, _Run]:
     runs: dict[str, _Run] = {}
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        message_rows: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+        for row in conn.execute("SELECT session_id, slot, seq, message FROM run_messages ORDER BY session_id, slot"):
+            message_rows.setdefault(row["session_id"], []).append((row["slot"], row["seq"], row["message"]))
         for row in conn.execute("SELECT session_id, status, seq, last_error, document FROM runs"):
             document = row["document"] or {}
+            stored = message_rows.get(row["session_id"], [])
+            # Format 2 keeps the transcript as rows; format 1 in the document.
+            messages = [body for _, _, body in stored] if "messages_count" in document else document.get("messages")
             runs[row["session_id"]] = _Run(row["session_id"], row["status"], row["seq"], row["last_error"],
-                                           document.get("finish_reason"), list(document.get("messages") or []))
+                                           document.get("finish_reason"), list(messages or []))
         rows = conn.execute("SELECT session_id, seq, fence, status, saved_at, document"
                             " FROM checkpoint_history ORDER BY session_id, seq").fetchall()
-    # Entries store what they share with the entry before them as a count: rebuild whole transcripts.
+    # Entries point at message rows (format 2) or share a prefix with the entry before them: rebuild them.
     by_run: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_run.setdefault(row["session_id"], []).append(row)
     for session_id, saves in by_run.items():
-        documents = dict(history_format.expand((r["seq"], r["document"] or {}) for r in saves))
+        documents = dict(history_format.expand(((r["seq"], r["document"] or {}) for r in saves),
+                                               message_rows.get(session_id, [])))
         run = runs.setdefault(session_id, _Run(session_id, status="<deleted>"))
         for row in saves:
             if row["seq"] not in documents:

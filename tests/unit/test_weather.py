@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from store import errors, payloads
+from store import errors, payloads, records
 from store.inputs import normalize_input
 from store.memory import MemoryApprovalStore
 from store.records import Message, Serving
@@ -184,7 +184,8 @@ def test_a_checkpoint_in_a_newer_format_is_handed_back_never_parked(shop: Shop) 
     runtime = MemoryRuntime.build([shop_agent(shop)])
     runtime.send(SID, "shop", "Charge")
     document = runtime.checkpoint(SID).document()
-    runtime.store.overwrite_document(SID, {**document, "format": 2, "a_field_of_the_next_release": True})
+    runtime.store.overwrite_document(SID, {**document, "format": records.CHECKPOINT_FORMAT + 1,
+                                             "a_field_of_the_next_release": True})
     outcomes = runtime.drain()
     assert Outcome.PARKED not in outcomes and outcomes[0] == Outcome.HANDED_BACK
     assert runtime.queue.sent[-1].countdown <= 5.0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import NullPool
 
 from store import errors
@@ -17,20 +18,42 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 def make_engine(settings: Settings, *, pool_size: int = 2, pooled: bool = True) -> Engine:
-    """A small pooled engine: pre-ping for restarted servers, no parameters in error text.
+    """A small pooled engine that replaces connections a restarted server closed, with no parameters in error text.
 
     ``pooled=False`` keeps no connection open between uses: for a process that forks while the
     engine lives (a prefork worker's parent), so no child ever inherits a connection.
     """
-    options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 4, "pool_pre_ping": True}
+    options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 4}
     if not pooled:
         options = {"poolclass": NullPool}
-    return create_engine(
+    engine = create_engine(
         settings.sqlalchemy_url,
         hide_parameters=True,  # bound parameters are checkpoint contents: keep them out of errors
         connect_args=_connect_args(settings),
         **options,
     )
+    if pooled:
+        event.listen(engine, "checkout", _replace_if_closed)
+    return engine
+
+
+def _replace_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """At checkout, without a round trip: a pooled connection the server has closed is replaced.
+
+    An idle connection has nothing to read; when its socket is readable the server has closed it or sent
+    its last message (a restart terminates every backend with a FATAL notice). Raising ``DisconnectionError``
+    here makes the pool discard it and connect again (up to three times), which is what a pre-ping's
+    ``SELECT 1`` would do at the cost of a round trip per checkout. A server that dies while a
+    statement runs fails that statement, as it would with a pre-ping; the step is retried.
+    """
+    if dbapi_connection.closed or dbapi_connection.broken:
+        raise DisconnectionError("connection closed")
+    try:
+        readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
+    except (OSError, ValueError) as exc:
+        raise DisconnectionError("connection socket unusable") from exc
+    if readable:
+        raise DisconnectionError("the server closed or is closing this connection")
 
 
 def _connect_args(settings: Settings) -> dict[str, Any]:

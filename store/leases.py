@@ -64,8 +64,16 @@ return 0
 """
 
 
+_owner_prefix: tuple[int, str] = (0, "")
+
+
 def _owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """A new lease owner id: this process (host and pid, looked up once per process) and a random part."""
+    global _owner_prefix
+    pid = os.getpid()
+    if _owner_prefix[0] != pid:
+        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:")
+    return _owner_prefix[1] + uuid.uuid4().hex[:12]
 
 
 class LeaseManager:

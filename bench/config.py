@@ -37,6 +37,8 @@ class Config:
     result_bytes: int = 0
     peer: str | None = None
     dbos_polling_s: float = 0.05
+    storage: bool = False
+    rss_steps: int = 0
 
     @property
     def agent(self) -> str:
@@ -112,12 +114,22 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         help="the model reports token usage like a real provider (one more write per model turn)")
     parser.add_argument("--other-tree", metavar="PATH",
                         help="also measure a Lousho worker started from this copy of the project (same schema)")
+    parser.add_argument("--storage", action="store_true",
+                        help="after the rounds, the bytes the Lousho runs' rows occupy per table, and the WAL "
+                             "bytes per step early and late in one run of the longest length, alone")
+    parser.add_argument("--rss-steps", type=int, default=defaults.rss_steps, metavar="N",
+                        help="instead of the rounds: Lousho rounds of --runs runs of the longest --hops until N "
+                             "steps are done, the pool processes' RSS read after each")
     args = parser.parse_args(argv)
     for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.result_bytes < 0 or args.dbos_polling <= 0:
         parser.error("--result-bytes must be at least 0 and --dbos-polling above 0")
+    if args.rss_steps < 0:
+        parser.error("--rss-steps must be at least 0")
+    if args.rss_steps and (args.peer or args.other_tree or args.storage):
+        parser.error("--rss-steps measures the Lousho worker alone: without --peer, --other-tree or --storage")
     if args.other_tree is not None:
         other = Path(args.other_tree).resolve()
         if not (other / "worker" / "celery.py").exists():
@@ -127,7 +139,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                   server_url=args.server_url, database=args.database, redis_url=args.redis_url,
                   redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
                   usage=args.usage, other_tree=args.other_tree, result_bytes=args.result_bytes, peer=args.peer,
-                  dbos_polling_s=args.dbos_polling)
+                  dbos_polling_s=args.dbos_polling, storage=args.storage, rss_steps=args.rss_steps)
 
 
 def _lengths(text: str) -> tuple[int, ...]:

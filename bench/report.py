@@ -108,6 +108,10 @@ def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -
         rows = {system: _overall(system, length, [r for r in at_length if r.system == system],
                                  peak_rss.get(length, {}).get(system, 0))
                 for system in dict.fromkeys(r.system for r in at_length)}
+        if "bare" in rows:  # what a system's step costs on top of bare Celery's hop
+            for row in rows.values():
+                row["added_cpu_ms_per_step_over_bare"] = round(
+                    row["cpu_ms_per_step"] - rows["bare"]["worker_cpu_ms_per_step"], 3)
         lengths[length] = {"systems": rows, "ratios": _ratios(rows, at_length)}
     return {"lengths": lengths, "sweep": _sweep(lengths)}
 
@@ -127,16 +131,18 @@ def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: 
     """The per-system table of issue 12: one row per run length, then how the figures change with the length."""
     print(f"\n{system}:")
     print(f"| steps per run | steps/s | {system}/bare steps/s | task p50 / p99 (ms) | worker CPU per step (ms) "
-          "| Postgres CPU per step (ms) | peak worker RSS (MiB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "| Postgres CPU per step (ms) | added CPU per step over bare (ms) | peak worker RSS (MiB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length, figures in lengths.items():
         row = figures["systems"].get(system)
         if row is None:
             continue
         ratio = figures["ratios"].get(f"{system}/bare", {}).get("steps_per_s", 1.0 if system == "bare" else None)
         shown = f"{ratio:.2f}x" if ratio is not None else "-"
+        added = row.get("added_cpu_ms_per_step_over_bare")
+        added_shown = f"{added:.2f}" if added is not None else "-"
         print(f"| {length} | {row['steps_per_s']:.1f} | {shown} | {row['task_p50_ms']:.1f} / {row['task_p99_ms']:.1f} "
-              f"| {row['worker_cpu_ms_per_step']:.2f} | {row['postgres_cpu_ms_per_step']:.2f} "
+              f"| {row['worker_cpu_ms_per_step']:.2f} | {row['postgres_cpu_ms_per_step']:.2f} | {added_shown} "
               f"| {row['peak_rss_mib']:.1f} |")
     entry = sweep.get(system)
     if entry and entry["longest"] != entry["shortest"]:
@@ -177,8 +183,8 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
 
 
 def write_json(config: Config, results: list[RoundResult], summary: dict[str, Any],
-               rss: dict[str, dict[str, int]]) -> Path:
-    """Write the configuration, every round, the summary and the peak RSS as JSON; return its path."""
+               rss: dict[str, dict[str, int]], extra: dict[str, Any] | None = None) -> Path:
+    """Write the configuration, every round, the summary, the peak RSS and ``extra`` as JSON; return its path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(config.json_path) if config.json_path else RESULTS / f"bench-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,6 +194,6 @@ def write_json(config: Config, results: list[RoundResult], summary: dict[str, An
         # JSON object keys are strings: the run lengths become "21", "201", ...
         "summary": {"lengths": {str(k): v for k, v in summary["lengths"].items()}, "sweep": summary["sweep"]},
         "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-    }
+    } | (extra or {})
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import dbos_app, dbos_peer, rounds, timing
+from bench import dbos_app, dbos_peer, rounds, rss, storage, timing
 from bench.config import ROOT, Config, parse_args
 from bench.report import HEADER, aggregate, format_row, report, write_json
 from bench.results import RoundResult
@@ -42,7 +42,8 @@ class Bench:
         self.systems = [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")]
         if config.other_tree is not None:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
-        self.systems.append(System("bare", "bare", BARE_QUEUE, ROOT, "b"))
+        if not config.rss_steps:  # the RSS mode measures the Lousho worker alone
+            self.systems.append(System("bare", "bare", BARE_QUEUE, ROOT, "b"))
         self.peer: dbos_peer.DbosPeer | None = None
         if config.peer == "dbos" and dbos_peer.missing() is None:
             self.peer = dbos_peer.DbosPeer(config, workdir)
@@ -208,9 +209,67 @@ class Bench:
             self.peak_rss[length] = {name: w.largest_rss_kib() for name, w in self.workers.items()}
         return results
 
+    def storage(self) -> dict[str, Any]:
+        """``--storage``: what the Lousho runs left in Postgres, and the WAL one run writes per step.
+
+        Per Lousho worker, prints the bytes its measured runs left per table and length, then sends one run of
+        the longest length alone and prints its WAL per step; returns both JSON-ready.
+        """
+        assert self._db is not None
+        found: list[storage.Stored] = []
+        wal: list[storage.WalRun] = []
+        for system in self.systems:
+            if system.kind != "lousho":
+                continue
+            mine = [storage.stored(self._db, system.name, system.tag, length) for length in self.config.lengths]
+            storage.print_stored(mine, self.config.history_limit)
+            found.extend(mine)
+            handle = self.client(system).agent(self.config.agent)
+            run = storage.wal_run(self._db, handle, f"wal{system.tag}-000", max(self.config.lengths),
+                                  self.config.result_bytes, self.config.timeout_s, self._check_workers, system.name)
+            storage.print_wal(run, self.config.result_bytes, self.config.history_limit)
+            wal.append(run)
+        return storage.summaries(found, wal)
+
+    def rss_soak(self) -> tuple[list[RoundResult], dict[str, Any]]:
+        """``--rss-steps``: Lousho rounds of the longest length until that many steps are done, RSS after each.
+
+        Prints the rounds with the pool processes' RSS and the comparison; returns the rounds and the figures.
+        """
+        system = self.systems[0]
+        length = max(self.config.lengths)
+
+        def take(number: int) -> RoundResult:
+            return self.run_round(system, f"rss{number}", number, self.config.runs, length)
+
+        results, readings = rss.soak(take, self.workers[system.name], self.config.rss_steps)
+        figures = rss.flatness(readings)
+        rss.print_flatness(figures, system.name)
+        return results, figures
+
 
 def _terminate(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _rounds_mode(bench: Bench, config: Config) -> None:
+    """The interleaved rounds of every length, the summary, ``--storage``'s figures and the JSON file."""
+    results = bench.measure()
+    rss_peaks = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
+    summary = aggregate(results, bench.peak_rss)
+    report(config, summary, rss_peaks)
+    extra = {"storage": bench.storage()} if config.storage else {}
+    if config.json_path is not None:
+        print(f"results written to {write_json(config, results, summary, rss_peaks, extra)}")
+
+
+def _rss_mode(bench: Bench, config: Config) -> None:
+    """``--rss-steps``: the Lousho rounds with the worker's RSS after each, the comparison and the JSON file."""
+    results, figures = bench.rss_soak()
+    if config.json_path is not None:
+        rss_peaks = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
+        summary = aggregate(results, {})
+        print(f"results written to {write_json(config, results, summary, rss_peaks, {'rss': figures})}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -237,12 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               flush=True)
         bench.warm_up()
         print(HEADER, flush=True)
-        results = bench.measure()
-        rss = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
-        summary = aggregate(results, bench.peak_rss)
-        report(config, summary, rss)
-        if config.json_path is not None:
-            print(f"results written to {write_json(config, results, summary, rss)}")
+        if config.rss_steps:
+            _rss_mode(bench, config)
+        else:
+            _rounds_mode(bench, config)
         keep = False
         if peer_missing:
             print(f"the DBOS peer was not measured: {peer_missing}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The worker subprocesses the benchmark measures: what each system runs; starting, watching, stopping them.
 
-It reads ``/proc`` for CPU time and peak RSS; it sends no work and times no round.
+It reads ``/proc`` for CPU time and resident set sizes; it sends no work and times no round.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rfind(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def status_kib(pid: int, field: str) -> int | None:
+    """A KiB field of ``/proc/<pid>/status`` such as ``VmRSS`` (None when the process is gone or has no such field)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return None
 
 
 def celery_command(label: str, app: str, queue: str, concurrency: int, loglevel: str) -> list[str]:
@@ -68,15 +80,20 @@ class Worker:
 
     def peak_rss_kib(self) -> dict[str, int]:
         """VmHWM (peak resident set) of the main process and each pool process, in KiB."""
-        peaks = {}
+        return self.memory_kib("VmHWM")
+
+    def memory_kib(self, field: str) -> dict[str, int]:
+        """A KiB field of ``/proc/<pid>/status`` of the main process and each pool process, by role.
+
+        Roles are ``main`` and ``child <pid>``; ``field`` is ``VmRSS``, ``VmHWM``, ``RssAnon``...; processes gone
+        or without the field are left out.
+        """
+        found = {}
         for role, pid in [("main", self.process.pid)] + [(f"child {pid}", pid) for pid in self.children()]:
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peaks[role] = int(line.split()[1])
-            except OSError:
-                continue
-        return peaks
+            kib = status_kib(pid, field)
+            if kib is not None:
+                found[role] = kib
+        return found
 
     def largest_rss_kib(self) -> int:
         """The largest VmHWM so far among the processes doing the work, in KiB (0 when none could be read).

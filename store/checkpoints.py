@@ -14,12 +14,12 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, TextClause, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
 from store import errors, history, payloads, records, registry, runs, transcripts
-from store.database import Transaction
+from store.database import Transaction, direct, driver_sql
 from store.records import Claim
 
 __all__ = ["PostgresCheckpointStore"]
@@ -39,6 +39,9 @@ RETURNING {_COLUMNS}, now() AS db_now,
      AND m.slot >= CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END) AS tail
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
+_TAIL = text("SELECT (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
+             " WHERE m.session_id = :sid AND m.slot >= CASE WHEN transcript_id = CAST(:known AS bigint)"
+             " THEN CAST(:from AS int) ELSE 0 END) AS tail FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
 _STORED = text("SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
                " (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
@@ -118,6 +121,9 @@ SELECT session_id FROM pruned
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
 _PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {runs.HAS_WORK})"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+#: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
+_DIRECT = {statement: driver_sql(statement)
+           for statement in (_CLAIM, _FENCE_OF, _TAIL, _INBOX, _NOTE_USAGE, _FAIL, _RETRY_LATER, *_SAVES.values())}
 #: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
 _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
 
@@ -155,15 +161,22 @@ class PostgresCheckpointStore:
         known = self._transcripts.get(session_id)
         params = {"sid": session_id, "token": token, "seq": seq, "known": known.transcript_id if known else None,
                   "from": known.stable if known else 0}
-        with self._single() as conn:
-            row = conn.execute(_CLAIM, params).first()
+        with direct(self.engine) as conn:
+            row = conn.execute(_DIRECT[_CLAIM], params).fetchone()
             if row is None:
-                fence = conn.execute(_FENCE_OF, {"sid": session_id}).scalar()
-                return Claim(None, stored_fence=None if fence is None else int(fence))
-        mapping = row._mapping
-        messages = self._messages_of(session_id, mapping, known)
-        checkpoint = runs.row_checkpoint(mapping, session_id, messages)
-        return Claim(checkpoint, inbox_head=int(mapping["inbox_head"]), now=mapping["db_now"])
+                stored = conn.execute(_DIRECT[_FENCE_OF], {"sid": session_id}).fetchone()
+                return Claim(None, stored_fence=None if stored is None else int(stored["fence"]))
+        try:
+            messages = self._messages_of(session_id, row, known)
+        except errors.CheckpointCorruptError:
+            # A claim that waited for the previous holder's save sees its row but not the message rows that
+            # save wrote (they were not in the statement's snapshot). The fence is ours now, so no save can
+            # come between: read the rows again in a statement of its own before calling the run corrupt.
+            with direct(self.engine) as conn:
+                again = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
+            messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
+        checkpoint = runs.row_checkpoint(row, session_id, messages)
+        return Claim(checkpoint, inbox_head=int(row["inbox_head"]), now=row["db_now"])
 
     def _messages_of(self, session_id: str, row: Any, known: transcripts.Known | None) -> list[records.Message] | None:
         """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
@@ -190,9 +203,9 @@ class PostgresCheckpointStore:
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
-        with self._single() as conn:
-            rows = conn.execute(_INBOX, {"sid": session_id, "cursor": cursor}).all()
-        return [records.InboxEntry(n=row.n, messages=row.messages) for row in rows]
+        with direct(self.engine) as conn:
+            rows = conn.execute(_DIRECT[_INBOX], {"sid": session_id, "cursor": cursor}).fetchall()
+        return [records.InboxEntry(n=row["n"], messages=row["messages"]) for row in rows]
 
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
@@ -223,23 +236,33 @@ class PostgresCheckpointStore:
             "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone,
         }
         statement = _SAVES[(keeps_history, write.drained_inbox, bool(rows.gone))]
-        with (self._begin() if approvals or rows.rewrites else self._single()) as conn:
-            if rows.rewrites and keeps_history:
-                # Stored messages change (never in a step): kept entries take their transcripts along first.
-                history.make_standalone(conn, sid)
-            saved = conn.execute(statement, params).first()
-            if saved is not None and approvals:
-                approval_rows.insert(conn, approvals)
+        if approvals or rows.rewrites:
+            saved = self._save_in_transaction(statement, params, approvals, rows.rewrites and keeps_history)
+        else:
+            with direct(self.engine) as conn:
+                saved = conn.execute(_DIRECT[statement], params).fetchone()
         if saved is None:
             self._transcripts.forget(sid)
             return None
         if checkpoint.status == "in-progress":
             self._transcripts.remember(sid, transcripts.after_save(
-                known, rows, seq, list(checkpoint.messages), int(saved.transcript_id)))
+                known, rows, seq, list(checkpoint.messages), int(saved["transcript_id"])))
         else:
             self._transcripts.forget(sid)  # finished or paused: not stepped again soon
-        updated_at: datetime = saved.updated_at
+        updated_at: datetime = saved["updated_at"]
         return updated_at
+
+    def _save_in_transaction(self, statement: TextClause, params: dict[str, Any],
+                             approvals: Sequence[records.Approval], standalone: bool) -> dict[str, Any] | None:
+        """A save that opens approvals or replaces stored messages: more than one statement, one transaction."""
+        with self._begin() as conn:
+            if standalone:
+                # Stored messages change (never in a step): kept entries take their transcripts along first.
+                history.make_standalone(conn, params["sid"])
+            saved = conn.execute(statement, params).first()
+            if saved is not None and approvals:
+                approval_rows.insert(conn, approvals)
+        return None if saved is None else dict(saved._mapping)
 
     def _stored(self, session_id: str, seq: int) -> transcripts.Known:
         """What is stored of the run's transcript as of save ``seq``: remembered, or read now."""
@@ -289,18 +312,18 @@ class PostgresCheckpointStore:
 
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
-        with self._single() as conn:
-            row = conn.execute(_NOTE_USAGE, {"sid": session_id, "fence": fence,
-                                             "usage": payloads.dumps(usage.model_dump())}).first()
+        with direct(self.engine) as conn:
+            row = conn.execute(_DIRECT[_NOTE_USAGE], {"sid": session_id, "fence": fence,
+                                                      "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
-        with self._single() as conn:
-            attempts = conn.execute(
-                _FAIL, {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
-            ).scalar()
-        return None if attempts is None else int(attempts)
+        with direct(self.engine) as conn:
+            row = conn.execute(
+                _DIRECT[_FAIL], {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
+            ).fetchone()
+        return None if row is None else int(row["attempts"])
 
     def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
         """Record a transient failure (fenced) and when to try again; returns the run's seq, None if fenced out.
@@ -308,10 +331,10 @@ class PostgresCheckpointStore:
         The crash-loop count restarts (the step did not crash), the failure streak grows and
         ``next_attempt_at`` is set ``delay_s`` from Postgres's now.
         """
-        with self._single() as conn:
-            seq = conn.execute(_RETRY_LATER, {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
-                                              "error": payloads.dumps(error.model_dump())}).scalar()
-        return None if seq is None else int(seq)
+        with direct(self.engine) as conn:
+            row = conn.execute(_DIRECT[_RETRY_LATER], {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
+                                                       "error": payloads.dumps(error.model_dump())}).fetchone()
+        return None if row is None else int(row["seq"])
 
     # -- producers -------------------------------------------------------------------------
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import select
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from sqlalchemy import Engine, TextClause, create_engine, event
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import NullPool
@@ -115,3 +120,45 @@ class Transaction:
             raise errors.StorageError(f"database error: {type(exc.orig).__name__}") from exc
         if exc_info[0] is not None and issubclass(exc_info[0], DBAPIError):
             raise errors.StorageError(f"database error: {type(exc_info[1].orig).__name__}") from exc_info[1]
+
+
+#: ``:name`` parameters of a ``text()`` statement (not ``::type`` casts).
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def driver_sql(statement: TextClause | str) -> str:
+    """A ``text()`` statement in the driver's own parameter style, for ``direct`` connections."""
+    sql = statement.text if isinstance(statement, TextClause) else statement
+    return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+@contextmanager
+def direct(engine: Engine) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A pooled connection used through the driver alone, each statement its own transaction.
+
+    For the step's hot path: the statements are prepared by the driver once used a few times, and the
+    engine's execution layer (a few hundred microseconds of CPU per statement) is skipped. The
+    connection comes from and returns to the engine's pool (same checkout check, same fork rules).
+    Driver errors become ``StorageError`` without their parameters.
+
+    Raises:
+        StorageError: the database cannot be reached or refused a statement.
+    """
+    try:
+        proxy = engine.raw_connection()
+    except DBAPIError as exc:
+        raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
+    conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
+    try:
+        conn.autocommit = True
+        conn.row_factory = dict_row
+        yield conn
+    except psycopg.Error as exc:
+        if conn.broken or conn.closed:
+            proxy.invalidate(exc)
+        raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
+    finally:
+        if not (conn.broken or conn.closed):
+            conn.row_factory = tuple_row
+            conn.autocommit = False  # as the engine expects it back
+        proxy.close()

@@ -218,7 +218,11 @@ class Checkpoint(_Record):
             ValueError: the last assistant turn has no call with that id.
         """
         messages = list(self.messages)
-        turn_index = max(i for i, m in enumerate(messages) if m.role == "assistant")
+        turn_index = len(messages) - 1  # the last assistant turn: searched from the end, a run can be long
+        while turn_index >= 0 and messages[turn_index].role != "assistant":
+            turn_index -= 1
+        if turn_index < 0:
+            raise ValueError("no assistant turn to place a result after")
         order = {c.id: k for k, c in enumerate(messages[turn_index].tool_calls or ())}
         if result.tool_call_id not in order:
             raise ValueError(f"result for unknown call {result.tool_call_id!r}")

@@ -125,7 +125,8 @@ def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: s
         CheckpointCorruptError: the stored document cannot be read.
     """
     mapping = row._mapping if isinstance(row, Row) else row
-    if messages is None and "messages" in mapping:
+    # Only a format-2 document's transcript is its rows (rows under a format-1 run are a deleted run's leftovers).
+    if messages is None and "messages" in mapping and "messages_count" in (mapping["document"] or {}):
         try:
             messages = [transcripts.message_from_row(body) for body in mapping["messages"] or ()]
         except (KeyError, TypeError, AttributeError) as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -144,3 +146,33 @@ def test_a_run_stored_in_format_1_is_read_and_moves_to_format_2_at_its_next_save
     history = store.history("old-1")
     assert [(e.seq, len(e.checkpoint.messages)) for e in history] == [(2, 3), (1, 2)]
     assert json.loads(json.dumps(history[1].checkpoint.messages[1].dump())) == old_messages[1]
+
+
+def test_a_claim_that_waited_for_the_previous_holders_save_sees_the_rows_of_that_save(
+        store: PostgresCheckpointStore) -> None:
+    saved = _run_with_turn(store, "takeover-1")
+    assert len(saved.messages) == 2
+    result = {"role": "tool", "tool_call_id": "a", "name": "t", "content": "A"}
+    claimed: list[object] = []
+    with psycopg.connect(services.test_database_url()) as previous:
+        # The previous holder's save, not yet committed: the run's row is locked by it.
+        previous.execute("UPDATE runs SET seq = seq + 1, document = jsonb_set(document, '{messages_count}', '3')"
+                         " WHERE session_id = 'takeover-1'")
+        previous.execute("INSERT INTO run_messages (session_id, slot, seq, message) VALUES ('takeover-1', 2, 2, %s)",
+                         (Jsonb(result),))
+        waiting = threading.Thread(target=lambda: claimed.append(_claim_or_error(store, "takeover-1", 9)))
+        waiting.start()
+        time.sleep(0.3)  # the claim is now waiting for the row lock
+        previous.commit()
+    waiting.join(10)
+    outcome = claimed[0]
+    print(f"\nclaim that waited for a save: {outcome!r}"[:200])
+    assert not isinstance(outcome, Exception), outcome
+    assert [m.dump() for m in outcome.messages][2] == result  # type: ignore[attr-defined]
+
+
+def _claim_or_error(store: PostgresCheckpointStore, session_id: str, token: int) -> object:
+    try:
+        return store.claim(session_id, token, None).checkpoint
+    except Exception as exc:  # the outcome is asserted by the test
+        return exc

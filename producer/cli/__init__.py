@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from importlib import metadata
 
-from producer.cli import approvals, dev, output, runs, webhooks
+from producer.cli import approvals, dev, output, runs, storage, webhooks
 from producer.cli import schedules as schedule_commands
 from producer.client import Client
 from store import errors
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_command(sub)
     schedule_commands.add_cli(sub)
     webhooks.add_command(sub)
+    storage.add_command(sub)
     dev.add_commands(sub)
     return parser
 

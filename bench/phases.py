@@ -38,7 +38,11 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def engine_for(deps: StepDeps, settings: Settings, variant: str) -> Engine:
-    """The checkpoint store's engine for ``variant``: the worker's own for ``default``."""
+    """The checkpoint store's engine for ``variant``: the worker's own for ``default``.
+
+    ``pre-ping`` is the same engine with SQLAlchemy's ``pool_pre_ping``: a ``SELECT 1`` before each
+    checkout, which the project replaced by a check of the idle socket (``store.database``).
+    """
     from sqlalchemy import create_engine
 
     from store.checkpoints import PostgresCheckpointStore
@@ -48,25 +52,10 @@ def engine_for(deps: StepDeps, settings: Settings, variant: str) -> Engine:
         if not isinstance(deps.store, PostgresCheckpointStore):
             raise TypeError("profile_step measures the Postgres checkpoint store")
         return deps.store.engine
-    options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
+    options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": True,
                                "hide_parameters": True,
                                "connect_args": {"connect_timeout": 5, "application_name": "lousho"}}
-    if variant in ("autocommit", "async-claim"):
-        options["isolation_level"] = "AUTOCOMMIT"
     return create_engine(settings.sqlalchemy_url, **options)
-
-
-def async_claims_store(settings: Settings) -> PostgresCheckpointStore:
-    """A store whose claims commit without waiting for the WAL flush; saves still wait (and flush the claim)."""
-    from sqlalchemy import create_engine
-
-    from store.checkpoints import PostgresCheckpointStore
-
-    options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": False,
-                               "hide_parameters": True, "isolation_level": "AUTOCOMMIT",
-                               "connect_args": {"connect_timeout": 5, "application_name": "lousho",
-                                                "options": "-c synchronous_commit=off"}}
-    return PostgresCheckpointStore(create_engine(settings.sqlalchemy_url, **options), settings.history_limit)
 
 
 def instrument_stores(deps: StepDeps, settings: Settings, engines: list[str]) -> dict[str, PostgresCheckpointStore]:
@@ -79,15 +68,14 @@ def instrument_stores(deps: StepDeps, settings: Settings, engines: list[str]) ->
     stores = {}
     for variant in engines:
         variant_store = PostgresCheckpointStore(engine_for(deps, settings, variant), settings.history_limit)
-        claimer = async_claims_store(settings) if variant == "async-claim" else variant_store
-        variant_store.claim = timed("claim-and-load", claimer.claim)  # type: ignore[method-assign]
+        variant_store.claim = timed("claim-and-load", variant_store.claim)  # type: ignore[method-assign]
         variant_store.inbox = timed("inbox read (first step only)", variant_store.inbox)  # type: ignore[method-assign]
         variant_store.record_step = timed(  # type: ignore[method-assign]
             "fenced save + history", variant_store.record_step)
         variant_store.note_usage = timed(  # type: ignore[method-assign]
             "usage note (model turns, --usage)", variant_store.note_usage)
         dialect = variant_store.engine.dialect
-        if variant == "default":
+        if variant == "pre-ping":
             dialect.do_ping = timed("  pool pre-ping", dialect.do_ping)  # type: ignore[method-assign]
         stores[variant] = variant_store
     return stores

@@ -9,12 +9,10 @@ delivery. Each dependency the step calls is wrapped with a timer, so the table s
 enqueue (a real publish to a queue nobody consumes), and what is left for the step's own Python.
 
 ``--engine`` runs the same loop with another engine for the checkpoint store, to measure what
-the connection handling costs: ``default`` (``store.database.make_engine``), ``no-pre-ping``
-(the same without ``pool_pre_ping``), ``autocommit`` (no pre-ping, and each statement is its own
-transaction: no separate BEGIN and COMMIT round trips), ``async-claim`` (autocommit, and the claim
-commits with ``synchronous_commit=off``: it does not wait for its WAL flush; the save still does).
-Several variants, comma-separated, are measured in alternating batches. Nothing in the project is
-changed.
+the connection handling costs: ``default`` (``store.database.make_engine``: the step's statements on
+the driver directly, a dead pooled connection found by its readable socket) and ``pre-ping`` (the same
+with SQLAlchemy's ``pool_pre_ping``, a ``SELECT 1`` round trip before every checkout). Several
+variants, comma-separated, are measured in alternating batches. Nothing in the project is changed.
 
 ``--usage`` runs the agent whose model reports token usage like a real provider (each model turn
 then also writes its usage note before the save). ``--cprofile N`` also prints the N functions
@@ -50,7 +48,7 @@ if TYPE_CHECKING:
 DATABASE = "lousho_bench_profile"
 REDIS_DB = 12
 QUEUE = "bench-profile"
-ENGINES = ("default", "no-pre-ping", "autocommit", "async-claim")
+ENGINES = ("default", "pre-ping")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

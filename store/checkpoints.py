@@ -128,6 +128,11 @@ _DIRECT = {statement: driver_sql(statement)
 _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
 
 
+def _size(message: Any) -> int:
+    """Bytes of a stored message as JSON (what the checkpoint size limit counts)."""
+    return len(payloads.dumps(message).encode("utf-8"))
+
+
 def _pending(row: Row[Any]) -> records.PendingRun:
     """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
     try:
@@ -185,7 +190,7 @@ class PostgresCheckpointStore:
             # Format 1: the document holds the transcript (rows of the id, if any, are a deleted run's leftovers).
             self._transcripts.forget(session_id)
             return None
-        tail = [(slot, body, len(payloads.dumps(body))) for slot, body in row["tail"] or ()]
+        tail = [(slot, body, _size(body)) for slot, body in row["tail"] or ()]
         transcript_id, seq = int(row["transcript_id"]), int(row["seq"])
         try:
             if known is not None and known.transcript_id == transcript_id:
@@ -279,7 +284,7 @@ class PostgresCheckpointStore:
                                      messages=[_LEFTOVER] * len(leftovers), slots=leftovers,
                                      sizes=[0] * len(leftovers))
         return transcripts.from_rows(int(row.transcript_id), int(row.seq),
-                                     ((slot, body, len(payloads.dumps(body))) for slot, body in row.rows or ()))
+                                     ((slot, body, _size(body)) for slot, body in row.rows or ()))
 
     def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
              approvals: Sequence[records.Approval] = ()) -> datetime | None:

@@ -18,6 +18,7 @@ it; both fall back to reading the whole transcript when it does not know the run
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -209,32 +210,40 @@ class Transcripts:
         self._clock = clock
         self._bytes = 0
         self._known: OrderedDict[str, tuple[Known, float]] = OrderedDict()
+        # A batch saves from its tool threads, and a process may delete runs from others.
+        self._lock = threading.Lock()
 
     def get(self, session_id: str) -> Known | None:
         """What is remembered of the run, or None."""
-        found = self._known.get(session_id)
-        if found is None:
-            return None
-        self._known[session_id] = (found[0], self._clock())
-        self._known.move_to_end(session_id)
-        return found[0]
+        with self._lock:
+            found = self._known.get(session_id)
+            if found is None:
+                return None
+            self._known[session_id] = (found[0], self._clock())
+            self._known.move_to_end(session_id)
+            return found[0]
 
     def remember(self, session_id: str, known: Known) -> None:
         """Remember ``known`` as the run's stored transcript (it replaces what was remembered)."""
-        self.forget(session_id)
-        now = self._clock()
-        if known.bytes <= self._max_bytes // 2:
-            self._known[session_id] = (known, now)
-            self._bytes += known.bytes
-        # Least recently used first: drop while over a bound, or too long unused.
-        while self._known:
-            oldest, (_, used) = next(iter(self._known.items()))
-            if len(self._known) <= self._runs and self._bytes <= self._max_bytes and used >= now - self._max_age_s:
-                break
-            self.forget(oldest)
+        with self._lock:
+            self._drop(session_id)
+            now = self._clock()
+            if known.bytes <= self._max_bytes // 2:
+                self._known[session_id] = (known, now)
+                self._bytes += known.bytes
+            # Least recently used first: drop while over a bound, or too long unused.
+            while self._known:
+                oldest, (_, used) = next(iter(self._known.items()))
+                if len(self._known) <= self._runs and self._bytes <= self._max_bytes and used >= now - self._max_age_s:
+                    break
+                self._drop(oldest)
 
     def forget(self, session_id: str) -> None:
         """Drop what is remembered of the run (it finished, stopped, or was changed by another process)."""
+        with self._lock:
+            self._drop(session_id)
+
+    def _drop(self, session_id: str) -> None:
         dropped = self._known.pop(session_id, None)
         if dropped is not None:
             self._bytes -= dropped[0].bytes

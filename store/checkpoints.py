@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
 from store import errors, history, payloads, records, registry, runs, transcripts
-from store.database import Transaction, direct, driver_sql
+from store.database import Direct, Transaction, driver_sql
 from store.records import Claim
 
 __all__ = ["PostgresCheckpointStore"]
@@ -123,7 +124,8 @@ _PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR 
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
 _DIRECT = {statement: driver_sql(statement)
-           for statement in (_CLAIM, _FENCE_OF, _TAIL, _INBOX, _NOTE_USAGE, _FAIL, _RETRY_LATER, *_SAVES.values())}
+           for statement in (_CLAIM, _FENCE_OF, _TAIL, _STORED, _INBOX, _NOTE_USAGE, _FAIL, _RETRY_LATER,
+                             *_SAVES.values())}
 #: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
 _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
 
@@ -131,6 +133,17 @@ _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": 
 def _size(message: Any) -> int:
     """Bytes of a stored message as JSON (what the checkpoint size limit counts)."""
     return len(payloads.dumps(message).encode("utf-8"))
+
+
+def _format_1(transcript_id: int, seq: int, rows: Iterable[Any]) -> transcripts.Known:
+    """What is stored of a format-1 run's transcript as rows: nothing, or a deleted run's leftovers.
+
+    Leftover rows (``[slot, message]``) are replaced or dropped by the run's first save, which writes its
+    whole transcript as rows.
+    """
+    leftovers = [int(slot) for slot, _ in rows]
+    return transcripts.Known(transcript_id=transcript_id, seq=seq, messages=[_LEFTOVER] * len(leftovers),
+                             slots=leftovers, sizes=[0] * len(leftovers))
 
 
 def _pending(row: Row[Any]) -> records.PendingRun:
@@ -151,8 +164,13 @@ class PostgresCheckpointStore:
         # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._transcripts = transcripts.Transcripts()
+        self._direct = Direct(engine)
 
     # -- the step's hot path ---------------------------------------------------------------
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """One pooled connection for this thread's calls until the block ends: a step's claim, reads and saves."""
+        return self._direct.pinned()
 
     def claim(self, session_id: str, token: int, seq: int | None) -> Claim:
         """Claim ``token`` as the run's fence and load the run, in one statement.
@@ -166,7 +184,7 @@ class PostgresCheckpointStore:
         known = self._transcripts.get(session_id)
         params = {"sid": session_id, "token": token, "seq": seq, "known": known.transcript_id if known else None,
                   "from": known.stable if known else 0}
-        with direct(self.engine) as conn:
+        with self._direct.connection() as conn:
             row = conn.execute(_DIRECT[_CLAIM], params).fetchone()
             if row is None:
                 stored = conn.execute(_DIRECT[_FENCE_OF], {"sid": session_id}).fetchone()
@@ -177,7 +195,7 @@ class PostgresCheckpointStore:
             # A claim that waited for the previous holder's save sees its row but not the message rows that
             # save wrote (they were not in the statement's snapshot). The fence is ours now, so no save can
             # come between: read the rows again in a statement of its own before calling the run corrupt.
-            with direct(self.engine) as conn:
+            with self._direct.connection() as conn:
                 again = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
             messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
         checkpoint = runs.row_checkpoint(row, session_id, messages)
@@ -187,7 +205,8 @@ class PostgresCheckpointStore:
         """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
         document = row["document"] or {}
         if "messages_count" not in document:
-            # Format 1: the document holds the transcript (rows of the id, if any, are a deleted run's leftovers).
+            # Format 1 (a run of an earlier release): the document holds the transcript. Its first save reads
+            # the rows first (``_stored``): ``lousho storage upgrade`` may write them meanwhile.
             self._transcripts.forget(session_id)
             return None
         tail = [(slot, body, _size(body)) for slot, body in row["tail"] or ()]
@@ -208,7 +227,7 @@ class PostgresCheckpointStore:
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
-        with direct(self.engine) as conn:
+        with self._direct.connection() as conn:
             rows = conn.execute(_DIRECT[_INBOX], {"sid": session_id, "cursor": cursor}).fetchall()
         return [records.InboxEntry(n=row["n"], messages=row["messages"]) for row in rows]
 
@@ -244,7 +263,7 @@ class PostgresCheckpointStore:
         if approvals or rows.rewrites:
             saved = self._save_in_transaction(statement, params, approvals, rows.rewrites and keeps_history)
         else:
-            with direct(self.engine) as conn:
+            with self._direct.connection() as conn:
                 saved = conn.execute(_DIRECT[statement], params).fetchone()
         if saved is None:
             self._transcripts.forget(sid)
@@ -274,17 +293,14 @@ class PostgresCheckpointStore:
         known = self._transcripts.get(session_id)
         if known is not None and known.seq == seq:
             return known
-        with self._single() as conn:
-            row = conn.execute(_STORED, {"sid": session_id}).first()
-        if row is None or not row.new_format:
-            # Format 1 (or no run): the whole transcript is written as rows; rows found are a deleted run's
-            # leftovers, replaced or dropped by this write.
-            leftovers = [int(slot) for slot, _ in row.rows or ()] if row is not None else []
-            return transcripts.Known(transcript_id=0 if row is None else int(row.transcript_id), seq=seq,
-                                     messages=[_LEFTOVER] * len(leftovers), slots=leftovers,
-                                     sizes=[0] * len(leftovers))
-        return transcripts.from_rows(int(row.transcript_id), int(row.seq),
-                                     ((slot, body, _size(body)) for slot, body in row.rows or ()))
+        with self._direct.connection() as conn:
+            row = conn.execute(_DIRECT[_STORED], {"sid": session_id}).fetchone()
+        if row is None:
+            return _format_1(0, seq, ())
+        if not row["new_format"]:
+            return _format_1(int(row["transcript_id"]), seq, row["rows"] or ())
+        return transcripts.from_rows(int(row["transcript_id"]), int(row["seq"]),
+                                     ((slot, body, _size(body)) for slot, body in row["rows"] or ()))
 
     def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
              approvals: Sequence[records.Approval] = ()) -> datetime | None:
@@ -317,14 +333,14 @@ class PostgresCheckpointStore:
 
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
-        with direct(self.engine) as conn:
+        with self._direct.connection() as conn:
             row = conn.execute(_DIRECT[_NOTE_USAGE], {"sid": session_id, "fence": fence,
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
         """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
-        with direct(self.engine) as conn:
+        with self._direct.connection() as conn:
             row = conn.execute(
                 _DIRECT[_FAIL], {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
             ).fetchone()
@@ -336,7 +352,7 @@ class PostgresCheckpointStore:
         The crash-loop count restarts (the step did not crash), the failure streak grows and
         ``next_attempt_at`` is set ``delay_s`` from Postgres's now.
         """
-        with direct(self.engine) as conn:
+        with self._direct.connection() as conn:
             row = conn.execute(_DIRECT[_RETRY_LATER], {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
                                                        "error": payloads.dumps(error.model_dump())}).fetchone()
         return None if row is None else int(row["seq"])

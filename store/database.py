@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import select
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,13 +52,7 @@ def _replace_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     ``SELECT 1`` would do at the cost of a round trip per checkout. A server that dies while a
     statement runs fails that statement, as it would with a pre-ping; the step is retried.
     """
-    if dbapi_connection.closed or dbapi_connection.broken:
-        raise DisconnectionError("connection closed")
-    try:
-        readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
-    except (OSError, ValueError) as exc:
-        raise DisconnectionError("connection socket unusable") from exc
-    if readable:
+    if _closed_by_server(dbapi_connection):
         raise DisconnectionError("the server closed or is closing this connection")
 
 
@@ -144,21 +139,106 @@ def direct(engine: Engine) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     Raises:
         StorageError: the database cannot be reached or refused a statement.
     """
+    proxy = _check_out(engine)
+    conn: psycopg.Connection[Any] = proxy.driver_connection
     try:
-        proxy = engine.raw_connection()
-    except DBAPIError as exc:
-        raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
-    conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
-    try:
-        conn.autocommit = True
-        conn.row_factory = dict_row
         yield conn
     except psycopg.Error as exc:
         if conn.broken or conn.closed:
             proxy.invalidate(exc)
         raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
     finally:
-        if not (conn.broken or conn.closed):
-            conn.row_factory = tuple_row
-            conn.autocommit = False  # as the engine expects it back
-        proxy.close()
+        _check_in(proxy)
+
+
+class Direct:
+    """``direct`` connections of one engine, and a pin that keeps one of them for a thread's block of work.
+
+    A step runs its claim, reads and saves inside ``pinned()``: one pooled connection for the whole step
+    instead of a checkout per statement. Other threads (a batch's tool threads) and calls outside a pin
+    check out their own. A pinned connection the server closed meanwhile (a long tool call across a
+    Postgres restart) is noticed before its next statement, without a round trip, and replaced.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._local = threading.local()
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Keep one connection for this thread's statements until the block ends (nested pins share it)."""
+        if getattr(self._local, "proxy", None) is not None:
+            yield
+            return
+        self._local.proxy = None
+        self._local.pinning = True
+        try:
+            yield
+        finally:
+            proxy, self._local.proxy, self._local.pinning = self._local.proxy, None, False
+            if proxy is not None:
+                _check_in(proxy)
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """This thread's pinned connection (checked out at its first use), or one of its own.
+
+        Raises:
+            StorageError: the database cannot be reached or refused a statement.
+        """
+        if not getattr(self._local, "pinning", False):
+            with direct(self.engine) as own:
+                yield own
+            return
+        proxy = self._local.proxy
+        if proxy is not None and _closed_by_server(proxy.driver_connection):
+            proxy.invalidate()
+            _check_in(proxy)
+            proxy = self._local.proxy = None
+        if proxy is None:
+            proxy = self._local.proxy = _check_out(self.engine)
+        conn: psycopg.Connection[Any] = proxy.driver_connection
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                proxy.invalidate(exc)
+                _check_in(proxy)
+                self._local.proxy = None
+            raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
+
+
+def _check_out(engine: Engine) -> Any:
+    """A pooled connection, set up for ``direct`` use (autocommit, rows as dicts).
+
+    Raises:
+        StorageError: the database cannot be reached.
+    """
+    try:
+        proxy = engine.raw_connection()
+    except DBAPIError as exc:
+        raise errors.StorageError(f"database unavailable: {type(exc.orig).__name__}") from exc
+    conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
+    conn.autocommit = True
+    conn.row_factory = dict_row
+    return proxy
+
+
+def _check_in(proxy: Any) -> None:
+    """Give a ``direct`` connection back to the pool as the engine expects it (no autocommit)."""
+    conn = proxy.driver_connection
+    if conn is not None and not (conn.broken or conn.closed):
+        conn.row_factory = tuple_row
+        conn.autocommit = False
+    proxy.close()
+
+
+def _closed_by_server(conn: Any) -> bool:
+    """Whether an idle connection is closed or being closed by the server (its socket is readable)."""
+    if conn is None or conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)

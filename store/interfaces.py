@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +45,9 @@ class StepStore(Protocol):
 
     Every write is fenced: it takes effect only while the run's stored fence is the caller's token.
     """
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Serve this thread's calls from one connection until the block ends (a step's; nesting is allowed)."""
 
     def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
         """Claim ``token`` as the run's fence and load the run; no checkpoint when unknown or out-fenced."""

@@ -56,16 +56,29 @@ NOT_PARKED = not_parked_sql()
 
 # A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
 # after that history: restarting at 0 would collide with the kept rows on every save.
-_ENSURE_RUN = text("""
-INSERT INTO runs (session_id, agent, seq)
-SELECT :sid, :agent, COALESCE(MAX(seq), 0) FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING
+#: The document of a new run: format 2 from the start, with no messages yet.
+EMPTY_DOCUMENT = '{"format": 2, "messages_count": 0}'
+# A new run's id may have held a run that a release before format 2 deleted (leaving message rows):
+# the rows go with the insert that makes the new run.
+_CLEAR_LEFTOVERS = """,
+cleared AS (DELETE FROM run_messages WHERE session_id = :sid AND EXISTS (SELECT 1 FROM made))"""
+_ENSURE_RUN = text(f"""
+WITH made AS (
+  INSERT INTO runs (session_id, agent, seq, document)
+  SELECT :sid, :agent, COALESCE(MAX(seq), 0), CAST('{EMPTY_DOCUMENT}' AS jsonb)
+  FROM checkpoint_history WHERE session_id = :sid
+  ON CONFLICT (session_id) DO NOTHING RETURNING seq
+){_CLEAR_LEFTOVERS}
+SELECT seq FROM made
 """)
-_NEW_RUN = text("""
-INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
-SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
-FROM checkpoint_history WHERE session_id = :sid
-ON CONFLICT (session_id) DO NOTHING RETURNING seq
+_NEW_RUN = text(f"""
+WITH made AS (
+  INSERT INTO runs (session_id, agent, status, seq, inbox_head, document)
+  SELECT :sid, :agent, :status, COALESCE(MAX(seq), 0), :head, CAST(:doc AS jsonb)
+  FROM checkpoint_history WHERE session_id = :sid
+  ON CONFLICT (session_id) DO NOTHING RETURNING seq
+){_CLEAR_LEFTOVERS}
+SELECT seq FROM made
 """)
 _ADD_MESSAGES = text(ADD_MESSAGES)
 _LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid"
@@ -174,7 +187,7 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
 
     Returns False, writing nothing, when a run with that id exists.
     """
-    return _insert(conn, session_id, agent, "in-progress", "{}", messages)
+    return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages)
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:

@@ -40,7 +40,8 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
     try:
-        result = _claim_and_step(deps, lease, session_id, seq)
+        with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
+            result = _claim_and_step(deps, lease, session_id, seq)
     finally:
         deps.heartbeat.drop(lease)
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,10 @@ class MemoryCheckpointStore:
         self.state = MemoryState(clock=clock)
 
     # -- the step's hot path ---------------------------------------------------------------
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Nothing to keep in memory (``PostgresCheckpointStore.pinned`` keeps one connection)."""
+        return nullcontext()
 
     def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
         """Claim ``token`` as the run's fence and load the run (see ``PostgresCheckpointStore.claim``)."""

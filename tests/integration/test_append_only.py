@@ -176,3 +176,17 @@ def _claim_or_error(store: PostgresCheckpointStore, session_id: str, token: int)
         return store.claim(session_id, token, None).checkpoint
     except Exception as exc:  # the outcome is asserted by the test
         return exc
+
+
+def test_a_new_run_starts_in_format_2_without_a_deleted_runs_leftover_rows(store: PostgresCheckpointStore) -> None:
+    with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+        # Rows a release before format 2 left when it deleted a run of this id.
+        conn.execute("INSERT INTO run_messages (session_id, slot, seq, message) VALUES ('left-2', 0, 4, %s)",
+                     (Jsonb({"role": "user", "content": "leftover"}),))
+    store.append_input("left-2", "agent", [Message(role="user", content="fresh")])
+    with psycopg.connect(services.test_database_url()) as conn:
+        document = conn.execute("SELECT document FROM runs WHERE session_id = 'left-2'").fetchone()[0]  # type: ignore[index]
+        left = conn.execute("SELECT count(*) FROM run_messages WHERE session_id = 'left-2'").fetchone()
+    assert document == {"format": 2, "messages_count": 0} and left == (0,)
+    claimed = store.claim("left-2", 1, None).checkpoint
+    assert claimed is not None and claimed.messages == []

@@ -131,6 +131,11 @@ def test_a_run_stored_in_format_1_is_read_and_moves_to_format_2_at_its_next_save
         # A deleted run's leftover row under the same id must not leak into it.
         conn.execute("INSERT INTO run_messages (session_id, slot, seq, message) VALUES ('old-1', 5, 9, %s)",
                      (Jsonb({"role": "user", "content": "leftover"}),))
+    # Readers take the document's transcript, never the leftover row.
+    read = store.load("old-1")
+    assert read is not None and [m.dump() for m in read.messages] == old_messages
+    listed = [c for c in store.list() if c.session_id == "old-1"]
+    assert [[m.dump() for m in c.messages] for c in listed] == [old_messages]  # type: ignore[union-attr]
     claimed = store.claim("old-1", 5, None).checkpoint
     assert claimed is not None and [m.dump() for m in claimed.messages] == old_messages
     result = Message(role="tool", tool_call_id="a", name="t", content="done")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import select
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -140,13 +140,9 @@ def direct(engine: Engine) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         StorageError: the database cannot be reached or refused a statement.
     """
     proxy = _check_out(engine)
-    conn: psycopg.Connection[Any] = proxy.driver_connection
     try:
-        yield conn
-    except psycopg.Error as exc:
-        if conn.broken or conn.closed:
-            proxy.invalidate(exc)
-        raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
+        with _statements(proxy) as conn:
+            yield conn
     finally:
         _check_in(proxy)
 
@@ -193,19 +189,35 @@ class Direct:
         proxy = self._local.proxy
         if proxy is not None and _closed_by_server(proxy.driver_connection):
             proxy.invalidate()
-            _check_in(proxy)
-            proxy = self._local.proxy = None
+            self._unpin()
+            proxy = None
         if proxy is None:
             proxy = self._local.proxy = _check_out(self.engine)
-        conn: psycopg.Connection[Any] = proxy.driver_connection
-        try:
+        with _statements(proxy, self._unpin) as conn:
             yield conn
-        except psycopg.Error as exc:
-            if conn.broken or conn.closed:
-                proxy.invalidate(exc)
-                _check_in(proxy)
-                self._local.proxy = None
-            raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
+
+    def _unpin(self) -> None:
+        """Give back this thread's pinned connection (it broke): the next statement checks out another."""
+        proxy, self._local.proxy = self._local.proxy, None
+        if proxy is not None:
+            _check_in(proxy)
+
+
+@contextmanager
+def _statements(proxy: Any, broke: Callable[[], None] | None = None) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """Statements on a checked-out ``direct`` connection; driver errors become ``StorageError``.
+
+    A connection the error left unusable is invalidated (the pool drops it), then ``broke`` is called.
+    """
+    conn: psycopg.Connection[Any] = proxy.driver_connection
+    try:
+        yield conn
+    except psycopg.Error as exc:
+        if conn.broken or conn.closed:
+            proxy.invalidate(exc)
+            if broke is not None:
+                broke()
+        raise errors.StorageError(f"database error: {type(exc).__name__}") from exc
 
 
 def _check_out(engine: Engine) -> Any:

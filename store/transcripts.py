@@ -178,20 +178,19 @@ def after_save(known: Known, rows: Rows, seq: int, messages: list[Message], tran
 
 def from_rows(transcript_id: int, seq: int, rows: Iterable[tuple[int, dict[str, Any], int]]) -> Known:
     """A whole stored transcript: ``(slot, message, size)`` rows in slot order."""
-    slots, messages, sizes = [], [], []
-    for slot, body, size in rows:
-        slots.append(slot)
-        messages.append(message_from_row(body))
-        sizes.append(size)
-    return Known(transcript_id=transcript_id, seq=seq, messages=messages, slots=slots, sizes=sizes,
-                 bytes=sum(sizes))
+    return _with_rows(transcript_id, seq, [], [], [], rows)
 
 
 def extend(known: Known, transcript_id: int, seq: int, tail: Iterable[tuple[int, dict[str, Any], int]]) -> Known:
     """``known`` with the stored rows from its stable prefix on replaced by ``tail`` (as read at ``seq``)."""
     keep = known.stable
-    slots, messages, sizes = known.slots[:keep], known.messages[:keep], known.sizes[:keep]
-    for slot, body, size in tail:
+    return _with_rows(transcript_id, seq, known.slots[:keep], known.messages[:keep], known.sizes[:keep], tail)
+
+
+def _with_rows(transcript_id: int, seq: int, slots: list[int], messages: list[Message], sizes: list[int],
+               rows: Iterable[tuple[int, dict[str, Any], int]]) -> Known:
+    """The transcript ``slots``/``messages``/``sizes`` followed by ``rows``, parsed."""
+    for slot, body, size in rows:
         slots.append(slot)
         messages.append(message_from_row(body))
         sizes.append(size)

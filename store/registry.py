@@ -36,6 +36,11 @@ _FORGET = text("DELETE FROM agent_workers WHERE worker_id = :worker")
 # Registrations of workers gone for a day are dropped by whoever registers next.
 _EXPIRE = text("DELETE FROM agent_workers WHERE seen_at < now() - interval '1 day'")
 _LIVE_AGENTS = text("SELECT DISTINCT agent FROM agent_workers WHERE seen_at > now() - make_interval(secs => :within)")
+_BEHIND = text("""
+SELECT DISTINCT worker_id FROM agent_workers
+WHERE seen_at > now() - make_interval(secs => :within) AND NOT formats @> CAST(:format AS jsonb)
+ORDER BY worker_id
+""")
 _SERVING = text("""
 SELECT worker_id, fingerprint, formats FROM agent_workers
 WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND worker_id <> :exclude
@@ -89,6 +94,12 @@ class PostgresAgentRegistry:
         """Agents at least one live worker (seen in the last ``within_s`` seconds) serves."""
         with Transaction(self.engine) as conn:
             return {row.agent for row in conn.execute(_LIVE_AGENTS, {"within": within_s})}
+
+    def not_reading(self, checkpoint_format: int, within_s: float) -> builtins.list[str]:
+        """Live workers (seen in the last ``within_s`` seconds) that do not read ``checkpoint_format``."""
+        with Transaction(self.engine) as conn:
+            rows = conn.execute(_BEHIND, {"format": payloads.dumps([checkpoint_format]), "within": within_s})
+            return [row.worker_id for row in rows]
 
     def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[Serving]:
         """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""

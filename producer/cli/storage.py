@@ -8,22 +8,35 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from producer.cli.output import accept_json, print_json
 from producer.client import Client
 from store import records
+from store.registry import PostgresAgentRegistry
 from store.upgrade import upgrade_runs
 
-#: Unreadable runs the text output names (``--json`` gives every one the report names).
+#: Unreadable runs (and old workers) the text output names (``--json`` gives every run the report names).
 _SHOWN = 10
+#: A worker registration this recent counts as a live worker (workers refresh theirs every 15 s at most).
+LIVE_WITHIN_S = 60.0
 
 
 def cmd_storage_upgrade(client: Client, args: argparse.Namespace) -> int:
     """``lousho storage upgrade [--batch N]``: convert format-1 runs to the current format and print the counts.
 
+    Refused (exit 1) while a live worker registered without the current format, unless ``--force``.
+
     Raises:
         StorageError: the database failed (runs converted so far stay converted; run the command again).
     """
+    behind = PostgresAgentRegistry(client.engine).not_reading(records.CHECKPOINT_FORMAT, LIVE_WITHIN_S)
+    if behind and not args.force:
+        named = ", ".join(behind[:_SHOWN]) + (f" and {len(behind) - _SHOWN} more" if len(behind) > _SHOWN else "")
+        print(f"refused: {len(behind)} live worker(s) do not read checkpoint format {records.CHECKPOINT_FORMAT}"
+              f" ({named}); they would write converted runs back in the old format. Upgrade or stop them first,"
+              " or pass --force", file=sys.stderr)
+        return 1
     report = upgrade_runs(client.engine, batch=args.batch)
     if args.json:
         print_json(dataclasses.asdict(report))
@@ -58,4 +71,6 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     upgrade = accept_json(actions.add_parser(
         "upgrade", help="convert runs still stored in the previous checkpoint format (once no old worker is left)"))
     upgrade.add_argument("--batch", type=_batch, default=200, help="runs read per page (default 200)")
+    upgrade.add_argument("--force", action="store_true",
+                         help="convert even while live workers that do not read the current format are registered")
     upgrade.set_defaults(fn=cmd_storage_upgrade)

@@ -50,3 +50,25 @@ def test_a_batch_size_that_is_not_a_positive_whole_number_is_a_usage_error(loush
     assert printed.code == 2
     assert printed.out == ""
     assert "usage: lousho storage upgrade" in printed.err and "--batch" in printed.err
+
+
+@pytest.mark.integration
+def test_storage_upgrade_refuses_while_a_live_worker_does_not_read_format_2(lousho: Lousho,
+                                                                            store: PostgresCheckpointStore) -> None:
+    from store.registry import PostgresAgentRegistry
+
+    _old_run("w-old", {"agent": "weather", "step": 1, "messages": [{"role": "user", "content": "q"}]})
+    registry = PostgresAgentRegistry(store.engine)
+    registry.register("host:1", {"weather": {"hash": "a"}}, [1])
+    registry.register("host:2", {"weather": {"hash": "a"}}, [1, 2])
+
+    refused = lousho("storage", "upgrade")
+    assert refused.code == 1 and refused.out == ""
+    assert "1 live worker(s) do not read checkpoint format 2 (host:1)" in refused.err
+    assert _formats() == {"w-old": None}
+
+    forced = lousho("storage", "upgrade", "--force")
+    assert forced.code == 0, forced.err
+    assert _formats() == {"w-old": 2}
+    registry.forget("host:1")
+    assert lousho("storage", "upgrade").code == 0

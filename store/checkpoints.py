@@ -27,6 +27,19 @@ __all__ = ["PostgresCheckpointStore"]
 
 _COLUMNS = runs.COLUMNS
 
+
+def _rows_from(first_slot: str) -> str:
+    """SQL: the run's message rows from ``first_slot`` on, as a JSON array of ``[slot, message]`` in slot order."""
+    return ("(SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
+            f" WHERE m.session_id = :sid AND m.slot >= {first_slot})")
+
+
+#: The rows a process has not seen: from the first slot that may have changed since (``:from``) while the
+#: transcript is the one it remembers (``:known``), else all of them.
+_TAIL_ROWS = _rows_from("CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END") \
+    + " AS tail"
+
+
 # Claim the fencing token and load the run in one statement. A start counts as an attempt only
 # when the step will do work (matching seq, and a run that is in progress or has new input).
 _CLAIM = text(f"""
@@ -34,19 +47,13 @@ UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
-RETURNING {_COLUMNS}, now() AS db_now,
-  (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m
-   WHERE m.session_id = :sid
-     AND m.slot >= CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END) AS tail
+RETURNING {_COLUMNS}, now() AS db_now, {_TAIL_ROWS}
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
-_TAIL = text("SELECT (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
-             " WHERE m.session_id = :sid AND m.slot >= CASE WHEN transcript_id = CAST(:known AS bigint)"
-             " THEN CAST(:from AS int) ELSE 0 END) AS tail FROM runs WHERE session_id = :sid")
+_TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
-_STORED = text("SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
-               " (SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
-               " WHERE m.session_id = :sid) AS rows FROM runs WHERE session_id = :sid")
+_STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
+               f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
 _PROGRESS = text("SELECT status, inbox_cursor, last_error FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
-from producer import forks
+from producer import forks, streams
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
@@ -23,11 +23,13 @@ from store import errors, inputs, interfaces, records
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
+from store.events import Event
 from store.faults import crash_point
 from store.inputs import Input, normalize_input
 from store.leases import LeaseManager
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings, load_settings
+from store.signals import RedisSignals
 
 log = logging.getLogger("lousho.client")
 _KNOWN_AGENTS_TTL_S = 5.0
@@ -62,12 +64,50 @@ class RunResult(BaseModel):
 
 
 class Run:
-    """A handle on one send or resume; ``wait`` returns its result or raises its error."""
+    """A handle on one send or resume; ``wait`` returns its result, ``events`` follows it as it goes."""
 
-    def __init__(self, client: Client, session_id: str, input_number: int) -> None:
+    def __init__(self, client: Client, session_id: str, input_number: int, events_from: int | None = None) -> None:
         self._client = client
         self.session_id = session_id
         self.input_number = input_number
+        #: For a resume or a decision: the run's first event seq that belongs to this handle.
+        self._events_from = events_from
+
+    def events(self, after: int | None = None, timeout: float | None = None, live: bool = False) -> Iterator[Event]:
+        """The run's durable events with a seq above ``after``, as they are saved, until the next ``run.done``.
+
+        ``after`` None starts at this input's ``run.start`` (for a resume or a decision: at the first event
+        after it). ``live`` interleaves live signals (``seq`` None: model text as it streams, tool starts).
+
+        Raises:
+            RunTimeoutError: ``timeout`` seconds passed first (the run goes on; iterate again with the last seq).
+            CheckpointNotFoundError: the run was deleted.
+        """
+        store = self._client.store
+        starts: streams.StartFilter = None
+        if after is None:
+            if self._events_from is not None:
+                after = self._events_from - 1
+            else:
+                # In this order: a run.start written after the lookup has a seq at or past ``next``.
+                progress = store.progress(self.session_id)
+                if progress is None:
+                    raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
+                start = store.input_start(self.session_id, self.input_number)
+                if start is not None:
+                    after = start - 1
+                else:
+                    after = progress.events_next - 1
+                    number = self.input_number
+                    starts = lambda event: (event.type == "run.start"  # noqa: E731
+                                            and int(event.data.get("input_number", 0)) >= number)
+        return streams.follow(store, self._client.signals, self.session_id, after, starts=starts, live=live,
+                              timeout=timeout)
+
+    def events_async(self, after: int | None = None, timeout: float | None = None,
+                     live: bool = False) -> AsyncIterator[Event]:
+        """``events`` for ``async for`` (web servers): the waiting happens in a thread."""
+        return streams.follow_async(self.events(after, timeout, live))
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> RunResult:
         """Block until the run settles with this input applied.
@@ -87,7 +127,7 @@ class Run:
                 raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
             if progress.last_error is not None and not progress.last_error.retryable:
                 raise errors.from_record(progress.last_error.model_dump())
-            if progress.inbox_cursor >= self.input_number and progress.status != "in-progress":
+            if progress.inbox_cursor >= self.input_number and (progress.status != "in-progress" or progress.aborted):
                 checkpoint = store.load(self.session_id)
                 if checkpoint is None:
                     raise errors.CheckpointNotFoundError(f"run {self.session_id!r} is not stored")
@@ -113,6 +153,7 @@ class Client:
         self._redis: redis.Redis | None = None
         self._leases: interfaces.Leases | None = None
         self._enqueuer: Enqueuer | None = None
+        self._signals: RedisSignals | None = None
         self._known: tuple[float, list[str]] = (0.0, [])
 
     @property
@@ -133,9 +174,20 @@ class Client:
     def leases(self) -> interfaces.Leases:
         """Read access to run leases (to refuse a resume of a live run)."""
         if self._leases is None:
-            self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-            self._leases = LeaseManager(self._redis, self.settings.lease_ttl_ms)
+            self._leases = LeaseManager(self._redis_client(), self.settings.lease_ttl_ms)
         return self._leases
+
+    @property
+    def signals(self) -> RedisSignals:
+        """The runs' Redis signals: event notes and live signals, abort doorbells, steer marks."""
+        if self._signals is None:
+            self._signals = RedisSignals(self._redis_client())
+        return self._signals
+
+    def _redis_client(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        return self._redis
 
     @property
     def enqueuer(self) -> Enqueuer:
@@ -174,6 +226,55 @@ class Client:
         """
         return self.store.pending(agent)
 
+    def events(self, session_id: str, after: int | None = None, *, live: bool = False,
+               timeout: float | None = None) -> Iterator[Event]:
+        """Follow the run's durable events after seq ``after`` until the next ``run.done``, from any process.
+
+        ``after`` None starts at the run's latest ``run.start``. See ``Run.events``.
+
+        Raises:
+            SessionIdInvalidError, CheckpointNotFoundError, RunTimeoutError.
+        """
+        records.validate_session_id(session_id)
+        if after is None:
+            if self.store.progress(session_id) is None:
+                raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+            start = self.store.latest_start(session_id)
+            after = -1 if start is None else start - 1
+        return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout)
+
+    def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
+                     timeout: float | None = None) -> AsyncIterator[Event]:
+        """``events`` for ``async for`` (web servers)."""
+        return streams.follow_async(self.events(session_id, after, live=live, timeout=timeout))
+
+    def read_events(self, session_id: str, after: int, limit: int = 500) -> list[Event]:
+        """One page of the run's durable events after seq ``after``, without waiting."""
+        return self.store.read_events(records.validate_session_id(session_id), after, min(max(limit, 1), 1000))
+
+    def abort(self, session_id: str) -> bool:
+        """Stop a run: True when an abort was requested, False when the run is finished (nothing to stop).
+
+        The step holding the run hears it at its next lease renewal at the latest: it starts no more tool
+        calls, running calls see ``ctx.cancelled`` and get a ``cancelled`` result unless they finish
+        first, an in-flight model call is dropped, and the run rests in progress with
+        ``finish_reason="aborted"`` until a send or a resume. A paused run's approvals are withdrawn.
+
+        Raises:
+            SessionIdInvalidError, CheckpointNotFoundError.
+        """
+        records.validate_session_id(session_id)
+        if not self.store.request_abort(session_id):
+            return False
+        try:
+            self.signals.ring_abort(session_id)
+        except redis.RedisError as exc:
+            # The request is durable: the running step sees it at its next save's claim, a new step at once.
+            log.warning("could not ring the abort doorbell of %s (%s)", session_id, type(exc).__name__)
+        checkpoint = self.store.load(session_id)
+        self.nudge(session_id, agent=checkpoint.agent if checkpoint else None)
+        return True
+
     def resume(self, session_id: str) -> Run | None:
         """Finish an interrupted run of any agent; None when nothing is pending.
 
@@ -193,12 +294,15 @@ class Client:
             raise errors.SessionAwaitingApprovalError(session_id, approval)
         if self.leases.holder(session_id) is not None:
             raise errors.SessionBusyError(session_id)
+        progress = self.store.progress(session_id)
         # A parked run: the caller fixed the cause (that is what resuming it means). A retrying run:
-        # try now rather than at its next attempt time. None: finished, with no input left to apply.
+        # try now rather than at its next attempt time. An aborted run moves again. None: finished, with
+        # no input left to apply.
         if self.store.reset_attempts(session_id) is None:
             return None
         self.nudge(session_id, agent=checkpoint.agent)
-        return Run(self, session_id, checkpoint.inbox_cursor)
+        return Run(self, session_id, checkpoint.inbox_cursor,
+                   events_from=progress.events_next if progress is not None else None)
 
     def nudge(self, session_id: str, agent: str | None = None) -> None:
         """Ask a worker to advance a run whose input or decision is already durable.
@@ -257,10 +361,10 @@ class Approvals:
                 raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is unknown to agent {self._agent!r}")
         decision = self._store.resolve(approval_id, approved, note)
         session_id = decision.approval.session_id
-        checkpoint = self._client.store.load(session_id)
-        cursor = checkpoint.inbox_cursor if checkpoint is not None else 0
+        progress = self._client.store.progress(session_id)
+        cursor = progress.inbox_cursor if progress is not None else 0
         continue_after(decision, lambda sid, agent: self._client.nudge(sid, agent=agent))
-        return Run(self._client, session_id, cursor)
+        return Run(self._client, session_id, cursor, events_from=progress.events_next if progress else None)
 
 
 def continue_after(decision: records.Decision, send: Callable[[str, str], None]) -> None:
@@ -312,6 +416,54 @@ class AgentHandle:
         number = self._client.store.append_input(session_id, self.name, messages, idempotency_key)
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
+
+    def stream(self, input: Input, session_id: str, *, live: bool = False,
+               timeout: float | None = None) -> Iterator[Event]:
+        """Send ``input`` and follow the run's events until it settles (``Run.events``).
+
+        The run is marked watched before the send, so its first step already publishes live signals.
+        """
+        records.validate_session_id(session_id)
+        try:
+            self._client.signals.watch(session_id, streams.WATCH_TTL_MS)
+        except redis.RedisError as exc:
+            log.debug("could not mark %s watched (%s)", session_id, type(exc).__name__)
+        return self.send(input, session_id).events(live=live, timeout=timeout)
+
+    def events(self, session_id: str, after: int | None = None, *, live: bool = False,
+               timeout: float | None = None) -> Iterator[Event]:
+        """Follow the run's events after seq ``after`` (None: from its latest ``run.start``), from any process."""
+        return self._client.events(session_id, after, live=live, timeout=timeout)
+
+    def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
+                     timeout: float | None = None) -> AsyncIterator[Event]:
+        """``events`` for ``async for`` (web servers)."""
+        return self._client.events_async(session_id, after, live=live, timeout=timeout)
+
+    def abort(self, session_id: str) -> bool:
+        """Stop the run (see ``Client.abort``); False when it is finished."""
+        return self._client.abort(session_id)
+
+    def steer(self, session_id: str, message: Input) -> Run:
+        """Redirect the run with ``message`` at its next safe point.
+
+        Calls of the current turn that have not started do not start: they get a result saying the user
+        redirected the run, or, when the turn pauses for approvals, run after the last decision. A model
+        call that has not emitted anything yet is cut short and asked again with the message. On an idle
+        or finished run this is a send.
+
+        Raises:
+            SessionAwaitingApprovalError: the run waits on an approval (decide it first).
+            SessionIdInvalidError, InputTooLargeError, AgentNotFoundError.
+        """
+        run = self.send(message, session_id)
+        try:
+            self._client.signals.mark_steer(session_id, run.input_number)
+        except redis.RedisError as exc:
+            # The message is queued either way: without the mark it waits for the turn's calls to finish.
+            log.warning("could not mark the steer of %s (%s); it applies after the running turn",
+                        session_id, type(exc).__name__)
+        return run
 
     def _resume_or_current(self, session_id: str) -> Run:
         """``send([])``: resume an unfinished run, or a handle on the settled one."""

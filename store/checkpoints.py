@@ -10,7 +10,7 @@ run's control columns (fence, seq, attempts, retry times) is here; new input, wh
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +19,7 @@ from sqlalchemy import Engine, TextClause, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, history, payloads, records, registry, runs, transcripts
+from store import errors, events, history, payloads, records, registry, runs, transcripts
 from store.database import Direct, Transaction, driver_sql
 from store.records import Claim
 
@@ -47,14 +47,15 @@ UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
-RETURNING {_COLUMNS}, now() AS db_now, {_TAIL_ROWS}
+RETURNING {_COLUMNS}, now() AS db_now, abort_requested IS NOT NULL AS abort_pending, {_TAIL_ROWS}
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
 _STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
                f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
-_PROGRESS = text("SELECT status, inbox_cursor, last_error FROM runs WHERE session_id = :sid")
+_PROGRESS = text("SELECT status, inbox_cursor, last_error, aborted, events_next, document ->> 'finish_reason'"
+                 " AS finish_reason FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
 # The fenced write of a step: the run's control columns and document, the messages it added (rows past the
@@ -66,9 +67,11 @@ saved AS (
   UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
     next_attempt_at = NULL, retry_since = NULL, failures = 0,
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now(),
-    transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END
+    transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END,
+    aborted = :aborted, abort_requested = CASE WHEN :clear_abort THEN NULL ELSE abort_requested END,
+    events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
-  RETURNING session_id, updated_at, transcript_id
+  RETURNING session_id, updated_at, transcript_id, events_next
 ),
 added AS ({runs.ADD_MESSAGES.strip()} WHERE EXISTS (SELECT 1 FROM saved)
   ON CONFLICT (session_id, slot) DO UPDATE SET message = EXCLUDED.message, seq = EXCLUDED.seq
@@ -83,28 +86,47 @@ drained AS (
 )"""
 _SAVE_TAIL = "\nSELECT updated_at, transcript_id FROM saved"
 _SAVES = {
-    (keeps, inbox, gone): text(_SAVE_HEAD + (_SAVE_GONE if gone else "") + (history.SAVE_ENTRY if keeps else "")
-                               + (_SAVE_INBOX if inbox else "") + _SAVE_TAIL)
-    for keeps in (True, False) for inbox in (True, False) for gone in (True, False)
+    (keeps, inbox, gone, evented): text(
+        _SAVE_HEAD + (_SAVE_GONE if gone else "") + (history.SAVE_ENTRY if keeps else "")
+        + (_SAVE_INBOX if inbox else "") + (events.SAVE_EVENTS if evented else "") + _SAVE_TAIL)
+    for keeps in (True, False) for inbox in (True, False) for gone in (True, False) for evented in (True, False)
 }
 
-_FAIL = text("""
-UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), next_attempt_at = NULL
-WHERE session_id = :sid AND fence = :fence RETURNING attempts
+# Failures write their events (``error``, ``provider.retry``, ``run.done``) in the same statement.
+_FAIL = text(f"""
+WITH saved AS (
+  UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), next_attempt_at = NULL,
+    events_next = events_next + :n_events
+  WHERE session_id = :sid AND fence = :fence RETURNING attempts, events_next, updated_at
+){events.SAVE_EVENTS}
+SELECT attempts FROM saved
 """)
 # A failure the step itself recorded is not a crash: the crash-loop count starts again, and the retry
 # budget counts from the first failure of the streak.
-_RETRY_LATER = text("""
-UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), attempts = 0, failures = failures + 1,
-  retry_since = COALESCE(retry_since, now()), next_attempt_at = now() + make_interval(secs => :delay)
-WHERE session_id = :sid AND fence = :fence RETURNING seq
+_RETRY_LATER = text(f"""
+WITH saved AS (
+  UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), attempts = 0, failures = failures + 1,
+    retry_since = COALESCE(retry_since, now()), next_attempt_at = now() + make_interval(secs => :delay),
+    events_next = events_next + :n_events
+  WHERE session_id = :sid AND fence = :fence RETURNING seq, events_next, updated_at
+){events.SAVE_EVENTS}
+SELECT seq FROM saved
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
+# A resume is a person acting on the run: an aborted run moves again.
 _RESET_ATTEMPTS = text(f"""
-UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL
-WHERE session_id = :sid AND {runs.HAS_WORK} RETURNING seq
+UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL,
+  aborted = false
+WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')) RETURNING seq
 """)
+# An abort of an unfinished run: kept until a step settles it (a paused run's approvals are withdrawn then).
+_REQUEST_ABORT = text("""
+UPDATE runs SET abort_requested = COALESCE(abort_requested, now())
+WHERE session_id = :sid AND status <> 'finished' AND NOT aborted RETURNING 1
+""")
+_EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
+_ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
 # Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
 # seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
 # by (due, session_id) so a page full of live leases does not hide the rest.
@@ -123,15 +145,17 @@ WITH pruned AS (
   DELETE FROM runs WHERE status = 'finished' AND inbox_head <= inbox_cursor AND updated_at < :cutoff
   RETURNING session_id
 ),
-messages AS (DELETE FROM run_messages WHERE session_id IN (SELECT session_id FROM pruned))
+messages AS (DELETE FROM run_messages WHERE session_id IN (SELECT session_id FROM pruned)),
+run_events AS (DELETE FROM run_events WHERE session_id IN (SELECT session_id FROM pruned))
 SELECT session_id FROM pruned
 """
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
-_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR {runs.HAS_WORK})"
+_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR aborted OR {runs.HAS_WORK})"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
 _DIRECT = {statement: driver_sql(statement)
            for statement in (_CLAIM, _FENCE_OF, _TAIL, _STORED, _INBOX, _NOTE_USAGE, _FAIL, _RETRY_LATER,
+                             _ABORT_PENDING,
                              *_SAVES.values())}
 #: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
 _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
@@ -153,6 +177,19 @@ def _format_1(transcript_id: int, seq: int, rows: Iterable[Any]) -> transcripts.
                              slots=leftovers, sizes=[0] * len(leftovers))
 
 
+def _slot_finder(rows: transcripts.Rows) -> Callable[[records.Message], int | None]:
+    """Finds the slot a save writes a message to: the same object first, else an equal one."""
+    by_identity = {id(message): slot for slot, message, _ in rows.added}
+
+    def slot_of(message: records.Message) -> int | None:
+        slot = by_identity.get(id(message))
+        if slot is None:
+            slot = next((s for s, added, _ in rows.added if added == message), None)
+        return slot
+
+    return slot_of
+
+
 def _pending(row: Row[Any]) -> records.PendingRun:
     """A listed run as a ``PendingRun``; an unreadable checkpoint is listed parked as corrupt."""
     try:
@@ -165,9 +202,11 @@ def _pending(row: Row[Any]) -> records.PendingRun:
 class PostgresCheckpointStore:
     """Checkpoints, history and inbox of runs in Postgres."""
 
-    def __init__(self, engine: Engine, history_limit: int = 50) -> None:
+    def __init__(self, engine: Engine, history_limit: int = 50, *, events: bool = True) -> None:
         self.engine = engine
         self.history_limit = history_limit
+        #: Whether saves write the run's durable events (off only to measure what they cost).
+        self.events = events
         # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._transcripts = transcripts.Transcripts()
@@ -206,7 +245,8 @@ class PostgresCheckpointStore:
                 again = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
             messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
         checkpoint = runs.row_checkpoint(row, session_id, messages)
-        return Claim(checkpoint, inbox_head=int(row["inbox_head"]), now=row["db_now"])
+        return Claim(checkpoint, inbox_head=int(row["inbox_head"]), now=row["db_now"],
+                     abort_requested=bool(row["abort_pending"]))
 
     def _messages_of(self, session_id: str, row: Any, known: transcripts.Known | None) -> list[records.Message] | None:
         """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
@@ -261,14 +301,18 @@ class PostgresCheckpointStore:
         if len(document) + rows.total_bytes > payloads.MAX_CHECKPOINT:
             raise errors.InputTooLargeError(
                 f"checkpoint of {len(document) + rows.total_bytes} bytes is over the limit")
+        drafts = write.events if self.events else ()
         params = {
             "sid": sid, "doc": document, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
             "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
-            "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone,
+            "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone, "aborted": checkpoint.aborted,
+            "clear_abort": write.settles_abort or checkpoint.status == "finished", "n_events": len(drafts),
+            "events": events.encode(drafts, _slot_finder(rows)) if drafts else "[]",
         }
-        statement = _SAVES[(keeps_history, write.drained_inbox, bool(rows.gone))]
-        if approvals or rows.rewrites:
-            saved = self._save_in_transaction(statement, params, approvals, rows.rewrites and keeps_history)
+        statement = _SAVES[(keeps_history, write.drained_inbox, bool(rows.gone), bool(drafts))]
+        if approvals or rows.rewrites or write.settles_abort:
+            saved = self._save_in_transaction(statement, params, approvals, rows.rewrites and keeps_history,
+                                              withdraw=write.settles_abort)
         else:
             with self._direct.connection() as conn:
                 saved = conn.execute(_DIRECT[statement], params).fetchone()
@@ -284,8 +328,9 @@ class PostgresCheckpointStore:
         return updated_at
 
     def _save_in_transaction(self, statement: TextClause, params: dict[str, Any],
-                             approvals: Sequence[records.Approval], standalone: bool) -> dict[str, Any] | None:
-        """A save that opens approvals or replaces stored messages: more than one statement, one transaction."""
+                             approvals: Sequence[records.Approval], standalone: bool,
+                             withdraw: bool = False) -> dict[str, Any] | None:
+        """A save that opens or withdraws approvals or replaces stored messages: one transaction."""
         with self._begin() as conn:
             if standalone:
                 # Stored messages change (never in a step): kept entries take their transcripts along first.
@@ -293,6 +338,8 @@ class PostgresCheckpointStore:
             saved = conn.execute(statement, params).first()
             if saved is not None and approvals:
                 approval_rows.insert(conn, approvals)
+            if saved is not None and withdraw:
+                approval_rows.withdraw_for_run(conn, params["sid"])  # an abort: the pause's decisions are void
         return None if saved is None else dict(saved._mapping)
 
     def _stored(self, session_id: str, seq: int) -> transcripts.Known:
@@ -310,16 +357,19 @@ class PostgresCheckpointStore:
                                      ((slot, body, _size(body)) for slot, body in row["rows"] or ()))
 
     def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
-             approvals: Sequence[records.Approval] = ()) -> datetime | None:
+             approvals: Sequence[records.Approval] = (), drafts: Sequence[records.EventDraft] = (),
+             settles_abort: bool = False) -> datetime | None:
         """``record_step`` of a whole checkpoint: a step that does not say what it added.
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
         """
         return self.record_step(records.StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox,
-                                                  approvals=tuple(approvals)))
+                                                  approvals=tuple(approvals), events=tuple(drafts),
+                                                  settles_abort=settles_abort))
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
+               drafts: Sequence[records.EventDraft] = ()) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
 
         Decisions of ``approval_ids`` that the run was about to act on go back to pending and
@@ -327,7 +377,8 @@ class PostgresCheckpointStore:
         """
         body = payloads.dumps(error.model_copy(update={"retryable": False}).model_dump())
         with self._begin() as conn:
-            parked = conn.execute(_FAIL, {"sid": session_id, "fence": fence, "error": body}).first()
+            parked = conn.execute(_FAIL, {"sid": session_id, "fence": fence, "error": body,
+                                          **self._event_params(drafts)}).first()
             if parked is None:
                 return False
             if approval_ids:
@@ -345,23 +396,29 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
-        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
+    def record_failure(self, session_id: str, fence: int, error: records.LastError,
+                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+        """Store why a step failed (fenced), with ``drafts`` as its events; the attempts count, None if fenced out."""
         with self._direct.connection() as conn:
             row = conn.execute(
-                _DIRECT[_FAIL], {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump())}
+                _DIRECT[_FAIL], {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump()),
+                                 **self._event_params(drafts)}
             ).fetchone()
         return None if row is None else int(row["attempts"])
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
-        """Record a transient failure (fenced) and when to try again; returns the run's seq, None if fenced out.
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
+                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
+        """Record a transient failure (fenced), with ``drafts`` as its events, and when to try again.
+
+        Returns the run's seq, None if fenced out.
 
         The crash-loop count restarts (the step did not crash), the failure streak grows and
         ``next_attempt_at`` is set ``delay_s`` from Postgres's now.
         """
         with self._direct.connection() as conn:
             row = conn.execute(_DIRECT[_RETRY_LATER], {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
-                                                       "error": payloads.dumps(error.model_dump())}).fetchone()
+                                                       "error": payloads.dumps(error.model_dump()),
+                                                       **self._event_params(drafts)}).fetchone()
         return None if row is None else int(row["seq"])
 
     # -- producers -------------------------------------------------------------------------
@@ -397,7 +454,44 @@ class PostgresCheckpointStore:
             seq = conn.execute(_RESET_ATTEMPTS, {"sid": session_id}).scalar()
         return None if seq is None else int(seq)
 
+    def request_abort(self, session_id: str) -> bool:
+        """Ask for the run to stop: True when requested (or already), False when it is finished or aborted.
+
+        Raises:
+            CheckpointNotFoundError: no such run.
+        """
+        with self._single() as conn:
+            if conn.execute(_REQUEST_ABORT, {"sid": session_id}).first() is not None:
+                return True
+            if conn.execute(_EXISTS, {"sid": session_id}).first() is None:
+                raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+        return False
+
+    def abort_requested(self, session_id: str) -> bool:
+        """Whether an abort of the run waits for a step to settle it (what a step checks when the doorbell rings)."""
+        with self._direct.connection() as conn:
+            row = conn.execute(_DIRECT[_ABORT_PENDING], {"sid": session_id}).fetchone()
+        return bool(row and row["pending"])
+
     # -- readers ---------------------------------------------------------------------------
+
+    def read_events(self, session_id: str, after: int, limit: int = 500) -> builtins.list[events.Event]:
+        """Durable events of the run with a seq above ``after``, oldest first, at most ``limit``."""
+        with self._single() as conn:
+            rows = conn.execute(events.READ, {"sid": session_id, "after": after, "limit": limit}).all()
+        return events.from_rows(session_id, rows)
+
+    def input_start(self, session_id: str, number: int) -> int | None:
+        """The seq of the ``run.start`` that merged input ``number`` (None while it is not merged)."""
+        with self._single() as conn:
+            found = conn.execute(events.INPUT_START, {"sid": session_id, "n": number}).scalar()
+        return None if found is None else int(found)
+
+    def latest_start(self, session_id: str) -> int | None:
+        """The seq of the run's latest ``run.start`` event (None when it has none)."""
+        with self._single() as conn:
+            found = conn.execute(events.LATEST_START, {"sid": session_id}).scalar()
+        return None if found is None else int(found)
 
     def load(self, session_id: str) -> records.Checkpoint | None:
         """The latest checkpoint of a run, or None.
@@ -415,7 +509,8 @@ class PostgresCheckpointStore:
             row = conn.execute(_PROGRESS, {"sid": session_id}).first()
         if row is None:
             return None
-        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, last_error=row.last_error)
+        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, last_error=row.last_error,
+                                aborted=row.aborted, events_next=row.events_next, finish_reason=row.finish_reason)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
@@ -504,6 +599,7 @@ class PostgresCheckpointStore:
             else:
                 conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
             conn.execute(text("DELETE FROM run_messages WHERE session_id = :sid"), {"sid": session_id})
+            conn.execute(events.DELETE, {"sid": session_id})
         self._transcripts.forget(session_id)
         return bool(deleted)
 
@@ -526,6 +622,11 @@ class PostgresCheckpointStore:
         """Names of agents some worker registered."""
         with self._begin() as conn:
             return registry.known_names(conn)
+
+    def _event_params(self, drafts: Sequence[records.EventDraft]) -> dict[str, Any]:
+        """Parameters of a failure statement's events (none when events are off)."""
+        drafts = drafts if self.events else ()
+        return {"n_events": len(drafts), "events": events.encode(drafts, lambda _: None) if drafts else "[]"}
 
     def _begin(self) -> Transaction:
         return Transaction(self.engine)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from store import records
+from store.events import Event
 
 if TYPE_CHECKING:
     from store.schedule_records import Fire, Origin, Schedule, ScheduleSpec
@@ -29,6 +30,7 @@ __all__ = [
     "RecoveryStore",
     "ScheduleStore",
     "ServingRegistry",
+    "Signals",
     "StepStore",
     "WorkerStore",
 ]
@@ -65,14 +67,20 @@ class StepStore(Protocol):
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is written; False when fenced out."""
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
-        """Store why a step failed; the attempts count, None when fenced out."""
+    def record_failure(self, session_id: str, fence: int, error: records.LastError,
+                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+        """Store why a step failed, with ``drafts`` as its events; the attempts count, None when fenced out."""
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
+                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Record a transient failure and when to try again; the run's seq, None when fenced out."""
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
+               drafts: Sequence[records.EventDraft] = ()) -> bool:
         """Park the run on ``error`` and put the decisions of ``approval_ids`` back; False when fenced out."""
+
+    def abort_requested(self, session_id: str) -> bool:
+        """Whether an abort of the run waits for a step to settle it."""
 
     def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
         """The approvals of a pause, by id (missing ids are left out)."""
@@ -116,7 +124,23 @@ class ProducerStore(Protocol):
         """Store a new run as ``checkpoint`` (a fork) with ``queued`` input; False if the id is taken."""
 
     def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked or waiting run's error so it runs now; its seq, None when it has nothing to do."""
+        """Clear a parked, waiting or aborted run's stop so it runs now; its seq, None when it has nothing to do."""
+
+    def request_abort(self, session_id: str) -> bool:
+        """Ask for the run to stop; False when it is finished or already aborted.
+
+        Raises:
+            CheckpointNotFoundError: no such run.
+        """
+
+    def read_events(self, session_id: str, after: int, limit: int = 500) -> builtins.list[Event]:
+        """Durable events of the run with a seq above ``after``, oldest first."""
+
+    def input_start(self, session_id: str, number: int) -> int | None:
+        """The seq of the ``run.start`` that merged input ``number``, None while it is not merged."""
+
+    def latest_start(self, session_id: str) -> int | None:
+        """The seq of the run's latest ``run.start`` event, None when it has none."""
 
     def load(self, session_id: str) -> records.Checkpoint | None:
         """The latest checkpoint of a run, or None.
@@ -175,6 +199,19 @@ class ApprovalStore(Protocol):
             ApprovalNotFoundError: unknown, or already decided.
             ApprovalOrphanedError: its run no longer waits on it; it is withdrawn and nothing runs.
         """
+
+
+class Signals(Protocol):
+    """What a step sends on a run's signals (``store.signals``); best effort, never raising."""
+
+    def publish(self, session_id: str, payload: str) -> None:
+        """Publish ``payload`` (JSON text) on the run's channel."""
+
+    def clear_abort(self, session_id: str) -> None:
+        """Silence the run's abort doorbell."""
+
+    def clear_steer(self, session_id: str) -> None:
+        """Forget the run's steer mark."""
 
 
 class Leases(Protocol):

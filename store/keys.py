@@ -6,6 +6,13 @@
                                safe: Postgres keeps the last claimed token and the next acquisition
                                raises the counter above it. Expires after 30 days of no use.
 
+``lousho:watch:{session_id}``  set (PX) while a consumer reads the run's events: steps then publish to its
+                               channel. Refreshed by the consumer; gone when nobody listens.
+``lousho:abort:{session_id}``  doorbell of an abort request (the request itself is a column in Postgres);
+                               the heartbeat rings the step, which checks Postgres before acting.
+``lousho:steer:{session_id}``  the inbox number of the latest steer (input sent with ``steer``).
+``lousho:events:{session_id}`` pub/sub channel: live signals and "new durable events" notes of the run.
+
 Ids are validated (``records.validate_session_id``) before they are put into a key.
 """
 
@@ -13,7 +20,13 @@ from __future__ import annotations
 
 LEASE_PREFIX = "lousho:lease:"
 FENCE_PREFIX = "lousho:fence:"
+WATCH_PREFIX = "lousho:watch:"
+ABORT_PREFIX = "lousho:abort:"
+STEER_PREFIX = "lousho:steer:"
+CHANNEL_PREFIX = "lousho:events:"
 FENCE_EXPIRE_MS = 30 * 24 * 3600 * 1000
+#: How long an abort doorbell or a steer mark stays without a step to hear it (the request itself is durable).
+SIGNAL_EXPIRE_MS = 3600 * 1000
 
 
 def lease_key(session_id: str) -> str:
@@ -24,3 +37,23 @@ def lease_key(session_id: str) -> str:
 def fence_key(session_id: str) -> str:
     """The fencing-token counter key of a (validated) run id."""
     return FENCE_PREFIX + session_id
+
+
+def watch_key(session_id: str) -> str:
+    """The key set while a consumer reads the (validated) run's events."""
+    return WATCH_PREFIX + session_id
+
+
+def abort_key(session_id: str) -> str:
+    """The abort doorbell of a (validated) run id."""
+    return ABORT_PREFIX + session_id
+
+
+def steer_key(session_id: str) -> str:
+    """The latest steer's inbox number of a (validated) run id."""
+    return STEER_PREFIX + session_id
+
+
+def channel(session_id: str) -> str:
+    """The pub/sub channel of a (validated) run's events."""
+    return CHANNEL_PREFIX + session_id

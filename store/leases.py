@@ -23,17 +23,27 @@ __all__ = ["Heartbeat", "LeaseManager"]
 
 log = logging.getLogger(__name__)
 
-# KEYS: lease, fence counter. ARGV: owner, ttl ms, floor, counter expiry ms.
-_ACQUIRE = """
+# Taking and renewing a lease also read the run's signals in the same round trip: {watched, abort, steer}.
+# KEYS: watch, abort, steer (after the script's own keys).
+_SIGNALS = """
+local function signals(first)
+  return {redis.call('EXISTS', KEYS[first]), redis.call('EXISTS', KEYS[first + 1]),
+          tonumber(redis.call('GET', KEYS[first + 2]) or '0') or 0}
+end
+"""
+
+# KEYS: lease, fence counter, then the signal keys. ARGV: owner, ttl ms, floor, counter expiry ms.
+_ACQUIRE = _SIGNALS + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local floor = tonumber(ARGV[3])
   local current = tonumber(redis.call('GET', KEYS[2]) or '0')
   if current < floor then redis.call('SET', KEYS[2], floor) end
   local token = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  return token
+  local heard = signals(3)
+  return {token, heard[1], heard[2], heard[3]}
 end
-return 0
+return {0, 0, 0, 0}
 """
 
 # Mint a token above ``floor`` while still owning the lease (the counter was lost with a Redis wipe).
@@ -49,11 +59,13 @@ end
 return 0
 """
 
-_RENEW = """
+# KEYS: lease, then the signal keys. ARGV: owner, ttl ms.
+_RENEW = _SIGNALS + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local heard = signals(2)
+  return {redis.call('PEXPIRE', KEYS[1], ARGV[2]), heard[1], heard[2], heard[3]}
 end
-return 0
+return {0, 0, 0, 0}
 """
 
 _RELEASE = """
@@ -76,6 +88,22 @@ def _owner_id() -> str:
     return _owner_prefix[1] + uuid.uuid4().hex[:12]
 
 
+def _signal_keys(session_id: str) -> list[str]:
+    """The keys of a run's signals, in the order the scripts read them."""
+    return [keys.watch_key(session_id), keys.abort_key(session_id), keys.steer_key(session_id)]
+
+
+def _renewed(lease: Lease, answer: Any) -> bool:
+    """Apply a renewal's answer ``[held, watched, abort, steer]`` to ``lease``; whether it is still held."""
+    held, watched, abort, steer = answer
+    if not held:
+        lease.lost.set()
+        lease.wake.set()
+        return False
+    lease.hear(bool(watched), bool(abort), int(steer))
+    return True
+
+
 class LeaseManager:
     """Takes, renews and releases run leases on one Redis client."""
 
@@ -91,11 +119,15 @@ class LeaseManager:
         """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held."""
         records.validate_session_id(session_id)
         owner = _owner_id()
-        token = int(self._acquire(
-            keys=[keys.lease_key(session_id), keys.fence_key(session_id)],
+        token, watched, abort, steer = self._acquire(
+            keys=[keys.lease_key(session_id), keys.fence_key(session_id), *_signal_keys(session_id)],
             args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS],
-        ))
-        return Lease(session_id, owner, token) if token else None
+        )
+        if not token:
+            return None
+        lease = Lease(session_id, owner, int(token))
+        lease.hear(bool(watched), bool(abort), int(steer))
+        return lease
 
     def raise_token(self, lease: Lease, floor: int) -> bool:
         """Give ``lease`` a new token above ``floor`` if it is still held; False when it is not."""
@@ -109,23 +141,23 @@ class LeaseManager:
 
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry out by one TTL; False (and ``lost`` set) when not ours anymore."""
-        held = bool(self._renew(keys=[keys.lease_key(lease.session_id)], args=[lease.owner, self.ttl_ms]))
-        if not held:
-            lease.lost.set()
-        return held
+        answer = self._renew(keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
+                             args=[lease.owner, self.ttl_ms])
+        return _renewed(lease, answer)
 
     def renew_many(self, leases: list[Lease]) -> None:
-        """Renew several leases in one round trip."""
+        """Renew several leases in one round trip (and hear their runs' signals)."""
         if not leases:
             return
         pipe = self._client.pipeline(transaction=False)
         for lease in leases:
-            self._renew(keys=[keys.lease_key(lease.session_id)], args=[lease.owner, self.ttl_ms], client=pipe)
-        for lease, held in zip(leases, pipe.execute(raise_on_error=False), strict=True):
-            if held == 0:
-                lease.lost.set()
-            elif isinstance(held, Exception):
-                log.warning("lease renewal failed for a run: %s", type(held).__name__)
+            self._renew(keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
+                        args=[lease.owner, self.ttl_ms], client=pipe)
+        for lease, answer in zip(leases, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(answer, Exception):
+                log.warning("lease renewal failed for a run: %s", type(answer).__name__)
+            else:
+                _renewed(lease, answer)
 
     def release(self, lease: Lease) -> bool:
         """Drop the lease if we still own it."""

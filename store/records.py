@@ -138,7 +138,8 @@ class LastError(_Record):
 
 #: Checkpoint fields stored as columns of the run's row, never in its document.
 _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
-                            "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format"}
+                            "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",
+                            "aborted"}
 
 
 class Checkpoint(_Record):
@@ -179,6 +180,8 @@ class Checkpoint(_Record):
     failures: int = 0
     #: The stored format the document was written in (only written once it differs from 1).
     format: int = CHECKPOINT_FORMAT
+    #: The run stopped on an abort: every call has its result, nothing moves it until a send or a resume.
+    aborted: bool = False
 
     @field_validator("updated_at", "next_attempt_at", "retry_since")
     @classmethod
@@ -276,6 +279,11 @@ class Progress(_Record):
     status: Status
     inbox_cursor: int
     last_error: LastError | None = None
+    #: The run stopped on an abort (it is in progress, waiting for a send or a resume).
+    aborted: bool = False
+    #: The seq the run's next durable event gets.
+    events_next: int = 0
+    finish_reason: str | None = None
 
 
 class InboxEntry(_Record):
@@ -337,7 +345,8 @@ def pending_run(checkpoint: Checkpoint) -> PendingRun:
         session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
         approval_id=checkpoint.approval_ids[0] if paused else None, approval_kind="tool" if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
-        state=run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at),
+        state="aborted" if checkpoint.aborted else run_state(checkpoint.status, checkpoint.last_error,
+                                                             checkpoint.next_attempt_at),
         next_attempt_at=checkpoint.next_attempt_at)
 
 
@@ -407,6 +416,22 @@ class Claim:
     stored_fence: int | None = None
     #: The store's clock when the claim was made (retry budgets are measured against it, never a worker's).
     now: datetime | None = None
+    #: An abort was requested and no step has settled it yet.
+    abort_requested: bool = False
+
+
+class EventDraft(_Record):
+    """A durable event a write makes true, before the store numbers it (``store.events``).
+
+    ``message`` is the transcript entry the event is about (a model turn, a tool result): the store keeps a
+    reference to its row rather than a second copy, and readers see it in the event's data.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    message: Message | None = None
 
 
 class StepWrite(_Record):
@@ -425,6 +450,10 @@ class StepWrite(_Record):
     drained_inbox: bool = False
     #: Approvals the step opened (a pausing write): created with the write, never without it.
     approvals: tuple[Approval, ...] = ()
+    #: Durable events the write makes true, numbered and stored with it (``store.events``).
+    events: tuple[EventDraft, ...] = ()
+    #: The write settles an abort request: the run stops as aborted and the request is cleared.
+    settles_abort: bool = False
 
     @property
     def new_messages(self) -> list[Message]:
@@ -442,12 +471,34 @@ class Decision:
 
 @dataclass
 class Lease:
-    """A lease held on one run; ``lost`` is set when a renewal found another owner."""
+    """A lease held on one run; ``lost`` is set when a renewal found another owner.
+
+    Taking and renewing it also reads the run's signals: whether a consumer watches its events, an abort
+    doorbell, and the inbox number of the latest steer. ``wake`` is set whenever one of them arrives.
+    """
 
     session_id: str
     owner: str
     token: int
     lost: threading.Event = field(default_factory=threading.Event)
+    #: A consumer reads the run's events: steps publish live signals and new-event notes.
+    watched: bool = False
+    #: The abort doorbell rang (the step checks the request in Postgres before acting on it).
+    abort: threading.Event = field(default_factory=threading.Event)
+    #: Inbox number of the latest steer heard (0: none).
+    steer: int = 0
+    #: Set when ``lost``, ``abort`` or a new ``steer`` arrives, so a waiting step looks again.
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    def hear(self, watched: bool, abort: bool, steer: int) -> None:
+        """Take in the signals an acquisition or renewal read."""
+        self.watched = watched
+        if abort and not self.abort.is_set():
+            self.abort.set()
+            self.wake.set()
+        if steer > self.steer:
+            self.steer = steer
+            self.wake.set()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from store import errors, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id")
+           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted")
 #: The whole transcript of the run of the row (format 2), as a JSON array in slot order, for readers.
 MESSAGES = ("(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
             " WHERE m.session_id = runs.session_id) AS messages")
@@ -31,11 +31,14 @@ SELECT :sid, CAST(e ->> 0 AS int), :seq, e -> 1 FROM jsonb_array_elements(CAST(:
 def has_work_sql(table: str = "") -> str:
     """The one rule of which runs have work to do, as SQL on ``runs`` (aliased ``table``, if given).
 
-    In progress, or finished with input waiting. Used by the claim, the sweep, ``resume``, ``pending`` and
-    the schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
+    In progress (and not stopped by an abort), finished or aborted with input waiting, or unfinished with an
+    abort request no step has settled yet. Used by the claim, the sweep, ``resume``, ``pending`` and the
+    schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
     """
     t = f"{table}." if table else ""
-    return f"({t}status = 'in-progress' OR ({t}status = 'finished' AND {t}inbox_head > {t}inbox_cursor))"
+    return (f"(({t}status = 'in-progress' AND NOT {t}aborted)"
+            f" OR (({t}status = 'finished' OR {t}aborted) AND {t}inbox_head > {t}inbox_cursor)"
+            f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished'))")
 
 
 def not_parked_sql(table: str = "") -> str:
@@ -49,7 +52,7 @@ def not_parked_sql(table: str = "") -> str:
 
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
 _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
-                       "next_attempt_at", "retry_since", "failures")
+                       "next_attempt_at", "retry_since", "failures", "aborted")
 #: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
 HAS_WORK = has_work_sql()
 NOT_PARKED = not_parked_sql()
@@ -58,10 +61,11 @@ NOT_PARKED = not_parked_sql()
 # after that history: restarting at 0 would collide with the kept rows on every save.
 #: The document of a new run: format 2 from the start, with no messages yet.
 EMPTY_DOCUMENT = '{"format": 2, "messages_count": 0}'
-# A new run's id may have held a run that a release before format 2 deleted (leaving message rows):
-# the rows go with the insert that makes the new run.
+# A new run's id may have held a run that an earlier release deleted or pruned, leaving message rows (before
+# format 2) or event rows (before events): they go with the insert that makes the new run.
 _CLEAR_LEFTOVERS = """,
-cleared AS (DELETE FROM run_messages WHERE session_id = :sid AND EXISTS (SELECT 1 FROM made))"""
+cleared AS (DELETE FROM run_messages WHERE session_id = :sid AND EXISTS (SELECT 1 FROM made)),
+cleared_events AS (DELETE FROM run_events WHERE session_id = :sid AND EXISTS (SELECT 1 FROM made))"""
 _ENSURE_RUN = text(f"""
 WITH made AS (
   INSERT INTO runs (session_id, agent, seq, document)
@@ -112,10 +116,22 @@ class InboxPosition(Protocol):
         """The run's ``inbox_cursor`` column."""
         ...
 
+    @property
+    def aborted(self) -> bool:
+        """The run's ``aborted`` column."""
+        ...
+
+    @property
+    def abort_requested(self) -> bool:
+        """Whether the run's ``abort_requested`` column is set."""
+        ...
+
 
 def has_work(run: InboxPosition) -> bool:
     """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
-    return run.status == "in-progress" or (run.status == "finished" and run.inbox_head > run.inbox_cursor)
+    return ((run.status == "in-progress" and not run.aborted)
+            or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
+            or (run.abort_requested and run.status != "finished"))
 
 
 def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:

@@ -32,6 +32,12 @@ metadata = MetaData()
 #: rewritten, so a process that remembers the messages of a run knows when that memory is void.
 transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 
+#: Runs with work to do (``store.runs.has_work_sql``, spelled out: this module imports no other), the
+#: predicate of the sweep's index.
+MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
+            " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+           " OR (abort_requested IS NOT NULL AND status <> 'finished'))")
+
 #: The latest checkpoint of each run: control fields as columns, the rest in ``document``.
 runs = Table(
     "runs",
@@ -61,9 +67,15 @@ runs = Table(
     Column("swept_at", DateTime(timezone=True), nullable=True),
     #: Which transcript the run's ``run_messages`` rows are (see ``transcript_ids``).
     Column("transcript_id", BigInteger, nullable=False, server_default=transcript_ids.next_value()),
+    #: The seq the run's next durable event gets (``run_events``).
+    Column("events_next", BigInteger, nullable=False, server_default="0"),
+    #: When an abort was requested that no step has settled yet.
+    Column("abort_requested", DateTime(timezone=True), nullable=True),
+    #: The run stopped on an abort; it has no work until a send or a resume.
+    Column("aborted", Boolean, nullable=False, server_default=false()),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
-          postgresql_where=text("(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")),
+          postgresql_where=text(MOVABLE)),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.
@@ -92,6 +104,20 @@ run_messages = Table(
     Column("seq", BigInteger, nullable=False),
     Column("message", JSONB, nullable=False),
     PrimaryKeyConstraint("session_id", "slot"),
+)
+
+#: A run's durable events (``store.events``), numbered from 0 by ``runs.events_next``; ``slot`` points at the
+#: ``run_messages`` row the event is about (a model turn, a tool result), if any.
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("session_id", Text, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("slot", Integer, nullable=True),
+    Column("data", JSONB, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("session_id", "seq"),
 )
 
 #: Input sent to a run, durable before it is enqueued; ``n`` is per run and follows commit order.

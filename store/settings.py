@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     lease_renew_ms: int = 10_000
     recover_interval_s: float = 30.0
     history_limit: int = 50
+    #: Whether saves write the runs' durable events (``run.events()``, the SSE route, ``lousho watch``). Turn
+    #: off only to measure what they cost: without them a consumer waits for nothing.
+    events: bool = True
     #: Starts of one step in a row that never finished (the worker died) before the run is parked: the
     #: poison-pill guard. Failures a step records (a provider outage) do not count here.
     max_attempts: int = 5

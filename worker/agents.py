@@ -13,8 +13,9 @@ import inspect
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal, get_type_hints
 
@@ -41,6 +42,9 @@ class ToolContext:
     business_state: Any = None
     #: The saved state (checkpoint seq) the call's batch started from; for diagnostics and checkers.
     checkpoint_seq: int = 0
+    #: Set when the run is aborted while the call runs: stop early if you can (the call then gets a
+    #: ``cancelled`` result, whatever it returns). Wait on it like any ``threading.Event``.
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 class ToolArgsInvalid(Exception):

@@ -6,31 +6,43 @@ what the checkpoint has room for), so a save never fails on size after its tool 
 need a human decision pause the run, one approval each. Once all are decided, approved calls are
 marked started (saved) before they run, so a crash mid-call gives them an ``interrupted`` result
 instead of a second execution.
+
+An abort heard meanwhile (``Lease.abort``, confirmed in Postgres) starts no more calls, sets every running
+call's ``ctx.cancelled`` and, once they returned, gives each call without a result a ``cancelled`` one. A
+steer (``Lease.steer`` above the batch's inbox cursor) starts no more calls either: the calls it kept
+back get a "redirected" result, or, when the turn pauses for approvals, wait with the gated calls and run
+after the last decision.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from store import errors, payloads
-from store.records import Approval, Checkpoint, Lease, Message, ToolCall
+from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
+from worker import live as live_events
 from worker import machine
 from worker.agents import Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
+from worker.live import Live
 
 
 class _Batch:
     """The checkpoint as results settle; every change is a fenced save under one lock."""
 
-    def __init__(self, deps: StepDeps, lease: Lease, checkpoint: Checkpoint, unsettled: int) -> None:
+    def __init__(self, deps: StepDeps, lease: Lease, checkpoint: Checkpoint, unsettled: int, live: Live) -> None:
         self.deps = deps
         self.lease = lease
         self.checkpoint = checkpoint
+        self.status_before = checkpoint.status
+        self.live = live
         self.lock = threading.Lock()
         self.closed = False
         self.fenced = False
@@ -38,13 +50,34 @@ class _Batch:
         self.budget = payloads.MAX_TURN_RESULTS
         self.appended = 0
         self.measured = False
+        #: Every call's ``ctx.cancelled``: set once an abort is confirmed.
+        self.cancelled = threading.Event()
+        self.aborting = False
+        self.abort_checked = False
+        self.steered = False
+        #: The steer was deferred to after a pause's decisions: the calls it held back run then.
+        self.steer_deferred = False
+        self.cursor = checkpoint.inbox_cursor
+
+    def hear(self) -> None:
+        """Act on the signals the lease heard: a confirmed abort, a steer past this batch's input."""
+        if self.lease.abort.is_set() and not self.abort_checked:
+            self.abort_checked = True
+            if self.deps.store.abort_requested(self.checkpoint.session_id):
+                self.aborting = True
+                self.cancelled.set()
+        if self.lease.steer > self.cursor and not self.steer_deferred:
+            self.steered = True
 
     def may_start(self) -> bool:
-        return not (self.closed or self.fenced or self.lease.lost.is_set())
+        self.hear()
+        return not (self.closed or self.fenced or self.lease.lost.is_set() or self.aborting or self.steered)
 
-    def _write(self, updated: Checkpoint, approvals: list[Approval] | None = None) -> bool:
+    def _write(self, updated: Checkpoint, approvals: list[Approval] | None = None,
+               events: list[EventDraft] | None = None) -> bool:
         try:
-            self.checkpoint = save(self.deps, updated, approvals=approvals or ())
+            self.checkpoint = save(self.deps, updated, approvals=approvals or (), events=events or (),
+                                   status_before=self.status_before, live=self.live)
         except errors.FencedOutError:
             self.fenced = True
             self.lease.lost.set()
@@ -70,12 +103,17 @@ class _Batch:
         self.appended += size
         return result
 
-    def settle(self, result: Message) -> None:
+    def settle(self, result: Message, duration_ms: float | None = None) -> None:
         with self.lock:
             if self.closed or self.fenced:
                 return
+            if self.aborting and not result.is_error:
+                # It returned after the abort: the run stops with this call cancelled.
+                result = machine.cancelled(ToolCall(id=result.tool_call_id or "", name=result.name or ""))
             crash_point("after_tool_effect_before_result_save", self.checkpoint.session_id)
-            if self._write(machine.record_tool_result(self.checkpoint, self._fit(result))):
+            fitted = self._fit(result)
+            if self._write(machine.record_tool_result(self.checkpoint, fitted),
+                           events=[live_events.tool_result(fitted, duration_ms)]):
                 crash_point("between_results", self.checkpoint.session_id)
 
     def mark_started(self, call: ToolCall) -> bool:
@@ -102,10 +140,11 @@ class _Plan:
     gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
 
 
-def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> ToolContext:
+def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
+             cancelled: threading.Event | None = None) -> ToolContext:
     return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
                        step=checkpoint.step, business_state=checkpoint.business_state,
-                       checkpoint_seq=checkpoint.seq)
+                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event())
 
 
 def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> _Plan:
@@ -148,16 +187,46 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
     return plan
 
 
-def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> Message:
+def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event) -> Message:
     """Run one cleared call and turn whatever happens into its result message."""
     tool = agent.tools[call.name]
     try:
-        value = tool.invoke(call.args, _context(agent, checkpoint, call))
+        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
     except Exception as exc:  # a raising tool becomes an error result for the model
         return machine.tool_error(call, "execution", type(exc).__name__, str(exc))
     return machine.tool_message(call, value)
+
+
+def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Message, float]:
+    batch.live.tool_start(call)
+    started = time.perf_counter()
+    result = _invoke(agent, checkpoint, call, batch.cancelled)
+    return result, (time.perf_counter() - started) * 1000
+
+
+def _await(batch: _Batch, futures: list[Future[None]]) -> None:
+    """Wait for ``futures`` while acting on the lease's signals as they arrive (an abort cancels the calls)."""
+    wake = batch.lease.wake
+    for future in futures:
+        future.add_done_callback(lambda _: wake.set())
+    while True:
+        batch.hear()
+        if all(future.done() for future in futures):
+            break
+        wake.wait()
+        wake.clear()
+    for future in futures:
+        future.result()
+
+
+def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> None:
+    """Run ``jobs`` on ``workers`` threads, the step's thread watching the lease's signals meanwhile."""
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
+        _await(batch, [pool.submit(job) for job in jobs])
 
 
 def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
@@ -167,29 +236,26 @@ def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: lis
     def run_one(call: ToolCall) -> None:
         if batch.may_start():
             crash_point("tool_before_effect", sid)
-            batch.settle(_invoke(agent, checkpoint, call))
+            batch.settle(*_timed_invoke(batch, agent, checkpoint, call))
 
-    workers = min(agent.tool_concurrency, len(calls))
-    if workers <= 1:
-        for call in calls:
-            run_one(call)
-    elif calls:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
-            for future in [pool.submit(run_one, call) for call in calls]:
-                future.result()
+    _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
 
 def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
     """Run the approved calls one by one, each marked started (saved) before its effect."""
     sid = checkpoint.session_id
+
+    def run_one(call: ToolCall) -> None:
+        crash_point("after_started_marker_before_approved_call", sid)
+        result, duration = _timed_invoke(batch, agent, checkpoint, call)
+        crash_point("after_approved_effect_before_result_save", sid)
+        batch.settle(result, duration)
+
     for call in calls:
         # Durable "started" before the effect: a human approved one execution, not two.
-        if not batch.mark_started(call):
+        if not batch.may_start() or not batch.mark_started(call):
             break
-        crash_point("after_started_marker_before_approved_call", sid)
-        result = _invoke(agent, checkpoint, call)
-        crash_point("after_approved_effect_before_result_save", sid)
-        batch.settle(result)
+        _in_pool(batch, 1, [functools.partial(run_one, call)])
 
 
 def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
@@ -204,8 +270,10 @@ def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCa
 
 
 def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,
-              calls: list[ToolCall]) -> StepResult:
+              calls: list[ToolCall], live: Live, settle_abort: Callable[[Checkpoint], StepResult]) -> StepResult:
     """Run the pending calls of the last turn; pause on the ones that need a human.
+
+    ``settle_abort`` stops the run once a confirmed abort let the running calls return.
 
     Returns:
         The outcome, with the next step's message when every call has a result.
@@ -213,15 +281,27 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     plan = _sort_calls(deps, agent, checkpoint, calls)
     # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
     batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
-                   unsettled=len(calls))
+                   unsettled=len(calls), live=live)
     sid = checkpoint.session_id
     try:
         for result in plan.results:
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
+        batch.hear()
+        if batch.aborting and not batch.fenced:
+            batch.closed = True
+            return settle_abort(batch.checkpoint)
+        if plan.gated and batch.steered:
+            # The calls the steer kept back wait with the gated ones and run after the last decision.
+            if deps.signals is not None:
+                deps.signals.clear_steer(sid)
+            batch.steered, batch.steer_deferred = False, True
         if plan.gated and batch.may_start() and batch.pause(_approvals(deps, agent, sid, plan.gated)):
             return StepResult(Outcome.PAUSED)
+        if batch.steered and not batch.fenced:
+            for call in batch.checkpoint.pending_tool_calls:
+                batch.settle(machine.redirected(call))
     finally:
         with batch.lock:
             batch.closed = True

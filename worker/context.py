@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from store import errors, interfaces
-from store.records import Approval, Checkpoint, Serving, StepWrite
+from store.records import Approval, Checkpoint, EventDraft, Serving, StepWrite
+from worker import live as live_events
 from worker.agents import Agent
+from worker.live import Live
 
 log = logging.getLogger("lousho.step")
 
@@ -40,6 +42,7 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"        #: the step failed; error recorded, retry scheduled
     HANDED_BACK = "handed-back"  #: this worker cannot run the step (deploy under way); another will
     PARKED = "parked"        #: the run stopped with a non-retryable error
+    ABORTED = "aborted"      #: the run stopped on an abort request; every call has its result
 
 
 @dataclass
@@ -63,6 +66,8 @@ class StepDeps:
     #: A registration is live when refreshed within this many seconds.
     registry_window_s: float = 60.0
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The runs' Redis signals (live events, doorbells); None in a test without Redis.
+    signals: interfaces.Signals | None = None
 
     def serving(self, agent: str) -> list[Serving]:
         """Other live workers that registered ``agent``."""
@@ -98,15 +103,31 @@ class StepResult:
 
 
 def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
-         approvals: Sequence[Approval] = ()) -> Checkpoint:
-    """Fenced save of ``checkpoint`` as the next seq.
+         approvals: Sequence[Approval] = (), events: Sequence[EventDraft] = (), status_before: str | None = None,
+         settles_abort: bool = False, live: Live | None = None) -> Checkpoint:
+    """Fenced save of ``checkpoint`` as the next seq, with the durable events it makes true.
+
+    ``events`` are the caller's; ``run.start`` (input merged), ``approval.requested`` (one per approval) and
+    ``run.done`` (the run's input ended: finished, paused or aborted, coming from ``status_before``) are
+    added here.
 
     Raises:
         FencedOutError: another holder claimed the run since we loaded it.
     """
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
-    saved = deps.store.record_step(StepWrite(checkpoint=new, drained_inbox=drained_inbox, approvals=tuple(approvals)))
+    drafts = [live_events.run_start(new)] if drained_inbox else []
+    if live is not None and live.pending:
+        drafts.extend(live.pending)
+    drafts.extend(events)
+    drafts.extend(live_events.approval_requested(approval) for approval in approvals)
+    if status_before is not None:
+        drafts = live_events.settled(drafts, new, status_before, drained_inbox)
+    saved = deps.store.record_step(StepWrite(checkpoint=new, drained_inbox=drained_inbox, approvals=tuple(approvals),
+                                             events=tuple(drafts), settles_abort=settles_abort))
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)
+    if live is not None:
+        live.pending.clear()
+        live.saved(len(drafts))
     return new

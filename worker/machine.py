@@ -56,6 +56,13 @@ def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: s
     """
     if checkpoint.status == "awaiting-approval":
         return Idle("awaiting-approval")
+    if checkpoint.aborted:
+        if not inbox:
+            return Idle("aborted")
+        # New input continues an aborted run (every call already has its result).
+        checkpoint = checkpoint.model_copy(update={"aborted": False, "finish_reason": None})
+    elif checkpoint.finish_reason == "aborted" and checkpoint.status == "in-progress":
+        checkpoint = checkpoint.model_copy(update={"finish_reason": None})  # resumed after an abort
     pending = checkpoint.pending_tool_calls
     if pending:
         return ToolBatch(checkpoint, pending)
@@ -184,6 +191,34 @@ def interrupted(call: ToolCall) -> Message:
     return tool_error(call, "interrupted", "ToolInterrupted",
                       "this approved call was interrupted while running; it may or may not have taken effect."
                       " Check before trying it again.")
+
+
+def aborted(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str) -> Checkpoint:
+    """The checkpoint of a run stopped by an abort.
+
+    Every call without a result gets a ``cancelled`` one, input already queued is kept in the transcript
+    after them, and the run waits (in progress, ``finish_reason="aborted"``) for a send or a resume; the
+    decisions of a pause are dropped (its approvals are withdrawn with the save).
+    """
+    updated = checkpoint
+    for call in checkpoint.pending_tool_calls:
+        updated = updated.with_tool_result(cancelled(call))
+    if inbox:
+        updated = merge_input(updated.model_copy(update={"status": "in-progress"}), inbox, instructions=instructions)
+    return updated.model_copy(update={"status": "in-progress", "aborted": True, "finish_reason": "aborted",
+                                      "approval_ids": [], "started_tool_call_ids": []})
+
+
+def cancelled(call: ToolCall) -> Message:
+    """The result of a call an abort stopped before it finished (or before it started)."""
+    return tool_error(call, "cancelled", "RunAborted",
+                      "the run was aborted before this call finished; it may not have taken effect")
+
+
+def redirected(call: ToolCall) -> Message:
+    """The result of a call a steer kept from starting: the user sent a new message instead."""
+    return tool_error(call, "not-run", "RunRedirected",
+                      "the user redirected the run with a new message before this call started; it did not run")
 
 
 def rejected(call: ToolCall, note: str | None) -> Message:

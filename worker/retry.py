@@ -12,7 +12,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from store import errors, payloads
-from store.records import Checkpoint, LastError
+from store.records import Checkpoint, EventDraft, LastError
+from worker import live
 from worker.context import Next, Outcome, StepDeps, StepResult
 
 #: The longest wait sent as a Celery countdown; longer waits are kept in Postgres (``next_attempt_at``)
@@ -22,9 +23,15 @@ COUNTDOWN_MAX_S = 5.0
 log = logging.getLogger("lousho.step")
 
 
+def _stopped(checkpoint: Checkpoint, error: LastError) -> list[EventDraft]:
+    """The events of a run that stopped on ``error``: the error, and the end of its input."""
+    return [live.error(error), live.run_done(checkpoint, "error")]
+
+
 def park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> StepResult:
     """Park the run: record ``error`` as not retryable, so no step runs until the run is resumed."""
-    deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error.model_copy(update={"retryable": False}))
+    error = error.model_copy(update={"retryable": False})
+    deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error, _stopped(checkpoint, error))
     log.warning("run %s parked: %s", checkpoint.session_id, error.code)
     return StepResult(Outcome.PARKED)
 
@@ -38,7 +45,8 @@ def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: 
         error = LastError(code="LOUSHO_AGENT_EXECUTION_FAILED",
                           message=payloads.clean_error(f"{type(exc).__name__}: {str(exc)[:1000]}"), retryable=True)
     if not error.retryable:
-        if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error) is None:
+        if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error,
+                                     _stopped(checkpoint, error)) is None:
             return StepResult(Outcome.FENCED)
         log.warning("step of %s failed: %s (not retryable; run parked)", checkpoint.session_id, error.code)
         return StepResult(Outcome.PARKED)
@@ -64,7 +72,11 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
             f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
         return park(deps, checkpoint, spent)
     delay = retry_delay(checkpoint.failures + 1, retry_after, deps.retry_backoff_max_s)
-    seq = deps.store.retry_later(sid, checkpoint.fence, error, delay)
+    drafts: list[EventDraft] = []
+    if not handing_back:  # a deploy under way is not the run's failure
+        drafts.append(live.provider_retry(error, checkpoint.failures + 1, delay)
+                      if error.code == errors.ProviderError.code else live.error(error))
+    seq = deps.store.retry_later(sid, checkpoint.fence, error, delay, drafts)
     if seq is None:
         return StepResult(Outcome.FENCED)
     log.warning("step of %s %s: %s (failure %d in a row, next attempt in %.1f s)", sid,

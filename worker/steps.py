@@ -8,6 +8,8 @@ the step during a deploy are retried with backoff for ``retry_for_s``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import time
 from datetime import datetime
@@ -15,12 +17,15 @@ from datetime import datetime
 import redis
 
 from store import errors, payloads, records
-from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
+from store.records import Checkpoint, InboxEntry, LastError, Lease, ToolCall, Usage
 from worker import drift, machine, retry
+from worker import live as live_events
 from worker.agents import Agent
 from worker.batch import run_batch
 from worker.context import Enqueue, Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
+from worker.live import Live
+from worker.providers.base import ModelCallCancelled, ModelResponse
 
 __all__ = ["Enqueue", "Outcome", "StepDeps", "run_step"]
 
@@ -41,7 +46,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     deps.heartbeat.hold(lease)
     try:
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
-            result = _claim_and_step(deps, lease, session_id, seq)
+            result = _claim_and_step(deps, lease, session_id, seq, Live(deps.signals, lease))
     finally:
         deps.heartbeat.drop(lease)
         try:
@@ -56,7 +61,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     return result.outcome
 
 
-def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | None) -> StepResult:
+def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | None, live: Live) -> StepResult:
     """Under the lease: claim the fence and load the run, then take its step unless the message is stale."""
     crash_point("after_lease_before_epoch", session_id)
     try:
@@ -78,12 +83,56 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
         if claim.checkpoint is None:
             return StepResult(Outcome.BUSY)
     checkpoint = claim.checkpoint
+    _forget_stale_signals(deps, lease, claim)
+    if claim.abort_requested and checkpoint.status != "finished":
+        return _settle_abort(deps, checkpoint, live, None, drained=False)
     if seq is not None and checkpoint.seq != seq:
         return StepResult(Outcome.STALE)
-    return _step(deps, lease, checkpoint, claim.inbox_head, claim.now)
+    return _step(deps, lease, checkpoint, claim.inbox_head, claim.now, live)
 
 
-def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, now: datetime | None) -> StepResult:
+def _forget_stale_signals(deps: StepDeps, lease: Lease, claim: records.Claim) -> None:
+    """Silence signals the claim shows are stale, so they never cut this step short."""
+    if lease.abort.is_set() and not claim.abort_requested:
+        # A doorbell left from an abort that was settled already.
+        lease.abort.clear()
+        if deps.signals is not None:
+            deps.signals.clear_abort(lease.session_id)
+    if lease.steer > claim.inbox_head:
+        # A steer mark for input this run does not have (a run deleted and made again).
+        lease.steer = 0
+        if deps.signals is not None:
+            deps.signals.clear_steer(lease.session_id)
+
+
+def _settle_abort(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[InboxEntry] | None, *,
+                  drained: bool) -> StepResult:
+    """Stop the run as aborted: every call without a result gets a ``cancelled`` one, queued input is kept.
+
+    ``inbox`` None reads the input queued since the checkpoint's cursor; ``drained`` says the checkpoint
+    already merged input this step has not saved.
+    """
+    sid = checkpoint.session_id
+    if inbox is None:
+        inbox = deps.store.inbox(sid, checkpoint.inbox_cursor)
+    agent = deps.agents.get(checkpoint.agent)
+    stopped = machine.aborted(checkpoint, inbox, instructions=agent.instructions if agent else "")
+    pending = {call.id for call in checkpoint.pending_tool_calls}
+    drafts = [live_events.tool_result(m, None) for m in stopped.messages[-len(pending):]
+              if m.role == "tool" and m.tool_call_id in pending] if pending else []
+    try:
+        save(deps, stopped, drained_inbox=drained or stopped.inbox_cursor != checkpoint.inbox_cursor, events=drafts,
+             status_before=checkpoint.status, settles_abort=True, live=live)
+    except errors.FencedOutError:
+        return StepResult(Outcome.FENCED)
+    if deps.signals is not None:
+        deps.signals.clear_abort(sid)
+    log.info("run %s aborted", sid)
+    return StepResult(Outcome.ABORTED)
+
+
+def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
+          live: Live) -> StepResult:
     if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
         return StepResult(Outcome.IDLE)
     if checkpoint.attempts > deps.max_attempts:
@@ -101,14 +150,15 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
         return StepResult(Outcome.IDLE)
     try:
         if isinstance(action, machine.ModelTurn | machine.ToolBatch):
-            refused = _stop_if_refused(deps, agent, checkpoint, action, now)
+            refused = _stop_if_refused(deps, agent, checkpoint, action, now, live)
             if refused is not None:
                 return refused
         if isinstance(action, machine.Save):
-            return StepResult(_save_only(deps, agent, action))
+            return StepResult(_save_only(deps, agent, action, checkpoint.status, live))
         if isinstance(action, machine.ModelTurn):
-            return _model_turn(deps, agent, action)
-        return run_batch(deps, lease, agent, action.checkpoint, action.calls)
+            return _model_turn(deps, agent, action, lease, live, checkpoint.status)
+        return run_batch(deps, lease, agent, action.checkpoint, action.calls, live,
+                         lambda stopped: _settle_abort(deps, stopped, live, None, drained=False))
     except errors.FencedOutError:
         return StepResult(Outcome.FENCED)
     except Exception as exc:  # classified and recorded below, never swallowed
@@ -135,12 +185,12 @@ def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action) 
     ``pending()``, and a resume or a later send carries on from here (the input is never applied twice).
     """
     if isinstance(action, machine.ModelTurn) and action.drained_inbox:
-        return save(deps, action.checkpoint, drained_inbox=True)
+        return save(deps, action.checkpoint, drained_inbox=True, status_before=checkpoint.status)
     return checkpoint
 
 
 def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
-                  action: machine.ModelTurn | machine.ToolBatch) -> errors.LoushoError | None:
+                  action: machine.ModelTurn | machine.ToolBatch, live: Live) -> errors.LoushoError | None:
     """Before any model call or tool runs: is the agent still the one that saved the run?"""
     saved_tools = (checkpoint.fingerprint or {}).get("tools") or {}
     if isinstance(action, machine.ToolBatch):
@@ -157,16 +207,18 @@ def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
             f"agent {agent.name!r} changed since run {checkpoint.session_id!r} was saved: {found.describe()}")
     drift_log.warning("agent %s changed under run %s: %s", agent.name, checkpoint.session_id, found.describe(),
                       extra={"lousho_event": "agent.drift", "drift": found.as_event()})
+    live.pending.append(live_events.drift(found.as_event()))
     return None
 
 
 def _stop_if_refused(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
-                     action: machine.ModelTurn | machine.ToolBatch, now: datetime | None) -> StepResult | None:
+                     action: machine.ModelTurn | machine.ToolBatch, now: datetime | None,
+                     live: Live) -> StepResult | None:
     """Stop when ``agent`` cannot resume the run: hand the step back while a live worker can, else refuse.
 
     None lets the step go on.
     """
-    refusal = _check_resume(deps, agent, checkpoint, action)
+    refusal = _check_resume(deps, agent, checkpoint, action, live)
     if refusal is None:
         return None
     if _runs_elsewhere(deps, checkpoint, action, refusal):
@@ -176,30 +228,81 @@ def _stop_if_refused(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
 
 def _refuse(deps: StepDeps, checkpoint: Checkpoint, error: errors.LoushoError) -> Outcome:
     """Stop without touching the checkpoint; decisions the run was about to act on are put back."""
-    deps.store.refuse(checkpoint.session_id, checkpoint.fence, LastError(**error.to_record()),
-                      checkpoint.approval_ids)
+    last_error = LastError(**error.to_record())
+    deps.store.refuse(checkpoint.session_id, checkpoint.fence, last_error, checkpoint.approval_ids,
+                      [live_events.error(last_error), live_events.run_done(checkpoint, "error")])
     log.warning("run %s refused: %s", checkpoint.session_id, error.code)
     return Outcome.PARKED
 
 
-def _save_only(deps: StepDeps, agent: Agent, action: machine.Save) -> Outcome:
+def _save_only(deps: StepDeps, agent: Agent, action: machine.Save, status_before: str, live: Live) -> Outcome:
     checkpoint = action.checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)})
-    saved = save(deps, checkpoint, drained_inbox=action.drained_inbox)
+    saved = save(deps, checkpoint, drained_inbox=action.drained_inbox, status_before=status_before, live=live)
     return Outcome.FINISHED if saved.status == "finished" else Outcome.IDLE
 
 
-def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn) -> StepResult:
+@functools.cache
+def _takes_listener(model_type: type) -> bool:
+    """Whether a model class's ``generate`` accepts a ``listener`` (it can stream)."""
+    try:
+        return "listener" in inspect.signature(model_type.generate).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse | None:
+    """Call the model in the step's thread; None when a listening model stopped on ``live.cancelled``.
+
+    The model streams to ``live`` only while someone watches the run.
+    """
+    live.cursor = checkpoint.inbox_cursor
+    streams = live.watched and _takes_listener(type(agent.model))
+    try:
+        if streams:
+            return agent.model.generate(list(checkpoint.messages), agent.tool_specs(), listener=live)  # type: ignore[call-arg]
+        return agent.model.generate(list(checkpoint.messages), agent.tool_specs())
+    except ModelCallCancelled:
+        return None
+
+
+def _cut_short(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, live: Live) -> str | None:
+    """Why the model's answer is dropped, if it is.
+
+    ``"abort"`` (confirmed in Postgres), ``"steer"`` (nothing was emitted before a steer came), or None.
+    """
+    if lease.abort.is_set():
+        if deps.store.abort_requested(checkpoint.session_id):
+            return "abort"
+        lease.abort.clear()
+    if lease.steer > checkpoint.inbox_cursor and not live.emitted:
+        return "steer"
+    return None
+
+
+def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: Lease, live: Live,
+                status_before: str) -> StepResult:
     checkpoint = action.checkpoint
     sid = checkpoint.session_id
     crash_point("during_model_call", sid)
     started = time.perf_counter()
-    response = agent.model.generate(list(checkpoint.messages), agent.tool_specs())
+    live.emit("step.start", {"step": checkpoint.step + 1})
+    response = _generate(agent, checkpoint, live)
     log.debug("model turn of %s took %.1f ms", sid, (time.perf_counter() - started) * 1000)
-    if getattr(agent.model, "reports_usage", True) and response.usage.total_tokens:
+    if response is not None and getattr(agent.model, "reports_usage", True) and response.usage.total_tokens:
         # Billed usage must survive a crash before the save (the turn is then generated again).
         pending = (checkpoint.uncounted_usage or Usage()) + response.usage
         if not deps.store.note_usage(sid, checkpoint.fence, pending):
             raise errors.FencedOutError(sid, checkpoint.fence)
+    stop = _cut_short(deps, lease, checkpoint, live)
+    if stop == "abort":
+        billed = checkpoint.usage + response.usage if response is not None else checkpoint.usage
+        return _settle_abort(deps, checkpoint.model_copy(update={"usage": billed}), live, [],
+                             drained=action.drained_inbox)
+    if stop is not None or response is None:
+        # Steered before the model said anything: ask again, with the new message (its usage is kept as
+        # uncounted until the next save).
+        log.info("model call of %s cut short by a steer", sid)
+        return StepResult(Outcome.ADVANCED, Next(checkpoint.seq, agent=checkpoint.agent))
     calls = response.tool_calls
     overflow: list[ToolCall] = []
     if len(calls) > payloads.MAX_TOOL_CALLS_PER_TURN:
@@ -211,7 +314,10 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn) -> Step
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
-    saved = save(deps, updated, drained_inbox=action.drained_inbox)
+    turn = updated.messages[len(checkpoint.messages)]
+    events = [live_events.step_done(updated.step, turn, response.usage)]
+    saved = save(deps, updated, drained_inbox=action.drained_inbox, events=events, status_before=status_before,
+                 live=live)
     crash_point("after_model_save_before_enqueue", sid)
     if saved.status == "finished":
         return StepResult(Outcome.FINISHED)

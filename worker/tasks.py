@@ -27,6 +27,7 @@ from store.database import make_engine
 from store.leases import Heartbeat, LeaseManager
 from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
+from store.signals import RedisSignals
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
 from worker.celery import settings
@@ -60,7 +61,7 @@ def _engine() -> Engine:
 
 def _build() -> StepDeps:
     engine = _state["engine"] = make_engine(settings)
-    store = PostgresCheckpointStore(engine, settings.history_limit)
+    store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
                                   health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
@@ -69,6 +70,7 @@ def _build() -> StepDeps:
                      agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
                      registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
+                     signals=RedisSignals(client),
                      registry_window_s=registration_window_s())
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
-from store import errors, history, payloads, records, runs
+from store import errors, events, history, payloads, records, runs
 from store.memory import approvals as approval_rows
 from store.memory import listing
 from store.memory import runs as run_rows
@@ -45,7 +45,8 @@ class MemoryCheckpointStore:
             if (seq is None or run.seq == seq) and runs.has_work(run):
                 run.attempts += 1
             run.fence = token
-            return records.Claim(to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=state.clock())
+            return records.Claim(to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=state.clock(),
+                                 abort_requested=run.abort_requested)
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -64,10 +65,12 @@ class MemoryCheckpointStore:
             StorageError: the document holds a NUL (as Postgres refuses it), or the history
                 ring already has this seq (a primary-key violation in Postgres).
         """
-        return self.save(write.checkpoint, drained_inbox=write.drained_inbox, approvals=write.approvals)
+        return self.save(write.checkpoint, drained_inbox=write.drained_inbox, approvals=write.approvals,
+                         drafts=write.events, settles_abort=write.settles_abort)
 
     def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
-             approvals: Sequence[records.Approval] = ()) -> datetime | None:
+             approvals: Sequence[records.Approval] = (), drafts: Sequence[records.EventDraft] = (),
+             settles_abort: bool = False) -> datetime | None:
         """Write ``checkpoint`` as a step that does not say what it added, with the approvals it opened.
 
         Raises:
@@ -94,6 +97,12 @@ class MemoryCheckpointStore:
             run.clear_failures()
             run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
+            run.aborted = checkpoint.aborted
+            if settles_abort or checkpoint.status == "finished":
+                run.abort_requested = False
+            state.add_events(sid, run, drafts, now)
+            if settles_abort:
+                approval_rows.withdraw_for_run(state, sid, now)
             if self.history_limit > 0:
                 ring[seq] = SavedRow(seq, checkpoint.fence, checkpoint.step, checkpoint.status, now, body)
                 for old in [s for s in ring if s <= seq - self.history_limit]:
@@ -127,27 +136,32 @@ class MemoryCheckpointStore:
         run.last_error, run.updated_at = record, self.state.clock()
         return run
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError) -> int | None:
-        """Store why a step failed (fenced); returns the attempts count, None if fenced out."""
+    def record_failure(self, session_id: str, fence: int, error: records.LastError,
+                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+        """Store why a step failed (fenced), with its events; returns the attempts count, None if fenced out."""
         with self.state.lock:
             run = self._failed(session_id, fence, error)
             if run is None:
                 return None
             run.next_attempt_at = None
+            self.state.add_events(session_id, run, drafts, run.updated_at)
             return run.attempts
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float) -> int | None:
+    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
+                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Record a transient failure and when to try again (see ``PostgresCheckpointStore.retry_later``)."""
         with self.state.lock:
             run = self._failed(session_id, fence, error)
             if run is None:
                 return None
+            self.state.add_events(session_id, run, drafts, run.updated_at)
             run.attempts, run.failures = 0, run.failures + 1
             run.retry_since = run.retry_since or run.updated_at
             run.next_attempt_at = run.updated_at + timedelta(seconds=max(delay_s, 0.0))
             return run.seq
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str]) -> bool:
+    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
+               drafts: Sequence[records.EventDraft] = ()) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
 
         Decisions of ``approval_ids`` go back to pending and the run back to awaiting approval.
@@ -158,11 +172,18 @@ class MemoryCheckpointStore:
             if run is None or run.fence != fence:
                 return False
             run.last_error, run.updated_at = record, self.state.clock()
+            self.state.add_events(session_id, run, drafts, run.updated_at)
             if approval_ids:
                 approval_rows.put_back(self.state, approval_ids)
                 if run.status == "in-progress":
                     run.status = "awaiting-approval"
             return True
+
+    def abort_requested(self, session_id: str) -> bool:
+        """Whether an abort of the run waits for a step to settle it."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            return run is not None and run.abort_requested
 
     def decisions(self, approval_ids: Sequence[str]) -> dict[str, records.Approval]:
         """The approvals of a pause, by id (missing ids are left out)."""
@@ -199,10 +220,42 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
         with self.state.lock:
             run = self.state.runs.get(session_id)
-            if run is None or not runs.has_work(run):
+            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")):
                 return None
             run.clear_failures()
+            run.aborted = False
             return run.seq
+
+    def request_abort(self, session_id: str) -> bool:
+        """Ask for the run to stop (see ``PostgresCheckpointStore.request_abort``)."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None:
+                raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+            if run.status == "finished" or run.aborted:
+                return False
+            run.abort_requested = True
+            return True
+
+    def read_events(self, session_id: str, after: int, limit: int = 500) -> builtins.list[events.Event]:
+        """Durable events of the run with a seq above ``after``, oldest first."""
+        with self.state.lock:
+            found = [row for row in self.state.events.get(session_id, ()) if row[0] > after][:limit]
+        return [events.Event(run_id=session_id, seq=seq, type=kind, at=at,
+                             data=events.with_message(kind, dict(data), None)) for seq, kind, at, data in found]
+
+    def input_start(self, session_id: str, number: int) -> int | None:
+        """The seq of the ``run.start`` that merged input ``number`` (None while it is not merged)."""
+        with self.state.lock:
+            starts = [row[0] for row in self.state.events.get(session_id, ())
+                      if row[1] == "run.start" and int(row[3].get("input_number", 0)) >= number]
+        return min(starts, default=None)
+
+    def latest_start(self, session_id: str) -> int | None:
+        """The seq of the run's latest ``run.start`` event, None when it has none."""
+        with self.state.lock:
+            starts = [row[0] for row in self.state.events.get(session_id, ()) if row[1] == "run.start"]
+        return max(starts, default=None)
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -223,7 +276,9 @@ class MemoryCheckpointStore:
             if run is None:
                 return None
             error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
-            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error)
+            finish = json.loads(run.document).get("finish_reason") if run.document else None
+            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error,
+                                    aborted=run.aborted, events_next=run.events_next, finish_reason=finish)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
@@ -275,6 +330,7 @@ class MemoryCheckpointStore:
             deleted = state.runs.pop(session_id, None) is not None
             approval_rows.withdraw_for_run(state, session_id, state.clock())
             state.inbox.pop(session_id, None)
+            state.events.pop(session_id, None)
             for key in [k for k in state.sends if k[0] == session_id]:
                 del state.sends[key]
             if not keep_history:
@@ -295,6 +351,7 @@ class MemoryCheckpointStore:
                       and run.inbox_head <= run.inbox_cursor and run.updated_at < older_than]
             for sid in doomed:
                 del state.runs[sid]
+                state.events.pop(sid, None)
             for ring in state.history.values():
                 for seq in [seq for seq, row in ring.items() if row.saved_at < older_than]:
                     del ring[seq]

@@ -35,7 +35,7 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
 def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:
     """Runs that are not finished, oldest first; an unreadable one is listed parked as corrupt."""
     rows = _by_creation(((sid, run) for sid, run in state.runs.items()
-                         if (run.status == "awaiting-approval" or runs.has_work(run))
+                         if (run.status == "awaiting-approval" or run.aborted or runs.has_work(run))
                          and (agent is None or run.agent == agent)), limit)
     found = []
     for sid, run in rows:

@@ -44,6 +44,9 @@ class RunRow:
     retry_since: datetime | None = None
     failures: int = 0
     swept_at: datetime | None = None
+    aborted: bool = False
+    abort_requested: bool = False
+    events_next: int = 0
 
     def clear_failures(self) -> None:
         """Forget the attempts, error and retry time (a save, or new input from a person)."""
@@ -79,6 +82,18 @@ class MemoryState:
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     approvals: dict[str, records.Approval] = field(default_factory=dict)
     sends: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: ``run_events``: per run, ``(seq, type, at, data)`` with the message an event is about folded into its data.
+    events: dict[str, list[tuple[int, str, datetime, dict[str, Any]]]] = field(default_factory=dict)
+
+    def add_events(self, session_id: str, run: RunRow, drafts: Any, at: datetime) -> None:
+        """Number ``drafts`` after the run's last event and keep them (call with the lock held)."""
+        log = self.events.setdefault(session_id, [])
+        for draft in drafts:
+            data = dict(draft.data)
+            if draft.message is not None:
+                data["message"] = draft.message.dump()
+            log.append((run.events_next, draft.type, at, json.loads(json.dumps(data))))
+            run.events_next += 1
 
     def kept_seq(self, session_id: str) -> int:
         """The newest seq in a run's history (0 when none): a run recreated over kept history goes on from it."""
@@ -119,5 +134,6 @@ def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
         raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read")
     columns = {"agent": run.agent, "status": run.status, "seq": run.seq, "fence": run.fence, "attempts": run.attempts,
                "last_error": run.last_error, "inbox_cursor": run.inbox_cursor, "updated_at": run.updated_at,
-               "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures}
+               "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures,
+               "aborted": run.aborted}
     return records.stored_checkpoint(session_id, columns, document, run.uncounted_usage)

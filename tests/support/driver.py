@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import redis
 
 from producer.client import Client
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import Heartbeat, LeaseManager
 from store.settings import Settings
+from store.signals import RedisSignals
 from worker.agents import Agent
 from worker.steps import Outcome, StepDeps, run_step
 
@@ -51,7 +53,7 @@ class Driver:
 
 
 @pytest.fixture
-def make_driver(store: PostgresCheckpointStore, leases: LeaseManager,
+def make_driver(store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis,
                 settings: Settings) -> Iterator[Callable[..., Driver]]:
     """``make_driver(*agents, max_attempts=5)``: an in-process step driver on the real services."""
     heartbeats: list[Heartbeat] = []
@@ -61,7 +63,7 @@ def make_driver(store: PostgresCheckpointStore, leases: LeaseManager,
         heartbeats.append(heartbeat)
         driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
                                  agents={a.name: a for a in agents}, enqueue=lambda *a: None,
-                                 max_attempts=max_attempts))
+                                 max_attempts=max_attempts, signals=RedisSignals(redis_client)))
         driver.deps.enqueue = driver.enqueue
         store.register_agents({a.name: a.fingerprint() for a in agents})
         return driver

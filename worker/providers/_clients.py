@@ -1,7 +1,7 @@
 """SDK clients for the real providers.
 
-Lazy import with an install hint, keys, one client per process, and the translation of SDK exceptions
-into ``ProviderError``.
+Lazy import with an install hint, keys, one client per process, reading a streamed answer event by
+event (cancellable between events), and the translation of SDK exceptions into ``ProviderError``.
 
 A client holds a connection pool, which must not cross a ``fork`` (Celery's prefork pool forks
 after the agents may have been imported), so each process builds its own on first use.
@@ -9,15 +9,18 @@ after the agents may have been imported), so each process builds its own on firs
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
 from store import errors
-from worker.providers import _failures
+from worker.providers import _failures, base
 
 #: Seconds a model request may take; keep it below ``LOUSHO_STEP_SOFT_TIME_LIMIT_S`` (240 by default).
 DEFAULT_TIMEOUT_S = 60.0
@@ -139,26 +142,46 @@ def translate(provider: str, sdk: ModuleType, exc: Exception, *, timeout: float,
         return _failures.timed_out(provider, timeout)
     if isinstance(exc, sdk.APIStatusError):
         headers = exc.response.headers
+        if exc.status_code < 400:  # an error event inside a stream that had begun with a 200
+            return _failures.from_stream_error(provider, exc.body, request_id=headers.get(request_id_header),
+                                               secrets=secrets)
         return _failures.from_status(provider, exc.status_code, headers, exc.body,
                                      request_id=headers.get(request_id_header), secrets=secrets)
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
         return _failures.unreachable(provider, detail, secrets)
+    body = getattr(exc, "body", None)
+    if type(exc) is sdk.APIError and body is not None:  # an error chunk inside a stream (OpenAI)
+        return _failures.from_stream_error(provider, body, secrets=secrets)
     return _failures.unexpected(provider, f"{type(exc).__name__}: {exc}", secrets)
 
 
+def _http_errors(stream: Any) -> tuple[Any, Any]:
+    """(transport error, timeout error) classes of the HTTP library under an SDK stream.
+
+    The ``anthropic`` SDK lets these through while a stream is read (``openai`` wraps them); which
+    library it is (``httpx`` or its successor) depends on the SDK's version, so it is read off the
+    stream's response.
+    """
+    library = sys.modules[type(stream.response).__module__.partition(".")[0]]
+    return library.TransportError, library.TimeoutException
+
+
 class SDKModel:
-    """What the SDK-backed models share: settings checks, the key, one client per process, repr."""
+    """What the SDK-backed models share: settings checks, the key, one client per process, repr, streams."""
 
     #: Usage is what the provider billed, so the step executor keeps it even if the turn is lost.
     reports_usage = True
-    #: Set by each provider: its name, SDK module and client class, key variable, reserved settings.
+    #: Set by each provider: its name, SDK module, client class and root exception, key variable,
+    #: reserved settings, and the response header that names a request.
     provider: str
     sdk_module: str
     client_class: str
+    sdk_error: str
     api_key_env: str
     reserved_settings: frozenset[str]
+    request_id_header: str
 
     def _configure(self, model: str, base_url: str | None, api_key: str | None, timeout: float,
                    client_options_given: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> None:
@@ -193,3 +216,55 @@ class SDKModel:
     def close(self) -> None:
         """Close this process's HTTP connections (the next call opens new ones)."""
         self._client.close()
+
+    def _translate(self, exc: Exception) -> errors.ProviderError:
+        return translate(self.provider, self._sdk, exc, timeout=self.timeout,
+                         request_id_header=self.request_id_header, secrets=self._secrets)
+
+    def _stream(self, open_stream: Callable[[], Any], listener: base.Listener,
+                handle: Callable[[dict[str, Any]], None]) -> None:
+        """Open a stream with ``open_stream`` and hand each of its events, as JSON, to ``handle``.
+
+        ``listener.cancelled`` is checked before the request and after each event; once it is set
+        the stream is closed, and nothing more read. The SDK's timeout bounds each read; the stream
+        as a whole must also end within ``timeout``, as one plain request must.
+
+        Raises:
+            ModelCallCancelled: the listener cancelled the call.
+            ProviderError: the request failed, the stream carried an error, broke off or took too long.
+        """
+        sdk_error = getattr(self._sdk, self.sdk_error)
+        if listener.cancelled.is_set():
+            raise base.ModelCallCancelled(f"{self.provider}: cancelled before the request")
+        deadline = time.monotonic() + self.timeout
+        try:
+            stream = open_stream()
+        except sdk_error as exc:
+            # ``from None``: the SDK error holds the request, whose headers carry the key.
+            raise self._translate(exc) from None
+        transport_error, timeout_error = _http_errors(stream)
+        with contextlib.closing(stream):
+            events = iter(stream)
+            while True:
+                if listener.cancelled.is_set():
+                    raise base.ModelCallCancelled(f"{self.provider}: cancelled while the answer streamed")
+                if time.monotonic() > deadline:
+                    raise _failures.timed_out(self.provider, self.timeout)
+                try:
+                    event = next(events, None)
+                except sdk_error as exc:
+                    raise self._translate(exc) from None
+                except timeout_error:
+                    raise _failures.timed_out(self.provider, self.timeout) from None
+                except transport_error as exc:
+                    raise _failures.unreachable(self.provider, f"{type(exc).__name__}: {exc}", self._secrets) \
+                        from None
+                except ValueError as exc:
+                    raise _failures.unexpected(self.provider, f"unreadable stream event: {exc}", self._secrets) \
+                        from None
+                if event is None:
+                    return
+                dump = getattr(event, "model_dump", None)
+                if dump is None:
+                    raise _failures.unexpected(self.provider, f"not a stream event: {str(event)[:200]}", self._secrets)
+                handle(dump(mode="json", warnings=False))

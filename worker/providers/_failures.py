@@ -29,6 +29,13 @@ _CONTEXT_LENGTH = re.compile(
 )
 _CONTEXT_CODES = {"context_length_exceeded", "string_above_max_length", "request_too_large"}
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached"}
+# Error types sent inside a stream (Anthropic's and OpenAI's), by the status the same failure has as an answer.
+_STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402, "permission_error": 403,
+    "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429, "rate_limit_exceeded": 429,
+    "insufficient_quota": 429, "context_length_exceeded": 400, "api_error": 500, "server_error": 500,
+    "timeout_error": 504, "overloaded_error": 529,
+}
 
 _REDACTED = "[redacted]"
 # Beyond ``store.redaction``: masked keys providers echo back (sk-proj-****abcd) and key assignments.
@@ -105,10 +112,28 @@ def from_status(provider: str, status: int, headers: Mapping[str, str], body: ob
                 request_id: str | None = None, secrets: Iterable[str] = ()) -> errors.ProviderError:
     """The error for an HTTP failure: 429 and 5xx retry (after ``Retry-After``), other 4xx park the run."""
     message, code = _error_fields(body)
-    wait = retry_after(headers)
+    return _classify(provider, status, f"HTTP {status}", message, code, retry_after(headers), request_id, secrets)
+
+
+def from_stream_error(provider: str, body: object, *, request_id: str | None = None,
+                      secrets: Iterable[str] = ()) -> errors.ProviderError:
+    """The error for an error event inside a stream that had begun with a 200 (``overloaded_error``…).
+
+    The event's error type stands for the status the same failure has as an answer, and is
+    classified (and reported as ``status``) like it; a type we do not know is a server failure
+    (retryable), since the request itself had been accepted.
+    """
+    message, code = _error_fields(body)
+    status = _STREAM_ERROR_STATUS.get(code, 500)
+    where = f"in stream: {scrub(code, secrets)[:40] or 'error'}"
+    return _classify(provider, status, where, message, code, None, request_id, secrets)
+
+
+def _classify(provider: str, status: int, where: str, message: str, code: str, wait: float | None,
+              request_id: str | None, secrets: Iterable[str]) -> errors.ProviderError:
     if status == 429 and code not in _QUOTA_CODES:
         return errors.ProviderRateLimitedError(
-            _describe(provider, "rate-limit", status, message, request_id, secrets, wait), retry_after=wait)
+            _describe(provider, "rate-limit", where, message, request_id, secrets, wait), retry_after=wait)
     if status == 429:
         category, retryable = "auth", False  # out of quota: waiting does not help, the account must change
     elif status >= 500 or status in _RETRYABLE_4XX:
@@ -117,7 +142,7 @@ def from_status(provider: str, status: int, headers: Mapping[str, str], body: ob
         category, retryable = "context-length", False
     else:
         category, retryable = _PARKING_4XX.get(status, "invalid-request"), False
-    return errors.ProviderError(_describe(provider, category, status, message, request_id, secrets, wait),
+    return errors.ProviderError(_describe(provider, category, where, message, request_id, secrets, wait),
                                 retryable=retryable, category=category,
                                 retry_after=wait if retryable else None, status=status)
 
@@ -134,15 +159,20 @@ def unreachable(provider: str, detail: str, secrets: Iterable[str] = ()) -> erro
                                 retryable=True, category="connection")
 
 
+def cut_off(provider: str, detail: str) -> errors.ProviderError:
+    """The error for a stream that ended before the answer was complete (retryable, like a dropped connection)."""
+    return errors.ProviderError(_cap(f"{provider}: connection: {detail}"), retryable=True, category="connection")
+
+
 def unexpected(provider: str, detail: str, secrets: Iterable[str] = ()) -> errors.ProviderError:
     """The error for an answer we cannot read (not the API's shape); retried, then parked by the attempts cap."""
     return errors.ProviderError(_cap(scrub(f"{provider}: unknown: {detail}", secrets)),
                                 retryable=True, category="unknown")
 
 
-def _describe(provider: str, category: str, status: int, message: str, request_id: str | None,
+def _describe(provider: str, category: str, where: str, message: str, request_id: str | None,
               secrets: Iterable[str], wait: float | None) -> str:
-    head = f"{provider}: {category} (HTTP {status})"
+    head = f"{provider}: {category} ({where})"
     tail = (f" [retry after {round(wait, 1):g} s]" if wait is not None else "") + (
         f" [request {scrub(request_id, secrets)[:80]}]" if request_id else "")
     room = MAX_MESSAGE_CHARS - len(head) - len(tail) - 2

@@ -1,8 +1,9 @@
 """``AnthropicModel``: the Anthropic Messages API with tool use.
 
 Owns the conversion between our transcript and Messages content blocks (both ways: system prompt
-apart, tool results as ``tool_result`` blocks in a user turn) and the translation of the
-``anthropic`` SDK's failures into ``ProviderError``. It keeps no state a crash would lose.
+apart, tool results as ``tool_result`` blocks in a user turn), the reassembly of a streamed answer
+from its events, and the translation of the ``anthropic`` SDK's failures into ``ProviderError``. It
+keeps no state a crash would lose.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from store import errors
 from store.records import Message, ToolCall, Usage
 from worker.providers import _clients, _failures, _transcript
-from worker.providers.base import ModelResponse, ToolSpec
+from worker.providers.base import Listener, ModelResponse, ToolSpec
 
 PROVIDER = "anthropic"
 API_KEY_ENV = "ANTHROPIC_API_KEY"
@@ -30,7 +31,7 @@ class AnthropicModel(_clients.SDKModel):
     """A Claude model behind the Messages API.
 
     The SDK's own retries are off: our step policy is the only retry loop. Each process builds its
-    own client on first use.
+    own client on first use. With a listener, the answer streams.
 
     Args:
         model: The model name (``claude-sonnet-4-5``…).
@@ -55,8 +56,10 @@ class AnthropicModel(_clients.SDKModel):
     provider = PROVIDER
     sdk_module = "anthropic"
     client_class = "Anthropic"
+    sdk_error = "AnthropicError"
     api_key_env = API_KEY_ENV
     reserved_settings = _RESERVED_SETTINGS
+    request_id_header = "request-id"
 
     def __init__(self, model: str, api_key: str | None = None, base_url: str | None = None, *,
                  timeout: float = _clients.DEFAULT_TIMEOUT_S, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -68,12 +71,15 @@ class AnthropicModel(_clients.SDKModel):
         self.cache_prompt = cache_prompt
         self._configure(model, base_url, api_key, timeout, client_options, settings)
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """Ask for the next assistant turn of ``messages``.
+    def generate(self, messages: list[Message], tools: list[ToolSpec],
+                 listener: Listener | None = None) -> ModelResponse:
+        """Ask for the next assistant turn of ``messages``; streamed to ``listener`` when one is given.
 
         Raises:
             ProviderError: the request failed; ``retryable`` and ``category`` say how
-                (``ProviderRateLimitedError`` for a 429, with the server's ``retry_after``).
+                (``ProviderRateLimitedError`` for a 429, with the server's ``retry_after``). A stream
+                that breaks off is a retryable ``connection`` failure.
+            ModelCallCancelled: ``listener.cancelled`` was set before the answer was complete.
         """
         system, wire = to_anthropic_messages(messages)
         specs = anthropic_tools(tools)
@@ -85,16 +91,87 @@ class AnthropicModel(_clients.SDKModel):
             request["system"] = system
         if specs:
             request["tools"] = specs
+        if listener is not None:
+            answer = _MessageStream(messages, listener)
+            create = self._client.get().messages.create
+            self._stream(lambda: create(**request, stream=True), listener, answer.add)
+            return parse_message(answer.message(), messages)
         try:
             reply = self._client.get().messages.create(**request)
         except self._sdk.AnthropicError as exc:
             # ``from None``: the SDK error holds the request, whose headers carry the key.
-            raise _clients.translate(PROVIDER, self._sdk, exc, timeout=self.timeout, request_id_header="request-id",
-                                      secrets=self._secrets) from None
+            raise self._translate(exc) from None
         dump = getattr(reply, "model_dump", None)
         if dump is None:
             raise _failures.unexpected(PROVIDER, f"the answer is not a message: {str(reply)[:200]}", self._secrets)
         return parse_message(dump(mode="json", warnings=False), messages)
+
+
+class _MessageStream:
+    """The events of a streamed Messages answer put back together into the message a plain request returns.
+
+    As events are added it tells ``listener`` each piece of text and each ``tool_use`` once, under
+    the id the turn keeps (``parse_message`` of ``message()`` gives the call the same id).
+    """
+
+    def __init__(self, transcript: Sequence[Message], listener: Listener) -> None:
+        self._transcript = transcript
+        self._listener = listener
+        self._message: dict[str, Any] | None = None
+        self._usage: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._input_json: dict[int, str] = {}
+        self._stopped = False
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        """Take one stream event (as JSON); ``ping`` and events of unknown types change nothing."""
+        kind = event.get("type")
+        if kind == "message_start":
+            self._message = dict(event.get("message") or {})
+            self._usage = dict(self._message.get("usage") or {})
+        elif kind == "content_block_start":
+            block = dict(event.get("content_block") or {})
+            self._blocks[int(event.get("index") or 0)] = block
+            if block.get("type") == "tool_use":
+                uses = [b for _, b in sorted(self._blocks.items()) if b.get("type") == "tool_use"]
+                block["id"] = _transcript.assign_call_ids([b.get("id") for b in uses], self._transcript)[-1]
+                self._listener.tool_call(block["id"], str(block.get("name") or ""))
+        elif kind == "content_block_delta":
+            self._add_delta(int(event.get("index") or 0), event.get("delta") or {})
+        elif kind == "message_delta":
+            if self._message is not None:
+                self._message.update((k, v) for k, v in (event.get("delta") or {}).items() if k.startswith("stop_"))
+            # Usage on a message_delta is cumulative; counts it leaves out keep their message_start value.
+            self._usage.update((k, v) for k, v in (event.get("usage") or {}).items() if v is not None)
+        elif kind == "message_stop":
+            self._stopped = True
+
+    def _add_delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self._blocks.get(index)
+        if block is None:
+            return
+        if delta.get("type") == "text_delta" and block.get("type") == "text":
+            text = str(delta.get("text") or "")
+            block["text"] = str(block.get("text") or "") + text
+            if text:
+                self._listener.text(text)
+        elif delta.get("type") == "input_json_delta":
+            self._input_json[index] = self._input_json.get(index, "") + str(delta.get("partial_json") or "")
+
+    def message(self) -> dict[str, Any]:
+        """The Messages answer (as JSON) the events make up.
+
+        Raises:
+            ProviderError: the stream ended before ``message_stop`` (retryable).
+        """
+        if self._message is None or not self._stopped:
+            raise _failures.cut_off(PROVIDER, "the stream ended before the answer was complete")
+        content = []
+        for index, block in sorted(self._blocks.items()):
+            if index in self._input_json:
+                block = {**block, "input": self._input_json[index]}
+            content.append(block)
+        return {**self._message, "content": content, "usage": self._usage}
 
 
 def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

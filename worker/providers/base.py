@@ -32,6 +32,40 @@ class ModelResponse:
     model_id: str | None = None
 
 
+class ModelCallCancelled(Exception):
+    """A model call given up because ``Listener.cancelled`` was set (an abort or a steer); nothing is saved."""
+
+
+class Cancellation(Protocol):
+    """Whether a model call should stop now; ``threading.Event`` is one."""
+
+    def is_set(self) -> bool:
+        """True once the call should stop."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the call should stop or ``timeout`` passed; whether it should stop."""
+
+
+class Listener(Protocol):
+    """Someone watching a model call as it streams, and able to cut it short.
+
+    A model whose ``generate`` takes a ``listener`` keyword streams when one is given: it calls ``text``
+    with each piece of text as it arrives and ``tool_call`` when a tool call first appears, and checks
+    ``cancelled`` between pieces, raising ``ModelCallCancelled`` once it is set. Without a listener it makes
+    one plain request. Usage, errors and retries are the same either way; what a listener hears is never
+    saved (the returned ``ModelResponse`` is).
+    """
+
+    #: Set when the call should stop now (the run was aborted, or steered before anything was emitted).
+    cancelled: Cancellation
+
+    def text(self, delta: str) -> None:
+        """A piece of the answer's text, as it streams."""
+
+    def tool_call(self, call_id: str, name: str) -> None:
+        """A tool call of the answer started to stream."""
+
+
 class Model(Protocol):
     """A chat model; ``generate`` must not keep state between calls that a crash would lose.
 
@@ -42,7 +76,8 @@ class Model(Protocol):
     failure's class (rate limit, timeout, connection, 5xx: True; 400/401/403/404, context length:
     False) and ``retry_after`` when the provider gives one. Turn malformed argument JSON into a
     ``ToolCall`` with ``invalid_args`` set rather than raising. ``model_id`` is part of the agent
-    fingerprint.
+    fingerprint. To stream, accept an optional ``listener: Listener | None = None`` keyword (see
+    ``Listener``); a model without it is called without one and cut short only between calls.
     """
 
     model_id: str

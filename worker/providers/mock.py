@@ -13,7 +13,7 @@ from typing import Any
 from store import errors
 from store.records import Message, ToolCall, Usage
 from worker import machine
-from worker.providers.base import ModelResponse, ToolSpec
+from worker.providers.base import Listener, ModelCallCancelled, ModelResponse, ToolSpec
 
 Script = Sequence[Any] | Callable[[list[Message]], Any]
 
@@ -25,6 +25,9 @@ class MockModel:
     and optionally ``text``, ``usage`` (``{"input_tokens", "output_tokens"}``), ``delay_ms`` and
     ``error`` (a message; ``retryable`` says whether a retry may pass). Every transcript it
     receives is checked for validity; an invalid one fails the call.
+
+    With a listener it streams: the wait of ``delay_ms`` comes first (cut short when the listener
+    cancels), then the text word by word, ``stream_delay_ms`` apart.
     """
 
     #: Its usage is an estimate, not a bill: no extra write to keep it across crashes.
@@ -34,7 +37,8 @@ class MockModel:
         self.script = script
         self.model_id = model_id
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    def generate(self, messages: list[Message], tools: list[ToolSpec],
+                 listener: Listener | None = None) -> ModelResponse:
         """The scripted response for this transcript (chosen by its number of assistant turns)."""
         problems = machine.transcript_problems(messages)
         if problems:
@@ -46,15 +50,19 @@ class MockModel:
             response = self.script[turn]
         else:
             raise errors.ProviderError(f"MockModel script has no response for turn {turn + 1}", retryable=False)
-        return self._response(response, turn, messages)
+        return self._response(response, turn, messages, listener)
 
-    def _response(self, response: Any, turn: int, messages: list[Message]) -> ModelResponse:
+    def _response(self, response: Any, turn: int, messages: list[Message],
+                  listener: Listener | None) -> ModelResponse:
         if isinstance(response, str):
             response = {"text": response}
         if not isinstance(response, dict):
             raise errors.ConfigurationError(f"MockModel response must be a str or dict, got {type(response).__name__}")
         if response.get("delay_ms"):
-            time.sleep(float(response["delay_ms"]) / 1000)
+            if listener is None:
+                time.sleep(float(response["delay_ms"]) / 1000)
+            elif listener.cancelled.wait(float(response["delay_ms"]) / 1000):
+                raise ModelCallCancelled()
         if response.get("error"):
             raise errors.ProviderError(str(response["error"]), retryable=bool(response.get("retryable", True)))
         calls = [
@@ -62,6 +70,8 @@ class MockModel:
             for k, call in enumerate(response.get("tool_calls") or [])
         ]
         text = response.get("text")
+        if listener is not None:
+            _stream(listener, text or "", calls, float(response.get("stream_delay_ms") or 0) / 1000)
         scripted = response.get("usage")
         if scripted:
             usage = Usage(input_tokens=int(scripted.get("input_tokens", 0)),
@@ -71,3 +81,13 @@ class MockModel:
             usage = Usage(input_tokens=prompt, output_tokens=len(text or "") // 4 + len(calls) + 1)
         usage = usage.model_copy(update={"total_tokens": usage.input_tokens + usage.output_tokens})
         return ModelResponse(text=text, tool_calls=calls, usage=usage)
+
+
+def _stream(listener: Listener, text: str, calls: list[ToolCall], pause_s: float) -> None:
+    """Tell ``listener`` the answer piece by piece, as a streaming provider would."""
+    for index, word in enumerate(text.split(" ")):
+        if listener.cancelled.is_set() or (pause_s and listener.cancelled.wait(pause_s)):
+            raise ModelCallCancelled()
+        listener.text(word if index == 0 else " " + word)
+    for call in calls:
+        listener.tool_call(call.id, call.name)

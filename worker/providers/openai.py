@@ -1,8 +1,8 @@
 """``OpenAIModel``: Chat Completions with tool calling, for OpenAI and any OpenAI-compatible server.
 
-Owns the conversion between our transcript and the Chat Completions wire format (both ways) and
-the translation of the ``openai`` SDK's failures into ``ProviderError``. It keeps no state a crash
-would lose: every call sends the whole transcript.
+Owns the conversion between our transcript and the Chat Completions wire format (both ways), the
+reassembly of a streamed answer from its chunks, and the translation of the ``openai`` SDK's failures
+into ``ProviderError``. It keeps no state a crash would lose: every call sends the whole transcript.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from store import errors
 from store.records import Message, ToolCall, Usage
 from worker.providers import _clients, _failures, _transcript
-from worker.providers.base import ModelResponse, ToolSpec
+from worker.providers.base import Listener, ModelResponse, ToolSpec
 
 PROVIDER = "openai"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -26,7 +26,8 @@ class OpenAIModel(_clients.SDKModel):
     """A model behind the Chat Completions API: OpenAI itself, or vLLM, Ollama, LM Studio, a gateway.
 
     The SDK's own retries are off: our step policy is the only retry loop. Each process builds its
-    own client on first use.
+    own client on first use. With a listener, the answer streams (``stream_options.include_usage``
+    on, so usage is the same as a plain request's).
 
     Args:
         model: The model name the server knows (``gpt-4.1-mini``, ``llama3.2``…).
@@ -47,36 +48,122 @@ class OpenAIModel(_clients.SDKModel):
     provider = PROVIDER
     sdk_module = "openai"
     client_class = "OpenAI"
+    sdk_error = "OpenAIError"
     api_key_env = API_KEY_ENV
     reserved_settings = _RESERVED_SETTINGS
+    request_id_header = "x-request-id"
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = _clients.DEFAULT_TIMEOUT_S, client_options: Mapping[str, Any] | None = None,
                  **settings: Any) -> None:
         self._configure(model, base_url, api_key, timeout, client_options, settings)
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
-        """Ask for the next assistant turn of ``messages``.
+    def generate(self, messages: list[Message], tools: list[ToolSpec],
+                 listener: Listener | None = None) -> ModelResponse:
+        """Ask for the next assistant turn of ``messages``; streamed to ``listener`` when one is given.
 
         Raises:
             ProviderError: the request failed; ``retryable`` and ``category`` say how
-                (``ProviderRateLimitedError`` for a 429, with the server's ``retry_after``).
+                (``ProviderRateLimitedError`` for a 429, with the server's ``retry_after``). A stream
+                that breaks off is a retryable ``connection`` failure.
+            ModelCallCancelled: ``listener.cancelled`` was set before the answer was complete.
         """
         request: dict[str, Any] = {**self._request_options, "model": self.model,
                                    "messages": to_openai_messages(messages)}
         if tools:
             request["tools"] = openai_tools(tools)
+        if listener is not None:
+            answer = _CompletionStream(messages, listener)
+            create = self._client.get().chat.completions.create
+            self._stream(lambda: create(**request, stream=True, stream_options={"include_usage": True}),
+                         listener, answer.add)
+            return parse_completion(answer.completion(), messages)
         try:
             completion = self._client.get().chat.completions.create(**request)
         except self._sdk.OpenAIError as exc:
             # ``from None``: the SDK error holds the request, whose headers carry the key.
-            raise _clients.translate(PROVIDER, self._sdk, exc, timeout=self.timeout, request_id_header="x-request-id",
-                                      secrets=self._secrets) from None
+            raise self._translate(exc) from None
         dump = getattr(completion, "model_dump", None)
         if dump is None:
             raise _failures.unexpected(PROVIDER, f"the answer is not a chat completion: {str(completion)[:200]}",
                                        self._secrets)
         return parse_completion(dump(mode="json", warnings=False), messages)
+
+
+class _CompletionStream:
+    """The chunks of a streamed chat completion put back together into the completion a plain request returns.
+
+    As chunks are added it tells ``listener`` each piece of text and each tool call once, under the
+    id the turn keeps (``parse_completion`` of ``completion()`` gives the call the same id). Only
+    the first choice is read, as for a plain answer.
+    """
+
+    def __init__(self, transcript: Sequence[Message], listener: Listener) -> None:
+        self._transcript = transcript
+        self._listener = listener
+        self._model: str | None = None
+        self._content: str | None = None
+        self._refusal: str | None = None
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        """Take one ``chat.completion.chunk`` (as JSON)."""
+        self._model = chunk.get("model") or self._model
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if (choice.get("index") or 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text is not None:
+                self._content = (self._content or "") + text
+                if text:
+                    self._listener.text(text)
+            refusal = delta.get("refusal")
+            if refusal:
+                self._refusal = (self._refusal or "") + refusal
+                self._listener.text(refusal)
+            for fragment in delta.get("tool_calls") or ():
+                self._add_call(fragment)
+            self._finish_reason = choice.get("finish_reason") or self._finish_reason
+
+    def _add_call(self, fragment: Mapping[str, Any]) -> None:
+        # The first fragment of a call brings its id and name, later ones pieces of its argument JSON.
+        index = int(fragment.get("index") or 0)
+        call = self._calls.setdefault(index, {"id": None, "type": "function",
+                                              "function": {"name": "", "arguments": ""}})
+        call["id"] = call["id"] or fragment.get("id")
+        call["type"] = fragment.get("type") or call["type"]
+        function = fragment.get("function") or {}
+        call["function"]["arguments"] += function.get("arguments") or ""
+        if call["function"]["name"] or not function.get("name"):
+            return
+        call["function"]["name"] = function["name"]
+        if call["type"] != "function":
+            return
+        earlier = [self._calls[k] for k in sorted(self._calls) if k <= index]
+        call["id"] = _transcript.assign_call_ids(
+            [c["id"] for c in earlier if c["type"] == "function"], self._transcript)[-1]
+        self._listener.tool_call(call["id"], call["function"]["name"])
+
+    def completion(self) -> dict[str, Any]:
+        """The chat completion (as JSON) the chunks make up.
+
+        Raises:
+            ProviderError: the stream ended before the answer's ``finish_reason`` (retryable).
+        """
+        if self._finish_reason is None:
+            raise _failures.cut_off(PROVIDER, "the stream ended before the answer was complete")
+        # A refused answer has no content, only the refusal (some servers stream an empty content first).
+        content = None if self._refusal and not self._content else self._content
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": self._refusal}
+        if self._calls:
+            message["tool_calls"] = [self._calls[k] for k in sorted(self._calls)]
+        return {"model": self._model, "usage": self._usage,
+                "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason}]}
 
 
 def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

@@ -1,0 +1,184 @@
+"""Following a run's events from any process: durable ones from Postgres, live signals from Redis.
+
+A reader pages through ``run_events`` after the last seq it yielded, so a consumer that dies and comes back
+with that seq misses nothing and sees nothing twice. Between pages it waits on the run's Redis channel:
+steps publish a note after each save that wrote events, and live signals, while a consumer watches (the
+reader keeps the run's watch key alive). Without Redis, or between notes, it polls Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from store import errors, events, interfaces
+from store.events import Event
+from store.signals import RedisSignals
+
+__all__ = ["follow", "follow_async"]
+
+log = logging.getLogger("lousho.client")
+
+#: Events read per page.
+PAGE = 500
+#: Longest wait for a note before Postgres is read again (a step learns that someone watches at its next
+#: lease renewal, so the first notes of a step already running can be missing).
+POLL_S = 0.5
+#: Lifetime of the watch key; the reader renews it every third of it.
+WATCH_TTL_MS = 30_000
+
+#: Whether an event starts what the reader should yield (None: everything after the position).
+StartFilter = Callable[[Event], bool] | None
+
+
+def follow(store: interfaces.ProducerStore, signals: RedisSignals | None, session_id: str, after: int, *,
+           starts: StartFilter = None, live: bool = False, timeout: float | None = None) -> Iterator[Event]:
+    """Durable events of the run after seq ``after``, blocking for new ones, until the first ``run.done``.
+
+    With ``starts``, events are skipped until one it accepts (that one is yielded). ``live`` interleaves
+    live signals (seq None) heard while waiting.
+
+    Raises:
+        RunTimeoutError: ``timeout`` seconds passed before the ``run.done`` (the run goes on).
+        CheckpointNotFoundError: the run was deleted meanwhile.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    subscription = _subscribe(signals, session_id)
+    cursor = _Cursor(after, starts)
+    watched_at = read_at = 0.0
+    noted = True
+    try:
+        while True:
+            now = time.monotonic()
+            if signals is not None and now - watched_at > WATCH_TTL_MS / 3000:
+                watched_at = _watch(signals, session_id)
+            if noted or now >= read_at:
+                # Postgres is read on a note (every signal published before it has been heard) or when the
+                # poll interval passed; never just because a live signal came, so signals keep their place.
+                page = store.read_events(session_id, cursor.position, PAGE)
+                for event in cursor.take(page):
+                    yield event
+                    if event.type == "run.done":
+                        return
+                if len(page) == PAGE:
+                    continue
+                if not page and store.progress(session_id) is None:
+                    raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+                read_at = now + POLL_S
+            wait = read_at - time.monotonic()
+            if deadline is not None:
+                if deadline - time.monotonic() <= 0:
+                    raise errors.RunTimeoutError(f"run {session_id!r} did not finish its input within {timeout} s")
+                wait = min(wait, deadline - time.monotonic())
+            heard, noted = _heard(subscription, session_id, max(wait, 0.0))
+            if live:
+                yield from heard
+    finally:
+        _close(subscription)
+
+
+class _Cursor:
+    """Where a reader stands: the last seq it passed, and whether it reached its start yet."""
+
+    def __init__(self, after: int, starts: StartFilter) -> None:
+        self.position = after
+        self._starts = starts
+
+    def take(self, page: list[Event]) -> Iterator[Event]:
+        """The events of ``page`` to yield, moving the position past each."""
+        for event in page:
+            self.position = event.seq if event.seq is not None else self.position
+            if self._starts is not None:
+                if not self._starts(event):
+                    continue
+                self._starts = None
+            yield event
+
+
+def _close(subscription: Any) -> None:
+    if subscription is not None:
+        try:
+            subscription.close()
+        except redis.RedisError:
+            log.debug("could not close the channel of a run")
+
+
+async def follow_async(iterator: Iterator[Event]) -> AsyncIterator[Event]:
+    """``iterator`` for ``async for``: each blocking step runs in a thread, the event loop stays free."""
+    done = object()
+    try:
+        while True:
+            event = await asyncio.to_thread(next, iterator, done)
+            if event is done:
+                return
+            assert isinstance(event, Event)
+            yield event
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+
+
+def _subscribe(signals: RedisSignals | None, session_id: str) -> Any:
+    if signals is None:
+        return None
+    try:
+        return signals.subscribe(session_id)
+    except redis.RedisError as exc:
+        log.info("event notes unavailable (%s); polling the run's events", type(exc).__name__)
+        return None
+
+
+def _watch(signals: RedisSignals, session_id: str) -> float:
+    try:
+        signals.watch(session_id, WATCH_TTL_MS)
+    except redis.RedisError as exc:
+        log.debug("could not mark a run watched: %s", type(exc).__name__)
+    return time.monotonic()
+
+
+def _heard(subscription: Any, session_id: str, wait: float) -> tuple[list[Event], bool]:
+    """Live signals heard within ``wait`` seconds, and whether a note of saved events came with them.
+
+    Returns as soon as something arrived, with everything already received.
+    """
+    if subscription is None:
+        time.sleep(wait)
+        return [], False
+    heard: list[Event] = []
+    noted = False
+    try:
+        message = subscription.get_message(timeout=wait)
+        while message is not None:
+            signal = _signal(session_id, message.get("data"))
+            if signal is not None:
+                heard.append(signal)
+            else:
+                noted = True
+            message = subscription.get_message(timeout=0)
+    except redis.RedisError as exc:
+        log.debug("lost the channel of a run (%s); polling", type(exc).__name__)
+        time.sleep(wait)
+    return heard, noted
+
+
+def _signal(session_id: str, data: Any) -> Event | None:
+    """A live signal from a channel message (None for a note, or anything unreadable)."""
+    try:
+        body = json.loads(data)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(body, dict) or body.get("type") not in events.LIVE or not isinstance(body.get("data"), dict):
+        return None
+    try:
+        at = datetime.fromisoformat(body["at"])
+    except (KeyError, TypeError, ValueError):
+        at = datetime.now(UTC)
+    return events.live(session_id, body["type"], body["data"], at)

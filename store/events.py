@@ -1,0 +1,134 @@
+"""A run's durable events: what each save makes true, numbered without gaps, and read back by consumers.
+
+Every run (session id) has one ordered log in ``run_events``: ``seq`` starts at 0 and grows across every
+input of the session, never reused while the run exists. Events are written by the save that makes them
+true, in the same statement (``SAVE_EVENTS``), so a crash keeps them exactly when it keeps the save; a
+fenced-out save writes none. An event about a transcript entry (a model turn, a tool result) points at its
+``run_messages`` row by slot instead of holding a second copy; readers join the row back in.
+
+Live signals (``LIVE``) are never stored: steps publish them on the run's Redis channel while a consumer
+watches (``store.signals``), and a crash loses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import text
+
+from store import payloads
+from store.records import EventDraft, Message
+
+__all__ = ["DURABLE", "EVENT_VERSION", "LIVE", "Event", "encode"]
+
+#: Version of the event envelope; new types and fields are additive, a breaking change bumps it.
+EVENT_VERSION = 1
+#: Types a save writes (numbered, kept as long as the run).
+DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "approval.requested", "agent.drift",
+                     "provider.retry", "error", "run.done"})
+#: Types published only while a consumer listens (no seq, lost on a crash).
+LIVE = frozenset({"step.start", "tool.start", "text.delta", "tool.partial"})
+
+
+class Event(BaseModel):
+    """One event of a run: durable (``seq`` set) or a live signal (``seq`` None)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    seq: int | None
+    type: str
+    at: datetime
+    v: int = EVENT_VERSION
+    data: dict[str, Any]
+
+    @property
+    def durable(self) -> bool:
+        """Whether the event is stored (it has a seq)."""
+        return self.seq is not None
+
+    def wire(self) -> dict[str, Any]:
+        """The event as JSON-safe data (the SSE ``data`` and ``--json`` lines)."""
+        return self.model_dump(mode="json")
+
+
+def encode(drafts: Sequence[EventDraft], slot_of: Callable[[Message], int | None]) -> str:
+    """``drafts`` as the JSON array a save stores: ``[[type, slot or null, data], ...]``.
+
+    A draft's message is stored by reference (``slot_of`` finds the row the same save writes); one whose
+    row cannot be found is kept whole in the data instead.
+    """
+    body = []
+    for draft in drafts:
+        data = dict(draft.data)
+        slot = None
+        if draft.message is not None:
+            slot = slot_of(draft.message)
+            if slot is None:
+                data["message"] = draft.message.dump()
+        body.append([draft.type, slot, data])
+    return payloads.dumps(body)
+
+
+#: Adds the save's events (``:events``, from ``encode``) after the run's last one. Appended to a save's CTEs
+#: after ``saved``, which must return ``events_next`` as raised by ``:n_events``.
+SAVE_EVENTS = """,
+events AS (
+  INSERT INTO run_events (session_id, seq, type, slot, data, at)
+  SELECT :sid, s.events_next - :n_events + e.n - 1, e.v ->> 0, CAST(e.v ->> 1 AS int), e.v -> 2, s.updated_at
+  FROM saved s, jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(v, n)
+)"""
+
+#: A page of a run's events after ``:after``, with the transcript rows they point at.
+READ = text("""
+SELECT e.seq, e.type, e.at, e.data, m.message FROM run_events e
+LEFT JOIN run_messages m ON m.session_id = e.session_id AND m.slot = e.slot
+WHERE e.session_id = :sid AND e.seq > :after ORDER BY e.seq LIMIT :limit
+""")
+#: The seq of the run's latest ``run.start`` (where a consumer without a position begins).
+LATEST_START = text("SELECT max(seq) FROM run_events WHERE session_id = :sid AND type = 'run.start'")
+#: The seq of the ``run.start`` that merged input ``:n`` (the first one whose merged range reaches it).
+INPUT_START = text("SELECT min(seq) FROM run_events WHERE session_id = :sid AND type = 'run.start'"
+                   " AND CAST(data ->> 'input_number' AS bigint) >= :n")
+#: Deletes the events of a run (with the run).
+DELETE = text("DELETE FROM run_events WHERE session_id = :sid")
+
+
+def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] | None) -> dict[str, Any]:
+    """An event's data with the transcript entry it points at folded in."""
+    message = message if message is not None else data.pop("message", None)
+    if message is None:
+        return data
+    if event_type == "step.done":
+        calls = [{"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
+                 for c in message.get("tool_calls") or ()]
+        return {**data, "text": message.get("content"), "tool_calls": calls}
+    if event_type in ("tool.done", "tool.error"):
+        result = message.get("content")
+        merged = {**data, "tool_call_id": message.get("tool_call_id"), "tool_name": message.get("name"),
+                  "result": result}
+        if event_type == "tool.error" and isinstance(result, str):
+            try:
+                body = json.loads(result)
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                merged.setdefault("kind", body.get("kind"))
+                merged["error"] = body
+        return merged
+    return data
+
+
+def from_rows(run_id: str, rows: Iterable[Any]) -> list[Event]:
+    """Events from rows of ``READ`` (seq, type, at, data, message)."""
+    return [Event(run_id=run_id, seq=int(row.seq), type=row.type, at=row.at,
+                  data=with_message(row.type, dict(row.data or {}), row.message)) for row in rows]
+
+
+def live(run_id: str, event_type: str, data: dict[str, Any], at: datetime) -> Event:
+    """A live signal (no seq)."""
+    return Event(run_id=run_id, seq=None, type=event_type, at=at, data=data)

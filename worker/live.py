@@ -1,0 +1,165 @@
+"""What a step tells the world: durable event drafts for its saves, and live signals while someone watches.
+
+Durable events (``store.events``) are drafted here and written by the save that makes them true. Live
+signals (``step.start``, ``text.delta``, ``tool.start``) are published on the run's channel only while a
+consumer watches (``Lease.watched``, read with the lease), so an unwatched step pays nothing for them.
+``Live`` is also the ``Listener`` a streaming model reports to, and tells whether the model call has
+emitted anything yet (a steer cuts short only a call that has not).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from store import payloads
+from store.interfaces import Signals
+from store.records import Approval, Checkpoint, EventDraft, LastError, Lease, Message, ToolCall, Usage
+
+__all__ = ["Live", "approval_requested", "run_done", "run_start", "step_done", "tool_result"]
+
+
+def run_start(checkpoint: Checkpoint) -> EventDraft:
+    """The run took new input (merged up to ``inbox_cursor``)."""
+    return EventDraft(type="run.start", data={"agent": checkpoint.agent, "input_number": checkpoint.inbox_cursor,
+                                              "resumed": False})
+
+
+def step_done(step: int, turn: Message, usage: Usage) -> EventDraft:
+    """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row."""
+    return EventDraft(type="step.done", data={"step": step, "usage": usage.model_dump()}, message=turn)
+
+
+def tool_result(result: Message, duration_ms: float | None) -> EventDraft:
+    """A call's result was saved: ``tool.done``, or ``tool.error`` for an error result."""
+    kind = "tool.error" if result.is_error else "tool.done"
+    data: dict[str, Any] = {"duration_ms": None if duration_ms is None else round(duration_ms, 3)}
+    return EventDraft(type=kind, data=data, message=result)
+
+
+def approval_requested(approval: Approval) -> EventDraft:
+    """The run paused on ``approval``."""
+    return EventDraft(type="approval.requested", data={
+        "approval_id": approval.approval_id, "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
+        "args": approval.args, "kind": "tool"})
+
+
+def run_done(checkpoint: Checkpoint, finish_reason: str | None = None) -> EventDraft:
+    """The run settled: finished, paused, aborted, or stopped on an error (``finish_reason="error"``)."""
+    reason = finish_reason or checkpoint.finish_reason or (
+        "awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
+    return EventDraft(type="run.done", data={
+        "finish_reason": reason, "text": checkpoint.final_text, "usage": checkpoint.usage.model_dump(),
+        "steps": checkpoint.step, "approval_ids": list(checkpoint.approval_ids)})
+
+
+def error(error: LastError) -> EventDraft:
+    """A step failed with ``error``."""
+    return EventDraft(type="error", data={"code": error.code, "message": error.message,
+                                          "retryable": error.retryable})
+
+
+def provider_retry(error: LastError, failures: int, delay_s: float) -> EventDraft:
+    """A provider call failed transiently and will be tried again in ``delay_s``."""
+    return EventDraft(type="provider.retry", data={"code": error.code, "message": error.message,
+                                                   "failures": failures, "delay_s": round(delay_s, 3)})
+
+
+def drift(found: dict[str, Any]) -> EventDraft:
+    """The agent changed since the run was saved (the policy let it continue)."""
+    return EventDraft(type="agent.drift", data=found)
+
+
+def settled(drafts: list[EventDraft], checkpoint: Checkpoint, status_before: str, drained: bool) -> list[EventDraft]:
+    """``drafts`` plus ``run.done`` when ``checkpoint`` ends the run's input: finished, paused or aborted.
+
+    Only a save that ends it says so: one that changes the status, stops on an abort, or merged input.
+    """
+    ended = checkpoint.status != "in-progress" or checkpoint.aborted
+    if ended and (drained or checkpoint.aborted or status_before != checkpoint.status):
+        return [*drafts, run_done(checkpoint)]
+    return drafts
+
+
+class _CutShort:
+    """``Live.cancelled``: a model call should stop on an abort, or on a steer before it emitted anything.
+
+    Read from the lease as the heartbeat hears signals, so a streaming model sees it between two pieces
+    while the step's thread is inside the call.
+    """
+
+    def __init__(self, live: Live, lease: Lease) -> None:
+        self._live = live
+        self._lease = lease
+        self._forced = False
+
+    def set(self) -> None:
+        """Stop the call whatever the signals say."""
+        self._forced = True
+        self._lease.wake.set()
+
+    def is_set(self) -> bool:
+        """Whether the call should stop now."""
+        lease = self._lease
+        return (self._forced or lease.abort.is_set()
+                or (lease.steer > self._live.cursor and not self._live.emitted))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the call should stop (True) or ``timeout`` passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self._lease.wake.wait(remaining):
+                self._lease.wake.clear()
+        return True
+
+
+class Live:
+    """The live side of one step: publishes signals while the run is watched; a model call's listener."""
+
+    def __init__(self, signals: Signals | None, lease: Lease) -> None:
+        self._signals = signals
+        self._lease = lease
+        #: Inbox cursor of the transcript the model is asked about: a steer past it cuts a silent call short.
+        self.cursor = 0
+        #: Whether the current model call emitted text or a tool call yet.
+        self.emitted = False
+        #: Set when the current model call should stop (see ``_CutShort``).
+        self.cancelled = _CutShort(self, lease)
+        #: Events for the step's next save that no transcript change carries (``agent.drift``).
+        self.pending: list[EventDraft] = []
+
+    @property
+    def watched(self) -> bool:
+        """Whether a consumer reads the run's events (as of the lease's last renewal)."""
+        return self._signals is not None and self._lease.watched
+
+    def emit(self, event_type: str, data: dict[str, Any]) -> None:
+        """Publish a live signal while someone watches."""
+        if self._signals is not None and self._lease.watched:
+            at = datetime.now(UTC).isoformat()
+            self._signals.publish(self._lease.session_id,
+                                  payloads.dumps({"type": event_type, "data": data, "at": at}))
+
+    def saved(self, events_written: int) -> None:
+        """A save wrote durable events: wake the consumers, who read them from Postgres."""
+        if events_written and self._signals is not None and self._lease.watched:
+            self._signals.publish(self._lease.session_id, '{"saved": true}')
+
+    def tool_start(self, call: ToolCall) -> None:
+        """A call starts running."""
+        self.emit("tool.start", {"tool_call_id": call.id, "tool_name": call.name, "args": call.args})
+
+    # -- the model's listener ---------------------------------------------------------------
+
+    def text(self, delta: str) -> None:
+        """A piece of the model's text."""
+        self.emitted = True
+        self.emit("text.delta", {"text": delta})
+
+    def tool_call(self, call_id: str, name: str) -> None:
+        """A tool call of the model's answer started to stream."""
+        self.emitted = True

@@ -1,12 +1,15 @@
 """A local HTTP server that speaks enough Chat Completions and Messages API for the real SDK clients.
 
 Tests script its answers (turns, HTTP failures, slow answers, hang-ups) and read back every request
-it got. It listens on 127.0.0.1 on a free port; nothing here reaches the network.
+it got. A request with ``"stream": true`` gets its turn as Server-Sent Events in the API's own shape
+(chunked, piece by piece), which tests can also cut off, hold, pace or end with an error event. It
+listens on 127.0.0.1 on a free port; nothing here reaches the network.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -64,7 +67,44 @@ class Hangup:
     """Close the connection without any HTTP answer."""
 
 
-Reply = Turn | Failure | Slow | Hangup
+@dataclass(frozen=True)
+class Cut:
+    """Stream the first ``after`` events of ``reply``, then stop: drop the connection mid-body, or
+    (``clean``) end the HTTP body properly with the answer unfinished. A plain request gets a hang-up."""
+
+    after: int
+    reply: Turn
+    clean: bool = False
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Stream the first ``after`` events of ``reply``, then wait until the client closes the connection
+    (recorded in ``FakeProviderServer.held``) or ``seconds`` pass, then send the rest."""
+
+    after: int
+    reply: Turn
+    seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class Paced:
+    """Stream ``reply`` with ``interval`` seconds before each event."""
+
+    interval: float
+    reply: Turn
+
+
+@dataclass(frozen=True)
+class StreamFailure:
+    """Stream the first ``after`` events of ``reply``, then an error event carrying ``failure``."""
+
+    after: int
+    reply: Turn
+    failure: Failure
+
+
+Reply = Turn | Failure | Slow | Hangup | Cut | Hold | Paced | StreamFailure
 Script = Callable[[Api, dict[str, Any]], Reply]
 
 
@@ -141,6 +181,83 @@ def _anthropic_message(turn: Turn, number: int) -> dict[str, Any]:
                       "cache_read_input_tokens": turn.cache_read, "cache_creation_input_tokens": turn.cache_write}}
 
 
+#: Characters of text, and of argument JSON, per streamed delta.
+TEXT_PIECE = 4
+ARGS_PIECE = 6
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[k:k + size] for k in range(0, len(text), size)]
+
+
+def _args_text(call: Call) -> str:
+    return call.args if isinstance(call.args, str) else json.dumps(call.args)
+
+
+def _openai_events(turn: Turn, number: int, include_usage: bool) -> list[bytes]:
+    """The SSE frames of a streamed chat completion: role, content pieces, call fragments, finish, usage, [DONE]."""
+    completion = _openai_completion(turn, number)
+    usage = completion["usage"]
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": turn.model, "system_fingerprint": None}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _sse(None, {**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    frames = [chunk({"role": "assistant", "content": "" if turn.text else None, "refusal": None})]
+    frames.extend(chunk({"content": piece}) for piece in _pieces(turn.text or "", TEXT_PIECE))
+    for k, call in enumerate(completion["choices"][0]["message"].get("tool_calls") or ()):
+        frames.append(chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        frames.extend(chunk({"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+                      for piece in _pieces(call["function"]["arguments"], ARGS_PIECE))
+    frames.append(chunk({}, completion["choices"][0]["finish_reason"]))
+    if include_usage:
+        frames.append(_sse(None, {**head, "choices": [], "usage": usage}))
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def _anthropic_events(turn: Turn, number: int) -> list[bytes]:
+    """The SSE frames of a streamed Messages answer, from ``message_start`` to ``message_stop``."""
+    message = _anthropic_message(turn, number)
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    frames = [_sse("message_start", {"type": "message_start", "message": start}),
+              _sse("ping", {"type": "ping"})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            frames.append(_sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                       "content_block": {"type": "text", "text": ""}}))
+            deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], TEXT_PIECE)]
+        else:
+            opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            frames.append(_sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                       "content_block": opening}))
+            text = block["input"] if isinstance(block["input"], str) else json.dumps(block["input"])
+            deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in ["", *_pieces(text, ARGS_PIECE)]]
+        frames.extend(_sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+                      for delta in deltas)
+        frames.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+    # The final counts come on message_delta; the prompt's stay those of message_start.
+    frames.append(_sse("message_delta", {"type": "message_delta",
+                                         "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                                         "usage": {"output_tokens": usage["output_tokens"]}}))
+    frames.append(_sse("message_stop", {"type": "message_stop"}))
+    return frames
+
+
+def _sse(event: str | None, data: dict[str, Any]) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+def _stream_error(api: Api, failure: Failure) -> bytes:
+    body = _error_body(api, failure)
+    return _sse("error", body) if api == "anthropic" else _sse(None, body)
+
+
 def _error_body(api: Api, failure: Failure) -> dict[str, Any]:
     if api == "openai":
         kind = _OPENAI_ERROR_TYPES.get(failure.status, "server_error")
@@ -158,6 +275,8 @@ class FakeProviderServer:
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
+        #: What each ``Hold`` saw: ``"client-closed"`` or ``"timed-out"``.
+        self.held: list[str] = []
         self.script: Script | None = None
         self.expected_key: str | None = None
         self._queue: list[Reply] = []
@@ -197,6 +316,7 @@ class FakeProviderServer:
         """Forget requests, queued replies, the script and the expected key."""
         with self._lock:
             self.requests.clear()
+            self.held.clear()
             self._queue.clear()
             self.script = None
             self.expected_key = None
@@ -205,6 +325,11 @@ class FakeProviderServer:
         """Answer the next requests with ``replies``, in order."""
         with self._lock:
             self._queue.extend(replies)
+
+    def note_hold(self, outcome: str) -> None:
+        """Record how a ``Hold`` ended."""
+        with self._lock:
+            self.held.append(outcome)
 
     def requests_for(self, first_user_text: str) -> list[Request]:
         """Requests of one conversation (by its first user message)."""
@@ -233,58 +358,114 @@ class FakeProviderServer:
         return Failure(401, f"Incorrect API key provided: {given}.", code="invalid_api_key")
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
+        return type("Handler", (_Handler,), {"fake": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
+class _Handler(BaseHTTPRequestHandler):
+    """Answers the requests of one connection for the ``fake`` server it is bound to."""
 
-            def do_POST(self) -> None:
-                api: Api
-                if self.path.endswith("/chat/completions"):
-                    api = "openai"
-                elif self.path.endswith("/v1/messages"):
-                    api = "anthropic"
-                else:
-                    self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-                    return
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                request = Request(api, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                reply, number = server._next(request)
-                reply = server._auth_failure(request) or reply
-                try:
-                    self._answer(api, reply, number)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (its timeout); nothing to answer
+    protocol_version = "HTTP/1.1"
+    fake: FakeProviderServer
 
-            def _answer(self, api: Api, reply: Reply, number: int) -> None:
-                while isinstance(reply, Slow):
-                    time.sleep(reply.seconds)
-                    reply = reply.reply
-                if isinstance(reply, Hangup):
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                if isinstance(reply, Failure):
-                    self._send(reply.status, _error_body(api, reply), reply.headers)
-                    return
-                payload = _openai_completion(reply, number) if api == "openai" else _anthropic_message(reply, number)
-                self._send(200, payload, {"x-request-id": f"req_{number}", "request-id": f"req_{number}"})
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-            def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+    def do_POST(self) -> None:
+        api: Api
+        if self.path.endswith("/chat/completions"):
+            api = "openai"
+        elif self.path.endswith("/v1/messages"):
+            api = "anthropic"
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            return
+        length = int(self.headers.get("content-length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        request = Request(api, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        reply, number = self.fake._next(request)
+        reply = self.fake._auth_failure(request) or reply
+        try:
+            self._answer(api, reply, number, body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (its timeout); nothing to answer
 
-        return Handler
+    def _answer(self, api: Api, reply: Reply, number: int, body: dict[str, Any]) -> None:
+        while isinstance(reply, Slow):
+            time.sleep(reply.seconds)
+            reply = reply.reply
+        if body.get("stream") is True and isinstance(reply, Turn | Cut | Hold | Paced | StreamFailure):
+            self._stream(api, reply, number, body)
+            return
+        if isinstance(reply, Hangup | Cut):
+            self._hang_up()
+            return
+        if isinstance(reply, StreamFailure):
+            reply = reply.failure
+        if isinstance(reply, Failure):
+            self._send(reply.status, _error_body(api, reply), reply.headers)
+            return
+        turn = reply if isinstance(reply, Turn) else reply.reply
+        payload = _openai_completion(turn, number) if api == "openai" else _anthropic_message(turn, number)
+        self._send(200, payload, {"x-request-id": f"req_{number}", "request-id": f"req_{number}"})
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _stream(self, api: Api, reply: Turn | Cut | Hold | Paced | StreamFailure, number: int,
+                body: dict[str, Any]) -> None:
+        turn = reply if isinstance(reply, Turn) else reply.reply
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        frames = _openai_events(turn, number, include_usage) if api == "openai" else \
+            _anthropic_events(turn, number)
+        self.send_response(200)
+        for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+                            "transfer-encoding": "chunked", "x-request-id": f"req_{number}",
+                            "request-id": f"req_{number}"}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        after = len(frames) if isinstance(reply, Turn | Paced) else reply.after
+        for frame in frames[:after]:
+            if isinstance(reply, Paced):
+                time.sleep(reply.interval)
+            self._chunk(frame)
+        if isinstance(reply, Cut) and not reply.clean:
+            self._hang_up()
+            return
+        if isinstance(reply, StreamFailure):
+            self._chunk(_stream_error(api, reply.failure))
+        elif isinstance(reply, Hold):
+            if self._wait_for_close(reply.seconds):
+                return
+            for frame in frames[after:]:
+                self._chunk(frame)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _wait_for_close(self, seconds: float) -> bool:
+        # The client sends nothing more on this connection until the answer ends: readable means closed.
+        readable, _, _ = select.select([self.connection], [], [], seconds)
+        try:
+            closed = bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except ConnectionResetError:
+            closed = True
+        self.fake.note_hold("client-closed" if closed else "timed-out")
+        self.close_connection = closed
+        return closed
+
+    def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
 
 
 def by_turn(*turns: Reply) -> Script:

@@ -1,0 +1,98 @@
+"""Abort and steer in the step machine and the step, on the in-memory runtime (no services)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from store.records import Checkpoint, InboxEntry, Lease, Message, ToolCall
+from tests.fakes.runtime import MemoryRuntime
+from worker import Agent, machine, tool
+from worker.live import Live
+from worker.providers import MockModel
+from worker.steps import Outcome
+
+
+def _call(call_id: str) -> ToolCall:
+    return ToolCall(id=call_id, name="ship", args={})
+
+
+def _paused_turn(**fields: Any) -> Checkpoint:
+    turn = Message(role="assistant", tool_calls=[_call("a"), _call("b"), _call("c")])
+    done = Message(role="tool", tool_call_id="b", name="ship", content="shipped")
+    return Checkpoint(session_id="r", agent="shop", messages=[Message(role="user", content="go"), turn, done],
+                      **fields)
+
+
+def test_an_aborted_checkpoint_gives_every_open_call_a_cancelled_result_in_call_order() -> None:
+    stopped = machine.aborted(_paused_turn(status="awaiting-approval", approval_ids=["ap1"]), [], instructions="")
+    assert [m.tool_call_id for m in stopped.messages if m.role == "tool"] == ["a", "b", "c"]
+    assert [json.loads(m.content)["kind"] for m in stopped.messages if m.tool_call_id in ("a", "c")] == [
+        "cancelled", "cancelled"]
+    assert (stopped.status, stopped.aborted, stopped.finish_reason, stopped.approval_ids) == (
+        "in-progress", True, "aborted", [])
+    assert machine.transcript_problems(stopped.messages) == []
+
+
+def test_queued_input_is_kept_after_the_cancelled_results() -> None:
+    stopped = machine.aborted(_paused_turn(), [InboxEntry(n=1, messages=[Message(role="user", content="more")])],
+                              instructions="")
+    assert stopped.messages[-1].content == "more" and stopped.inbox_cursor == 1
+
+
+def test_an_aborted_run_rests_until_input_comes_and_then_moves_without_the_abort() -> None:
+    stopped = machine.aborted(_paused_turn(), [], instructions="")
+    assert machine.plan(stopped, [], instructions="", max_steps=10) == machine.Idle("aborted")
+    action = machine.plan(stopped, [InboxEntry(n=1, messages=[Message(role="user", content="again")])],
+                          instructions="", max_steps=10)
+    assert isinstance(action, machine.ModelTurn)
+    assert not action.checkpoint.aborted and action.checkpoint.finish_reason is None
+    resumed = machine.plan(stopped.model_copy(update={"aborted": False}), [], instructions="", max_steps=10)
+    assert isinstance(resumed, machine.ModelTurn) and resumed.checkpoint.finish_reason is None
+
+
+def test_a_model_call_is_cut_short_by_a_steer_only_before_it_emitted_anything() -> None:
+    lease = Lease("r", "owner", 1)
+    live = Live(None, lease)
+    live.cursor = 2
+    assert not live.cancelled.is_set()
+    lease.hear(watched=False, abort=False, steer=2)  # the input this turn already merged
+    assert not live.cancelled.is_set()
+    lease.hear(watched=False, abort=False, steer=3)
+    assert live.cancelled.is_set()
+    live.emitted = True
+    assert not live.cancelled.is_set()
+    lease.hear(watched=False, abort=True, steer=3)
+    assert live.cancelled.is_set() and live.cancelled.wait(0)
+
+
+def test_the_cut_short_wait_returns_when_a_signal_arrives() -> None:
+    lease = Lease("r", "owner", 1)
+    live = Live(None, lease)
+    threading.Timer(0.05, lambda: lease.hear(watched=False, abort=True, steer=0)).start()
+    assert live.cancelled.wait(5)
+    assert not Live(None, Lease("s", "o", 1)).cancelled.wait(0.01)
+
+
+@tool
+def ship() -> str:
+    """Ship."""
+    return "shipped"
+
+
+def test_a_step_settles_an_abort_requested_between_steps() -> None:
+    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel([
+        {"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]), tools=[ship])])
+    runtime.send("r-1", "shop", "ship it")
+    assert runtime.step("r-1") == Outcome.ADVANCED  # the model turn
+    assert runtime.store.request_abort("r-1") is True
+    assert runtime.step("r-1") == Outcome.ABORTED
+    stopped = runtime.checkpoint("r-1")
+    assert stopped.aborted and [json.loads(m.content)["kind"] for m in stopped.messages if m.role == "tool"] == [
+        "cancelled", "cancelled"]
+    assert [e.type for e in runtime.store.read_events("r-1", -1)][-3:] == ["tool.error", "tool.error", "run.done"]
+    assert runtime.step("r-1") == Outcome.IDLE  # nothing moves it
+    runtime.send("r-1", "shop", "go on")
+    runtime.drain()
+    assert runtime.checkpoint("r-1").finish_reason == "stop"

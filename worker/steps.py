@@ -117,9 +117,8 @@ def _settle_abort(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: lis
         inbox = deps.store.inbox(sid, checkpoint.inbox_cursor)
     agent = deps.agents.get(checkpoint.agent)
     stopped = machine.aborted(checkpoint, inbox, instructions=agent.instructions if agent else "")
-    pending = {call.id for call in checkpoint.pending_tool_calls}
-    drafts = [live_events.tool_result(m, None) for m in stopped.messages[-len(pending):]
-              if m.role == "tool" and m.tool_call_id in pending] if pending else []
+    stored = {id(message) for message in checkpoint.messages}
+    drafts = [live_events.tool_result(m, None) for m in stopped.messages if m.role == "tool" and id(m) not in stored]
     try:
         save(deps, stopped, drained_inbox=drained or stopped.inbox_cursor != checkpoint.inbox_cursor, events=drafts,
              status_before=checkpoint.status, settles_abort=True, live=live)

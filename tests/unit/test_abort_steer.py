@@ -96,3 +96,16 @@ def test_a_step_settles_an_abort_requested_between_steps() -> None:
     runtime.send("r-1", "shop", "go on")
     runtime.drain()
     assert runtime.checkpoint("r-1").finish_reason == "stop"
+
+
+def test_an_abort_keeps_input_queued_before_it_and_reports_every_cancelled_call() -> None:
+    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel([
+        {"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]), tools=[ship])])
+    runtime.send("r-2", "shop", "ship it")
+    runtime.step("r-2")
+    runtime.send("r-2", "shop", "and tell me")
+    runtime.store.request_abort("r-2")
+    assert runtime.step("r-2") == Outcome.ABORTED
+    events = runtime.store.read_events("r-2", -1)
+    assert [e.type for e in events][-4:] == ["run.start", "tool.error", "tool.error", "run.done"]
+    assert runtime.checkpoint("r-2").messages[-1].content == "and tell me"

@@ -7,6 +7,7 @@ never lost: a lost message is repaired by the recovery sweep.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -83,6 +84,10 @@ class Run:
             RunTimeoutError: ``timeout`` seconds passed first (the run goes on; iterate again with the last seq).
             CheckpointNotFoundError: the run was deleted.
         """
+        return self._follow(after, timeout, live, None)
+
+    def _follow(self, after: int | None, timeout: float | None, live: bool,
+                stop: threading.Event | None) -> Iterator[Event]:
         store = self._client.store
         starts: streams.StartFilter = None
         if after is None:
@@ -102,12 +107,15 @@ class Run:
                     starts = lambda event: (event.type == "run.start"  # noqa: E731
                                             and int(event.data.get("input_number", 0)) >= number)
         return streams.follow(store, self._client.signals, self.session_id, after, starts=starts, live=live,
-                              timeout=timeout)
+                              timeout=timeout, stop=stop)
 
     def events_async(self, after: int | None = None, timeout: float | None = None,
                      live: bool = False) -> AsyncIterator[Event]:
-        """``events`` for ``async for`` (web servers): the waiting happens in a thread."""
-        return streams.follow_async(self.events(after, timeout, live))
+        """``events`` for ``async for`` (web servers): the reading and waiting happen in a thread.
+
+        The thread stops within half a second once the loop stops iterating (a client went away).
+        """
+        return streams.follow_async(lambda stop: self._follow(after, timeout, live, stop))
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> RunResult:
         """Block until the run settles with this input applied.
@@ -235,18 +243,25 @@ class Client:
         Raises:
             SessionIdInvalidError, CheckpointNotFoundError, RunTimeoutError.
         """
+        return self._follow(session_id, after, live, timeout, None)
+
+    def _follow(self, session_id: str, after: int | None, live: bool, timeout: float | None,
+                stop: threading.Event | None) -> Iterator[Event]:
         records.validate_session_id(session_id)
         if after is None:
             if self.store.progress(session_id) is None:
                 raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
             start = self.store.latest_start(session_id)
             after = -1 if start is None else start - 1
-        return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout)
+        return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout, stop=stop)
 
     def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
                      timeout: float | None = None) -> AsyncIterator[Event]:
-        """``events`` for ``async for`` (web servers)."""
-        return streams.follow_async(self.events(session_id, after, live=live, timeout=timeout))
+        """``events`` for ``async for`` (web servers): the reading and waiting happen in a thread.
+
+        The thread stops within half a second once the loop stops iterating (a client went away).
+        """
+        return streams.follow_async(lambda stop: self._follow(session_id, after, live, timeout, stop))
 
     def read_events(self, session_id: str, after: int, limit: int = 500) -> list[Event]:
         """One page of the run's durable events after seq ``after``, without waiting."""

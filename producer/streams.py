@@ -9,8 +9,10 @@ reader keeps the run's watch key alive). Without Redis, or between notes, it pol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
@@ -39,11 +41,12 @@ StartFilter = Callable[[Event], bool] | None
 
 
 def follow(store: interfaces.ProducerStore, signals: RedisSignals | None, session_id: str, after: int, *,
-           starts: StartFilter = None, live: bool = False, timeout: float | None = None) -> Iterator[Event]:
+           starts: StartFilter = None, live: bool = False, timeout: float | None = None,
+           stop: threading.Event | None = None) -> Iterator[Event]:
     """Durable events of the run after seq ``after``, blocking for new ones, until the first ``run.done``.
 
     With ``starts``, events are skipped until one it accepts (that one is yielded). ``live`` interleaves
-    live signals (seq None) heard while waiting.
+    live signals (seq None) heard while waiting. ``stop`` ends it early (checked at least every ``POLL_S``).
 
     Raises:
         RunTimeoutError: ``timeout`` seconds passed before the ``run.done`` (the run goes on).
@@ -55,7 +58,7 @@ def follow(store: interfaces.ProducerStore, signals: RedisSignals | None, sessio
     watched_at = read_at = 0.0
     noted = True
     try:
-        while True:
+        while stop is None or not stop.is_set():
             now = time.monotonic()
             if signals is not None and now - watched_at > WATCH_TTL_MS / 3000:
                 watched_at = _watch(signals, session_id)
@@ -110,20 +113,37 @@ def _close(subscription: Any) -> None:
             log.debug("could not close the channel of a run")
 
 
-async def follow_async(iterator: Iterator[Event]) -> AsyncIterator[Event]:
-    """``iterator`` for ``async for``: each blocking step runs in a thread, the event loop stays free."""
+async def follow_async(make: Callable[[threading.Event], Iterator[Event]]) -> AsyncIterator[Event]:
+    """The iterator ``make(stop)`` builds, for ``async for``: it is built and pulled in threads.
+
+    When the loop stops early (a client went away, the task was cancelled), ``stop`` is set and the thread
+    still inside the iterator returns within ``POLL_S``; then the iterator is closed.
+    """
+    stop = threading.Event()
     done = object()
+    iterator = await asyncio.to_thread(make, stop)
+    pending: asyncio.Future[Any] | None = None
     try:
         while True:
-            event = await asyncio.to_thread(next, iterator, done)
+            pending = asyncio.ensure_future(asyncio.to_thread(next, iterator, done))
+            event = await asyncio.shield(pending)
+            pending = None
             if event is done:
                 return
             assert isinstance(event, Event)
             yield event
     finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            await asyncio.to_thread(close)
+        stop.set()
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await pending
+        await asyncio.to_thread(_close_iterator, iterator)
+
+
+def _close_iterator(iterator: Iterator[Event]) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
 def _subscribe(signals: RedisSignals | None, session_id: str) -> Any:

@@ -300,3 +300,31 @@ def test_events_go_with_their_run(make_driver: Callable[..., Driver], client: Cl
     assert client.read_events("ev-14", -1)
     client.agent("ev").delete("ev-14")
     assert client.read_events("ev-14", -1) == []
+
+
+def test_an_async_reader_that_stops_early_leaves_no_thread_behind(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    import asyncio
+
+    make_driver(Agent(name="ev", model=MockModel(["x"])))
+    run = client.agent("ev").send("hi", session_id="ev-15")  # never stepped: the reader waits
+    before = threading.active_count()
+
+    async def read_then_leave() -> None:
+        async def read() -> None:
+            async for _ in run.events_async():
+                pass
+
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    runner = _in_thread(lambda: asyncio.run(read_then_leave()))
+    runner.join(5)
+    assert not runner.is_alive(), "the reader's thread kept the event loop from closing"
+    deadline = time.monotonic() + 3.0
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before

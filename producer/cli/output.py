@@ -1,4 +1,4 @@
-"""What the ``lousho`` commands print: JSON with ``--json``, lines otherwise, and errors with their code.
+"""What the ``lousho`` commands print: JSON with ``--json``, lines otherwise, errors with their code, run events.
 
 It also owns the ``--json`` option itself: a command either honours it or refuses it as a usage error.
 It must not call the client beyond waiting on a ``Run`` it is handed.
@@ -9,11 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from producer.client import Run
 from store import errors, redaction
+from store.events import Event
+
+#: How much of a tool call's arguments, and of a result or message, an event line shows.
+_ARGS_CHARS = 120
+_RESULT_CHARS = 200
 
 
 def print_json(value: Any) -> None:
@@ -69,3 +74,128 @@ def refuse_json(parser: argparse.ArgumentParser, reason: str) -> argparse.Argume
     """Make ``--json`` a usage error on a command whose output is a log (a long-running command); returns the parser."""
     parser.add_argument("--json", action=_RefuseJson, reason=reason)
     return parser
+
+
+def _one_line(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _duration(ms: Any) -> str:
+    if not isinstance(ms, int | float):
+        return ""
+    return f" in {ms:.0f} ms" if ms < 10_000 else f" in {ms / 1000:.1f} s"
+
+
+class EventPrinter:
+    """Prints events as lines for a person: model text as it streams, tool calls with their durations."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        #: Streamed text was written without its line being ended.
+        self.open_line = False
+        #: The text streamed (``text.delta``) since the last ``step.done``.
+        self.streamed: list[str] = []
+        #: The text of the last step printed (the result repeats it only when it differs).
+        self.last_text: str | None = None
+        self.calls: dict[str, str] = {}
+
+    def show(self, event: Event) -> None:
+        """Print one event (a type this version does not know is printed as its JSON)."""
+        handler: Callable[[dict[str, Any]], None] | None = getattr(self, "_on_" + event.type.replace(".", "_"), None)
+        if handler is None:
+            self.line(f"{event.type}: {_one_line(event.data, _RESULT_CHARS)}")
+        else:
+            handler(event.data)
+        self.out.flush()
+
+    def line(self, text: str) -> None:
+        """Print a line, after ending streamed text."""
+        self.end_stream()
+        self.out.write(text + "\n")
+
+    def end_stream(self) -> None:
+        """End the line of streamed text, if one is open."""
+        if self.open_line:
+            self.out.write("\n")
+            self.open_line = False
+
+    def _call(self, call_id: Any, name: Any) -> str:
+        return self.calls.get(str(call_id)) or f"{name}(...)"
+
+    def _on_run_start(self, data: dict[str, Any]) -> None:
+        how = "resumed" if data.get("resumed") else f"input {data.get('input_number')}"
+        self.line(f"-- {how} (agent {data.get('agent')})")
+
+    def _on_step_start(self, data: dict[str, Any]) -> None:
+        self.end_stream()
+        self.streamed = []
+
+    def _on_text_delta(self, data: dict[str, Any]) -> None:
+        text = str(data.get("text") or "")
+        if text:
+            self.out.write(text)
+            self.open_line = not text.endswith("\n")
+            self.streamed.append(text)
+
+    def _on_step_done(self, data: dict[str, Any]) -> None:
+        text = data.get("text")
+        self.end_stream()
+        if text and "".join(self.streamed) != text:
+            # Nothing streamed, or only part of it (the watch began mid-turn, or signals were lost): the whole text.
+            self.line(str(text))
+        self.streamed, self.last_text = [], text or self.last_text
+        for call in data.get("tool_calls") or ():
+            self.calls[str(call.get("id"))] = f"{call.get('name')}({_one_line(call.get('args') or {}, _ARGS_CHARS)})"
+
+    def _on_tool_start(self, data: dict[str, Any]) -> None:
+        call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
+        self.calls[str(data.get("tool_call_id"))] = call
+        self.line(f"tool {call} ...")
+
+    def _on_tool_partial(self, data: dict[str, Any]) -> None:
+        return None
+
+    def _on_tool_done(self, data: dict[str, Any]) -> None:
+        call = self._call(data.get("tool_call_id"), data.get("tool_name"))
+        self.line(f"tool {call} done{_duration(data.get('duration_ms'))}: "
+                  f"{_one_line(data.get('result'), _RESULT_CHARS)}")
+
+    def _on_tool_error(self, data: dict[str, Any]) -> None:
+        call = self._call(data.get("tool_call_id"), data.get("tool_name"))
+        self.line(f"tool {call} failed ({data.get('kind') or 'error'}){_duration(data.get('duration_ms'))}: "
+                  f"{_one_line(data.get('result'), _RESULT_CHARS)}")
+
+    def _on_approval_requested(self, data: dict[str, Any]) -> None:
+        approval_id = data.get("approval_id")
+        call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
+        self.line(f"approval {approval_id} needed for {call}")
+        self.line(f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject "
+                  f"{approval_id})")
+
+    def _on_agent_drift(self, data: dict[str, Any]) -> None:
+        changed = {key: value for key, value in data.items() if value}
+        self.line(f"agent changed since the run started: {_one_line(changed, _RESULT_CHARS)}")
+
+    def _on_provider_retry(self, data: dict[str, Any]) -> None:
+        delay = data.get("delay_s")
+        when = f"; next attempt in {delay:.1f} s" if isinstance(delay, int | float) else ""
+        self.line(f"provider failed ({data.get('code')}, failure {data.get('failures')}): "
+                  f"{_one_line(data.get('message'), _RESULT_CHARS)}{when}")
+
+    def _on_error(self, data: dict[str, Any]) -> None:
+        again = " (retried)" if data.get("retryable") else ""
+        self.line(f"error {data.get('code')}{again}: {_one_line(data.get('message'), _RESULT_CHARS)}")
+
+    def _on_run_done(self, data: dict[str, Any]) -> None:
+        usage = data.get("usage") or {}
+        tokens = (f"; tokens {usage.get('input_tokens', 0)} in, {usage.get('output_tokens', 0)} out, "
+                  f"{usage.get('total_tokens', 0)} total") if usage else ""
+        self.line(f"== {data.get('finish_reason')} after {data.get('steps')} step(s){tokens}")
+        text = data.get("text")
+        if text and text != self.last_text:
+            self.line(str(text))
+        ids = data.get("approval_ids") or []
+        if data.get("finish_reason") == "awaiting-approval" and ids:
+            self.line(f"waiting on approval {', '.join(map(str, ids))}")

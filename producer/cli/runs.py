@@ -1,4 +1,4 @@
-"""``lousho migrate|send|pending|resume|history|fork|compare``: the commands about runs.
+"""``lousho migrate|send|pending|resume|abort|steer|history|fork|compare``: the commands about runs.
 
 Each command calls the client and prints through ``producer.cli.output``; none holds rules of its own
 beyond checking run ids before they reach the store.
@@ -73,6 +73,45 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
         print_json({"session_id": args.session, "resumed": True})
     else:
         print(f"resumed {args.session}")
+    return 0
+
+
+def cmd_abort(client: Client, args: argparse.Namespace) -> int:
+    """``lousho abort ID``: stop a run at its next safe point (a finished run is left as it is).
+
+    Raises:
+        SessionIdInvalidError: the id breaks the id rules.
+        CheckpointNotFoundError: no such run.
+    """
+    session_id = records.validate_session_id(args.session)
+    aborting = client.abort(session_id)
+    if args.json:
+        print_json({"session_id": session_id, "aborting": aborting})
+    elif aborting:
+        print(f"abort requested for {session_id}: it stops at its next safe point and stays resumable "
+              f"(lousho resume {session_id}, or a send)")
+    else:
+        print(f"{session_id} is finished; nothing to abort")
+    return 0
+
+
+def cmd_steer(client: Client, args: argparse.Namespace) -> int:
+    """``lousho steer ID MESSAGE``: give a run a message it takes at its next safe point.
+
+    Raises:
+        SessionIdInvalidError: the id breaks the id rules.
+        CheckpointNotFoundError: no such run.
+        SessionAwaitingApprovalError: the run waits on an approval.
+    """
+    session_id = records.validate_session_id(args.session)
+    checkpoint = client.store.load(session_id)
+    if checkpoint is None:
+        raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+    run = client.agent(checkpoint.agent).steer(session_id, args.message)
+    if args.json:
+        print_json({"session_id": session_id, "input": run.input_number})
+    else:
+        print(f"steered {session_id}: input {run.input_number} is taken at its next safe point")
     return 0
 
 
@@ -166,6 +205,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     resume.add_argument("--wait", action="store_true")
     resume.add_argument("--timeout", type=float, default=60.0)
     resume.set_defaults(fn=cmd_resume)
+    abort = accept_json(sub.add_parser("abort", help="stop a run at its next safe point (it stays resumable)"))
+    abort.add_argument("session")
+    abort.set_defaults(fn=cmd_abort)
+    steer = accept_json(sub.add_parser("steer", help="redirect a run with a message at its next safe point"))
+    steer.add_argument("session")
+    steer.add_argument("message")
+    steer.set_defaults(fn=cmd_steer)
     history = accept_json(sub.add_parser("history", help="show a run's saved states, newest first"))
     history.add_argument("session")
     history.add_argument("--limit", type=int, default=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import redis
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from producer.webhooks import routes
+from producer.webhooks import events, routes
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import WebhookConfig
 from producer.webhooks.rejections import Rejected
@@ -60,6 +61,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        app.state.event_threads.shutdown(wait=False, cancel_futures=True)
         if built is not None:
             built.close()
 
@@ -68,8 +70,10 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
                clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
     """The receiver. What is not given is built at startup from ``settings`` (read from the environment if None).
 
-    Routes: ``POST /webhooks/{agent}``, ``GET /runs/{session_id}`` and ``POST /approvals/{approval_id}``
-    (``Authorization: Bearer <LOUSHO_API_KEY>``), ``GET /healthz``.
+    Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``:
+    ``GET /runs/{session_id}``, ``GET /runs/{session_id}/events`` (Server-Sent Events),
+    ``POST /runs/{session_id}/abort``, ``POST /runs/{session_id}/steer`` and ``POST /approvals/{approval_id}``;
+    ``GET /healthz``.
 
     Raises:
         ConfigurationError: ``config`` has no secret or no usable body cap.
@@ -78,12 +82,17 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
         config.check()
     app = FastAPI(title="Lousho webhooks", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
     app.state.config, app.state.backend, app.state.clock, app.state.settings = config, backend, clock, settings
+    # The threads that pull run events for ``GET /runs/{id}/events``; a stream holds one while it waits.
+    app.state.event_threads = ThreadPoolExecutor(max_workers=events.STREAM_THREADS, thread_name_prefix="lousho-events")
     app.add_exception_handler(Rejected, _on_rejected)
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_exception_handler(errors.StorageError, _on_storage)
     app.add_exception_handler(redis.RedisError, _on_storage)
     app.add_api_route("/webhooks/{agent}", routes.receive, methods=["POST"], status_code=202)
     app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status")
+    app.add_api_route("/runs/{session_id}/events", routes.run_events, methods=["GET"])
+    app.add_api_route("/runs/{session_id}/abort", routes.abort, methods=["POST"])
+    app.add_api_route("/runs/{session_id}/steer", routes.steer, methods=["POST"])
     app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"])
     app.add_api_route("/healthz", routes.healthz, methods=["GET"])
     return app

@@ -1,7 +1,7 @@
-"""``Backend``: the stores, the publisher and the lease reader the routes use, built once per process.
+"""``Backend``: the stores, the publisher, the lease reader and the client the routes use, built once per process.
 
 Owns publishing ``advance`` after a commit (a broker failure is left to the recover sweep); it must not
-write runs itself: that is ``store.deliveries`` and ``store.approvals``.
+write runs itself: that is ``store.deliveries``, ``store.approvals`` and the client (events, abort, steer).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ _BROKER_ERRORS = (errors.StorageError, redis.RedisError, OSError)
 
 @dataclass
 class Backend:
-    """What the routes use: the stores, the publisher, the lease reader; built once per process."""
+    """What the routes use: the stores, the publisher, the lease reader, the client; built once per process.
+
+    ``client`` serves a run's events, abort and steer; a backend without one answers those routes 501.
+    """
 
     deliveries: PostgresDeliveryStore
     checkpoints: interfaces.ProducerStore
@@ -39,6 +42,7 @@ class Backend:
     lease_holder: Callable[[str], str | None]
     known_agents: Callable[[], list[str]]
     close: Callable[[], None] = lambda: None
+    client: Client | None = None
 
     @classmethod
     def from_client(cls, client: Client) -> Backend:
@@ -46,7 +50,8 @@ class Backend:
         engine = client.engine
         return cls(deliveries=PostgresDeliveryStore(engine), checkpoints=client.store,
                    approvals=PostgresApprovalStore(engine), enqueue=client.enqueuer.advance,
-                   lease_holder=client.leases.holder, known_agents=client.known_agents, close=client.close)
+                   lease_holder=client.leases.holder, known_agents=client.known_agents, close=client.close,
+                   client=client)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Backend:

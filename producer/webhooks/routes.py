@@ -1,6 +1,6 @@
-"""The receiver's routes: intake of a delivery, a run's status, an approval decision, the health check.
+"""The receiver's routes: intake of a delivery, a run's status, events, abort and steer, approvals, health.
 
-Owns the API-key check of the read and approval routes and the JSON each route answers; every refusal is
+Owns the API-key check of the run and approval routes and the JSON each route answers; every refusal is
 a ``Rejected``, turned into an error body by the app. Blocking store calls run in the thread pool.
 """
 
@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
-from producer.client import continue_after
-from producer.webhooks import bodies, headers, intake
+from producer.client import Client, continue_after
+from producer.webhooks import bodies, events, headers, intake
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
@@ -24,6 +24,7 @@ from store import errors, inputs, records
 from store.database import Transaction
 
 _MAX_DECISION_BYTES = 64 * 1024
+_NOT_FOUND = ("LOUSHO_RUN_NOT_FOUND", "no such run")
 
 
 class _DecisionBody(BaseModel):
@@ -31,6 +32,12 @@ class _DecisionBody(BaseModel):
 
     approved: bool
     note: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
+
+
+class _SteerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    message: str = Field(min_length=1)
 
 
 def _state(request: Request) -> tuple[WebhookConfig, Backend]:
@@ -46,6 +53,48 @@ def _authorize(request: Request, config: WebhookConfig) -> None:
     if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(
             token.strip().encode(), expected.encode()):
         raise Rejected(401, "LOUSHO_API_KEY_INVALID", "a valid API key is required")
+
+
+def _client(backend: Backend) -> Client:
+    if backend.client is None:
+        raise Rejected(501, errors.ConfigurationError.code, "this server does not serve run events, abort or steer")
+    return backend.client
+
+
+def _check_run(backend: Backend, session_id: str) -> None:
+    """Refuse an invalid or unknown run id with a 404."""
+    try:
+        records.validate_session_id(session_id)
+        known = backend.checkpoints.progress(session_id) is not None
+    except errors.SessionIdInvalidError:
+        known = False
+    if not known:
+        raise Rejected(404, *_NOT_FOUND)
+
+
+def _abort(client: Client, session_id: str) -> bool:
+    try:
+        records.validate_session_id(session_id)
+        return client.abort(session_id)
+    except (errors.SessionIdInvalidError, errors.CheckpointNotFoundError):
+        raise Rejected(404, *_NOT_FOUND) from None
+
+
+def _steer(backend: Backend, client: Client, session_id: str, message: str) -> int:
+    try:
+        records.validate_session_id(session_id)
+        checkpoint = backend.checkpoints.load(session_id)
+        if checkpoint is None:
+            raise Rejected(404, *_NOT_FOUND)
+        return client.agent(checkpoint.agent).steer(session_id, message).input_number
+    except (errors.SessionIdInvalidError, errors.CheckpointNotFoundError):
+        raise Rejected(404, *_NOT_FOUND) from None
+    except errors.SessionAwaitingApprovalError as exc:
+        raise Rejected(409, exc.code, "the run waits on an approval; decide it first") from None
+    except (errors.CheckpointCorruptError, errors.AgentNotFoundError) as exc:
+        raise Rejected(409, exc.code, "the run cannot take input now") from None
+    except errors.InputTooLargeError as exc:
+        raise Rejected(413, exc.code, "the message is too large") from None
 
 
 def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
@@ -106,6 +155,44 @@ async def run_status(session_id: str, request: Request) -> JSONResponse:
     config, backend = _state(request)
     _authorize(request, config)
     return JSONResponse(await run_in_threadpool(_run_view, backend, session_id))
+
+
+async def run_events(session_id: str, request: Request) -> StreamingResponse:
+    """``GET /runs/{session_id}/events``: the run's events as Server-Sent Events (API key required).
+
+    Resumes after ``Last-Event-ID`` or the ``after`` query (else at the run's latest ``run.start``); ``live=1``
+    interleaves live signals. Ends with ``event: done`` after the first ``run.done``.
+    """
+    config, backend = _state(request)
+    _authorize(request, config)
+    client = _client(backend)
+    after, live = events.resume_after(request), events.wants_live(request)
+    await run_in_threadpool(_check_run, backend, session_id)
+    source = events.follow(client, session_id, after, live, request.app.state.event_threads)
+    return StreamingResponse(events.stream(session_id, source), media_type=events.MEDIA_TYPE,
+                             headers=events.STREAM_HEADERS)
+
+
+async def abort(session_id: str, request: Request) -> JSONResponse:
+    """``POST /runs/{session_id}/abort``: stop a run at its next safe point (202), or 200 if it is finished."""
+    config, backend = _state(request)
+    _authorize(request, config)
+    aborting = await run_in_threadpool(_abort, _client(backend), session_id)
+    return JSONResponse({"session_id": session_id, "aborting": aborting}, status_code=202 if aborting else 200)
+
+
+async def steer(session_id: str, request: Request) -> JSONResponse:
+    """``POST /runs/{session_id}/steer``: ``{"message": text}`` for the run at its next safe point (202)."""
+    config, backend = _state(request)
+    _authorize(request, config)
+    client = _client(backend)
+    headers.check_json_type(request.headers)
+    try:
+        body = _SteerBody.model_validate(bodies.parse_json(await bodies.read_body(request, config.max_body_bytes)))
+    except ValidationError:
+        raise bad_request('the body must be {"message": non-empty text}') from None
+    number = await run_in_threadpool(_steer, backend, client, session_id, body.message)
+    return JSONResponse({"session_id": session_id, "input": number}, status_code=202)
 
 
 async def approval(approval_id: str, request: Request) -> JSONResponse:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 APP_FACTORY = "producer.webhooks.app:create_app"
 
 
+#: Seconds a stopping server waits for open responses (event streams) before it closes them.
+GRACEFUL_SHUTDOWN_S = 5
+
+
 def log_config(level: str) -> dict[str, Any]:
     """Uvicorn's logging configuration with secrets masked on its handlers.
 
@@ -48,6 +52,8 @@ def cmd_serve(client: Client, args: argparse.Namespace) -> int:
 
     redaction.install()
     config = WebhookConfig.from_settings(client.settings)  # fail before binding the port when the secrets are wrong
+    # Event streams stay open until their run settles: a stop waits this long for them, then closes them.
     uvicorn.run(create_app(config, settings=client.settings), host=args.host, port=args.port, log_level=args.log_level,
-                log_config=log_config(args.log_level), server_header=False, date_header=False)
+                log_config=log_config(args.log_level), server_header=False, date_header=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0

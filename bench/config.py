@@ -15,6 +15,10 @@ from bench import agents as bench_agents
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: ``--events`` variants of the Lousho worker, in the order they are measured: saves write events (the
+#: default), saves write none (``LOUSHO_EVENTS=0``), or they do and a consumer follows every run.
+EVENT_VARIANTS = ("on", "off", "watched")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -39,6 +43,7 @@ class Config:
     dbos_polling_s: float = 0.05
     storage: bool = False
     rss_steps: int = 0
+    events: tuple[str, ...] = ()  # ``EVENT_VARIANTS`` measured side by side; empty: the Lousho worker as it is
 
     @property
     def agent(self) -> str:
@@ -120,6 +125,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--rss-steps", type=int, default=defaults.rss_steps, metavar="N",
                         help="instead of the rounds: Lousho rounds of --runs runs of the longest --hops until N "
                              "steps are done, the pool processes' RSS read after each")
+    parser.add_argument("--events", type=_variants, default=defaults.events, metavar="on,off[,watched]",
+                        help="Lousho workers side by side with saves writing events (on), writing none "
+                             "(off: LOUSHO_EVENTS=0), or writing them with a consumer following every run "
+                             "(watched), and what events cost per step")
     args = parser.parse_args(argv)
     for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
@@ -128,8 +137,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         parser.error("--result-bytes must be at least 0 and --dbos-polling above 0")
     if args.rss_steps < 0:
         parser.error("--rss-steps must be at least 0")
-    if args.rss_steps and (args.peer or args.other_tree or args.storage):
-        parser.error("--rss-steps measures the Lousho worker alone: without --peer, --other-tree or --storage")
+    if args.rss_steps and (args.peer or args.other_tree or args.storage or args.events):
+        parser.error("--rss-steps measures the Lousho worker alone: without --peer, --other-tree, --storage or "
+                     "--events")
     if args.other_tree is not None:
         other = Path(args.other_tree).resolve()
         if not (other / "worker" / "celery.py").exists():
@@ -139,7 +149,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                   server_url=args.server_url, database=args.database, redis_url=args.redis_url,
                   redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
                   usage=args.usage, other_tree=args.other_tree, result_bytes=args.result_bytes, peer=args.peer,
-                  dbos_polling_s=args.dbos_polling, storage=args.storage, rss_steps=args.rss_steps)
+                  dbos_polling_s=args.dbos_polling, storage=args.storage, rss_steps=args.rss_steps,
+                  events=args.events)
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -151,3 +162,12 @@ def _lengths(text: str) -> tuple[int, ...]:
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError("every length must be at least 1")
     return lengths
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    """``--events``: one or more of ``EVENT_VARIANTS``, comma-separated, returned in that order."""
+    asked = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(asked - set(EVENT_VARIANTS))
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(EVENT_VARIANTS)}, got {text!r}")
+    return tuple(variant for variant in EVENT_VARIANTS if variant in asked)

@@ -19,6 +19,17 @@ from bench.results import RoundResult, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+#: Pairs whose difference is what events cost (``--events``): saves writing events against saves writing
+#: none, and runs a consumer follows against runs nobody follows.
+EVENT_PAIRS = (("lousho", "ev-off"), ("watched", "lousho"))
+#: The events' target: with them, at least this fraction of the steps/s without them (within 10%).
+EVENTS_TARGET = 0.9
+EVENT_LEGEND = {
+    "on": "lousho writes events (LOUSHO_EVENTS=1, the default)",
+    "off": "ev-off writes none (LOUSHO_EVENTS=0)",
+    "watched": "watched writes them and a consumer follows every run (client.events, live=True)",
+}
+
 HEADER = (f"{'len':>4} {'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
           f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
           f"{'wrk cpu':>8} {'pg cpu':>7}")
@@ -53,6 +64,16 @@ def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: in
         "peak_rss_mib": round(peak_rss_kib / 1024, 1),
     }
     row["cpu_ms_per_step"] = round(row["worker_cpu_ms_per_step"] + row["postgres_cpu_ms_per_step"], 3)
+    runs = sum(r.steps // max(r.steps_per_run, 1) for r in mine) or 1
+    stored = [r.events_stored for r in mine if r.events_stored is not None]
+    if stored:
+        row["events_stored_per_run"] = round(sum(stored) / runs, 2)
+    followed = [(r.events_followed or 0, r.live_followed or 0, r.consumer_cpu_s or 0.0)
+                for r in mine if r.consumer_cpu_s is not None]
+    if followed:
+        row["events_followed_per_run"] = round(sum(f[0] for f in followed) / runs, 2)
+        row["live_followed_per_run"] = round(sum(f[1] for f in followed) / runs, 2)
+        row["consumer_cpu_ms_per_step"] = round(sum(f[2] for f in followed) * 1000 / count, 3)
     return row
 
 
@@ -75,6 +96,48 @@ def _ratios(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict
             "added_wall_ms_per_step": round(1000 / rows[system]["steps_per_s"] - 1000 / rows[base]["steps_per_s"], 3),
         }
     return ratios
+
+
+def _event_costs(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict[str, Any]:
+    """What events cost at one run length (``--events``): events on against off, watched runs against unwatched.
+
+    Per pair, from the rounds where both ran: the paired median of the steps/s ratio, each system's paired
+    median ratio to bare, the second's worker plus Postgres CPU per step over the first's (``cpu``, as in
+    ``_ratios``), and the wall time and the worker and Postgres CPU per step the first adds over the second
+    (over every round, and the paired median of the rounds' differences). Empty without ``--events``.
+    """
+    by_round: dict[int, dict[str, RoundResult]] = defaultdict(dict)
+    for r in results:
+        by_round[r.round][r.system] = r
+    costs: dict[str, Any] = {}
+    for system, base in EVENT_PAIRS:
+        if system not in rows or base not in rows:
+            continue
+        pairs = [(p[system], p[base]) for p in by_round.values() if system in p and base in p]
+        ratios = [a.steps_per_s / b.steps_per_s for a, b in pairs]
+        entry: dict[str, Any] = {
+            "steps_per_s_paired_median": round(statistics.median(ratios), 3),
+            "per_round": [round(x, 3) for x in ratios],
+        }
+        if (system, base) == EVENT_PAIRS[0]:
+            entry["within_target"] = statistics.median(ratios) >= EVENTS_TARGET
+        wall = 1000 / rows[system]["steps_per_s"] - 1000 / rows[base]["steps_per_s"]
+        entry["added_wall_ms_per_step"] = round(wall, 3)
+        entry["cpu"] = round(rows[base]["cpu_ms_per_step"] / rows[system]["cpu_ms_per_step"], 3)
+        for name in (system, base):
+            if "bare" in rows and name != "bare":
+                paired = [p[name].steps_per_s / p["bare"].steps_per_s for p in by_round.values()
+                          if name in p and "bare" in p]
+                entry[f"{name}_over_bare_paired_median"] = round(statistics.median(paired), 3)
+        for cpu in ("worker", "postgres"):
+            added = [(getattr(a, f"{cpu}_cpu_s") / a.steps - getattr(b, f"{cpu}_cpu_s") / b.steps) * 1000
+                     for a, b in pairs]
+            key = f"{cpu}_cpu_ms_per_step"
+            entry[f"added_{key}"] = round(rows[system][key] - rows[base][key], 3)
+            entry[f"added_{key}_paired_median"] = round(statistics.median(added), 3)
+            entry[f"added_{key}_per_round"] = [round(x, 3) for x in added]
+        costs[f"{system}/{base}"] = entry
+    return costs
 
 
 def _sweep(lengths: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -113,6 +176,9 @@ def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -
                 row["added_cpu_ms_per_step_over_bare"] = round(
                     row["cpu_ms_per_step"] - rows["bare"]["worker_cpu_ms_per_step"], 3)
         lengths[length] = {"systems": rows, "ratios": _ratios(rows, at_length)}
+        costs = _event_costs(rows, at_length)
+        if costs:
+            lengths[length]["events"] = costs
     return {"lengths": lengths, "sweep": _sweep(lengths)}
 
 
@@ -125,6 +191,35 @@ def _print_ratios(length: int, ratios: dict[str, Any]) -> None:
         print(f"  {length:>4} steps, {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
               f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
               f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms")
+
+
+def _print_event_costs(length: int, costs: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
+    for name, cost in costs.items():
+        system, base = name.split("/")
+        per_round = ", ".join(f"{x:.2f}" for x in cost["per_round"])
+        verdict = ("" if "within_target" not in cost
+                   else ", within the 10% target" if cost["within_target"] else ", outside the 10% target")
+        bare = "".join(f"; {s}/bare {cost[f'{s}_over_bare_paired_median']:.3f}x" for s in (system, base)
+                       if f"{s}_over_bare_paired_median" in cost)
+        print(f"  {length:>4} steps, {name} steps/s, paired by round: median {cost['steps_per_s_paired_median']:.3f}x "
+              f"({per_round}){verdict}{bare} (paired medians); CPU per step: {cost['cpu']:.3f}x")
+        print(f"       added by {system} per step: wall {cost['added_wall_ms_per_step']:.2f} ms, "
+              f"worker CPU {cost['added_worker_cpu_ms_per_step']:.3f} ms "
+              f"(paired median {cost['added_worker_cpu_ms_per_step_paired_median']:.3f}), Postgres CPU "
+              f"{cost['added_postgres_cpu_ms_per_step']:.3f} ms (paired median "
+              f"{cost['added_postgres_cpu_ms_per_step_paired_median']:.3f})")
+    notes = []
+    for system, row in rows.items():
+        if "events_stored_per_run" in row:
+            notes.append(f"{system} {row['events_stored_per_run']:g}")
+    line = f"       durable events stored per run: {', '.join(notes)}" if notes else ""
+    watched = rows.get("watched")
+    if watched and "consumer_cpu_ms_per_step" in watched:
+        line += (f"; watched runs' consumers saw {watched['events_followed_per_run']:g} events and "
+                 f"{watched['live_followed_per_run']:g} live signals per run, and used "
+                 f"{watched['consumer_cpu_ms_per_step']:.3f} ms of CPU per step")
+    if line:
+        print(line)
 
 
 def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: dict[str, Any]) -> None:
@@ -158,13 +253,15 @@ def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: 
 def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int]]) -> None:
     """Print the summary rows and ratios per run length, one table per system, the load average and peak RSS."""
     lengths: dict[int, dict[str, Any]] = summary["lengths"]
-    systems = [name for name in ("lousho", "other", "dbos", "bare")
+    systems = [name for name in ("lousho", "ev-off", "watched", "other", "dbos", "bare")
                if any(name in figures["systems"] for figures in lengths.values())]
     print()
     print(f"summary: {config.runs} concurrent runs, {config.rounds} round(s) per run length, prefork -c "
           f"{config.concurrency}, agent {config.agent}, tool results of {config.result_bytes} bytes"
           + (f", other = {config.other_tree}" if config.other_tree else "")
           + (f", DBOS queue polling every {config.dbos_polling_s} s" if "dbos" in systems else ""))
+    if config.events:
+        print("  events: " + "; ".join(EVENT_LEGEND[variant] for variant in config.events))
     print("  steps/s: median of rounds; percentiles over every step of every round (ms); cpu: ms per step")
     print(HEADER)
     for figures in lengths.values():
@@ -173,6 +270,8 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
                 print(format_row(figures["systems"][system]))
     for length, figures in lengths.items():
         _print_ratios(length, figures["ratios"])
+        if "events" in figures:
+            _print_event_costs(length, figures["events"], figures["systems"])
     for system in systems:
         _print_system_table(system, lengths, summary["sweep"])
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")

@@ -40,9 +40,18 @@ class RoundResult:
     worker_main_cpu_s: float = 0.0
     postgres_cpu_s: float = 0.0
     steps_per_run: int = 0
+    # ``--events`` only: durable events the round's runs stored, and what the consumers of watched runs saw
+    # (durable events, live signals) and the CPU their threads used.
+    events_stored: int | None = None
+    events_followed: int | None = None
+    live_followed: int | None = None
+    consumer_cpu_s: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The round's figures as JSON-ready numbers (ms, rounded), as printed and written."""
+        return self._figures() | self._event_figures()
+
+    def _figures(self) -> dict[str, Any]:
         return {
             "system": self.system, "round": self.round, "steps_per_run": self.steps_per_run, "steps": self.steps,
             "wall_s": round(self.wall_s, 4),
@@ -57,6 +66,18 @@ class RoundResult:
             "worker_main_cpu_ms_per_step": round(self.worker_main_cpu_s * 1000 / self.steps, 3),
             "postgres_cpu_ms_per_step": round(self.postgres_cpu_s * 1000 / self.steps, 3),
         }
+
+    def _event_figures(self) -> dict[str, Any]:
+        runs = max(self.steps // max(self.steps_per_run, 1), 1)
+        found: dict[str, Any] = {}
+        if self.events_stored is not None:
+            found["events_stored_per_run"] = round(self.events_stored / runs, 2)
+        if self.events_followed is not None and self.live_followed is not None:
+            found["events_followed_per_run"] = round(self.events_followed / runs, 2)
+            found["live_followed_per_run"] = round(self.live_followed / runs, 2)
+        if self.consumer_cpu_s is not None:
+            found["consumer_cpu_ms_per_step"] = round(self.consumer_cpu_s * 1000 / self.steps, 3)
+        return found
 
 
 Span = tuple[float, float, int | None]  # start, end, position in the run (seq or hop number)
@@ -85,7 +106,11 @@ def gaps_ms(tasks: dict[str, list[Span]]) -> list[float]:
 
 
 def read_lines(path: Path) -> Iterator[list[str]]:
-    """The tab-separated fields of each line of a timing file (nothing when it does not exist yet)."""
+    """The tab-separated fields of each complete line of a timing file (nothing when it does not exist yet).
+
+    A worker may be writing a line while it is read: the text after the last newline is left for the next read.
+    """
     if not path.exists():
         return iter(())
-    return (line.split("\t") for line in path.read_text().splitlines())
+    text = path.read_text()
+    return (line.split("\t") for line in text[:text.rfind("\n") + 1].splitlines())

@@ -18,6 +18,7 @@ import psycopg
 from bench import agents as bench_agents
 from bench import payload
 from bench.results import RoundResult, Span, gaps_ms, read_lines, task_times
+from bench.watch import Consumers
 from bench.workers import BenchError
 
 ADVANCE = "lousho.advance"
@@ -77,12 +78,21 @@ def wait_for(spec: RoundSpec, progress: Callable[[], int], needed: int, what: st
         time.sleep(0.05)
 
 
-def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any) -> RoundResult:
-    """``runs`` concurrent Lousho runs sent through ``handle``; steps timed from ``checkpoint_history``."""
+def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any,
+                 consumers: Consumers | None = None) -> RoundResult:
+    """``runs`` concurrent Lousho runs sent through ``handle``; steps timed from ``checkpoint_history``.
+
+    With ``consumers``, each run is marked watched before its send and followed after it; the result then
+    carries what they saw and the CPU they used.
+    """
     message = bench_agents.input_for(spec.length, spec.result_bytes)
     started = time.time()
     for i in range(spec.runs):
+        if consumers is not None:
+            consumers.watch(spec.run_id(i))
         handle.send(message, session_id=spec.run_id(i), check_agent=False)
+        if consumers is not None:
+            consumers.follow(spec.run_id(i))
 
     def finished() -> int:
         row = db.execute(
@@ -105,7 +115,12 @@ def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any) -> R
         created[session_id] = float(created_at)
         saves[session_id].append(float(saved_at))
     ended = max((times[-1] for times in saves.values()), default=started)
-    return spec.result(started, ended, saves, created, task_times(read_lines(spec.timings), ADVANCE, spec.prefix))
+    result = spec.result(started, ended, saves, created, task_times(read_lines(spec.timings), ADVANCE, spec.prefix))
+    if consumers is not None:
+        followed = consumers.join()
+        result.events_followed, result.live_followed = followed.events, followed.live
+        result.consumer_cpu_s = followed.cpu_s
+    return result
 
 
 def bare_round(spec: RoundSpec, app: Any, queue: str) -> RoundResult:

@@ -24,6 +24,7 @@ from bench import dbos_app, dbos_peer, rounds, rss, storage, timing
 from bench.config import ROOT, Config, parse_args
 from bench.report import HEADER, aggregate, format_row, report, write_json
 from bench.results import RoundResult
+from bench.watch import Consumers
 from bench.workers import BenchError, System, Worker, celery_command, cpu_seconds
 
 __all__ = ["Bench", "Config", "main", "parse_args"]
@@ -32,6 +33,13 @@ LOUSHO_QUEUE = "bench-lousho"
 BARE_QUEUE = "bench-bare"
 OTHER_QUEUE = "bench-other"
 
+#: ``--events`` variants as systems: the one with events on keeps the Lousho worker's name, queue and tag.
+EVENT_SYSTEMS = {
+    "on": System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "", (("LOUSHO_EVENTS", "1"),)),
+    "off": System("ev-off", "lousho", "bench-lousho-off", ROOT, "e", (("LOUSHO_EVENTS", "0"),)),
+    "watched": System("watched", "lousho", "bench-lousho-watched", ROOT, "w", (("LOUSHO_EVENTS", "1"),), True),
+}
+
 
 class Bench:
     """Owns the services, the workers and the rounds of one invocation."""
@@ -39,7 +47,8 @@ class Bench:
     def __init__(self, config: Config, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
-        self.systems = [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")]
+        self.systems = ([EVENT_SYSTEMS[variant] for variant in config.events] if config.events
+                        else [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")])
         if config.other_tree is not None:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
         if not config.rss_steps:  # the RSS mode measures the Lousho worker alone
@@ -51,6 +60,7 @@ class Bench:
         self.workers: dict[str, Worker] = {}
         self.peak_rss: dict[int, dict[str, int]] = {}  # run length -> system -> largest VmHWM so far (KiB)
         self._clients: dict[str, Any] = {}
+        self._consumer_client: Any = None
         self._bare_app: Any = None
         self._db: psycopg.Connection[Any] | None = None
 
@@ -95,6 +105,7 @@ class Bench:
             timing.ENV: str(self.timings(system)),
             "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         })
+        env.update(system.env)
         return env
 
     def start_workers(self) -> None:
@@ -120,6 +131,9 @@ class Bench:
         """Close the clients, the bare Celery app and the database connection this invocation opened."""
         for client in self._clients.values():
             client.close()
+        if self._consumer_client is not None:
+            self._consumer_client.close()
+            self._consumer_client.engine.dispose()
         if self._bare_app is not None:
             self._bare_app.close()
         if self.peer is not None:
@@ -139,6 +153,17 @@ class Bench:
 
             self._clients[system.name] = Client(self.settings(system.queue))
         return self._clients[system.name]
+
+    @property
+    def consumer_client(self) -> Any:
+        """The ``producer.Client`` the consumers of watched runs read with (its own pool, one connection per run)."""
+        if self._consumer_client is None:
+            from producer import Client
+            from store.database import make_engine
+
+            settings = self.settings()
+            self._consumer_client = Client(settings, engine=make_engine(settings, pool_size=self.config.runs))
+        return self._consumer_client
 
     @property
     def bare_app(self) -> Any:
@@ -163,7 +188,8 @@ class Bench:
                                 self.timings(system), self.config.timeout_s, self._check_workers)
         if system.kind == "lousho":
             assert self._db is not None
-            result = rounds.lousho_round(spec, self._db, self.client(system).agent(self.config.agent))
+            consumers = Consumers(self.consumer_client, self.config.timeout_s) if system.watched else None
+            result = rounds.lousho_round(spec, self._db, self.client(system).agent(self.config.agent), consumers)
         elif system.kind == "dbos" and self.peer is not None:
             result = self.peer.round(spec)
         else:
@@ -175,6 +201,15 @@ class Bench:
         result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
         if system.kind == "dbos":
             worker.pause()
+        setting = dict(system.env).get("LOUSHO_EVENTS")
+        if setting is not None:  # an ``--events`` variant: did its setting reach the worker?
+            assert self._db is not None
+            row = self._db.execute("SELECT count(*) FROM run_events WHERE session_id LIKE %s",
+                                   (spec.prefix + "%",)).fetchone()
+            result.events_stored = int(row[0]) if row else 0
+            if (result.events_stored > 0) != (setting != "0"):
+                raise BenchError(f"the {system.name} worker's runs {spec.prefix}* stored {result.events_stored} "
+                                 f"event(s) with LOUSHO_EVENTS={setting}: the setting did not apply")
         return result
 
     def warm_up(self) -> None:

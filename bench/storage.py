@@ -20,8 +20,9 @@ from psycopg import sql
 from bench import agents as bench_agents
 from bench.workers import BenchError
 
-#: The tables a run's state lives in; ``run_messages`` (one row per transcript message) may not exist yet.
-TABLES = ("runs", "checkpoint_history", "inbox", "run_messages")
+#: The tables a run's state lives in; ``run_messages`` (one row per transcript message) and ``run_events`` (its
+#: durable events) may not exist in another tree's schema.
+TABLES = ("runs", "checkpoint_history", "inbox", "run_messages", "run_events")
 #: The production default of ``history_limit``: how many history rows a run keeps outside the bench.
 PRODUCTION_HISTORY = 50
 BACKGROUND_S = 1.0

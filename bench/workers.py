@@ -149,13 +149,18 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class System:
-    """One thing measured: a Lousho worker (of this tree or another one), the bare chain or the DBOS peer."""
+    """One thing measured: a Lousho worker (of this tree or another one), the bare chain or the DBOS peer.
+
+    With ``--events`` there is one Lousho worker of this tree per variant, told apart by ``env`` and ``watched``.
+    """
 
     name: str
     kind: str  # "lousho", "bare" or "dbos"
     queue: str
     root: Path
     tag: str  # makes its run ids unique within a round
+    env: tuple[tuple[str, str], ...] = ()  # added to its worker's environment
+    watched: bool = False  # a consumer follows each of its runs' events (``bench.watch``)
 
     @property
     def app(self) -> str:

@@ -17,11 +17,13 @@ after the last decision.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from store import errors, payloads
@@ -50,10 +52,13 @@ class _Batch:
         self.budget = payloads.MAX_TURN_RESULTS
         self.appended = 0
         self.measured = False
-        #: Every call's ``ctx.cancelled``: set once an abort is confirmed.
-        self.cancelled = threading.Event()
+        #: Every call's ``ctx.cancelled``: the lease's abort doorbell, set by the heartbeat as it renews the
+        #: lease. A doorbell heard while the step holds the lease is real (an abort is stored before it rings,
+        #: and only the lease holder settles it); ``hear`` still confirms it before the run is stopped.
+        self.cancelled = lease.abort
         self.aborting = False
         self.abort_checked = False
+        self.hearing = threading.Lock()
         self.steered = False
         #: The steer was deferred to after a pause's decisions: the calls it held back run then.
         self.steer_deferred = False
@@ -62,10 +67,10 @@ class _Batch:
     def hear(self) -> None:
         """Act on the signals the lease heard: a confirmed abort, a steer past this batch's input."""
         if self.lease.abort.is_set() and not self.abort_checked:
-            self.abort_checked = True
-            if self.deps.store.abort_requested(self.checkpoint.session_id):
-                self.aborting = True
-                self.cancelled.set()
+            with self.hearing:  # a second caller waits for the answer instead of taking "not yet" for "no"
+                if not self.abort_checked:
+                    self.aborting = self.deps.store.abort_requested(self.checkpoint.session_id)
+                    self.abort_checked = True
         if self.lease.steer > self.cursor and not self.steer_deferred:
             self.steered = True
 
@@ -104,6 +109,7 @@ class _Batch:
         return result
 
     def settle(self, result: Message, duration_ms: float | None = None) -> None:
+        self.hear()
         with self.lock:
             if self.closed or self.fenced:
                 return
@@ -206,27 +212,54 @@ def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: Too
     return result, (time.perf_counter() - started) * 1000
 
 
-def _await(batch: _Batch, futures: list[Future[None]]) -> None:
-    """Wait for ``futures`` while acting on the lease's signals as they arrive (an abort cancels the calls)."""
-    wake = batch.lease.wake
-    for future in futures:
-        future.add_done_callback(lambda _: wake.set())
-    while True:
-        batch.hear()
-        if all(future.done() for future in futures):
-            break
-        wake.wait()
-        wake.clear()
-    for future in futures:
-        future.result()
+_tool_threads: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _tool_pool() -> ThreadPoolExecutor:
+    """The process's threads for tool calls, made once per process (a pool does not survive a fork).
+
+    Kept across batches: starting threads for every batch cost more than a small step does. A batch never
+    has more than its ``tool_concurrency`` calls in it at once (``_in_pool`` feeds them).
+    """
+    global _tool_threads
+    if _tool_threads is None or _tool_threads[0] != os.getpid():
+        _tool_threads = (os.getpid(), ThreadPoolExecutor(max_workers=64, thread_name_prefix="lousho-tool"))
+    return _tool_threads[1]
 
 
 def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> None:
-    """Run ``jobs`` on ``workers`` threads, the step's thread watching the lease's signals meanwhile."""
-    if not jobs:
+    """Run ``jobs`` in call order, ``workers`` at a time, the step's thread acting on the lease's signals meanwhile.
+
+    An abort heard while calls run sets their ``ctx.cancelled`` (``_Batch.hear``); jobs not started yet see
+    ``may_start`` refuse them. Returns once every job returned; the first job error is raised then.
+    """
+    if workers <= 1:
+        # One at a time: in the step's own thread (no hand-over), the signals heard between calls; a running
+        # call hears an abort through ``ctx.cancelled``, which the heartbeat sets.
+        for job in jobs:
+            batch.hear()
+            job()
         return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lousho-tool") as pool:
-        _await(batch, [pool.submit(job) for job in jobs])
+    pool, waiting = _tool_pool(), list(jobs)
+    running: list[futures.Future[None]] = []
+    wake = batch.lease.wake
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                future = pool.submit(waiting.pop(0))
+                future.add_done_callback(lambda _: wake.set())
+                running.append(future)
+            batch.hear()
+            finished = [future for future in running if future.done()]
+            if not finished:
+                wake.wait()
+                wake.clear()
+                continue
+            for future in finished:
+                running.remove(future)
+                future.result()
+    finally:
+        futures.wait(running)
 
 
 def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:

@@ -328,3 +328,22 @@ def test_an_async_reader_that_stops_early_leaves_no_thread_behind(
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= before
+
+
+def test_abort_of_a_parallel_batch_cancels_every_running_call(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    script = [_calls(*[("slow", {"key": k}) for k in "abcd"]), "after"]
+    driver = make_driver(Agent(name="ev", model=MockModel(script), tools=[slow], tool_concurrency=3))
+    run = client.agent("ev").send("work", session_id="ev-16")
+    driver.step("ev-16")
+    batch = _in_thread(lambda: driver.step())
+    while len(started) < 3:
+        time.sleep(0.01)
+    client.agent("ev").abort("ev-16")
+    batch.join(10)
+    assert driver.outcomes[-1] == Outcome.ABORTED
+    assert sorted(started) == ["a", "b", "c"] and finished == []  # d never started; a-c stopped early
+    assert run.wait(timeout=5).finish_reason == "aborted"
+    checkpoint = client.agent("ev").load("ev-16")
+    assert checkpoint is not None
+    assert [json.loads(m.content)["kind"] for m in checkpoint.messages if m.role == "tool"] == ["cancelled"] * 4

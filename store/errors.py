@@ -205,6 +205,23 @@ class ProviderRateLimitedError(ProviderError):
         super().__init__(message, retryable=True, category="rate-limit", retry_after=retry_after, status=429)
 
 
+class PropagatingToolError(LoushoError):
+    """Raised by a tool to stop the run instead of handing the model an error result.
+
+    The run keeps its last save: results of the batch's other calls that finished stay, the raising call
+    has none (it runs again on resume), no further call of the batch starts, and ``last_error`` records this
+    error. Not ``retryable`` (the default), the run waits for a person: ``pending()`` lists it parked and
+    ``resume()`` tries again; ``retryable=True`` retries it with backoff like a provider outage. Every
+    other exception a tool raises stays a result the model sees.
+    """
+
+    code = "LOUSHO_TOOL_PROPAGATED"
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable  # type: ignore[misc]  # chosen by the tool
+
+
 class StepAttemptsExceededError(LoushoError):
     """Recorded when a step was started too many times in a row without progress; the run is parked."""
 
@@ -257,6 +274,8 @@ def from_record(record: dict[str, Any]) -> LoushoError:
     retryable = bool(record.get("retryable", False))
     if code == ProviderError.code:
         return ProviderError(message, retryable=retryable)
+    if code == PropagatingToolError.code:
+        return PropagatingToolError(message, retryable=retryable)
     if code == ProviderRateLimitedError.code:
         limited = ProviderRateLimitedError(message)
         limited.retryable = retryable  # type: ignore[misc]  # parked after too many attempts

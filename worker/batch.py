@@ -200,6 +200,8 @@ def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: thr
         value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
+    except errors.PropagatingToolError:
+        raise  # the tool stops the run: no result, no further call (worker.steps records it)
     except Exception as exc:  # a raising tool becomes an error result for the model
         return machine.tool_error(call, "execution", type(exc).__name__, str(exc))
     return machine.tool_message(call, value)

@@ -58,8 +58,13 @@ class Tool:
     """A function the model may call, with its input schema derived from the signature."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-                 needs_approval: ApprovalRule = False) -> None:
+                 needs_approval: ApprovalRule = False, timeout: float | None = None) -> None:
+        if timeout is not None and not timeout > 0:
+            raise errors.ConfigurationError(
+                f"tool {name or fn.__name__!r}: timeout must be a positive number of seconds")
         self.fn = fn
+        #: Seconds a call may run; past them it gets a ``timeout`` error result (the step goes on).
+        self.timeout = timeout
         self.name = name or fn.__name__
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.needs_approval = needs_approval
@@ -130,10 +135,15 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False) -> Any:
-    """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``)."""
+         needs_approval: ApprovalRule = False, timeout: float | None = None) -> Any:
+    """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
+
+    ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of
+    holding the step until its time limit; the call is told through ``ctx.cancelled`` and its late answer is
+    dropped (it may still take effect: make it idempotent).
+    """
     def wrap(target: Callable[..., Any]) -> Tool:
-        return Tool(target, name=name, description=description, needs_approval=needs_approval)
+        return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -207,10 +207,44 @@ def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: thr
     return machine.tool_message(call, value)
 
 
+class _CallCancelled(threading.Event):
+    """``ctx.cancelled`` of a call with a timeout: set when it times out, and whenever the run is aborted."""
+
+    def __init__(self, abort: threading.Event) -> None:
+        super().__init__()
+        self._abort = abort
+
+    def is_set(self) -> bool:
+        """Whether the call should stop (timed out, or the run aborted)."""
+        return super().is_set() or self._abort.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the call should stop (True) or ``timeout`` passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
+            if remaining <= 0:
+                return False
+            super().wait(remaining)
+        return True
+
+
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Message, float]:
     batch.live.tool_start(call)
     started = time.perf_counter()
-    result = _invoke(agent, checkpoint, call, batch.cancelled)
+    tool = agent.tools.get(call.name)
+    if tool is None or tool.timeout is None:
+        result = _invoke(agent, checkpoint, call, batch.cancelled)
+    else:
+        cancelled = _CallCancelled(batch.cancelled)
+        running = _tool_pool().submit(_invoke, agent, checkpoint, call, cancelled)
+        try:
+            result = running.result(timeout=tool.timeout)
+        except futures.TimeoutError:
+            cancelled.set()  # its answer, if one comes, is dropped
+            result = machine.tool_error(call, "timeout", "ToolTimedOut",
+                                        f"the call ran longer than {tool.timeout:g} s and was given up; it may"
+                                        " still take effect")
     return result, (time.perf_counter() - started) * 1000
 
 

@@ -359,14 +359,19 @@ class Approvals:
         """Undecided approvals (session, call id, tool name, arguments, created at), oldest first."""
         return self._store.pending(self._agent)
 
-    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> Run:
-        """Decide an approval. When it is the last pending one of its pause, the run continues.
+    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
+                answer: str | None = None) -> Run:
+        """Decide an approval: approve or reject a gated call, answer or decline a question (``ask_question``).
+
+        ``answer`` answers a question (the call's result is ``{"answer": answer}``); ``approved=False``
+        declines it. When it is the last pending decision of its pause, the run continues.
 
         Returns a ``Run`` whose ``wait`` gives the run's next settled state (another pause, or the end).
 
         Raises:
             ApprovalNotFoundError: unknown, already decided, or of another agent.
             ApprovalOrphanedError: the run was deleted or replaced; the approval is withdrawn and nothing runs.
+            ConfigurationError: an answer for a tool call, a question approved without an answer, or no decision.
         """
         if not isinstance(approval_id, str) or not approval_id or len(approval_id) > 200:
             raise errors.ApprovalNotFoundError(f"approval {str(approval_id)[:80]!r} is unknown")
@@ -374,7 +379,7 @@ class Approvals:
             found = self._store.by_ids([approval_id]).get(approval_id)
             if found is None or found.agent != self._agent:
                 raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is unknown to agent {self._agent!r}")
-        decision = self._store.resolve(approval_id, approved, note)
+        decision = self._store.resolve(approval_id, approved, note, answer)
         session_id = decision.approval.session_id
         progress = self._client.store.progress(session_id)
         cursor = progress.inbox_cursor if progress is not None else 0

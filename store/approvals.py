@@ -20,23 +20,26 @@ from store.records import Approval, Decision
 __all__ = ["PostgresApprovalStore", "insert", "put_back", "withdraw_for_run"]
 
 _COLUMNS = ("approval_id, session_id, tool_call_id, tool_name, args, agent, status, note, fingerprint,"
-            " created_at, decided_at")
+            " created_at, decided_at, kind, question, options, answer")
 _INSERT = text("""
-INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent, fingerprint)
-VALUES (:approval_id, :session_id, :tool_call_id, :tool_name, CAST(:args AS jsonb), :agent, CAST(:fingerprint AS jsonb))
+INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent, fingerprint, kind, question,
+  options)
+VALUES (:approval_id, :session_id, :tool_call_id, :tool_name, CAST(:args AS jsonb), :agent, CAST(:fingerprint AS jsonb),
+  :kind, :question, CAST(:options AS jsonb))
 ON CONFLICT (approval_id) DO NOTHING
 """)
 _BY_IDS = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ANY(:ids)")
 _SESSION_OF = text("SELECT session_id FROM approvals WHERE approval_id = :id")
 _LOCK_APPROVAL = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = :id FOR UPDATE")
 _LOCK_RUN = text("SELECT status, document -> 'approval_ids' AS ids FROM runs WHERE session_id = :sid FOR UPDATE")
-_DECIDE = text("UPDATE approvals SET status = :status, note = :note, decided_at = now() WHERE approval_id = :id")
+_DECIDE = text("UPDATE approvals SET status = :status, note = :note, answer = :answer, decided_at = now()"
+               " WHERE approval_id = :id")
 _STILL_PENDING = text("SELECT count(*) FROM approvals WHERE approval_id = ANY(:ids) AND status = 'pending'")
 # Leave updated_at alone: the sweep then sees the run as stale at once if the enqueue is lost.
 _CONTINUE_RUN = text(
     "UPDATE runs SET status = 'in-progress', last_error = NULL, attempts = 0 WHERE session_id = :sid")
 _UNDECIDE = text("""
-UPDATE approvals SET status = 'pending', note = NULL, decided_at = NULL
+UPDATE approvals SET status = 'pending', note = NULL, answer = NULL, decided_at = NULL
 WHERE approval_id = ANY(:ids) AND status IN ('approved', 'rejected')
 """)
 _PAUSE_AGAIN = text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = :sid AND status = 'in-progress'")
@@ -49,7 +52,8 @@ def insert(conn: Connection, approvals: Sequence[Approval]) -> None:
     conn.execute(_INSERT, [
         {"approval_id": a.approval_id, "session_id": a.session_id, "tool_call_id": a.tool_call_id,
          "tool_name": a.tool_name, "args": payloads.dumps(payloads.sanitize(a.args)), "agent": a.agent,
-         "fingerprint": payloads.dumps(a.fingerprint)} for a in approvals])
+         "fingerprint": payloads.dumps(a.fingerprint), "kind": a.kind, "question": a.question,
+         "options": None if a.options is None else payloads.dumps(a.options)} for a in approvals])
 
 
 def withdraw_for_run(conn: Connection, session_id: str) -> None:
@@ -89,13 +93,15 @@ class PostgresApprovalStore:
             rows = conn.execute(query, {"agent": agent, "limit": limit}).all()
         return [_approval(row) for row in rows]
 
-    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> Decision:
-        """Decide an approval once.
+    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
+                answer: str | None = None) -> Decision:
+        """Decide an approval once: approve or reject a tool call, answer or decline a question.
 
         Raises:
             ApprovalNotFoundError: unknown, or already decided.
             ApprovalOrphanedError: its run is gone, replaced or waits on other approvals; it is
                 withdrawn (or was already) and nothing runs.
+            ConfigurationError: the decision does not fit the approval's kind (``inputs.decision_status``).
         """
         note = inputs.clean_note(note)
         orphaned = False
@@ -116,15 +122,15 @@ class PostgresApprovalStore:
             approval = _approval(row)
             run = conn.execute(_LOCK_RUN, {"sid": approval.session_id}).first()
             if run is None or run.status != "awaiting-approval" or approval_id not in (run.ids or []):
-                conn.execute(_DECIDE, {"id": approval_id, "status": "withdrawn", "note": None})
+                conn.execute(_DECIDE, {"id": approval_id, "status": "withdrawn", "note": None, "answer": None})
                 orphaned = True
             else:
-                status = "approved" if approved else "rejected"
-                conn.execute(_DECIDE, {"id": approval_id, "status": status, "note": note})
+                status, answer = inputs.decision_status(approval.kind, approved, answer)
+                conn.execute(_DECIDE, {"id": approval_id, "status": status, "note": note, "answer": answer})
                 waiting = int(conn.execute(_STILL_PENDING, {"ids": list(run.ids)}).scalar_one())
                 if waiting == 0:
                     conn.execute(_CONTINUE_RUN, {"sid": approval.session_id})
-                decided = approval.model_copy(update={"status": status, "note": note})
+                decided = approval.model_copy(update={"status": status, "note": note, "answer": answer})
         if orphaned:
             raise errors.ApprovalOrphanedError(
                 f"approval {approval_id!r} belongs to a run that no longer waits on it; it was withdrawn",

@@ -67,6 +67,29 @@ def check_agent(name: str, known: list[str]) -> None:
         raise errors.AgentNotFoundError(name, known)
 
 
+def decision_status(kind: str, approved: bool | None, answer: str | None) -> tuple[str, str | None]:
+    """The status a decision gives an approval of ``kind``, and the answer it stores.
+
+    A question is answered (``answer`` implies approval) or declined (``approved=False``); a tool approval
+    is approved or rejected and takes no answer.
+
+    Raises:
+        ConfigurationError: an answer for a tool approval, a question approved without an answer, or no decision.
+    """
+    if answer is not None:
+        if kind != "question":
+            raise errors.ConfigurationError(
+                "answer= is for questions (ask_question); decide a tool call with approved=")
+        if approved is False:
+            raise errors.ConfigurationError("a declined question takes no answer")
+        return "approved", payloads.truncate_text(payloads.clean_text(str(answer)), MAX_NOTE_CHARS)
+    if approved is None:
+        raise errors.ConfigurationError("give approved= (or answer= for a question)")
+    if kind == "question" and approved:
+        raise errors.ConfigurationError("a question is answered with answer=, or declined with approved=False")
+    return ("approved" if approved else "rejected"), None
+
+
 def clean_note(note: str | None) -> str | None:
     """A decision's note as stored: valid Unicode, at most ``MAX_NOTE_CHARS`` characters (longer is cut, marked)."""
     return None if note is None else payloads.truncate_text(payloads.clean_text(note), MAX_NOTE_CHARS)

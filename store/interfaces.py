@@ -192,8 +192,9 @@ class ApprovalStore(Protocol):
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.Approval]:
         """Undecided approvals, oldest first."""
 
-    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> records.Decision:
-        """Decide an approval once.
+    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
+                answer: str | None = None) -> records.Decision:
+        """Decide an approval once: approve or reject a tool call, answer (``answer``) or decline a question.
 
         Raises:
             ApprovalNotFoundError: unknown, or already decided.

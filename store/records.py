@@ -255,6 +255,7 @@ class Checkpoint(_Record):
 
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "withdrawn"]
+ApprovalKind = Literal["tool", "question"]
 
 
 class Approval(_Record):
@@ -271,6 +272,12 @@ class Approval(_Record):
     fingerprint: dict[str, Any] | None = None
     created_at: datetime | None = None
     decided_at: datetime | None = None
+    #: ``tool``: a gated call, approved or rejected; ``question``: ``ask_question``, answered or declined.
+    kind: ApprovalKind = "tool"
+    question: str | None = None
+    options: list[str] | None = None
+    #: A question's answer (the call's result is ``{"answer": answer}``).
+    answer: str | None = None
 
 
 class Progress(_Record):

@@ -179,6 +179,11 @@ approvals = Table(
     Column("fingerprint", JSONB, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("decided_at", DateTime(timezone=True), nullable=True),
+    #: ``tool`` (a gated call) or ``question`` (``ask_question``: the person answers it).
+    Column("kind", Text, nullable=False, server_default="tool"),
+    Column("question", Text, nullable=True),
+    Column("options", JSONB, nullable=True),
+    Column("answer", Text, nullable=True),
     Index("approvals_session_idx", "session_id"),
     Index("approvals_pending_idx", "created_at", postgresql_where=text("status = 'pending'")),
 )

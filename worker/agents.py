@@ -147,11 +147,29 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     return wrap(fn) if fn is not None else wrap
 
 
+#: The built-in tool of ``Agent(ask_question=True)``.
+ASK_QUESTION = "ask_question"
+
+
+def _ask_question(question: str, options: list[str] | None = None) -> str:
+    """Ask the person behind this run a question and wait for the answer (it may take days).
+
+    Give ``options`` when the answer is one of a few choices. The result is ``{"answer": ...}``, or an
+    error result when the person declines.
+    """
+    raise errors.ConfigurationError("ask_question is answered by a person; it never runs")
+
+
 class Agent:
-    """A model, instructions and tools, under a name the workers and producers share."""
+    """A model, instructions and tools, under a name the workers and producers share.
+
+    ``ask_question=True`` adds the built-in ``ask_question`` tool: a call pauses the run on an approval of
+    kind ``question`` until a person answers it (``approvals.resolve(id, answer=...)``) or declines it.
+    """
 
     def __init__(self, name: str, model: Model, instructions: str = "", tools: Iterable[Tool] = (),
-                 max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn") -> None:
+                 max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn",
+                 ask_question: bool = False) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -163,6 +181,9 @@ class Agent:
         self.model = model
         self.instructions = instructions
         listed = list(tools)
+        if ask_question:
+            listed.append(Tool(_ask_question, name=ASK_QUESTION, needs_approval=True))
+        self.ask_question = ask_question
         self.tools = {t.name: t for t in listed}
         if len(self.tools) != len(listed):
             raise errors.ConfigurationError(f"agent {name!r} has two tools with one name")

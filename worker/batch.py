@@ -25,12 +25,13 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from store import errors, payloads
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
 from worker import live as live_events
 from worker import machine
-from worker.agents import Agent, ToolArgsInvalid, ToolContext
+from worker.agents import ASK_QUESTION, Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
 from worker.live import Live
@@ -162,6 +163,11 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             plan.results.append(machine.interrupted(call))
             continue
         decision = decided.get(call.id)
+        if decision is not None and decision.kind == "question" and decision.status in ("approved", "rejected"):
+            answered = decision.status == "approved"
+            plan.results.append(machine.answered(call, decision.answer) if answered
+                                else machine.declined(call, decision.note))
+            continue
         if decision is not None and decision.status == "approved":
             if call.name not in agent.tools:
                 raise errors.ResumeToolMissingError(
@@ -334,8 +340,17 @@ def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCa
     stamp = f"ap_{time.time_ns():016x}"
     return [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
                      tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
-                     fingerprint=fingerprint)
+                     fingerprint=fingerprint, **_question_of(agent, call))
             for k, call in enumerate(calls)]
+
+
+def _question_of(agent: Agent, call: ToolCall) -> dict[str, Any]:
+    """The question fields of the approval a gated call opens (none for an ordinary tool call)."""
+    if not (agent.ask_question and call.name == ASK_QUESTION):
+        return {}
+    options = call.args.get("options")
+    return {"kind": "question", "question": str(call.args.get("question", "")),
+            "options": [str(option) for option in options] if isinstance(options, list) else None}
 
 
 def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,

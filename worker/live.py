@@ -42,7 +42,8 @@ def approval_requested(approval: Approval) -> EventDraft:
     """The run paused on ``approval``."""
     return EventDraft(type="approval.requested", data={
         "approval_id": approval.approval_id, "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
-        "args": approval.args, "kind": "tool"})
+        "args": approval.args, "kind": approval.kind,
+        **({"question": approval.question, "options": approval.options} if approval.kind == "question" else {})})
 
 
 def run_done(checkpoint: Checkpoint, finish_reason: str | None = None) -> EventDraft:

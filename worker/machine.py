@@ -221,6 +221,18 @@ def redirected(call: ToolCall) -> Message:
                       "the user redirected the run with a new message before this call started; it did not run")
 
 
+def answered(call: ToolCall, answer: str | None) -> Message:
+    """The result of an ``ask_question`` call a person answered."""
+    return tool_message(call, {"answer": answer})
+
+
+def declined(call: ToolCall, note: str | None) -> Message:
+    """The result of an ``ask_question`` call a person declined to answer, with their note."""
+    body = {"error": "QuestionDeclined", "tool_name": call.name, "kind": "declined", "tool_call_id": call.id,
+            "message": "the person declined to answer this question", "note": note}
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
+
+
 def rejected(call: ToolCall, note: str | None) -> Message:
     """The result of a call a human rejected, with the human's note."""
     body = {"error": "ApprovalRejected", "tool_name": call.name, "kind": "rejected", "tool_call_id": call.id,

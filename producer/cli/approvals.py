@@ -1,4 +1,4 @@
-"""``lousho approvals list|approve|reject``: human decisions on gated tool calls, from the command line.
+"""``lousho approvals list|approve|reject|answer``: human decisions on gated calls and questions, from the command line.
 
 It calls ``Approvals`` of the client and prints; it must not decide anything itself.
 """
@@ -14,10 +14,12 @@ from store import errors
 
 
 def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
-    """``lousho approvals list`` (pending, oldest first), ``approve ID`` or ``reject ID`` (``--wait`` for the run).
+    """``lousho approvals list``, ``approve ID``, ``reject ID`` (declines a question) or ``answer ID TEXT``.
+
+    ``list`` shows pending decisions, oldest first; ``--wait`` waits for the run after a decision.
 
     Raises:
-        ConfigurationError: approve or reject without an approval id.
+        ConfigurationError: a decision without an approval id, an answer without text or for a tool call.
         ApprovalNotFoundError: unknown, already decided, or of another agent (``--agent``).
         ApprovalOrphanedError: the approval's run was deleted or replaced.
     """
@@ -31,13 +33,22 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
             print("no pending approvals")
         for a in pending:
             created = a.created_at.isoformat() if a.created_at else "-"
+            if a.kind == "question":
+                choices = f"  options {json.dumps(a.options)}" if a.options else ""
+                print(f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}  since {created}")
+                continue
             print(f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
                   f"  call {a.tool_call_id}  since {created}")
         return 0
     if not args.approval_id:
         raise errors.ConfigurationError(f"approvals {args.action} needs an approval id")
-    run = approvals.resolve(args.approval_id, approved=args.action == "approve", note=args.note)
-    decision = "approved" if args.action == "approve" else "rejected"
+    if args.action == "answer":
+        if args.text is None:
+            raise errors.ConfigurationError("approvals answer needs the answer's text")
+        run = approvals.resolve(args.approval_id, answer=args.text, note=args.note)
+    else:
+        run = approvals.resolve(args.approval_id, approved=args.action == "approve", note=args.note)
+    decision = {"approve": "approved", "reject": "rejected", "answer": "answered"}[args.action]
     if args.wait:
         return print_settled(run, args, prefix=f"{decision} {args.approval_id}; ")
     if args.json:
@@ -49,9 +60,10 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho approvals`` to the ``lousho`` parser."""
-    approvals = accept_json(sub.add_parser("approvals", help="list, approve or reject gated tool calls"))
-    approvals.add_argument("action", choices=["list", "approve", "reject"])
+    approvals = accept_json(sub.add_parser("approvals", help="list, approve or reject gated calls; answer questions"))
+    approvals.add_argument("action", choices=["list", "approve", "reject", "answer"])
     approvals.add_argument("approval_id", nargs="?")
+    approvals.add_argument("text", nargs="?", help="the answer (with answer)")
     approvals.add_argument("--note", default=None, help="a note for the model (with approve/reject)")
     approvals.add_argument("--agent", default=None)
     approvals.add_argument("--wait", action="store_true", help="wait for the run to settle again")

@@ -30,8 +30,10 @@ _NOT_FOUND = ("LOUSHO_RUN_NOT_FOUND", "no such run")
 class _DecisionBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    approved: bool
+    approved: bool | None = None
     note: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
+    #: A question's answer (``ask_question``); it implies approval.
+    answer: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
 
 
 class _SteerBody(BaseModel):
@@ -120,7 +122,9 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
     if len(approval_id) > 200:
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval")
     try:
-        made = backend.approvals.resolve(approval_id, decision.approved, decision.note)
+        made = backend.approvals.resolve(approval_id, decision.approved, decision.note, decision.answer)
+    except errors.ConfigurationError as exc:
+        raise bad_request(exc.message) from None
     except errors.ApprovalNotFoundError:
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval") from None
     except errors.ApprovalOrphanedError:
@@ -204,10 +208,12 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
         decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request,
                                                                                          _MAX_DECISION_BYTES)))
     except ValidationError:
-        raise bad_request('the body must be {"approved": true|false, "note": optional text}') from None
+        raise bad_request('the body must be {"approved": true|false, "note": optional text}, or'
+                          ' {"answer": text} for a question') from None
     session_id, continues = await run_in_threadpool(_decide, backend, approval_id, decision)
     return JSONResponse({"approval_id": approval_id, "session_id": session_id,
-                         "decision": "approved" if decision.approved else "rejected", "run_continues": continues,
+                         "decision": "answered" if decision.answer is not None
+                         else "approved" if decision.approved else "rejected", "run_continues": continues,
                          "status_url": str(request.url_for("run_status", session_id=session_id))})
 
 

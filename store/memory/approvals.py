@@ -29,7 +29,7 @@ def put_back(state: MemoryState, approval_ids: Sequence[str]) -> None:
         approval = state.approvals.get(approval_id)
         if approval is not None and approval.status in ("approved", "rejected"):
             state.approvals[approval_id] = approval.model_copy(
-                update={"status": "pending", "note": None, "decided_at": None})
+                update={"status": "pending", "note": None, "answer": None, "decided_at": None})
 
 
 def withdraw_for_run(state: MemoryState, session_id: str, now: datetime) -> None:
@@ -70,13 +70,15 @@ class MemoryApprovalStore:
                      if a.status == "pending" and (agent is None or a.agent == agent)]
         return sorted(found, key=lambda a: (a.created_at or datetime.min.replace(tzinfo=UTC), a.approval_id))[:limit]
 
-    def resolve(self, approval_id: str, approved: bool, note: str | None = None) -> records.Decision:
-        """Decide an approval once.
+    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
+                answer: str | None = None) -> records.Decision:
+        """Decide an approval once: approve or reject a tool call, answer or decline a question.
 
         Raises:
             ApprovalNotFoundError: unknown, or already decided.
             ApprovalOrphanedError: its run is gone, replaced or waits on other approvals; it is
                 withdrawn (or was already) and nothing runs.
+            ConfigurationError: the decision does not fit the approval's kind (``inputs.decision_status``).
         """
         note = inputs.clean_note(note)
         state = self._state
@@ -98,10 +100,10 @@ class MemoryApprovalStore:
                 raise errors.ApprovalOrphanedError(
                     f"approval {approval_id!r} belongs to a run that no longer waits on it; it was withdrawn",
                     approval_id=approval_id, session_id=approval.session_id)
-            status: records.ApprovalStatus = "approved" if approved else "rejected"
-            state.approvals[approval_id] = approval.model_copy(
-                update={"status": status, "note": note, "decided_at": now})
+            status, answer = inputs.decision_status(approval.kind, approved, answer)
+            decided = {"status": status, "note": note, "answer": answer}
+            state.approvals[approval_id] = approval.model_copy(update={**decided, "decided_at": now})
             waiting = sum(1 for a in waiting_on if a in state.approvals and state.approvals[a].status == "pending")
             if waiting == 0:
                 run.status, run.last_error, run.attempts = "in-progress", None, 0
-            return records.Decision(approval.model_copy(update={"status": status, "note": note}), waiting == 0)
+            return records.Decision(approval.model_copy(update=decided), waiting == 0)

@@ -37,7 +37,15 @@ _KNOWN_AGENTS_TTL_S = 5.0
 
 
 class RunResult(BaseModel):
-    """How a run settled: finished (``stop``/``max-steps``) or paused (``awaiting-approval``)."""
+    """How a run settled, by ``finish_reason``.
+
+    - ``stop``: the model answered without calling a tool.
+    - ``length``: the answer was cut at the provider's token limit (``max_tokens``); the text is partial.
+    - ``content-filter``: the provider withheld or refused the answer.
+    - ``max-steps``: the agent's ``max_steps`` ran out.
+    - ``awaiting-approval``: paused on approvals or questions (``approval_ids``).
+    - ``aborted``: stopped by ``abort()``; every call has its result; a send or ``resume()`` continues it.
+    """
 
     model_config = ConfigDict(frozen=True)
 

@@ -21,7 +21,7 @@ from store import errors
 
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["in-progress", "awaiting-approval", "finished"]
-FinishReason = Literal["stop", "awaiting-approval", "max-steps", "aborted"]
+FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted"]
 #: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
 RunState = Literal["running", "retrying", "parked", "paused", "aborted"]
 

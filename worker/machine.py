@@ -139,8 +139,18 @@ def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: st
     return checkpoint.model_copy(update={"messages": messages + incoming})
 
 
-def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage) -> Checkpoint:
-    """Record one model turn. With calls the run stays in progress; without, it finished (``stop``)."""
+#: Provider stop reasons that end a run with a reason of their own (anything else without calls is ``stop``).
+_PROVIDER_FINISH = {"length": "length", "max_tokens": "length", "content_filter": "content-filter",
+                    "refusal": "content-filter"}
+
+
+def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage,
+                         provider_finish: str | None = None) -> Checkpoint:
+    """Record one model turn. With calls the run stays in progress; without, it finished.
+
+    It finished with ``stop``, or with ``length`` or ``content-filter`` when the provider says the answer was cut
+    at its token limit (``length``, ``max_tokens``) or withheld (``content_filter``, ``refusal``).
+    """
     content = payloads.clean_text(text) if text is not None else None
     # Calls come from the provider: a NUL or an oversized number in them would fail every save.
     calls = [c.model_copy(update={
@@ -153,7 +163,7 @@ def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[T
         "usage": checkpoint.usage + usage,
     }
     if not calls:
-        update.update(status="finished", finish_reason="stop")
+        update.update(status="finished", finish_reason=_PROVIDER_FINISH.get(provider_finish or "", "stop"))
     return checkpoint.model_copy(update=update)
 
 

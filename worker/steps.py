@@ -307,7 +307,8 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     if len(calls) > payloads.MAX_TOOL_CALLS_PER_TURN:
         calls, overflow = calls[:payloads.MAX_TOOL_CALLS_PER_TURN], calls[payloads.MAX_TOOL_CALLS_PER_TURN:]
     crash_point("after_model_response_before_save", sid)
-    updated = machine.apply_model_response(checkpoint, response.text, calls + overflow, response.usage)
+    updated = machine.apply_model_response(checkpoint, response.text, calls + overflow, response.usage,
+                                           response.finish_reason)
     for call in overflow:
         updated = machine.record_tool_result(updated, machine.tool_error(
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))

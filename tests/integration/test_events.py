@@ -347,3 +347,12 @@ def test_abort_of_a_parallel_batch_cancels_every_running_call(
     checkpoint = client.agent("ev").load("ev-16")
     assert checkpoint is not None
     assert [json.loads(m.content)["kind"] for m in checkpoint.messages if m.role == "tool"] == ["cancelled"] * 4
+
+
+def test_an_answer_cut_at_the_token_limit_finishes_with_length(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    driver = make_driver(Agent(name="ev", model=MockModel([{"text": "the answer is cut", "finish_reason": "length"}])))
+    run = client.agent("ev").send("tell me everything", session_id="ev-17")
+    driver.drain("ev-17")
+    assert run.wait(timeout=5).finish_reason == "length"
+    assert client.read_events("ev-17", -1)[-1].data["finish_reason"] == "length"

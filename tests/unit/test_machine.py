@@ -291,3 +291,16 @@ def test_a_second_result_for_one_call_is_a_problem() -> None:
 def test_a_pending_turn_is_reported_until_all_its_results_are_in() -> None:
     assert machine.transcript_problems(HALF_DONE.messages)
     assert machine.transcript_problems([*HALF_DONE.messages, result(C2)]) == []
+
+
+@pytest.mark.parametrize(("provider_finish", "expected"), [
+    (None, "stop"), ("stop", "stop"), ("end_turn", "stop"), ("length", "length"), ("max_tokens", "length"),
+    ("content_filter", "content-filter"), ("refusal", "content-filter")])
+def test_a_turn_without_calls_finishes_with_the_providers_reason(provider_finish: str | None, expected: str) -> None:
+    done = machine.apply_model_response(checkpoint([user("hi")]), "partial", [], Usage(), provider_finish)
+    assert (done.status, done.finish_reason) == ("finished", expected)
+
+
+def test_a_turn_with_calls_stays_in_progress_whatever_the_providers_reason() -> None:
+    turn = machine.apply_model_response(checkpoint([user("hi")]), None, [call("c1")], Usage(), "length")
+    assert (turn.status, turn.finish_reason) == ("in-progress", None)

@@ -22,7 +22,8 @@ class MockModel:
     """Answers from ``script``: a list of responses, or a callable of the transcript.
 
     A response is a string (final text) or a dict with ``tool_calls`` (``[{"name", "args"}]``),
-    and optionally ``text``, ``usage`` (``{"input_tokens", "output_tokens"}``), ``delay_ms`` and
+    and optionally ``text``, ``usage`` (``{"input_tokens", "output_tokens"}``), ``finish_reason`` (the
+    provider's own, e.g. ``length``), ``delay_ms`` and
     ``error`` (a message; ``retryable`` says whether a retry may pass). Every transcript it
     receives is checked for validity; an invalid one fails the call.
 
@@ -80,7 +81,7 @@ class MockModel:
             prompt = sum(len(str(m.content or "")) for m in messages) // 4 + 1
             usage = Usage(input_tokens=prompt, output_tokens=len(text or "") // 4 + len(calls) + 1)
         usage = usage.model_copy(update={"total_tokens": usage.input_tokens + usage.output_tokens})
-        return ModelResponse(text=text, tool_calls=calls, usage=usage)
+        return ModelResponse(text=text, tool_calls=calls, usage=usage, finish_reason=response.get("finish_reason"))
 
 
 def _stream(listener: Listener, text: str, calls: list[ToolCall], pause_s: float) -> None:

@@ -90,3 +90,28 @@ def test_approve_without_an_id_prints_the_configuration_code(lousho: Lousho) -> 
     assert printed.code == 1 and printed.error_code() == "LOUSHO_CONFIG_INVALID"
     assert "approvals approve needs an approval id" in printed.err
     assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_CONFIG_INVALID"
+
+
+def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
+        lousho: Lousho, paused: tuple[Driver, str], make_driver, client: Client) -> None:  # type: ignore[no-untyped-def]
+    from worker import Agent
+    from worker.providers import MockModel
+
+    _, transfer_id = paused
+    refused = lousho("approvals", "answer", transfer_id, "yes")
+    assert refused.code == 1 and "LOUSHO_CONFIG_INVALID" in refused.err
+
+    driver = make_driver(Agent(name="asker", ask_question=True, model=MockModel([
+        {"tool_calls": [{"name": "ask_question", "args": {"question": "Which city?", "options": ["Oslo"]}}]},
+        "Going to Oslo."])))
+    client.agent("asker").send("plan", session_id="ask-1", check_agent=False)
+    driver.drain("ask-1")
+    listed = lousho("approvals", "list", "--agent", "asker")
+    assert "question: Which city?" in listed.out and '["Oslo"]' in listed.out
+    question_id = lousho("approvals", "list", "--agent", "asker", "--json").json()[0]["approval_id"]
+    answered = lousho("approvals", "answer", question_id, "Oslo", "--json")
+    assert answered.code == 0 and answered.json()["decision"] == "answered"
+    driver.drain("ask-1")
+    checkpoint = client.store.load("ask-1")
+    assert checkpoint is not None and checkpoint.finish_reason == "stop"
+    assert [m.content for m in checkpoint.messages if m.role == "tool"] == ['{"answer":"Oslo"}']

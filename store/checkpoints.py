@@ -150,7 +150,10 @@ run_events AS (DELETE FROM run_events WHERE session_id IN (SELECT session_id FRO
 SELECT session_id FROM pruned
 """
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
-_PENDING = f"SELECT {_COLUMNS} FROM runs WHERE (status = 'awaiting-approval' OR aborted OR {runs.HAS_WORK})"
+# With the kind of the approval a paused run waits on first (a tool call or a question).
+_PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
+            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind"
+            f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR {runs.HAS_WORK})")
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
 _DIRECT = {statement: driver_sql(statement)
@@ -196,7 +199,7 @@ def _pending(row: Row[Any]) -> records.PendingRun:
         checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
         return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
-    return records.pending_run(checkpoint)
+    return records.pending_run(checkpoint, row.approval_kind)
 
 
 class PostgresCheckpointStore:

@@ -345,12 +345,13 @@ class PendingRun(_Record):
     next_attempt_at: datetime | None = None
 
 
-def pending_run(checkpoint: Checkpoint) -> PendingRun:
-    """How ``pending()`` shows an unfinished run."""
+def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> PendingRun:
+    """How ``pending()`` shows an unfinished run; ``approval_kind`` is the kind of its first approval, if known."""
     paused = checkpoint.status == "awaiting-approval" and bool(checkpoint.approval_ids)
     return PendingRun(
         session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
-        approval_id=checkpoint.approval_ids[0] if paused else None, approval_kind="tool" if paused else None,
+        approval_id=checkpoint.approval_ids[0] if paused else None,
+        approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
         state="aborted" if checkpoint.aborted else run_state(checkpoint.status, checkpoint.last_error,
                                                              checkpoint.next_attempt_at),

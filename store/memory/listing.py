@@ -40,7 +40,9 @@ def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.P
     found = []
     for sid, run in rows:
         try:
-            found.append(records.pending_run(to_checkpoint(sid, run)))
+            checkpoint = to_checkpoint(sid, run)
+            first = state.approvals.get(checkpoint.approval_ids[0]) if checkpoint.approval_ids else None
+            found.append(records.pending_run(checkpoint, first.kind if first is not None else None))
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
             found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, run.next_attempt_at))
     return found

@@ -177,3 +177,15 @@ def test_a_publish_lost_after_the_commit_is_repaired_by_a_redelivery(
     receiver.driver.drain()
     checkpoint = receiver.store.load("job-hooks-lost-2")
     assert checkpoint is not None and checkpoint.status == "finished"
+
+
+def test_an_answer_for_a_tool_approval_is_refused_over_http_and_leaves_it_pending(receiver: Receiver) -> None:
+    client = TestClient(receiver.app)
+    sid = _post(client, "desk", {"request": "Refund 5"}, "desk-4").json()["session_id"]
+    receiver.driver.drain()
+    (pending,) = client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"]
+    refused = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"answer": "yes"}),
+                          headers={**AUTH, "content-type": "application/json"})
+    assert refused.status_code == 400 and "questions" in refused.text
+    assert client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"][0]["approval_id"] == pending[
+        "approval_id"]

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor
 from typing import Any
 
 import redis
@@ -264,12 +265,14 @@ class Client:
         return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout, stop=stop)
 
     def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
-                     timeout: float | None = None) -> AsyncIterator[Event]:
+                     timeout: float | None = None, executor: Executor | None = None) -> AsyncIterator[Event]:
         """``events`` for ``async for`` (web servers): the reading and waiting happen in a thread.
 
-        The thread stops within half a second once the loop stops iterating (a client went away).
+        The thread stops within half a second once the loop stops iterating (a client went away). It comes
+        from ``executor``, else the event loop's default executor (a few threads; a server that follows many
+        runs at once passes a larger pool).
         """
-        return streams.follow_async(lambda stop: self._follow(session_id, after, live, timeout, stop))
+        return streams.follow_async(lambda stop: self._follow(session_id, after, live, timeout, stop), executor)
 
     def read_events(self, session_id: str, after: int, limit: int = 500) -> list[Event]:
         """One page of the run's durable events after seq ``after``, without waiting."""

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,19 +114,22 @@ def _close(subscription: Any) -> None:
             log.debug("could not close the channel of a run")
 
 
-async def follow_async(make: Callable[[threading.Event], Iterator[Event]]) -> AsyncIterator[Event]:
-    """The iterator ``make(stop)`` builds, for ``async for``: it is built and pulled in threads.
+async def follow_async(make: Callable[[threading.Event], Iterator[Event]],
+                       executor: Executor | None = None) -> AsyncIterator[Event]:
+    """The iterator ``make(stop)`` builds, for ``async for``: it is built and pulled in ``executor``'s threads.
 
-    When the loop stops early (a client went away, the task was cancelled), ``stop`` is set and the thread
-    still inside the iterator returns within ``POLL_S``; then the iterator is closed.
+    ``executor`` None is the event loop's default executor (a few threads: a server following many runs at once
+    passes a larger one). When the loop stops early (a client went away, the task was cancelled), ``stop`` is
+    set and the thread still inside the iterator returns within ``POLL_S``; then the iterator is closed.
     """
+    loop = asyncio.get_running_loop()
     stop = threading.Event()
     done = object()
-    iterator = await asyncio.to_thread(make, stop)
+    iterator = await loop.run_in_executor(executor, make, stop)
     pending: asyncio.Future[Any] | None = None
     try:
         while True:
-            pending = asyncio.ensure_future(asyncio.to_thread(next, iterator, done))
+            pending = loop.run_in_executor(executor, next, iterator, done)
             event = await asyncio.shield(pending)
             pending = None
             if event is done:
@@ -137,7 +141,7 @@ async def follow_async(make: Callable[[threading.Event], Iterator[Event]]) -> As
         if pending is not None:
             with contextlib.suppress(Exception):
                 await pending
-        await asyncio.to_thread(_close_iterator, iterator)
+        await loop.run_in_executor(executor, _close_iterator, iterator)
 
 
 def _close_iterator(iterator: Iterator[Event]) -> None:

@@ -1,25 +1,21 @@
 """``GET /runs/{session_id}/events`` as Server-Sent Events: where to start, the frames, keep-alives and the end.
 
-Owns the SSE framing and pacing, and pulling ``Client.events`` in threads of its own without blocking the event
-loop; it never writes a run, and stops pulling soon after the client goes away.
+Owns the SSE framing and pacing; the events come from ``Client.events_async`` (pulled in the app's event threads,
+stopped soon after the client goes away). It never writes a run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Executor
+from collections.abc import AsyncIterator
 
 import anyio
 import redis
 from starlette.requests import Request
 
-from producer.client import Client
 from producer.webhooks import headers
 from producer.webhooks.rejections import bad_request
 from store import errors
@@ -29,9 +25,8 @@ log = logging.getLogger("lousho.webhooks")
 
 #: Seconds without a frame after which a keep-alive comment is sent (proxies drop idle connections).
 KEEPALIVE_S = 15.0
-#: Longest time a thread pulls a run's events before handing over to the next (what a gone client costs).
-PULL_WINDOW_S = 5.0
-#: Threads pulling events at once; a stream beyond them waits for one (its keep-alives still flow).
+#: Threads pulling events at once (``Client.events_async``'s executor); a stream beyond them waits for one (its
+#: keep-alives still flow).
 STREAM_THREADS = 200
 #: The response headers of an event stream besides its content type.
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -93,79 +88,6 @@ def error_frame(code: str) -> str:
     """A failure after the stream started: an ``error`` frame without an id (reconnecting resumes)."""
     body = {"error": {"code": code, "message": "the event stream failed; reconnect to resume"}}
     return f"event: error\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
-
-
-class _WindowEnd:
-    """A pulling thread finished its window: at a ``run.done``, at its time limit, on a stop, or on ``error``."""
-
-    def __init__(self, error: errors.LoushoError | redis.RedisError | None) -> None:
-        self.error = error
-
-
-def _pull_window(client: Client, session_id: str, after: int | None, live: bool, stop: threading.Event,
-                 deliver: Callable[[Event | _WindowEnd], None]) -> None:
-    """In a thread: hand the run's events to ``deliver`` for at most ``PULL_WINDOW_S``, then a ``_WindowEnd``."""
-    error: errors.LoushoError | redis.RedisError | None = None
-    found: Iterator[Event] | None = None
-    try:
-        found = client.events(session_id, after, live=live, timeout=PULL_WINDOW_S)
-        for event in found:
-            deliver(event)
-            if stop.is_set() or event.type == "run.done":
-                break
-    except errors.RunTimeoutError:
-        pass
-    except (errors.LoushoError, redis.RedisError) as exc:
-        error = exc
-    finally:
-        close = getattr(found, "close", None)
-        if close is not None:
-            close()
-        deliver(_WindowEnd(error))
-
-
-async def follow(client: Client, session_id: str, after: int | None, live: bool,
-                 executor: Executor) -> AsyncIterator[Event]:
-    """The run's events as ``Client.events`` gives them, pulled in ``executor`` without blocking the event loop.
-
-    The blocking iterator runs in a thread one window (``PULL_WINDOW_S``) at a time, each window after the
-    last seq seen, so a thread is never held longer than that: when the iteration is cancelled (the client
-    went away) the thread stops at its next event or at the end of its window.
-
-    Raises:
-        LoushoError: as ``Client.events`` (a run deleted meanwhile: ``CheckpointNotFoundError``).
-        redis.RedisError: Redis failed in a way the client did not absorb.
-    """
-    loop = asyncio.get_running_loop()
-    items: asyncio.Queue[Event | _WindowEnd] = asyncio.Queue()
-    stop = threading.Event()
-
-    def deliver(item: Event | _WindowEnd) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
-            loop.call_soon_threadsafe(items.put_nowait, item)
-
-    cursor = after
-    try:
-        while True:
-            window = loop.run_in_executor(executor, _pull_window, client, session_id, cursor, live, stop, deliver)
-            window.add_done_callback(_retrieve)
-            while not isinstance(item := await items.get(), _WindowEnd):
-                cursor = item.seq if item.seq is not None else cursor
-                yield item
-                if item.type == "run.done":
-                    return
-            await window
-            if item.error is not None:
-                raise item.error
-    finally:
-        stop.set()
-
-
-def _retrieve(window: asyncio.Future[None]) -> None:
-    """Collect a window's outcome, so a failure after the response ended is logged rather than left dangling."""
-    failure = None if window.cancelled() else window.exception()
-    if failure is not None:
-        log.warning("pulling run events failed: %s", type(failure).__name__)
 
 
 async def stream(session_id: str, source: AsyncIterator[Event]) -> AsyncIterator[str]:

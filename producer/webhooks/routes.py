@@ -172,7 +172,7 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
     client = _client(backend)
     after, live = events.resume_after(request), events.wants_live(request)
     await run_in_threadpool(_check_run, backend, session_id)
-    source = events.follow(client, session_id, after, live, request.app.state.event_threads)
+    source = client.events_async(session_id, after, live=live, executor=request.app.state.event_threads)
     return StreamingResponse(events.stream(session_id, source), media_type=events.MEDIA_TYPE,
                              headers=events.STREAM_HEADERS)
 

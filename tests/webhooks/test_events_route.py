@@ -111,29 +111,28 @@ class Server:
 @pytest.fixture
 def server(settings: Settings, make_driver: Callable[..., Driver],  # noqa: F811  # the fixture imported above
            monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    monkeypatch.setattr(sse, "PULL_WINDOW_S", 0.5)
     driver = make_driver(_packer(), _shipper())
     client = Client(settings)
     made = Server(base="", client=client, driver=driver)
-    follow, events = sse.follow, client.events
+    follow_async, follow = client.events_async, client._follow
 
-    async def tracked_follow(client: Client, session_id: str, *args: Any) -> AsyncIterator[Event]:
+    async def tracked_follow(session_id: str, *args: Any, **kw: Any) -> AsyncIterator[Event]:
         made.streams.append(session_id)
         try:
-            async for event in follow(client, session_id, *args):
+            async for event in follow_async(session_id, *args, **kw):
                 yield event
         finally:
             made.streams_ended.append(session_id)
 
-    def tracked_events(session_id: str, after: int | None = None, **kw: Any) -> Iterator[Event]:
+    def tracked_events(session_id: str, *args: Any) -> Iterator[Event]:
         made.pulls.append(session_id)
         try:
-            yield from events(session_id, after, **kw)
+            yield from follow(session_id, *args)
         finally:
             made.pulls_ended.append(session_id)
 
-    monkeypatch.setattr(sse, "follow", tracked_follow)
-    monkeypatch.setattr(client, "events", tracked_events)
+    monkeypatch.setattr(client, "events_async", tracked_follow)
+    monkeypatch.setattr(client, "_follow", tracked_events)
     config = WebhookConfig(secrets=(b"unused-signing-key",), api_key=SecretStr(API_KEY))
     app = create_app(config, Backend.from_client(client))
     running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))

@@ -29,8 +29,8 @@ from typing import Any
 
 from store import errors, payloads
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
+from worker import abort, machine
 from worker import live as live_events
-from worker import machine
 from worker.agents import ASK_QUESTION, Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
@@ -70,7 +70,7 @@ class _Batch:
         if self.lease.abort.is_set() and not self.abort_checked:
             with self.hearing:  # a second caller waits for the answer instead of taking "not yet" for "no"
                 if not self.abort_checked:
-                    self.aborting = self.deps.store.abort_requested(self.checkpoint.session_id)
+                    self.aborting = abort.confirmed(self.deps, self.lease)
                     self.abort_checked = True
         if self.lease.steer > self.cursor and not self.steer_deferred:
             self.steered = True
@@ -354,10 +354,10 @@ def _question_of(agent: Agent, call: ToolCall) -> dict[str, Any]:
 
 
 def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,
-              calls: list[ToolCall], live: Live, settle_abort: Callable[[Checkpoint], StepResult]) -> StepResult:
+              calls: list[ToolCall], live: Live) -> StepResult:
     """Run the pending calls of the last turn; pause on the ones that need a human.
 
-    ``settle_abort`` stops the run once a confirmed abort let the running calls return.
+    A confirmed abort stops the run (``worker.abort``) once the running calls returned.
 
     Returns:
         The outcome, with the next step's message when every call has a result.
@@ -375,7 +375,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         batch.hear()
         if batch.aborting and not batch.fenced:
             batch.closed = True
-            return settle_abort(batch.checkpoint)
+            return abort.settle(deps, batch.checkpoint, live, None, drained=False)
         if plan.gated and batch.steered:
             # The calls the steer kept back wait with the gated ones and run after the last decision.
             if deps.signals is not None:

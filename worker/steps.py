@@ -17,8 +17,8 @@ from datetime import datetime
 import redis
 
 from store import errors, payloads, records
-from store.records import Checkpoint, InboxEntry, LastError, Lease, ToolCall, Usage
-from worker import drift, machine, retry
+from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
+from worker import abort, drift, machine, retry
 from worker import live as live_events
 from worker.agents import Agent
 from worker.batch import run_batch
@@ -85,7 +85,7 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
     checkpoint = claim.checkpoint
     _forget_stale_signals(deps, lease, claim)
     if claim.abort_requested and checkpoint.status != "finished":
-        return _settle_abort(deps, checkpoint, live, None, drained=False)
+        return abort.settle(deps, checkpoint, live, None, drained=False)
     if seq is not None and checkpoint.seq != seq:
         return StepResult(Outcome.STALE)
     return _step(deps, lease, checkpoint, claim.inbox_head, claim.now, live)
@@ -103,31 +103,6 @@ def _forget_stale_signals(deps: StepDeps, lease: Lease, claim: records.Claim) ->
         lease.steer = 0
         if deps.signals is not None:
             deps.signals.clear_steer(lease.session_id)
-
-
-def _settle_abort(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[InboxEntry] | None, *,
-                  drained: bool) -> StepResult:
-    """Stop the run as aborted: every call without a result gets a ``cancelled`` one, queued input is kept.
-
-    ``inbox`` None reads the input queued since the checkpoint's cursor; ``drained`` says the checkpoint
-    already merged input this step has not saved.
-    """
-    sid = checkpoint.session_id
-    if inbox is None:
-        inbox = deps.store.inbox(sid, checkpoint.inbox_cursor)
-    agent = deps.agents.get(checkpoint.agent)
-    stopped = machine.aborted(checkpoint, inbox, instructions=agent.instructions if agent else "")
-    stored = {id(message) for message in checkpoint.messages}
-    drafts = [live_events.tool_result(m, None) for m in stopped.messages if m.role == "tool" and id(m) not in stored]
-    try:
-        save(deps, stopped, drained_inbox=drained or stopped.inbox_cursor != checkpoint.inbox_cursor, events=drafts,
-             status_before=checkpoint.status, settles_abort=True, live=live)
-    except errors.FencedOutError:
-        return StepResult(Outcome.FENCED)
-    if deps.signals is not None:
-        deps.signals.clear_abort(sid)
-    log.info("run %s aborted", sid)
-    return StepResult(Outcome.ABORTED)
 
 
 def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
@@ -156,8 +131,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
             return StepResult(_save_only(deps, agent, action, checkpoint.status, live))
         if isinstance(action, machine.ModelTurn):
             return _model_turn(deps, agent, action, lease, live, checkpoint.status)
-        return run_batch(deps, lease, agent, action.checkpoint, action.calls, live,
-                         lambda stopped: _settle_abort(deps, stopped, live, None, drained=False))
+        return run_batch(deps, lease, agent, action.checkpoint, action.calls, live)
     except errors.FencedOutError:
         return StepResult(Outcome.FENCED)
     except Exception as exc:  # classified and recorded below, never swallowed
@@ -269,10 +243,8 @@ def _cut_short(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, live: Live)
 
     ``"abort"`` (confirmed in Postgres), ``"steer"`` (nothing was emitted before a steer came), or None.
     """
-    if lease.abort.is_set():
-        if deps.store.abort_requested(checkpoint.session_id):
-            return "abort"
-        lease.abort.clear()
+    if abort.confirmed(deps, lease):
+        return "abort"
     if lease.steer > checkpoint.inbox_cursor and not live.emitted:
         return "steer"
     return None
@@ -295,7 +267,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     stop = _cut_short(deps, lease, checkpoint, live)
     if stop == "abort":
         billed = checkpoint.usage + response.usage if response is not None else checkpoint.usage
-        return _settle_abort(deps, checkpoint.model_copy(update={"usage": billed}), live, [],
+        return abort.settle(deps, checkpoint.model_copy(update={"usage": billed}), live, [],
                              drained=action.drained_inbox)
     if stop is not None or response is None:
         # Steered before the model said anything: ask again, with the new message (its usage is kept as

@@ -1,6 +1,7 @@
 """The producer side: ``Client`` and friends, used from any process to send runs and read results.
 
-Re-exports the error family of ``store.errors`` (what the client's methods and ``Run.wait`` raise); defines nothing.
+Re-exports the error family of ``store.errors`` (what the client's methods and ``Run.wait`` raise) and
+``Limits``/``Prices`` (``resume(..., limits=...)``); defines nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from producer.trajectories import TrajectoryComparison, compare_trajectories
 from store.errors import (
     AgentDriftError,
     AgentNotFoundError,
+    ApprovalExpiredError,
     ApprovalNotFoundError,
     ApprovalOrphanedError,
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigResolverError,
     ConfigurationError,
+    HookFailedError,
     InputTooLargeError,
     LoushoError,
     PropagatingToolError,
@@ -34,12 +38,14 @@ from store.errors import (
     StepAttemptsExceededError,
     StorageError,
 )
+from store.limits import Limits, Prices
 from store.records import HistoryEntry, PendingRun
 
 __all__ = [
     "AgentDriftError",
     "AgentHandle",
     "AgentNotFoundError",
+    "ApprovalExpiredError",
     "ApprovalNotFoundError",
     "ApprovalOrphanedError",
     "Approvals",
@@ -47,12 +53,16 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointNotFoundError",
     "Client",
+    "ConfigResolverError",
     "ConfigurationError",
     "Fork",
     "HistoryEntry",
+    "HookFailedError",
     "InputTooLargeError",
+    "Limits",
     "LoushoError",
     "PendingRun",
+    "Prices",
     "PropagatingToolError",
     "ProviderError",
     "ProviderRateLimitedError",

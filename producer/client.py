@@ -29,6 +29,7 @@ from store.events import Event
 from store.faults import crash_point
 from store.inputs import Input, normalize_input
 from store.leases import LeaseManager
+from store.limits import Limits
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings, load_settings
 from store.signals import RedisSignals
@@ -46,6 +47,8 @@ class RunResult(BaseModel):
     - ``max-steps``: the agent's ``max_steps`` ran out.
     - ``awaiting-approval``: paused on approvals or questions (``approval_ids``).
     - ``aborted``: stopped by ``abort()``; every call has its result; a send or ``resume()`` continues it.
+    - ``budget-exceeded``: a limit of the agent's ``Limits`` was reached before a model call; the run stays in
+      progress and ``resume(..., limits=...)`` continues it under raised limits.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -301,19 +304,24 @@ class Client:
         self.nudge(session_id, agent=checkpoint.agent if checkpoint else None)
         return True
 
-    def resume(self, session_id: str) -> Run | None:
-        """Finish an interrupted run of any agent; None when nothing is pending.
+    def resume(self, session_id: str, *, limits: Limits | None = None) -> Run | None:
+        """Finish an interrupted or stopped run of any agent; None when nothing is pending.
+
+        ``limits`` replace the agent's ``Limits`` for the run from then on (every dimension: one left None
+        is unlimited), so a run stopped with ``finish_reason="budget-exceeded"`` continues under raised limits.
 
         Raises:
             SessionIdInvalidError, SessionAwaitingApprovalError, SessionBusyError.
+            ConfigurationError: ``limits`` is not a ``Limits``.
         """
         records.validate_session_id(session_id)
+        _check_limits(limits)
         checkpoint = self.store.load(session_id)
         if checkpoint is None:
             return None
-        return self._resume(checkpoint)
+        return self._resume(checkpoint, limits)
 
-    def _resume(self, checkpoint: Checkpoint) -> Run | None:
+    def _resume(self, checkpoint: Checkpoint, limits: Limits | None = None) -> Run | None:
         session_id = checkpoint.session_id
         if checkpoint.status == "awaiting-approval":
             approval = checkpoint.approval_ids[0] if checkpoint.approval_ids else None
@@ -322,9 +330,9 @@ class Client:
             raise errors.SessionBusyError(session_id)
         progress = self.store.progress(session_id)
         # A parked run: the caller fixed the cause (that is what resuming it means). A retrying run:
-        # try now rather than at its next attempt time. An aborted run moves again. None: finished, with
-        # no input left to apply.
-        if self.store.reset_attempts(session_id) is None:
+        # try now rather than at its next attempt time. An aborted or budget-stopped run moves again. None:
+        # finished, with no input left to apply.
+        if self.store.reset_attempts(session_id, None if limits is None else limits.stored()) is None:
             return None
         self.nudge(session_id, agent=checkpoint.agent)
         return Run(self, session_id, checkpoint.inbox_cursor,
@@ -421,45 +429,55 @@ class AgentHandle:
         """Pending approvals of this agent's runs, and their decisions."""
         return Approvals(self._client, self.name)
 
-    def send(self, input: Input, session_id: str, *, idempotency_key: str | None = None,
-             check_agent: bool = True) -> Run:
+    def send(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
+             idempotency_key: str | None = None, check_agent: bool = True) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.
 
         A new id starts a run; an unfinished run resumes (pending calls first, input after
         their results; a parked run tries again); a finished run continues as a conversation.
-        A send retried with the same ``idempotency_key`` (its response was lost) is applied once.
+        A send retried with the same ``idempotency_key`` (its response was lost) is applied once,
+        with the first send's metadata.
+
+        ``metadata`` (a JSON object, at most 16 KiB) rides with the input for the application's code: a
+        dynamic agent's ``resolve`` and hooks read it; it is never shown to the model, nor logged.
 
         Raises:
             SessionIdInvalidError: the id breaks the id rules (nothing is written).
-            InputTooLargeError: the input is too large or too deep.
+            InputTooLargeError: the input or the metadata is too large or too deep (nothing is written).
             AgentNotFoundError: workers registered agents and this name is not among them.
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the idempotency key is not 1-200 printable characters.
+            ConfigurationError: the idempotency key is not 1-200 printable characters, or the metadata is
+                not a JSON object (nothing is written).
         """
         records.validate_session_id(session_id)
         if idempotency_key is not None:
             _check_idempotency_key(idempotency_key)
         messages = normalize_input(input)
         if not messages:
+            if metadata is not None:
+                raise errors.ConfigurationError("metadata rides with input: send some input with it")
             return self._resume_or_current(session_id)
         if check_agent:
             inputs.check_agent(self.name, self._client.known_agents())
-        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key)
+        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key, metadata)
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 
-    def stream(self, input: Input, session_id: str, *, live: bool = False,
-               timeout: float | None = None) -> Iterator[Event]:
-        """Send ``input`` and follow the run's events until it settles (``Run.events``).
+    def stream(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
+               live: bool = False, timeout: float | None = None) -> Iterator[Event]:
+        """Send ``input`` (with ``metadata``, as ``send``) and follow the run's events until it settles.
 
         The run is marked watched before the send, so its first step already publishes live signals.
+
+        Raises:
+            The errors of ``send`` (nothing is written).
         """
         records.validate_session_id(session_id)
         try:
             self._client.signals.watch(session_id, streams.WATCH_TTL_MS)
         except redis.RedisError as exc:
             log.debug("could not mark %s watched (%s)", session_id, type(exc).__name__)
-        return self.send(input, session_id).events(live=live, timeout=timeout)
+        return self.send(input, session_id, metadata=metadata).events(live=live, timeout=timeout)
 
     def events(self, session_id: str, after: int | None = None, *, live: bool = False,
                timeout: float | None = None) -> Iterator[Event]:
@@ -475,19 +493,19 @@ class AgentHandle:
         """Stop the run (see ``Client.abort``); False when it is finished."""
         return self._client.abort(session_id)
 
-    def steer(self, session_id: str, message: Input) -> Run:
+    def steer(self, session_id: str, message: Input, *, metadata: dict[str, Any] | None = None) -> Run:
         """Redirect the run with ``message`` at its next safe point.
 
         Calls of the current turn that have not started do not start: they get a result saying the user
         redirected the run, or, when the turn pauses for approvals, run after the last decision. A model
         call that has not emitted anything yet is cut short and asked again with the message. On an idle
-        or finished run this is a send.
+        or finished run this is a send. ``metadata`` rides with the message, as with ``send``.
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval (decide it first).
-            SessionIdInvalidError, InputTooLargeError, AgentNotFoundError.
+            SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, ConfigurationError.
         """
-        run = self.send(message, session_id)
+        run = self.send(message, session_id, metadata=metadata)
         try:
             self._client.signals.mark_steer(session_id, run.input_number)
         except redis.RedisError as exc:
@@ -504,18 +522,23 @@ class AgentHandle:
         resumed = self._client._resume(checkpoint)
         return resumed or Run(self._client, session_id, checkpoint.inbox_cursor)
 
-    def resume(self, session_id: str) -> Run | None:
-        """Finish an interrupted run; None when nothing is pending.
+    def resume(self, session_id: str, *, limits: Limits | None = None) -> Run | None:
+        """Finish an interrupted or stopped run; None when nothing is pending.
+
+        ``limits`` replace the agent's for the run from then on (see ``Client.resume``): a run stopped with
+        ``finish_reason="budget-exceeded"`` continues under raised limits.
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
             SessionBusyError: the run is running right now elsewhere.
+            ConfigurationError: ``limits`` is not a ``Limits``.
         """
         records.validate_session_id(session_id)
+        _check_limits(limits)
         checkpoint = self._client.store.load(session_id)
         if checkpoint is None or checkpoint.agent != self.name:
             return None
-        return self._client._resume(checkpoint)
+        return self._client._resume(checkpoint, limits)
 
     def pending(self) -> list[PendingRun]:
         """Runs of this agent that are interrupted, running, or paused on an approval."""
@@ -542,6 +565,11 @@ class AgentHandle:
     def delete(self, session_id: str, keep_history: bool = False) -> bool:
         """Drop the run's checkpoint (and history unless ``keep_history``)."""
         return self._client.store.delete(records.validate_session_id(session_id), keep_history=keep_history)
+
+
+def _check_limits(limits: object) -> None:
+    if limits is not None and not isinstance(limits, Limits):
+        raise errors.ConfigurationError("limits must be a Limits (from producer import Limits)")
 
 
 def _check_idempotency_key(key: object) -> None:

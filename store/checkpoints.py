@@ -56,7 +56,7 @@ _STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_cou
                f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
 _PROGRESS = text("SELECT status, inbox_cursor, last_error, aborted, events_next, document ->> 'finish_reason'"
                  " AS finish_reason FROM runs WHERE session_id = :sid")
-_INBOX = text("SELECT n, messages FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
+_INBOX = text("SELECT n, messages, metadata FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
 # The fenced write of a step: the run's control columns and document, the messages it added (rows past the
 # stored ones; a rewrite also replaces and drops rows and renews the transcript id), the history entry (the
@@ -69,7 +69,7 @@ saved AS (
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now(),
     transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END,
     aborted = :aborted, abort_requested = CASE WHEN :clear_abort THEN NULL ELSE abort_requested END,
-    events_next = events_next + :n_events
+    end_due = :end_due, events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at, transcript_id, events_next
 ),
@@ -114,10 +114,13 @@ SELECT seq FROM saved
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
-# A resume is a person acting on the run: an aborted run moves again.
+# A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given.
 _RESET_ATTEMPTS = text(f"""
 UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL,
-  aborted = false
+  aborted = false,
+  document = CASE WHEN CAST(:limits AS jsonb) IS NULL THEN document
+    ELSE document || jsonb_build_object('limits', CAST(:limits AS jsonb),
+                                       'format', CASE WHEN document ? 'messages_count' THEN 3 ELSE 1 END) END
 WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')) RETURNING seq
 """)
 # An abort of an unfinished run: kept until a step settles it (a paused run's approvals are withdrawn then).
@@ -126,6 +129,8 @@ UPDATE runs SET abort_requested = COALESCE(abort_requested, now())
 WHERE session_id = :sid AND status <> 'finished' AND NOT aborted RETURNING 1
 """)
 _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
+_END_SETTLED = text(
+    "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1")
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
 # Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
 # seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
@@ -279,7 +284,7 @@ class PostgresCheckpointStore:
         """Input sent after ``cursor``, in send order."""
         with self._direct.connection() as conn:
             rows = conn.execute(_DIRECT[_INBOX], {"sid": session_id, "cursor": cursor}).fetchall()
-        return [records.InboxEntry(n=row["n"], messages=row["messages"]) for row in rows]
+        return [records.InboxEntry(n=row["n"], messages=row["messages"], metadata=row["metadata"]) for row in rows]
 
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
@@ -309,6 +314,7 @@ class PostgresCheckpointStore:
             "sid": sid, "doc": document, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
             "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
             "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone, "aborted": checkpoint.aborted,
+            "end_due": checkpoint.end_due,
             "clear_abort": write.settles_abort or checkpoint.status == "finished", "n_events": len(drafts),
             "events": events.encode(drafts, _slot_finder(rows)) if drafts else "[]",
         }
@@ -399,6 +405,11 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
+    def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
+        """Note that the ``on_run_end`` hooks owed since save ``seq`` have run (fenced); False when not owed."""
+        with self._single() as conn:
+            return conn.execute(_END_SETTLED, {"sid": session_id, "fence": fence, "seq": seq}).first() is not None
+
     def record_failure(self, session_id: str, fence: int, error: records.LastError,
                        drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Store why a step failed (fenced), with ``drafts`` as its events; the attempts count, None if fenced out."""
@@ -427,34 +438,38 @@ class PostgresCheckpointStore:
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
         sends from many processes are applied in the order they committed. A send with an
         ``idempotency_key`` already used on this run queues nothing and returns the first one's
-        number. New input clears a parked or waiting run's error: the run tries again with it.
+        number (its metadata stays). New input clears a parked or waiting run's error: the run
+        tries again with it. ``metadata`` is stored with the input (``InboxEntry.metadata``).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the session belongs to another agent.
+            ConfigurationError: the session belongs to another agent, or ``metadata`` is not a JSON object.
+            InputTooLargeError: ``metadata`` is over 16 KiB as JSON or too deep (nothing is written).
             CheckpointCorruptError: the stored run cannot be read.
         """
+        metadata = runs.check_metadata(metadata)
         with self._begin() as conn:
-            return runs.queue_input(conn, session_id, agent, messages, idempotency_key)
+            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata)
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
         with self._begin() as conn:
             return runs.create_from(conn, checkpoint, queued)
 
-    def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked or waiting run's error and retry time so it runs now.
+    def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
+        """Clear a parked or waiting run's error and retry time so it runs now (under ``limits``, when given).
 
         Returns its seq, None when it has nothing to do (finished with no new input, paused, unknown).
         """
+        params = {"sid": session_id, "limits": None if limits is None else payloads.dumps(limits)}
         with self._begin() as conn:
-            seq = conn.execute(_RESET_ATTEMPTS, {"sid": session_id}).scalar()
+            seq = conn.execute(_RESET_ATTEMPTS, params).scalar()
         return None if seq is None else int(seq)
 
     def request_abort(self, session_id: str) -> bool:
@@ -568,6 +583,11 @@ class PostgresCheckpointStore:
             rows = conn.execute(_DUE, params).all()
         return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent,
                                retrying=bool(row.retrying), due=row.due) for row in rows]
+
+    def expire_approvals(self, limit: int = 500) -> int:
+        """Reject pending approvals past their ``expires_at``; runs left with none pending continue."""
+        with self._single() as conn:
+            return approval_rows.expire_due(conn, limit)
 
     def mark_swept(self, session_ids: Sequence[str]) -> None:
         """Note that the sweep just sent a step for these runs: ``due_runs`` leaves them out for a while."""

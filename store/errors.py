@@ -135,6 +135,12 @@ class ApprovalNotFoundError(LoushoError):
     code = "LOUSHO_APPROVAL_NOT_FOUND"
 
 
+class ApprovalExpiredError(ApprovalNotFoundError):
+    """Raised when a decision comes after the approval's ``expires_at``: it was recorded as rejected instead."""
+
+    code = "LOUSHO_APPROVAL_EXPIRED"
+
+
 class AgentDriftError(LoushoError):
     """Raised when the resuming agent differs from the one that saved the checkpoint (``on_agent_drift='error'``)."""
 
@@ -220,6 +226,18 @@ class PropagatingToolError(LoushoError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable  # type: ignore[misc]  # chosen by the tool
+
+
+class HookFailedError(LoushoError):
+    """Recorded when a hook of the agent raised: the run keeps its last save and waits (``resume()`` retries)."""
+
+    code = "LOUSHO_HOOK_FAILED"
+
+
+class ConfigResolverError(LoushoError):
+    """Recorded when a dynamic agent's ``resolve`` raised or returned something unusable; nothing ran."""
+
+    code = "LOUSHO_CONFIG_RESOLVER_FAILED"
 
 
 class StepAttemptsExceededError(LoushoError):

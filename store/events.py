@@ -111,6 +111,8 @@ def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] 
         result = message.get("content")
         merged = {**data, "tool_call_id": message.get("tool_call_id"), "tool_name": message.get("name"),
                   "result": result}
+        if message.get("replaced_by_hook"):
+            merged["replaced_by_hook"] = True
         if event_type == "tool.error" and isinstance(result, str):
             try:
                 body = json.loads(result)

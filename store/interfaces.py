@@ -71,6 +71,9 @@ class StepStore(Protocol):
                        drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Store why a step failed, with ``drafts`` as its events; the attempts count, None when fenced out."""
 
+    def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
+        """Note (fenced) that the ``on_run_end`` hooks owed since save ``seq`` ran; False when none were owed."""
+
     def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
                     drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Record a transient failure and when to try again; the run's seq, None when fenced out."""
@@ -99,6 +102,12 @@ class RecoveryStore(Protocol):
     def mark_swept(self, session_ids: Sequence[str]) -> None:
         """Note that a step was just sent for these runs: ``due_runs`` leaves them out for a while."""
 
+    def expire_approvals(self, limit: int = 500) -> int:
+        """Reject up to ``limit`` pending approvals past their ``expires_at`` (a note says so); how many.
+
+        A run left with no pending approval continues, as after a human's last decision (``due_runs`` lists it).
+        """
+
 
 class WorkerStore(StepStore, RecoveryStore, Protocol):
     """What a worker process uses: its steps, its recovery sweep, and the names of the agents it serves."""
@@ -111,8 +120,10 @@ class ProducerStore(Protocol):
     """What producers use: queue input, fork, resume, read, list and delete runs."""
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
         """Queue input for a run (creating it) and return its inbox number.
+
+        ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
@@ -123,8 +134,11 @@ class ProducerStore(Protocol):
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork) with ``queued`` input; False if the id is taken."""
 
-    def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked, waiting or aborted run's stop so it runs now; its seq, None when it has nothing to do."""
+    def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
+        """Clear a parked, waiting or stopped run's stop so it runs now; its seq, None when it has nothing to do.
+
+        ``limits`` (``Limits.stored()``) replace the agent's limits for the run from now on.
+        """
 
     def request_abort(self, session_id: str) -> bool:
         """Ask for the run to stop; False when it is finished or already aborted.

@@ -21,9 +21,10 @@ from store import errors
 
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["in-progress", "awaiting-approval", "finished"]
-FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted"]
+FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted",
+                       "budget-exceeded"]
 #: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
-RunState = Literal["running", "retrying", "parked", "paused", "aborted"]
+RunState = Literal["running", "retrying", "parked", "paused", "aborted", "budget-exceeded"]
 
 #: The stored checkpoint format this release writes: 2, the transcript as append-only rows (``store.transcripts``)
 #: and the rest in the run's document; 1 held the whole transcript in the document. Formats change in two
@@ -31,8 +32,9 @@ RunState = Literal["running", "retrying", "parked", "paused", "aborted"]
 #: that meets a newer format than it reads hands the run back to a worker that can (a rolling deploy),
 #: it never parks it; runs still in the old format are moved once no old worker is left.
 CHECKPOINT_FORMAT = 2
-#: The formats this release reads (workers register them, so handed-back steps find a reader).
-READ_FORMATS = (1, 2)
+#: The formats this release reads (workers register them, so handed-back steps find a reader). Format 3 is
+#: format 2 with fields of dynamic agents and budgets (``FORMAT_3_FIELDS``), written only by runs that use them.
+READ_FORMATS = (1, 2, 3)
 
 #: Run ids: 1-200 of letters, digits, ``_ - .``; no leading or trailing dot.
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -103,6 +105,8 @@ class Message(_Record):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool | None = None
+    #: A tool result a hook chose instead of the call's own (``Result`` from ``pre_tool_call`` or ``post_tool_call``).
+    replaced_by_hook: bool | None = None
 
     def dump(self) -> dict[str, Any]:
         """The message as a plain dict without unset fields."""
@@ -139,7 +143,10 @@ class LastError(_Record):
 #: Checkpoint fields stored as columns of the run's row, never in its document.
 _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
                             "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",
-                            "aborted"}
+                            "aborted", "end_due"}
+#: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
+#: worker of an earlier release hands the run back instead of failing to read it.
+FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata")
 
 
 class Checkpoint(_Record):
@@ -180,10 +187,23 @@ class Checkpoint(_Record):
     failures: int = 0
     #: The stored format the document was written in (only written once it differs from 1).
     format: int = CHECKPOINT_FORMAT
-    #: The run stopped on an abort: every call has its result, nothing moves it until a send or a resume.
+    #: The run stopped (an abort, or a budget: ``finish_reason`` says which): every call has its result, nothing
+    #: moves it until a send or a resume.
     aborted: bool = False
+    #: The run's input ended (finished, paused or stopped) and its ``on_run_end`` hooks have not all run yet.
+    end_due: bool = False
+    #: A dynamic agent's choice for the current input: the model's spec and where its context is (format 3).
+    run_config: dict[str, Any] | None = None
+    #: Limits that replace the agent's for this run, given to ``resume`` (format 3).
+    limits: dict[str, Any] | None = None
+    #: Seconds the current input has been running (pauses and stops left out) before ``clock_since`` (format 3).
+    clock_spent_s: float | None = None
+    #: When the run's clock last started (Postgres time); None while it is stopped (format 3).
+    clock_since: datetime | None = None
+    #: Metadata sent with the input the run works on (``send(..., metadata=...)``; format 3).
+    metadata: dict[str, Any] | None = None
 
-    @field_validator("updated_at", "next_attempt_at", "retry_since")
+    @field_validator("updated_at", "next_attempt_at", "retry_since", "clock_since")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
@@ -278,6 +298,10 @@ class Approval(_Record):
     options: list[str] | None = None
     #: A question's answer (the call's result is ``{"answer": answer}``).
     answer: str | None = None
+    #: Past this time (Postgres's clock) the approval counts as rejected; None: it never expires.
+    expires_at: datetime | None = None
+    #: Seconds from creation to ``expires_at``; given when the approval is opened, never stored.
+    expires_in: float | None = Field(default=None, exclude=True)
 
 
 class Progress(_Record):
@@ -298,6 +322,8 @@ class InboxEntry(_Record):
 
     n: int
     messages: list[Message]
+    #: What the sender attached for the application's code (``send(..., metadata=...)``); never sent to a model.
+    metadata: dict[str, Any] | None = None
 
 
 class HistoryEntry(_Record):
@@ -345,6 +371,11 @@ class PendingRun(_Record):
     next_attempt_at: datetime | None = None
 
 
+def _stopped_state(checkpoint: Checkpoint) -> RunState:
+    """The state of a stopped run: stopped at a budget, or aborted."""
+    return "budget-exceeded" if checkpoint.finish_reason == "budget-exceeded" else "aborted"
+
+
 def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> PendingRun:
     """How ``pending()`` shows an unfinished run; ``approval_kind`` is the kind of its first approval, if known."""
     paused = checkpoint.status == "awaiting-approval" and bool(checkpoint.approval_ids)
@@ -353,8 +384,8 @@ def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> Pen
         approval_id=checkpoint.approval_ids[0] if paused else None,
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
-        state="aborted" if checkpoint.aborted else run_state(checkpoint.status, checkpoint.last_error,
-                                                             checkpoint.next_attempt_at),
+        state=_stopped_state(checkpoint) if checkpoint.aborted else run_state(
+            checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at),
         next_attempt_at=checkpoint.next_attempt_at)
 
 
@@ -387,8 +418,8 @@ def stored_checkpoint(session_id: str, columns: dict[str, Any], document: dict[s
     """
     document = {k: v for k, v in document.items() if k not in ("session_id", "agent", "messages_count")}
     found_format = document.pop("format", 1)
-    if isinstance(found_format, int) and found_format > CHECKPOINT_FORMAT:
-        raise errors.CheckpointFormatError(session_id, found_format, CHECKPOINT_FORMAT)
+    if isinstance(found_format, int) and found_format > READ_FORMATS[-1]:
+        raise errors.CheckpointFormatError(session_id, found_format, READ_FORMATS[-1])
     try:
         checkpoint = Checkpoint(session_id=session_id, **columns, **document)
         if messages:

@@ -7,6 +7,7 @@ failures) stay in ``store.checkpoints``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -17,7 +18,8 @@ from store import errors, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted")
+           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted,"
+           " end_due")
 #: The whole transcript of the run of the row (format 2), as a JSON array in slot order, for readers.
 MESSAGES = ("(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
             " WHERE m.session_id = runs.session_id) AS messages")
@@ -31,14 +33,15 @@ SELECT :sid, CAST(e ->> 0 AS int), :seq, e -> 1 FROM jsonb_array_elements(CAST(:
 def has_work_sql(table: str = "") -> str:
     """The one rule of which runs have work to do, as SQL on ``runs`` (aliased ``table``, if given).
 
-    In progress (and not stopped by an abort), finished or aborted with input waiting, or unfinished with an
-    abort request no step has settled yet. Used by the claim, the sweep, ``resume``, ``pending`` and the
+    In progress (and not stopped by an abort or a budget), finished or stopped with input waiting, unfinished
+    with an abort request no step has settled yet, or owing ``on_run_end`` hooks.
+    Used by the claim, the sweep, ``resume``, ``pending`` and the
     schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
     """
     t = f"{table}." if table else ""
     return (f"(({t}status = 'in-progress' AND NOT {t}aborted)"
             f" OR (({t}status = 'finished' OR {t}aborted) AND {t}inbox_head > {t}inbox_cursor)"
-            f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished'))")
+            f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished') OR {t}end_due)")
 
 
 def not_parked_sql(table: str = "") -> str:
@@ -52,7 +55,7 @@ def not_parked_sql(table: str = "") -> str:
 
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
 _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
-                       "next_attempt_at", "retry_since", "failures", "aborted")
+                       "next_attempt_at", "retry_since", "failures", "aborted", "end_due")
 #: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
 HAS_WORK = has_work_sql()
 NOT_PARKED = not_parked_sql()
@@ -95,7 +98,10 @@ WHERE session_id = :sid RETURNING inbox_head
 """)
 _SENT_BEFORE = text("SELECT n FROM sends WHERE session_id = :sid AND idempotency_key = :key")
 _REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES (:sid, :key, :n)")
-_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages) VALUES (:sid, :n, CAST(:messages AS jsonb))")
+_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages, metadata)"
+                  " VALUES (:sid, :n, CAST(:messages AS jsonb), CAST(:metadata AS jsonb))")
+#: Most bytes the metadata of one send may take as JSON.
+MAX_METADATA_BYTES = 16 * 1024
 
 
 class InboxPosition(Protocol):
@@ -126,12 +132,17 @@ class InboxPosition(Protocol):
         """Whether the run's ``abort_requested`` column is set."""
         ...
 
+    @property
+    def end_due(self) -> bool:
+        """The run's ``end_due`` column."""
+        ...
+
 
 def has_work(run: InboxPosition) -> bool:
     """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
     return ((run.status == "in-progress" and not run.aborted)
             or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
-            or (run.abort_requested and run.status != "finished"))
+            or (run.abort_requested and run.status != "finished") or run.end_due)
 
 
 def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:
@@ -164,20 +175,47 @@ def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: s
                                      mapping["document"] or {}, mapping["uncounted_usage"], messages)
 
 
+def check_metadata(metadata: object) -> dict[str, Any] | None:
+    """``metadata`` as it is stored with its input: a JSON object of at most ``MAX_METADATA_BYTES``, text cleaned.
+
+    The one rule for what a send may attach (``send(..., metadata=...)``), checked before anything is written.
+
+    Raises:
+        ConfigurationError: not a dict with string keys, or holding a value JSON has no form for.
+        InputTooLargeError: nested deeper than input may be, or over ``MAX_METADATA_BYTES`` as JSON.
+    """
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(isinstance(key, str) for key in metadata):
+        raise errors.ConfigurationError("metadata must be a JSON object (a dict with string keys)")
+    payloads.check_depth(metadata)
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError):
+        raise errors.ConfigurationError(
+            "metadata values must be JSON: strings, finite numbers, booleans, None, lists and objects") from None
+    clean: dict[str, Any] = payloads.sanitize(metadata)
+    if len(payloads.dumps(clean).encode("utf-8")) > MAX_METADATA_BYTES:
+        raise errors.InputTooLargeError(f"metadata is at most {MAX_METADATA_BYTES} bytes as JSON")
+    return clean
+
+
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-                idempotency_key: str | None = None) -> int:
+                idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
     """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
-    used on this run queues nothing and returns the first send's number. New input clears a parked
-    or waiting run's error: the run tries again with it.
+    used on this run queues nothing and returns the first send's number (the first send's ``metadata``
+    stays). New input clears a parked or waiting run's error: the run tries again with it.
 
     Raises:
         SessionAwaitingApprovalError: the run waits on an approval.
-        ConfigurationError: the run belongs to another agent.
+        ConfigurationError: the run belongs to another agent, or ``metadata`` is not a JSON object.
+        InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
+    metadata = check_metadata(metadata)
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
     if row.document:
@@ -192,18 +230,25 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
         waiting = row.approvals or []
         raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
     number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
-    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _dump(messages)})
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _dump(messages),
+                              "metadata": _dump_metadata(metadata)})
     if idempotency_key is not None:
         conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})
     return number
 
 
-def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message]) -> bool:
-    """Create the run ``session_id`` with ``messages`` as its first input, in the caller's transaction.
+def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
+               metadata: dict[str, Any] | None = None) -> bool:
+    """Create the run ``session_id`` with ``messages`` (and ``metadata``) as its first input, in ``conn``'s transaction.
 
     Returns False, writing nothing, when a run with that id exists.
+
+    Raises:
+        ConfigurationError: ``metadata`` is not a JSON object.
+        InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
     """
-    return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages)
+    return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages,
+                   metadata=check_metadata(metadata))
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
@@ -221,13 +266,13 @@ def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequen
 def format_document(checkpoint: records.Checkpoint, messages_count: int) -> str:
     """The run document of ``checkpoint`` in format 2: no transcript, the format and the message count."""
     document = checkpoint.control_document()
-    document["format"] = records.CHECKPOINT_FORMAT
+    document["format"] = 3 if any(key in document for key in records.FORMAT_3_FIELDS) else records.CHECKPOINT_FORMAT
     document["messages_count"] = messages_count
     return payloads.dumps(document)
 
 
 def _insert(conn: Connection, session_id: str, agent: str, status: str, document: str,
-            queued: Sequence[records.Message], rows: str = "[]") -> bool:
+            queued: Sequence[records.Message], rows: str = "[]", metadata: dict[str, Any] | None = None) -> bool:
     created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent, "status": status, "doc": document,
                                       "head": 1 if queued else 0}).first()
     if created is None:
@@ -235,9 +280,14 @@ def _insert(conn: Connection, session_id: str, agent: str, status: str, document
     if rows != "[]":
         conn.execute(_ADD_MESSAGES, {"sid": session_id, "seq": int(created.seq), "rows": rows})
     if queued:
-        conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued)})
+        conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued),
+                                  "metadata": _dump_metadata(metadata)})
     return True
 
 
 def _dump(messages: Sequence[records.Message]) -> str:
     return payloads.dumps([m.dump() for m in messages])
+
+
+def _dump_metadata(metadata: dict[str, Any] | None) -> str | None:
+    return None if metadata is None else payloads.dumps(metadata)

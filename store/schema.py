@@ -36,7 +36,8 @@ transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 #: predicate of the sweep's index.
 MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
             " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-           " OR (abort_requested IS NOT NULL AND status <> 'finished'))")
+           " OR (abort_requested IS NOT NULL AND status <> 'finished')"
+           " OR end_due)")
 
 #: The latest checkpoint of each run: control fields as columns, the rest in ``document``.
 runs = Table(
@@ -73,6 +74,8 @@ runs = Table(
     Column("abort_requested", DateTime(timezone=True), nullable=True),
     #: The run stopped on an abort; it has no work until a send or a resume.
     Column("aborted", Boolean, nullable=False, server_default=false()),
+    #: The run's input ended and its ``on_run_end`` hooks have not all run yet (the sweep moves it until they have).
+    Column("end_due", Boolean, nullable=False, server_default=false()),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
           postgresql_where=text(MOVABLE)),
@@ -128,6 +131,8 @@ inbox = Table(
     Column("n", BigInteger, nullable=False),
     Column("messages", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    #: What the sender attached for the application's code (``send(..., metadata=...)``).
+    Column("metadata", JSONB, nullable=True),
     PrimaryKeyConstraint("session_id", "n"),
 )
 
@@ -184,8 +189,12 @@ approvals = Table(
     Column("question", Text, nullable=True),
     Column("options", JSONB, nullable=True),
     Column("answer", Text, nullable=True),
+    #: Past this time a pending approval counts as rejected (the recovery sweep decides it so).
+    Column("expires_at", DateTime(timezone=True), nullable=True),
     Index("approvals_session_idx", "session_id"),
     Index("approvals_pending_idx", "created_at", postgresql_where=text("status = 'pending'")),
+    Index("approvals_expiry_idx", "expires_at",
+          postgresql_where=text("status = 'pending' AND expires_at IS NOT NULL")),
 )
 
 #: Webhook deliveries: one per (agent, delivery id), written with its run and first input in one transaction.

@@ -80,7 +80,7 @@ def stable_prefix(messages: Sequence[Message], slots: Sequence[int]) -> int:
 def message_from_row(body: dict[str, Any]) -> Message:
     """A stored message, without validating again what was validated before it was written."""
     calls = body.get("tool_calls")
-    fields = {key: body.get(key) for key in ("role", "content", "tool_call_id", "name", "is_error")}
+    fields = {key: body.get(key) for key in ("role", "content", "tool_call_id", "name", "is_error", "replaced_by_hook")}
     if calls is not None:
         fields["tool_calls"] = [ToolCall.model_construct(
             id=c["id"], name=c["name"], args=c.get("args") or {}, invalid_args=c.get("invalid_args")) for c in calls]

@@ -3,7 +3,7 @@
 ``celery -A worker`` finds the app in ``worker.celery``; importing this package does not start
 or configure Celery, so agent modules can ``from worker import Agent, tool`` cheaply. The error
 family of ``store.errors`` is re-exported here as well (every class but the step machine's internal
-``FencedOutError``).
+``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from __future__ import annotations
 from store.errors import (
     AgentDriftError,
     AgentNotFoundError,
+    ApprovalExpiredError,
     ApprovalNotFoundError,
     ApprovalOrphanedError,
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigResolverError,
     ConfigurationError,
+    HookFailedError,
     InputTooLargeError,
     LoushoError,
     PropagatingToolError,
@@ -33,24 +36,40 @@ from store.errors import (
     StepAttemptsExceededError,
     StorageError,
 )
+from store.limits import Limits, Prices
 from worker.agents import Agent, Tool, ToolContext, tool
+from worker.dynamic import ResolveContext, RunConfig
+from worker.hooks import Deny, HookContext, Input, ModelRequest, Result, RunEnd
 
 __all__ = [
     "Agent",
     "AgentDriftError",
     "AgentNotFoundError",
+    "ApprovalExpiredError",
     "ApprovalNotFoundError",
     "ApprovalOrphanedError",
     "CheckpointCorruptError",
     "CheckpointFormatError",
     "CheckpointNotFoundError",
+    "ConfigResolverError",
     "ConfigurationError",
+    "Deny",
+    "HookContext",
+    "HookFailedError",
+    "Input",
     "InputTooLargeError",
+    "Limits",
     "LoushoError",
+    "ModelRequest",
+    "Prices",
     "PropagatingToolError",
     "ProviderError",
     "ProviderRateLimitedError",
+    "ResolveContext",
+    "Result",
     "ResumeToolMissingError",
+    "RunConfig",
+    "RunEnd",
     "RunFailedError",
     "RunTimeoutError",
     "ScheduleBrokenError",

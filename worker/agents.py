@@ -22,6 +22,7 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from store import errors, records
+from store.limits import Limits, Prices
 from worker.providers.base import Model, ToolSpec
 
 DriftPolicy = Literal["warn", "error", "ignore"]
@@ -58,10 +59,12 @@ class Tool:
     """A function the model may call, with its input schema derived from the signature."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-                 needs_approval: ApprovalRule = False, timeout: float | None = None) -> None:
-        if timeout is not None and not timeout > 0:
-            raise errors.ConfigurationError(
-                f"tool {name or fn.__name__!r}: timeout must be a positive number of seconds")
+                 needs_approval: ApprovalRule = False, timeout: float | None = None,
+                 expires_in: float | None = None) -> None:
+        _positive_seconds(timeout, f"tool {name or fn.__name__!r}: timeout")
+        _positive_seconds(expires_in, f"tool {name or fn.__name__!r}: expires_in")
+        #: Seconds an approval of a call may wait for a decision; then it counts as rejected (None: the agent's).
+        self.expires_in = expires_in
         self.fn = fn
         #: Seconds a call may run; past them it gets a ``timeout`` error result (the step goes on).
         self.timeout = timeout
@@ -113,6 +116,11 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
+def _positive_seconds(value: float | None, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+        raise errors.ConfigurationError(f"{what} must be a positive number of seconds")
+
+
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
     try:
         hints = get_type_hints(fn)
@@ -135,15 +143,17 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None) -> Any:
+         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None) -> Any:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
     ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of
     holding the step until its time limit; the call is told through ``ctx.cancelled`` and its late answer is
-    dropped (it may still take effect: make it idempotent).
+    dropped (it may still take effect: make it idempotent). ``expires_in`` (seconds): an approval of a call
+    left undecided that long counts as rejected (default: the agent's ``approval_expires_in``).
     """
     def wrap(target: Callable[..., Any]) -> Tool:
-        return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout)
+        return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout,
+                    expires_in=expires_in)
     return wrap(fn) if fn is not None else wrap
 
 
@@ -163,13 +173,26 @@ def _ask_question(question: str, options: list[str] | None = None) -> str:
 class Agent:
     """A model, instructions and tools, under a name the workers and producers share.
 
-    ``ask_question=True`` adds the built-in ``ask_question`` tool: a call pauses the run on an approval of
-    kind ``question`` until a person answers it (``approvals.resolve(id, answer=...)``) or declines it.
+    - ``ask_question=True`` adds the built-in ``ask_question`` tool: a call pauses the run on an approval of
+      kind ``question`` until a person answers it (``approvals.resolve(id, answer=...)``) or declines it.
+    - ``hooks``: objects with any of ``pre_generate``, ``post_generate``, ``pre_tool_call``, ``post_tool_call``
+      and ``on_run_end`` (``worker.hooks``), run in order.
+    - ``limits`` (``Limits``) stop a run's input at a spend budget (``finish_reason="budget-exceeded"``);
+      ``max_cost`` needs ``prices`` (``Prices``, per million tokens).
+    - ``approval_expires_in`` (seconds): an approval or question left undecided that long counts as rejected
+      (a tool's own ``expires_in`` wins).
+    - ``resolve``: a dynamic agent. ``resolve(ctx)`` runs on the worker when an input starts and returns a
+      ``RunConfig`` (model, tools, instructions) chosen from ``ctx.input`` and ``ctx.metadata``; the model
+      chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
+      default for ``RunConfig`` fields left None, and ``models`` lists the models a saved choice may name that
+      cannot be rebuilt from their spec alone (a ``MockModel``, a model with custom client options).
     """
 
-    def __init__(self, name: str, model: Model, instructions: str = "", tools: Iterable[Tool] = (),
+    def __init__(self, name: str, model: Model | None = None, instructions: str = "", tools: Iterable[Tool] = (),
                  max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn",
-                 ask_question: bool = False) -> None:
+                 ask_question: bool = False, hooks: Iterable[Any] = (), limits: Limits | None = None,
+                 prices: Prices | None = None, approval_expires_in: float | None = None,
+                 resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = ()) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -177,6 +200,18 @@ class Agent:
             raise errors.ConfigurationError("tool_concurrency must be at least 1")
         if on_agent_drift not in ("warn", "error", "ignore"):
             raise errors.ConfigurationError("on_agent_drift must be 'warn', 'error' or 'ignore'")
+        if model is None and resolve is None:
+            raise errors.ConfigurationError(f"agent {name!r} needs a model, or a resolve function that chooses one")
+        if resolve is not None and not callable(resolve):
+            raise errors.ConfigurationError(f"agent {name!r}: resolve must be callable")
+        _positive_seconds(approval_expires_in, f"agent {name!r}: approval_expires_in")
+        if limits is not None and not isinstance(limits, Limits):
+            raise errors.ConfigurationError(f"agent {name!r}: limits must be a Limits")
+        if prices is not None and not isinstance(prices, Prices):
+            raise errors.ConfigurationError(f"agent {name!r}: prices must be a Prices")
+        if limits is not None and limits.max_cost is not None and prices is None:
+            raise errors.ConfigurationError(
+                f"agent {name!r}: limits.max_cost needs prices for its model (Agent(..., prices=Prices(...)))")
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -190,6 +225,12 @@ class Agent:
         self.max_steps = max_steps
         self.tool_concurrency = tool_concurrency
         self.on_agent_drift = on_agent_drift
+        self.hooks = tuple(hooks)
+        self.limits = limits
+        self.prices = prices
+        self.approval_expires_in = approval_expires_in
+        self.resolve = resolve
+        self.models = tuple(models)
 
     def tool_specs(self) -> list[ToolSpec]:
         """What the model is told about the tools."""

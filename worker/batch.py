@@ -17,6 +17,7 @@ after the last decision.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 import time
@@ -30,10 +31,13 @@ from typing import Any
 from store import errors, payloads
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
 from worker import abort, machine
+from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import ASK_QUESTION, Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
+from worker.hooks import Deny, HookContext, Input
+from worker.hooks import Result as HookResult
 from worker.live import Live
 
 
@@ -154,7 +158,91 @@ def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
                        checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event())
 
 
+def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False) -> HookContext:
+    return HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
+                       metadata=checkpoint.metadata, tool_call_id=call.id, tool_name=call.name, args=dict(call.args),
+                       resumed_after_approval=resumed)
+
+
+def _same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two argument objects are equal as JSON (key order aside)."""
+    return json.dumps(payloads.sanitize(a), sort_keys=True) == json.dumps(payloads.sanitize(b), sort_keys=True)
+
+
+def _gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, pinned: bool = False) -> ToolCall | Message:
+    """The call as the ``pre_tool_call`` hooks leave it, or the result they settle it with.
+
+    ``pinned``: a person approved ``call.args``; a hook that changes them gets the call a validation error.
+
+    Raises:
+        HookFailedError: a hook raised.
+    """
+    hooks = hook_calls.having(agent.hooks, "pre_tool_call")
+    if not hooks:
+        return call
+    verdict = hook_calls.pre_tool_call(hooks, _hook_context(agent, checkpoint, call, resumed=pinned))
+    if isinstance(verdict, Deny):
+        return machine.tool_error(call, "denied", "ToolDenied", verdict.reason or "a hook denied this call")
+    if isinstance(verdict, HookResult):
+        return machine.tool_message(call, verdict.value, replaced_by_hook=True)
+    if isinstance(verdict, Input):
+        if pinned:
+            if not _same_args(verdict.args, call.args):
+                return machine.tool_error(call, "validation", "ApprovedArgsChanged",
+                                          "a hook tried to change the arguments a person approved; the call did"
+                                          " not run")
+            return call
+        try:
+            agent.tools[call.name].validate(verdict.args)
+        except ToolArgsInvalid as exc:
+            return machine.tool_error(call, "validation", "ToolArgsInvalid", f"arguments from a hook: {exc}")
+        return call.model_copy(update={"args": payloads.sanitize(verdict.args)})
+    return call
+
+
+def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: Approval) -> ToolCall | Message | None:
+    """What a decision makes of its call: a result, the approved call to run (pinned args), or None (undecided)."""
+    if decision.kind == "question" and decision.status in ("approved", "rejected"):
+        return machine.answered(call, decision.answer) if decision.status == "approved" \
+            else machine.declined(call, decision.note)
+    if decision.status == "approved":
+        if call.name not in agent.tools:
+            raise errors.ResumeToolMissingError(
+                f"the approved call {call.id!r} names tool {call.name!r}, which agent {agent.name!r} lacks")
+        # What runs is what the person saw and approved (after the hooks' changes at the time).
+        return _gate(agent, checkpoint, call.model_copy(update={"args": decision.args}), pinned=True)
+    if decision.status == "rejected":
+        return machine.rejected(call, decision.note)
+    return None
+
+
+def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[ToolCall | Message, bool]:
+    """An undecided call through the gates: its result, or the call to run and whether it needs a person."""
+    tool = agent.tools.get(call.name)
+    if tool is None:
+        return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"), False
+    if call.invalid_args is not None:
+        return machine.tool_error(call, "validation", "ToolArgsInvalid",
+                                  "the arguments were not a JSON object; send valid JSON"), False
+    try:
+        tool.validate(call.args)
+    except ToolArgsInvalid as exc:
+        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)), False
+    cleared = _gate(agent, checkpoint, call)
+    if isinstance(cleared, Message):
+        return cleared, False
+    try:
+        return cleared, tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
+    except Exception as exc:  # a raising approval rule must not let the call through
+        return machine.tool_error(call, "denied", "ApprovalCheckFailed", f"{type(exc).__name__}: {exc}"), False
+
+
 def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> _Plan:
+    """Each call through the gates, in order: argument validation, ``pre_tool_call`` hooks, ``needs_approval``.
+
+    Raises:
+        HookFailedError: a hook raised (nothing of the batch was saved or run yet).
+    """
     plan = _Plan()
     decided = {a.tool_call_id: a for a in deps.store.decisions(checkpoint.approval_ids).values()} \
         if checkpoint.approval_ids else {}
@@ -163,39 +251,18 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             plan.results.append(machine.interrupted(call))
             continue
         decision = decided.get(call.id)
-        if decision is not None and decision.kind == "question" and decision.status in ("approved", "rejected"):
-            answered = decision.status == "approved"
-            plan.results.append(machine.answered(call, decision.answer) if answered
-                                else machine.declined(call, decision.note))
+        outcome = None if decision is None else _decided(agent, checkpoint, call, decision)
+        if outcome is not None:
+            if isinstance(outcome, Message):
+                plan.results.append(outcome)
+            else:
+                plan.approved.append(outcome)
             continue
-        if decision is not None and decision.status == "approved":
-            if call.name not in agent.tools:
-                raise errors.ResumeToolMissingError(
-                    f"the approved call {call.id!r} names tool {call.name!r}, which agent {agent.name!r} lacks")
-            plan.approved.append(call)
-            continue
-        if decision is not None and decision.status == "rejected":
-            plan.results.append(machine.rejected(call, decision.note))
-            continue
-        tool = agent.tools.get(call.name)
-        if tool is None:
-            plan.results.append(machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"))
-            continue
-        if call.invalid_args is not None:
-            plan.results.append(machine.tool_error(
-                call, "validation", "ToolArgsInvalid", "the arguments were not a JSON object; send valid JSON"))
-            continue
-        try:
-            tool.validate(call.args)
-            gated = tool.requires_approval(call.args, _context(agent, checkpoint, call))
-        except ToolArgsInvalid as exc:
-            plan.results.append(machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)))
-            continue
-        except Exception as exc:  # a raising approval rule must not let the call through
-            plan.results.append(machine.tool_error(call, "denied", "ApprovalCheckFailed",
-                                                   f"{type(exc).__name__}: {exc}"))
-            continue
-        (plan.gated if gated else plan.run).append(call)
+        cleared, gated = _cleared(agent, checkpoint, call)
+        if isinstance(cleared, Message):
+            plan.results.append(cleared)
+        else:
+            (plan.gated if gated else plan.run).append(cleared)
     return plan
 
 
@@ -206,8 +273,8 @@ def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: thr
         value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
-    except errors.PropagatingToolError:
-        raise  # the tool stops the run: no result, no further call (worker.steps records it)
+    except (errors.PropagatingToolError, errors.HookFailedError):
+        raise  # the tool (or a hook) stops the run: no result, no further call (worker.steps records it)
     except Exception as exc:  # a raising tool becomes an error result for the model
         return machine.tool_error(call, "execution", type(exc).__name__, str(exc))
     return machine.tool_message(call, value)
@@ -235,7 +302,8 @@ class _CallCancelled(threading.Event):
         return True
 
 
-def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Message, float]:
+def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
+                  resumed: bool = False) -> tuple[Message, float]:
     batch.live.tool_start(call)
     started = time.perf_counter()
     tool = agent.tools.get(call.name)
@@ -251,7 +319,22 @@ def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: Too
             result = machine.tool_error(call, "timeout", "ToolTimedOut",
                                         f"the call ran longer than {tool.timeout:g} s and was given up; it may"
                                         " still take effect")
-    return result, (time.perf_counter() - started) * 1000
+    return _after(agent, checkpoint, call, result, resumed), (time.perf_counter() - started) * 1000
+
+
+def _after(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool) -> Message:
+    """``result`` as the ``post_tool_call`` hooks leave it.
+
+    Raises:
+        HookFailedError: a hook raised (the call gets no result; it runs again on resume).
+    """
+    hooks = hook_calls.having(agent.hooks, "post_tool_call")
+    if not hooks:
+        return result
+    replaced = hook_calls.post_tool_call(hooks, _hook_context(agent, checkpoint, call, resumed), result)
+    if replaced is None:
+        return result
+    return machine.tool_message(call, replaced.value, replaced_by_hook=True)
 
 
 _tool_threads: tuple[int, ThreadPoolExecutor] | None = None
@@ -322,7 +405,7 @@ def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: li
 
     def run_one(call: ToolCall) -> None:
         crash_point("after_started_marker_before_approved_call", sid)
-        result, duration = _timed_invoke(batch, agent, checkpoint, call)
+        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True)
         crash_point("after_approved_effect_before_result_save", sid)
         batch.settle(result, duration)
 
@@ -340,8 +423,15 @@ def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCa
     stamp = f"ap_{time.time_ns():016x}"
     return [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
                      tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
-                     fingerprint=fingerprint, **_question_of(agent, call))
+                     fingerprint=fingerprint, expires_in=_expires_in(agent, call), **_question_of(agent, call))
             for k, call in enumerate(calls)]
+
+
+def _expires_in(agent: Agent, call: ToolCall) -> float | None:
+    """Seconds the approval of ``call`` may wait for a decision: the tool's ``expires_in``, else the agent's."""
+    tool = agent.tools.get(call.name)
+    own = tool.expires_in if tool is not None else None
+    return own if own is not None else agent.approval_expires_in
 
 
 def _question_of(agent: Agent, call: ToolCall) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from store import errors, interfaces
 from store.records import Approval, Checkpoint, EventDraft, Serving, StepWrite
+from worker import budgets
 from worker import live as live_events
 from worker.agents import Agent
 from worker.live import Live
@@ -76,7 +77,9 @@ class StepDeps:
         return self.registry.serving(agent, self.registry_window_s, exclude=self.worker_id)
 
     def fingerprint(self, agent: Agent) -> dict[str, Any]:
-        """The agent's fingerprint, computed once per process."""
+        """The agent's fingerprint, computed once per process (once per step for a dynamic agent's choice)."""
+        if self.agents.get(agent.name) is not agent:
+            return agent.fingerprint()  # what a dynamic agent chose for a run
         if agent.name not in self.fingerprints:
             self.fingerprints[agent.name] = agent.fingerprint()
         return self.fingerprints[agent.name]
@@ -115,6 +118,9 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
         FencedOutError: another holder claimed the run since we loaded it.
     """
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
+    ending = status_before is not None and live_events.ends(new, status_before, drained_inbox)
+    if ending and live is not None:
+        new = budgets.clock_stopped(new, live.db_now()).model_copy(update={"end_due": live.end_hooks or new.end_due})
     drafts = [live_events.run_start(new)] if drained_inbox else []
     if live is not None and live.pending:
         drafts.extend(live.pending)
@@ -130,4 +136,6 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
     if live is not None:
         live.pending.clear()
         live.saved(len(drafts))
+        if ending and new.end_due:
+            live.end_owed = new
     return new

@@ -10,7 +10,7 @@ emitted anything yet (a steer cuts short only a call that has not).
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from store import payloads
@@ -72,13 +72,18 @@ def drift(found: dict[str, Any]) -> EventDraft:
     return EventDraft(type="agent.drift", data=found)
 
 
-def settled(drafts: list[EventDraft], checkpoint: Checkpoint, status_before: str, drained: bool) -> list[EventDraft]:
-    """``drafts`` plus ``run.done`` when ``checkpoint`` ends the run's input: finished, paused or aborted.
+def ends(checkpoint: Checkpoint, status_before: str, drained: bool) -> bool:
+    """Whether saving ``checkpoint`` ends the run's input: finished, paused, or stopped (an abort, a budget).
 
-    Only a save that ends it says so: one that changes the status, stops on an abort, or merged input.
+    Only a save that ends it does: one that changes the status, stops the run, or merged input.
     """
     ended = checkpoint.status != "in-progress" or checkpoint.aborted
-    if ended and (drained or checkpoint.aborted or status_before != checkpoint.status):
+    return ended and (drained or checkpoint.aborted or status_before != checkpoint.status)
+
+
+def settled(drafts: list[EventDraft], checkpoint: Checkpoint, status_before: str, drained: bool) -> list[EventDraft]:
+    """``drafts`` plus ``run.done`` when ``checkpoint`` ends the run's input (``ends``)."""
+    if ends(checkpoint, status_before, drained):
         return [*drafts, run_done(checkpoint)]
     return drafts
 
@@ -132,6 +137,23 @@ class Live:
         self.cancelled = _CutShort(self, lease)
         #: Events for the step's next save that no transcript change carries (``agent.drift``).
         self.pending: list[EventDraft] = []
+        #: Whether the run's agent has ``on_run_end`` hooks (a save that ends the input then owes them).
+        self.end_hooks = False
+        #: The saved checkpoint that ended the input and owes ``on_run_end`` hooks, once one was saved.
+        self.end_owed: Checkpoint | None = None
+        self._claimed_at: datetime | None = None
+        self._claimed_mono = 0.0
+
+    def claimed(self, now: datetime | None, end_hooks: bool) -> None:
+        """The step claimed the run at ``now`` (Postgres's clock); its agent has ``on_run_end`` hooks or not."""
+        self._claimed_at, self._claimed_mono = now, time.monotonic()
+        self.end_hooks = end_hooks
+
+    def db_now(self) -> datetime:
+        """Postgres's time now: the claim's time plus what this process measured since (its own clock without one)."""
+        if self._claimed_at is None:
+            return datetime.now(UTC)
+        return self._claimed_at + timedelta(seconds=time.monotonic() - self._claimed_mono)
 
     @property
     def watched(self) -> bool:

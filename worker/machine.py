@@ -6,7 +6,7 @@ they are tested in microseconds and replayed deterministically.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,13 @@ class Idle:
 Action = ModelTurn | ToolBatch | Save | Idle
 
 
-def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str, max_steps: int) -> Action:
+def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str, max_steps: int,
+         over_budget: Callable[[Checkpoint], bool] | None = None) -> Action:
     """Decide the one step a task performs for this run.
 
     Pending tool calls always come first; queued input is merged only at a boundary where every
-    call of the last turn has its result, so input never lands between a call and its result.
+    call of the last turn has its result, so input never lands between a call and its result. Before a
+    model call, ``over_budget`` (the input's limits) may stop the run instead (``budget-exceeded``).
     """
     if checkpoint.status == "awaiting-approval":
         return Idle("awaiting-approval")
@@ -61,8 +63,8 @@ def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: s
             return Idle("aborted")
         # New input continues an aborted run (every call already has its result).
         checkpoint = checkpoint.model_copy(update={"aborted": False, "finish_reason": None})
-    elif checkpoint.finish_reason == "aborted" and checkpoint.status == "in-progress":
-        checkpoint = checkpoint.model_copy(update={"finish_reason": None})  # resumed after an abort
+    elif checkpoint.finish_reason in _STOPS and checkpoint.status == "in-progress":
+        checkpoint = checkpoint.model_copy(update={"finish_reason": None})  # resumed after an abort or a budget
     pending = checkpoint.pending_tool_calls
     if pending:
         return ToolBatch(checkpoint, pending)
@@ -77,12 +79,23 @@ def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: s
         return Save(finish(merged, "stop"), drained)
     if merged.step >= max_steps:
         return Save(finish(merged, "max-steps"), drained)
+    if over_budget is not None and over_budget(merged):
+        return Save(stopped(merged, "budget-exceeded"), drained)
     return ModelTurn(merged, drained)
 
 
 def finish(checkpoint: Checkpoint, reason: str) -> Checkpoint:
     """The checkpoint of a run that ended with ``reason``."""
     return checkpoint.model_copy(update={"status": "finished", "finish_reason": reason})
+
+
+#: Reasons a run stops in progress until a send or a resume moves it again.
+_STOPS = ("aborted", "budget-exceeded")
+
+
+def stopped(checkpoint: Checkpoint, reason: str) -> Checkpoint:
+    """The checkpoint of a run stopped (in progress) for ``reason``: it waits for a send or a resume."""
+    return checkpoint.model_copy(update={"status": "in-progress", "aborted": True, "finish_reason": reason})
 
 
 def _signature(message: Message) -> tuple[Any, ...]:
@@ -108,7 +121,10 @@ def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instruct
         if entry.n <= current.inbox_cursor:
             continue
         current = _merge_one(current, [m for m in entry.messages], instructions)
-        current = current.model_copy(update={"inbox_cursor": entry.n})
+        update: dict[str, Any] = {"inbox_cursor": entry.n}
+        if entry.metadata is not None:
+            update["metadata"] = entry.metadata
+        current = current.model_copy(update=update)
     return current
 
 
@@ -135,7 +151,8 @@ def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: st
     if checkpoint.status == "finished":
         return checkpoint.model_copy(update={
             "messages": messages + incoming, "run_start": len(messages), "step": 0, "usage": Usage(),
-            "status": "in-progress", "finish_reason": None, "business_state": checkpoint.business_state})
+            "status": "in-progress", "finish_reason": None, "business_state": checkpoint.business_state,
+            "metadata": None, "clock_spent_s": None, "clock_since": None})
     return checkpoint.model_copy(update={"messages": messages + incoming})
 
 
@@ -250,9 +267,10 @@ def rejected(call: ToolCall, note: str | None) -> Message:
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
-def tool_message(call: ToolCall, value: Any) -> Message:
-    """A tool's return value as its result message (sanitized, size-capped)."""
-    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.tool_result_text(value))
+def tool_message(call: ToolCall, value: Any, *, replaced_by_hook: bool = False) -> Message:
+    """A tool's return value as its result message (sanitized, size-capped); a hook's, when ``replaced_by_hook``."""
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.tool_result_text(value),
+                   replaced_by_hook=True if replaced_by_hook else None)
 
 
 def tool_error(call: ToolCall, kind: str, error: str, message: str) -> Message:

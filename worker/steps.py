@@ -8,6 +8,7 @@ the step during a deploy are retried with backoff for ``retry_for_s``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -18,12 +19,14 @@ import redis
 
 from store import errors, payloads, records
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, drift, machine, retry
+from worker import abort, budgets, drift, dynamic, machine, retry
+from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
 from worker.batch import run_batch
 from worker.context import Enqueue, Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
+from worker.hooks import HookContext, RunEnd
 from worker.live import Live
 from worker.providers.base import ModelCallCancelled, ModelResponse
 
@@ -84,11 +87,43 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
             return StepResult(Outcome.BUSY)
     checkpoint = claim.checkpoint
     _forget_stale_signals(deps, lease, claim)
+    base = deps.agents.get(checkpoint.agent)
+    live.claimed(claim.now, base is not None and bool(hook_calls.having(base.hooks, "on_run_end")))
     if claim.abort_requested and checkpoint.status != "finished":
-        return abort.settle(deps, checkpoint, live, None, drained=False)
-    if seq is not None and checkpoint.seq != seq:
+        result = abort.settle(deps, checkpoint, live, None, drained=False)
+    elif seq is not None and checkpoint.seq != seq:
         return StepResult(Outcome.STALE)
-    return _step(deps, lease, checkpoint, claim.inbox_head, claim.now, live)
+    else:
+        result = _step(deps, lease, checkpoint, claim.inbox_head, claim.now, live)
+    ended = live.end_owed
+    if ended is not None and base is not None:
+        _end_hooks(deps, base, ended, claim.now)
+    return result
+
+
+def _end_hooks(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, now: datetime | None) -> Checkpoint:
+    """Run the ``on_run_end`` hooks owed since ``checkpoint`` was saved, then note that they ran.
+
+    At least once: a crash before the note leaves ``end_due`` set, and the next step of the run (the sweep
+    sends one) runs them again with the same ``end_id``. A hook that raises parks the run (``resume()``
+    runs them again).
+    """
+    hooks = hook_calls.having(agent.hooks, "on_run_end")
+    sid = checkpoint.session_id
+    end = RunEnd(end_id=f"{sid}:{checkpoint.seq}", session_id=sid, agent=agent.name, status=checkpoint.status,
+                 finish_reason=checkpoint.finish_reason or (
+                     "awaiting-approval" if checkpoint.status == "awaiting-approval" else None),
+                 text=checkpoint.final_text, steps=checkpoint.step, usage=checkpoint.usage,
+                 approval_ids=tuple(checkpoint.approval_ids))
+    ctx = HookContext(session_id=sid, agent=agent.name, step=checkpoint.step, metadata=checkpoint.metadata)
+    try:
+        hook_calls.on_run_end(hooks, ctx, end)
+    except errors.HookFailedError as exc:
+        retry.record_failure(deps, checkpoint, exc, now)
+        return checkpoint
+    crash_point("after_end_hooks_before_note", sid)
+    deps.store.settle_end(sid, checkpoint.fence, checkpoint.seq)
+    return checkpoint.model_copy(update={"end_due": False})
 
 
 def _forget_stale_signals(deps: StepDeps, lease: Lease, claim: records.Claim) -> None:
@@ -116,12 +151,10 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     agent = deps.agents.get(checkpoint.agent)
     if agent is None:
         return retry.hand_back_agent(deps, checkpoint, now)
-    inbox = []
-    if inbox_head > checkpoint.inbox_cursor:
-        inbox = deps.store.inbox(checkpoint.session_id, checkpoint.inbox_cursor)
-    action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps)
-    if isinstance(action, machine.Idle):
-        return StepResult(Outcome.IDLE)
+    planned = _plan(deps, agent, checkpoint, inbox_head, now, live)
+    if isinstance(planned, StepResult):
+        return planned
+    agent, action = planned
     try:
         if isinstance(action, machine.ModelTurn | machine.ToolBatch):
             refused = _stop_if_refused(deps, agent, checkpoint, action, now, live)
@@ -136,6 +169,35 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
         return StepResult(Outcome.FENCED)
     except Exception as exc:  # classified and recorded below, never swallowed
         return _fail(deps, checkpoint, action, exc, now)
+
+
+def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
+          live: Live) -> tuple[Agent, machine.ModelTurn | machine.ToolBatch | machine.Save] | StepResult:
+    """The agent that runs the step (a dynamic agent's choice) and what it does, or the step's result already.
+
+    ``on_run_end`` hooks an earlier save owes run first.
+    """
+    if checkpoint.end_due:
+        checkpoint = _end_hooks(deps, agent, checkpoint, now)
+        if checkpoint.end_due:
+            return StepResult(Outcome.PARKED)
+    inbox = []
+    if inbox_head > checkpoint.inbox_cursor:
+        inbox = deps.store.inbox(checkpoint.session_id, checkpoint.inbox_cursor)
+    try:
+        agent, chose = dynamic.for_run(agent, checkpoint, inbox)
+        limits = budgets.limits_of(agent, checkpoint)
+    except errors.LoushoError as exc:
+        return retry.record_failure(deps, checkpoint, exc, now)
+    action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps,
+                          over_budget=budgets.checker(limits, agent.prices, live.db_now()))
+    if isinstance(action, machine.Idle):
+        return StepResult(Outcome.IDLE)
+    if chose and isinstance(action, machine.ModelTurn | machine.Save):
+        action = dataclasses.replace(action, checkpoint=dynamic.chosen(action.checkpoint, agent))
+    if limits is not None and limits.max_duration_s is not None and not isinstance(action, machine.Save):
+        action = dataclasses.replace(action, checkpoint=budgets.clock_running(action.checkpoint, live.db_now()))
+    return agent, action
 
 
 def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception,
@@ -226,16 +288,34 @@ def _takes_listener(model_type: type) -> bool:
 def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse | None:
     """Call the model in the step's thread; None when a listening model stopped on ``live.cancelled``.
 
-    The model streams to ``live`` only while someone watches the run.
+    ``pre_generate`` hooks shape the request (a copy: the saved transcript stays as it is) and
+    ``post_generate`` hooks see the answer. The model streams to ``live`` only while someone watches the run.
+
+    Raises:
+        HookFailedError: a hook raised.
     """
     live.cursor = checkpoint.inbox_cursor
-    streams = live.watched and _takes_listener(type(agent.model))
+    model = agent.model
+    assert model is not None  # a dynamic agent's model is chosen before its step runs (worker.dynamic)
+    messages, tools = list(checkpoint.messages), agent.tool_specs()
+    hooks = agent.hooks
+    ctx = HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
+                      metadata=checkpoint.metadata) if hooks else None
+    if ctx is not None and hook_calls.having(hooks, "pre_generate"):
+        request = hook_calls.pre_generate(hook_calls.having(hooks, "pre_generate"), ctx,
+                                          hook_calls.ModelRequest(messages, list(tools)))
+        messages, tools = list(request.messages), list(request.tools)
+    streams = live.watched and _takes_listener(type(model))
     try:
         if streams:
-            return agent.model.generate(list(checkpoint.messages), agent.tool_specs(), listener=live)  # type: ignore[call-arg]
-        return agent.model.generate(list(checkpoint.messages), agent.tool_specs())
+            response = model.generate(messages, tools, listener=live)  # type: ignore[call-arg]
+        else:
+            response = model.generate(messages, tools)
     except ModelCallCancelled:
         return None
+    if ctx is not None and hook_calls.having(hooks, "post_generate"):
+        hook_calls.post_generate(hook_calls.having(hooks, "post_generate"), ctx, response)
+    return response
 
 
 def _cut_short(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, live: Live) -> str | None:

@@ -10,12 +10,16 @@ import argparse
 import dataclasses
 import json
 from datetime import UTC
+from typing import Any
+
+from pydantic import ValidationError
 
 from producer.cli.output import accept_json, print_json, print_settled
 from producer.client import Client
 from producer.trajectories import compare_trajectories
 from store import errors, records
 from store.database import migrate
+from store.limits import Limits
 
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
@@ -29,8 +33,14 @@ def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_send(client: Client, args: argparse.Namespace) -> int:
-    """``lousho send AGENT MESSAGE --session ID``: queue input, and with ``--wait`` wait for the run to settle."""
-    run = client.agent(args.agent).send(args.message, session_id=args.session)
+    """``lousho send AGENT MESSAGE --session ID``: queue input, and with ``--wait`` wait for the run to settle.
+
+    Raises:
+        ConfigurationError: ``--metadata`` is not a JSON object.
+        InputTooLargeError: ``--metadata`` is over 16 KiB as JSON or too deep.
+    """
+    metadata = _metadata(args.metadata)
+    run = client.agent(args.agent).send(args.message, session_id=args.session, metadata=metadata)
     if not args.wait:
         if args.json:
             print_json({"session_id": run.session_id, "input": run.input_number, "queued": True})
@@ -58,9 +68,48 @@ def cmd_pending(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _metadata(text: str | None) -> dict[str, Any] | None:
+    """``--metadata`` parsed: a JSON object (its size and depth are checked by ``send``).
+
+    Raises:
+        ConfigurationError: not JSON, or not an object.
+        InputTooLargeError: nested too deeply to parse.
+    """
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise errors.InputTooLargeError("--metadata is nested too deeply") from None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise errors.ConfigurationError("--metadata must be a JSON object, such as '{\"plan\": \"pro\"}'")
+    return value
+
+
+def _limits(args: argparse.Namespace) -> Limits | None:
+    """The ``--max-*`` options of ``resume`` as ``Limits``; None when none is given."""
+    given = {"max_cost": args.max_cost, "max_input_tokens": args.max_input_tokens,
+             "max_output_tokens": args.max_output_tokens, "max_duration_s": args.max_duration}
+    if all(value is None for value in given.values()):
+        return None
+    try:
+        return Limits(**given)
+    except ValidationError:
+        raise errors.ConfigurationError("--max-* limits must be positive numbers") from None
+
+
 def cmd_resume(client: Client, args: argparse.Namespace) -> int:
-    """``lousho resume ID``: finish an interrupted run (nothing to do is not an error)."""
-    run = client.resume(args.session)
+    """``lousho resume ID``: finish an interrupted or stopped run (nothing to do is not an error).
+
+    ``--max-cost``, ``--max-input-tokens``, ``--max-output-tokens`` and ``--max-duration`` replace the
+    agent's limits for the run (those not given are unlimited), so a budget-stopped run continues.
+
+    Raises:
+        ConfigurationError: a limit is not a positive number.
+    """
+    run = client.resume(args.session, limits=_limits(args))
     if run is None:
         if args.json:
             print_json({"session_id": args.session, "resumed": False})
@@ -195,6 +244,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     send.add_argument("--session", required=True, help="run id (1-200 of A-Za-z0-9_.-)")
     send.add_argument("--wait", action="store_true", help="wait for the run to settle")
     send.add_argument("--timeout", type=float, default=60.0)
+    send.add_argument("--metadata", default=None, metavar="JSON",
+                      help="a JSON object sent with the input for the application's code (at most 16 KiB)")
     send.set_defaults(fn=cmd_send)
     pending = accept_json(sub.add_parser("pending", help="list runs that are interrupted, running or awaiting "
                                                          "approval"))
@@ -204,6 +255,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     resume.add_argument("session")
     resume.add_argument("--wait", action="store_true")
     resume.add_argument("--timeout", type=float, default=60.0)
+    resume.add_argument("--max-cost", type=float, default=None, help="the run's new cost limit")
+    resume.add_argument("--max-input-tokens", type=int, default=None, help="the run's new input-token limit")
+    resume.add_argument("--max-output-tokens", type=int, default=None, help="the run's new output-token limit")
+    resume.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
+                        help="the run's new wall-time limit (pauses excluded)")
     resume.set_defaults(fn=cmd_resume)
     abort = accept_json(sub.add_parser("abort", help="stop a run at its next safe point (it stays resumable)"))
     abort.add_argument("session")

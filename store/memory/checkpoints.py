@@ -20,6 +20,13 @@ from store.memory import runs as run_rows
 from store.memory.state import Clock, MemoryState, RunRow, SavedRow, refuse_nul, to_checkpoint, utc_now
 
 
+def _inbox_entry(n: int, body: Any) -> records.InboxEntry:
+    """An inbox body as stored in ``MemoryState.inbox`` (its messages, or them with their metadata)."""
+    if isinstance(body, dict):
+        return records.InboxEntry(n=n, messages=body["messages"], metadata=body["metadata"])
+    return records.InboxEntry(n=n, messages=body)
+
+
 class MemoryCheckpointStore:
     """``PostgresCheckpointStore`` semantics over dicts; ``state`` holds its tables (shared with approvals)."""
 
@@ -52,7 +59,7 @@ class MemoryCheckpointStore:
         """Input sent after ``cursor``, in send order."""
         with self.state.lock:
             entries = sorted((n, body) for n, body in self.state.inbox.get(session_id, {}).items() if n > cursor)
-        return [records.InboxEntry(n=n, messages=json.loads(body)) for n, body in entries]
+        return [_inbox_entry(n, json.loads(body)) for n, body in entries]
 
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did if its fence holds and its seq is the stored one plus one.
@@ -97,7 +104,7 @@ class MemoryCheckpointStore:
             run.clear_failures()
             run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
-            run.aborted = checkpoint.aborted
+            run.aborted, run.end_due = checkpoint.aborted, checkpoint.end_due
             if settles_abort or checkpoint.status == "finished":
                 run.abort_requested = False
             state.add_events(sid, run, drafts, now)
@@ -193,16 +200,22 @@ class MemoryCheckpointStore:
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
         """Queue input for a run (creating the run) and return its per-run inbox number.
+
+        ``metadata`` is kept with the input (see ``PostgresCheckpointStore.append_input``).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the session belongs to another agent.
+            ConfigurationError: the session belongs to another agent, or ``metadata`` is not a JSON object.
+            InputTooLargeError: ``metadata`` is over 16 KiB as JSON or too deep (nothing is written).
             CheckpointCorruptError: the stored run cannot be read.
             StorageError: the input holds a NUL (as Postgres refuses it).
         """
+        metadata = runs.check_metadata(metadata)
         body = run_rows.dump_messages(messages)
+        if metadata is not None:
+            body = f'{{"messages":{body},"metadata":{payloads.dumps(metadata)}}}'
         refuse_nul([session_id, agent])
         with self.state.lock:
             return run_rows.queue_input(self.state, session_id, agent, body, idempotency_key)
@@ -216,15 +229,29 @@ class MemoryCheckpointStore:
         with self.state.lock:
             return run_rows.create_from(self.state, checkpoint, body, queued_body)
 
-    def reset_attempts(self, session_id: str) -> int | None:
-        """Clear a parked run's error so it runs again; returns its seq, None if not in progress."""
+    def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
+        """Clear a parked run's error so it runs again (see ``PostgresCheckpointStore.reset_attempts``)."""
         with self.state.lock:
             run = self.state.runs.get(session_id)
             if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")):
                 return None
             run.clear_failures()
             run.aborted = False
+            if limits is not None:
+                document = json.loads(run.document)
+                document["limits"] = limits
+                document["format"] = 3 if "messages_count" in document else 1
+                run.document = payloads.dumps(document)
             return run.seq
+
+    def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
+        """Note that owed ``on_run_end`` hooks ran (see ``PostgresCheckpointStore.settle_end``)."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None or run.fence != fence or run.seq != seq or not run.end_due:
+                return False
+            run.end_due = False
+            return True
 
     def request_abort(self, session_id: str) -> bool:
         """Ask for the run to stop (see ``PostgresCheckpointStore.request_abort``)."""
@@ -315,6 +342,11 @@ class MemoryCheckpointStore:
                 run = self.state.runs.get(session_id)
                 if run is not None:
                     run.swept_at = now
+
+    def expire_approvals(self, limit: int = 500) -> int:
+        """Reject pending approvals past their ``expires_at`` (see ``PostgresCheckpointStore.expire_approvals``)."""
+        with self.state.lock:
+            return approval_rows.expire_due(self.state, self.state.clock(), limit)
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
         """Runs that are not finished, oldest first (see ``PostgresCheckpointStore.pending``)."""

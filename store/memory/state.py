@@ -45,6 +45,7 @@ class RunRow:
     failures: int = 0
     swept_at: datetime | None = None
     aborted: bool = False
+    end_due: bool = False
     abort_requested: bool = False
     events_next: int = 0
 
@@ -78,6 +79,8 @@ class MemoryState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     runs: dict[str, RunRow] = field(default_factory=dict)
     history: dict[str, dict[int, SavedRow]] = field(default_factory=dict)
+    #: ``inbox``: per run, by number, the JSON text of the input's messages, or of ``{"messages", "metadata"}``
+    #: when its send carried metadata.
     inbox: dict[str, dict[int, str]] = field(default_factory=dict)
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     approvals: dict[str, records.Approval] = field(default_factory=dict)
@@ -135,5 +138,5 @@ def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
     columns = {"agent": run.agent, "status": run.status, "seq": run.seq, "fence": run.fence, "attempts": run.attempts,
                "last_error": run.last_error, "inbox_cursor": run.inbox_cursor, "updated_at": run.updated_at,
                "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures,
-               "aborted": run.aborted}
+               "aborted": run.aborted, "end_due": run.end_due}
     return records.stored_checkpoint(session_id, columns, document, run.uncounted_usage)

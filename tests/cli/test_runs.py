@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from producer.client import Client
+from store.checkpoints import PostgresCheckpointStore
 from tests.cli.conftest import Lousho, drive_in_background
 from tests.support.driver import Driver
 
@@ -101,6 +102,53 @@ def test_resume_of_a_queued_run_asks_a_worker_again(lousho: Lousho) -> None:
 
     assert (printed.code, printed.out) == (0, "resumed w-1\n")
     assert as_json.json() == {"session_id": "w-1", "resumed": True}
+
+
+def test_send_with_metadata_stores_it_with_the_input(lousho: Lousho, store: PostgresCheckpointStore) -> None:
+    sent = lousho("send", "weather", "hi", "--session", "w-1", "--metadata", '{"plan": "pro", "seats": [1, 2]}')
+
+    assert sent.code == 0, sent.err
+    (entry,) = store.inbox("w-1", 0)
+    assert entry.metadata == {"plan": "pro", "seats": [1, 2]}
+
+
+@pytest.mark.parametrize(("metadata", "code"), [
+    ("not json", "LOUSHO_CONFIG_INVALID"),
+    ("[1, 2]", "LOUSHO_CONFIG_INVALID"),
+    ('{"blob": "' + "x" * 17_000 + '"}', "LOUSHO_INPUT_TOO_LARGE"),
+], ids=["not-json", "not-an-object", "too-large"])
+def test_send_with_unusable_metadata_prints_its_code_and_queues_nothing(
+        lousho: Lousho, client: Client, metadata: str, code: str) -> None:
+    printed = lousho("send", "weather", "hi", "--session", "w-1", "--metadata", metadata, "--json")
+
+    assert printed.code == 1 and printed.json()["error"]["code"] == code
+    assert client.store.load("w-1") is None
+
+
+def test_resume_with_limits_writes_them_into_the_run(lousho: Lousho, client: Client) -> None:
+    assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
+
+    resumed = lousho("resume", "w-1", "--max-cost", "2.5", "--max-input-tokens", "1000", "--max-output-tokens",
+                     "200", "--max-duration", "90", "--json")
+
+    assert (resumed.code, resumed.json()) == (0, {"session_id": "w-1", "resumed": True})
+    loaded = client.store.load("w-1")
+    assert loaded is not None and loaded.limits == {"max_cost": 2.5, "max_input_tokens": 1000,
+                                                    "max_output_tokens": 200, "max_duration_s": 90.0}
+    assert lousho("resume", "w-1", "--max-output-tokens", "500").code == 0
+    loaded = client.store.load("w-1")
+    assert loaded is not None and loaded.limits == {"max_output_tokens": 500}
+
+
+def test_resume_with_a_limit_that_is_not_positive_prints_the_configuration_code(
+        lousho: Lousho, client: Client) -> None:
+    assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
+
+    printed = lousho("resume", "w-1", "--max-cost", "-1")
+
+    assert printed.code == 1 and printed.error_code() == "LOUSHO_CONFIG_INVALID"
+    loaded = client.store.load("w-1")
+    assert loaded is not None and loaded.limits is None
 
 
 def test_resume_of_a_finished_run_has_nothing_to_do(lousho: Lousho, finished: str) -> None:

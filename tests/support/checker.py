@@ -337,6 +337,10 @@ class _Checker:
             self.fail("I1", f"{sid}: result of {call_id} is neither a tool's output nor a structured result")
             return
         approved = name == APPROVED_TOOL
+        if name == "ask_question":  # a person gave the result: nothing executes
+            if executions:
+                self.fail("I2", f"{sid}: question {call_id} executed")
+            return
         if approved and len(executions) > 1:
             self.fail("I5", f"{sid}: approved call {call_id} ran {len(executions)} times")
         if body.get("kind") == "interrupted":

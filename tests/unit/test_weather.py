@@ -184,7 +184,7 @@ def test_a_checkpoint_in_a_newer_format_is_handed_back_never_parked(shop: Shop) 
     runtime = MemoryRuntime.build([shop_agent(shop)])
     runtime.send(SID, "shop", "Charge")
     document = runtime.checkpoint(SID).document()
-    runtime.store.overwrite_document(SID, {**document, "format": records.CHECKPOINT_FORMAT + 1,
+    runtime.store.overwrite_document(SID, {**document, "format": records.READ_FORMATS[-1] + 1,
                                              "a_field_of_the_next_release": True})
     outcomes = runtime.drain()
     assert Outcome.PARKED not in outcomes and outcomes[0] == Outcome.HANDED_BACK

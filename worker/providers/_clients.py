@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import sys
 import threading
@@ -104,6 +105,30 @@ def header_secrets(options: Mapping[str, Any]) -> list[str]:
     headers = options.get("default_headers") or {}
     return [str(value) for name, value in headers.items()
             if any(word in str(name).lower() for word in _SECRET_HEADER_WORDS)]
+
+
+def plain_settings(settings: Mapping[str, Any], secrets: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The settings a spec may show, as JSON, and the names of those it may not.
+
+    Headers and query parameters may carry credentials, so they are never shown; nor is a value that is
+    not JSON or that holds one of ``secrets``.
+    """
+    shown: dict[str, Any] = {}
+    left_out: list[str] = []
+    for name, value in settings.items():
+        if name in ("extra_headers", "extra_query"):
+            left_out.append(name)
+            continue
+        try:
+            text = json.dumps(value, allow_nan=False, sort_keys=True)
+        except (TypeError, ValueError):
+            left_out.append(name)
+            continue
+        if any(secret and secret in text for secret in secrets):
+            left_out.append(name)
+            continue
+        shown[name] = json.loads(text)
+    return shown, left_out
 
 
 class ProcessClient:
@@ -202,6 +227,27 @@ class SDKModel:
         self._key = resolve_key(api_key, self.api_key_env, base_url, name)
         self._secrets = [self._key, *header_secrets(self._options)]
         self._client = ProcessClient(self._build_client)
+
+    def spec(self) -> dict[str, Any]:
+        """What the model is, as JSON without secrets: enough to build it again (``worker.providers.specs``).
+
+        The key, client options and request headers or query never appear. A part that cannot be written
+        down (client options, headers, a query, a setting that is not JSON or holds a secret) is named in
+        ``left_out``, and a model whose spec has one is not built again from its spec alone.
+        """
+        spec: dict[str, Any] = {"provider": self.provider, "model_id": self.model_id}
+        if self.base_url:
+            spec["base_url"] = self.base_url
+        if self.timeout != DEFAULT_TIMEOUT_S:
+            spec["timeout"] = self.timeout
+        settings, left_out = plain_settings(self.settings, self._secrets)
+        if settings:
+            spec["settings"] = settings
+        if self._options:
+            left_out.append("client_options")
+        if left_out:
+            spec["left_out"] = sorted(left_out)
+        return spec
 
     def __repr__(self) -> str:
         """The model and its endpoint; never the key."""

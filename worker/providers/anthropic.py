@@ -71,6 +71,10 @@ class AnthropicModel(_clients.SDKModel):
         self.cache_prompt = cache_prompt
         self._configure(model, base_url, api_key, timeout, client_options, settings)
 
+    def spec(self) -> dict[str, Any]:
+        """What the model is, as JSON without secrets (``SDKModel.spec``), with ``max_tokens`` and ``cache_prompt``."""
+        return {**super().spec(), "max_tokens": self.max_tokens, "cache_prompt": bool(self.cache_prompt)}
+
     def generate(self, messages: list[Message], tools: list[ToolSpec],
                  listener: Listener | None = None) -> ModelResponse:
         """Ask for the next assistant turn of ``messages``; streamed to ``listener`` when one is given.

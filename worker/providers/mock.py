@@ -38,6 +38,13 @@ class MockModel:
         self.script = script
         self.model_id = model_id
 
+    def spec(self) -> dict[str, Any]:
+        """What the model is, as JSON: its ``model_id`` only (a script cannot be written down).
+
+        So a saved choice of a ``MockModel`` finds it again only among the agent's ``models``.
+        """
+        return {"provider": "mock", "model_id": self.model_id}
+
     def generate(self, messages: list[Message], tools: list[ToolSpec],
                  listener: Listener | None = None) -> ModelResponse:
         """The scripted response for this transcript (chosen by its number of assistant turns)."""

@@ -96,6 +96,48 @@ def check_reset_attempts_clears_a_parked_run_only_while_in_progress(make: StoreF
     assert store.reset_attempts("ct-nobody") is None
 
 
+def check_reset_attempts_with_limits_writes_them_into_the_run(make: StoreFactory) -> None:
+    store = make(50).store
+    parked = new_run(store, "ct-limits")
+    parked = save_next(store, parked, step=1)
+    claimed_run(store, "ct-limits", 2)
+    store.record_failure("ct-limits", 2, LastError(code="X", retryable=False))
+    limits = {"max_cost": 2.5, "max_output_tokens": 20000}
+
+    assert store.reset_attempts("ct-limits", limits) == 1
+    loaded = store.load("ct-limits")
+    assert loaded is not None and loaded.limits == limits and loaded.last_error is None
+
+    # A reset without limits keeps those given before; a run with nothing to do takes none.
+    assert store.reset_attempts("ct-limits") == 1
+    loaded = store.load("ct-limits")
+    assert loaded is not None and loaded.limits == limits
+    done = new_run(store, "ct-limits-done")
+    save_next(store, done, status="finished", inbox_cursor=1)
+    assert store.reset_attempts("ct-limits-done", limits) is None
+    loaded = store.load("ct-limits-done")
+    assert loaded is not None and loaded.limits is None
+
+
+def check_a_checkpoint_with_limits_and_a_run_config_reads_back(make: StoreFactory) -> None:
+    store = make(50).store
+    checkpoint = new_run(store, "ct-format-3")
+    run_config = {"model": {"provider": "mock", "model_id": "mock-b"}, "input_number": 1}
+    saved = save_next(store, checkpoint, step=1, messages=[user_message("hello")], limits={"max_input_tokens": 9},
+                      run_config=run_config, clock_spent_s=1.5)
+
+    loaded = store.load("ct-format-3")
+    assert loaded is not None
+    assert (loaded.limits, loaded.run_config, loaded.clock_spent_s) == ({"max_input_tokens": 9}, run_config, 1.5)
+    assert [m.content for m in loaded.messages] == ["hello"]
+    (entry,) = store.history("ct-format-3")
+    assert (entry.checkpoint.limits, entry.checkpoint.run_config) == (saved.limits, saved.run_config)
+    # The next holder claims and saves it like any other run.
+    taken = claimed_run(store, "ct-format-3", saved.fence + 1)
+    assert taken.limits == {"max_input_tokens": 9}
+    save_next(store, taken, step=2)
+
+
 def check_retry_later_is_fenced_and_sets_when_to_try_again(make: StoreFactory) -> None:
     subject = make(50)
     store = subject.store
@@ -207,6 +249,8 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_history_limit_zero_keeps_no_history,
     check_record_failure_is_fenced,
     check_reset_attempts_clears_a_parked_run_only_while_in_progress,
+    check_reset_attempts_with_limits_writes_them_into_the_run,
+    check_a_checkpoint_with_limits_and_a_run_config_reads_back,
     check_retry_later_is_fenced_and_sets_when_to_try_again,
     check_a_due_retry_is_listed_until_the_sweep_sent_it,
     check_progress_shows_status_cursor_and_error_without_the_transcript,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,43 @@ def check_append_input_refuses_a_run_awaiting_approval(make: StoreFactory) -> No
         store.append_input("ct-paused", AGENT, [user_message("are you done?")])
     assert raised.value.fields == {"session_id": "ct-paused", "approval_id": "ap-1"}
     assert store.inbox("ct-paused", 0) == []
+
+
+def check_append_input_keeps_metadata_with_its_input(make: StoreFactory) -> None:
+    store = make(50).store
+    metadata = {"plan": "pro", "limits": {"seats": 3, "regions": ["eu", "us"]}, "trial": False, "note": None}
+    assert store.append_input("ct-meta", AGENT, [user_message("one")], metadata=metadata) == 1
+    assert store.append_input("ct-meta", AGENT, [user_message("two")]) == 2
+    assert store.append_input("ct-meta", AGENT, [user_message("three")], "key-1", {"plan": "free"}) == 3
+    # A retried send keeps the first send's metadata.
+    assert store.append_input("ct-meta", AGENT, [user_message("three")], "key-1", {"plan": "other"}) == 3
+
+    entries = store.inbox("ct-meta", 0)
+    assert [(e.n, e.metadata) for e in entries] == [(1, metadata), (2, None), (3, {"plan": "free"})]
+    assert [m.content for m in entries[0].messages] == ["one"]
+
+
+def check_append_input_refuses_metadata_that_is_not_a_small_json_object(make: StoreFactory) -> None:
+    store = make(50).store
+    store.append_input("ct-meta-bad", AGENT, [user_message("first")])
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(40):
+        inner["next"] = {}
+        inner = inner["next"]
+    refused: list[tuple[Any, type[errors.LoushoError]]] = [
+        (["not", "an", "object"], errors.ConfigurationError),
+        ({1: "a key that is not a string"}, errors.ConfigurationError),
+        ({"when": object()}, errors.ConfigurationError),
+        ({"blob": "x" * (16 * 1024)}, errors.InputTooLargeError),
+        (deep, errors.InputTooLargeError),
+    ]
+    for metadata, error in refused:
+        for session_id in ("ct-meta-bad", "ct-meta-new"):
+            with pytest.raises(error):
+                store.append_input(session_id, AGENT, [user_message("more")], metadata=metadata)
+    assert [e.n for e in store.inbox("ct-meta-bad", 0)] == [1]
+    assert store.load("ct-meta-new") is None and store.inbox("ct-meta-new", 0) == []
 
 
 # -- claim -------------------------------------------------------------------------------------
@@ -224,6 +262,8 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_append_input_creates_the_run_and_numbers_input_per_run,
     check_append_input_refuses_a_session_of_another_agent,
     check_append_input_refuses_a_run_awaiting_approval,
+    check_append_input_keeps_metadata_with_its_input,
+    check_append_input_refuses_metadata_that_is_not_a_small_json_object,
     check_claim_of_an_unknown_run_loads_nothing,
     check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one,
     check_claim_counts_an_attempt_only_when_the_step_has_work,

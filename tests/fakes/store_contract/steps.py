@@ -164,6 +164,24 @@ def check_save_clears_attempts_and_the_last_error(make: StoreFactory) -> None:
     assert loaded is not None and loaded.attempts == 0 and loaded.last_error is None
 
 
+def check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    checkpoint = new_run(store, "ct-end")
+    ended = save_next(store, checkpoint, status="finished", finish_reason="stop", inbox_cursor=1, end_due=True)
+    subject.tick()
+    loaded = store.load("ct-end")
+    assert loaded is not None and loaded.end_due is True
+    assert "ct-end" in [due.session_id for due in store.due_runs(0.0)]  # the sweep sends it a step
+    assert store.settle_end("ct-end", ended.fence + 1, ended.seq) is False  # another holder's note
+    assert store.settle_end("ct-end", ended.fence, ended.seq - 1) is False  # a note about an earlier save
+    assert store.settle_end("ct-end", ended.fence, ended.seq) is True
+    assert store.settle_end("ct-end", ended.fence, ended.seq) is False  # noted once
+    settled = store.load("ct-end")
+    assert settled is not None and settled.end_due is False
+    assert "ct-end" not in [due.session_id for due in store.due_runs(0.0)]
+
+
 def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
     store = make(50).store
     checkpoint = new_run(store, "ct-doc")
@@ -269,6 +287,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_claim_counts_an_attempt_only_when_the_step_has_work,
     check_save_is_fenced_and_takes_exactly_the_next_seq,
     check_save_clears_attempts_and_the_last_error,
+    check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note,
     check_save_round_trips_the_whole_document,
     check_save_trims_the_drained_inbox,
     check_save_refuses_an_oversized_checkpoint_and_writes_nothing,

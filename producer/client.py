@@ -389,6 +389,7 @@ class Approvals:
 
         Raises:
             ApprovalNotFoundError: unknown, already decided, or of another agent.
+            ApprovalExpiredError: it expired before this decision; it was recorded as rejected and the run goes on.
             ApprovalOrphanedError: the run was deleted or replaced; the approval is withdrawn and nothing runs.
             ConfigurationError: an answer for a tool call, a question approved without an answer, or no decision.
         """
@@ -398,7 +399,14 @@ class Approvals:
             found = self._store.by_ids([approval_id]).get(approval_id)
             if found is None or found.agent != self._agent:
                 raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is unknown to agent {self._agent!r}")
-        decision = self._store.resolve(approval_id, approved, note, answer)
+        try:
+            decision = self._store.resolve(approval_id, approved, note, answer)
+        except errors.ApprovalExpiredError:
+            # Recorded as the expiry's rejection, committed: the run goes on now, not at the next sweep.
+            expired = self._store.by_ids([approval_id]).get(approval_id)
+            if expired is not None:
+                self._client.nudge(expired.session_id, agent=expired.agent)
+            raise
         session_id = decision.approval.session_id
         progress = self._client.store.progress(session_id)
         cursor = progress.inbox_cursor if progress is not None else 0

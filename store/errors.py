@@ -281,6 +281,7 @@ _BY_CODE: dict[str, type[LoushoError]] = {
         ConfigurationError, SessionBusyError, AgentNotFoundError, ApprovalOrphanedError,
         ApprovalNotFoundError, AgentDriftError, ResumeToolMissingError, CheckpointCorruptError,
         CheckpointFormatError, CheckpointNotFoundError, StepAttemptsExceededError, InputTooLargeError, StorageError,
+        ApprovalExpiredError, HookFailedError, ConfigResolverError,
     )
 }
 

@@ -212,6 +212,7 @@ class ApprovalStore(Protocol):
 
         Raises:
             ApprovalNotFoundError: unknown, or already decided.
+            ApprovalExpiredError: past its ``expires_at``: recorded as rejected (the run goes on), nothing else.
             ApprovalOrphanedError: its run no longer waits on it; it is withdrawn and nothing runs.
         """
 

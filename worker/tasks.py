@@ -196,12 +196,17 @@ def recover() -> int:
     """Send a step for each run that can move and is not moving.
 
     Such a run was silent for a lease TTL with no live lease, or is due for a retry. Parked, paused
-    and waiting runs are never sent.
+    and waiting runs are never sent. Approvals past their expiry are rejected first, so a run that
+    expiry lets continue is sent in the same pass (once its pause is a lease TTL old).
 
     Returns:
         How many runs were sent.
     """
     built = deps()
+    # Bounded per pass like the sends; the rest expire at the next pass.
+    expired = built.store.expire_approvals(SWEEP_LIMIT)
+    if expired:
+        log.info("recover: %d approval(s) expired undecided", expired)
     stale_after = max(settings.lease_ttl_ms / 1000, 0.5)
     # Retries that come due together (an outage ended) are spread over a few seconds.
     spread = min(COUNTDOWN_MAX_S, settings.recover_interval_s)

@@ -16,11 +16,13 @@ from store import errors
 def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
     """``lousho approvals list``, ``approve ID``, ``reject ID`` (declines a question) or ``answer ID TEXT``.
 
-    ``list`` shows pending decisions, oldest first; ``--wait`` waits for the run after a decision.
+    ``list`` shows pending decisions, oldest first, with the time each expires at (when it does);
+    ``--wait`` waits for the run after a decision.
 
     Raises:
         ConfigurationError: a decision without an approval id, an answer without text or for a tool call.
         ApprovalNotFoundError: unknown, already decided, or of another agent (``--agent``).
+        ApprovalExpiredError: it expired undecided; it was recorded as rejected (``main`` prints the code, exit 1).
         ApprovalOrphanedError: the approval's run was deleted or replaced.
     """
     approvals = client.agent(args.agent).approvals if args.agent else client.approvals
@@ -33,12 +35,14 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
             print("no pending approvals")
         for a in pending:
             created = a.created_at.isoformat() if a.created_at else "-"
+            expiry = f"  expires {a.expires_at.isoformat()}" if a.expires_at else ""
             if a.kind == "question":
                 choices = f"  options {json.dumps(a.options)}" if a.options else ""
-                print(f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}  since {created}")
+                print(f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}"
+                      f"  since {created}{expiry}")
                 continue
             print(f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
-                  f"  call {a.tool_call_id}  since {created}")
+                  f"  call {a.tool_call_id}  since {created}{expiry}")
         return 0
     if not args.approval_id:
         raise errors.ConfigurationError(f"approvals {args.action} needs an approval id")

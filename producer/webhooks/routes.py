@@ -125,12 +125,26 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
         made = backend.approvals.resolve(approval_id, decision.approved, decision.note, decision.answer)
     except errors.ConfigurationError as exc:
         raise bad_request(exc.message) from None
+    except errors.ApprovalExpiredError as exc:
+        _send_after_expiry(backend, approval_id)
+        raise Rejected(410, exc.code, "the approval expired undecided; it was recorded as rejected") from None
     except errors.ApprovalNotFoundError:
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval") from None
     except errors.ApprovalOrphanedError:
         raise Rejected(409, "LOUSHO_APPROVAL_ORPHANED", "the approval's run no longer waits on it") from None
     continue_after(made, backend.publish)
     return made.approval.session_id, made.run_continues
+
+
+def _send_after_expiry(backend: Backend, approval_id: str) -> None:
+    """Send a step for the run of an approval a late decision found expired.
+
+    Recording the expiry may have let the run continue, and the error says nothing of it; a step for a run
+    still paused does nothing, and a lost send is repaired by the recovery sweep.
+    """
+    expired = backend.approvals.by_ids([approval_id]).get(approval_id)
+    if expired is not None:
+        backend.publish(expired.session_id, expired.agent)
 
 
 def _healthy(backend: Backend) -> bool:
@@ -200,7 +214,10 @@ async def steer(session_id: str, request: Request) -> JSONResponse:
 
 
 async def approval(approval_id: str, request: Request) -> JSONResponse:
-    """``POST /approvals/{approval_id}``: approve or reject a pending tool call (API key required)."""
+    """``POST /approvals/{approval_id}``: approve or reject a pending tool call (API key required).
+
+    A decision after the approval's expiry is answered 410 ``LOUSHO_APPROVAL_EXPIRED``: it counts as rejected.
+    """
     config, backend = _state(request)
     _authorize(request, config)
     headers.check_json_type(request.headers)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
+from sqlalchemy import text
 
 from producer.client import Client
 from tests.cli.conftest import Lousho, drive_in_background
@@ -115,3 +118,31 @@ def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
     checkpoint = client.store.load("ask-1")
     assert checkpoint is not None and checkpoint.finish_reason == "stop"
     assert [m.content for m in checkpoint.messages if m.role == "tool"] == ['{"answer":"Oslo"}']
+
+
+def test_list_shows_the_expiry_and_a_decision_after_it_prints_the_expired_code(
+        lousho: Lousho, paused: tuple[Driver, str], client: Client) -> None:
+    _, approval_id = paused
+
+    def expire_in(seconds: int) -> None:
+        with client.engine.begin() as conn:
+            conn.execute(text("UPDATE approvals SET expires_at = now() + make_interval(secs => :s)"
+                              " WHERE approval_id = :id"), {"s": seconds, "id": approval_id})
+
+    assert "expires" not in lousho("approvals", "list").out
+    expire_in(3600)
+    [listed] = lousho("approvals", "list", "--json").json()
+    printed = lousho("approvals", "list")
+    assert listed["expires_at"] is not None
+    assert printed.out.rstrip("\n").endswith(f"  expires {datetime.fromisoformat(listed['expires_at']).isoformat()}")
+
+    expire_in(-1)
+    late = lousho("approvals", "approve", approval_id)
+    as_json = lousho("approvals", "reject", approval_id, "--json")
+
+    assert late.code == 1 and late.error_code() == "LOUSHO_APPROVAL_EXPIRED"
+    assert "expired before this decision; it was recorded as rejected" in late.err
+    assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_APPROVAL_NOT_FOUND"  # decided now
+    assert lousho("approvals", "list", "--json").json() == []
+    [run] = lousho("pending", "--json").json()
+    assert run["session_id"] == "b-1" and run["status"] == "in-progress"

@@ -230,6 +230,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return round(ordered[rank], 3)
 
 
+def _result_body(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A stored tool result's JSON object, or None when it is not one."""
+    try:
+        body = json.loads(str(result.get("content")))
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 class _Checker:
     def __init__(self, runs: dict[str, _Run], events: list[dict[str, Any]], expected: set[str] | None,
                  faults: Sequence[Fault]) -> None:
@@ -328,18 +337,18 @@ class _Checker:
 
     def check_result(self, sid: str, call_id: str, name: str, result: Mapping[str, Any],
                      executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
-        """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``."""
-        try:
-            body = json.loads(str(result.get("content")))
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``.
+
+        A result that a person (a question) or a hook (denied, approved arguments kept) gave comes from no execution.
+        """
+        body = _result_body(result)
+        if body is None:
             self.fail("I1", f"{sid}: result of {call_id} is neither a tool's output nor a structured result")
             return
         approved = name == APPROVED_TOOL
-        if name == "ask_question":  # a person gave the result: nothing executes
+        if name == "ask_question" or body.get("kind") == "denied" or body.get("error") == "ApprovedArgsChanged":
             if executions:
-                self.fail("I2", f"{sid}: question {call_id} executed")
+                self.fail("I2", f"{sid}: {call_id}, settled without running, executed")
             return
         if approved and len(executions) > 1:
             self.fail("I5", f"{sid}: approved call {call_id} ran {len(executions)} times")

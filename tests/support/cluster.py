@@ -55,6 +55,8 @@ CRASH_POINTS = (
 )
 #: Crash points around an approved call (``worker/batch.py``): they fire only once a human said yes.
 APPROVAL_CRASH_POINTS = ("after_started_marker_before_approved_call", "after_approved_effect_before_result_save")
+#: Between a run's ``on_run_end`` hooks and the note that they ran (``worker/steps.py``).
+END_HOOK_CRASH_POINTS = ("after_end_hooks_before_note",)
 
 
 def _celery() -> str:
@@ -519,7 +521,7 @@ class Cluster:
 
 def _split_marker(name: str) -> tuple[str, str]:
     rest = name[len("crash-"):]
-    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS, key=len, reverse=True):
+    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len, reverse=True):
         if rest.startswith(point + "-"):
             return point, rest[len(point) + 1:]
     raise ValueError(f"unknown crash marker {name!r}")

@@ -189,3 +189,27 @@ def test_an_answer_for_a_tool_approval_is_refused_over_http_and_leaves_it_pendin
     assert refused.status_code == 400 and "questions" in refused.text
     assert client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"][0]["approval_id"] == pending[
         "approval_id"]
+
+
+def test_a_decision_after_the_expiry_is_410_and_the_run_goes_on_with_the_rejection(receiver: Receiver) -> None:
+    client = TestClient(receiver.app)
+    sid = _post(client, "desk", {"request": "Refund 5"}, "desk-5").json()["session_id"]
+    receiver.driver.drain()
+    (pending,) = client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"]
+    with receiver.engine.begin() as conn:
+        conn.execute(text("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE approval_id = :id"),
+                     {"id": pending["approval_id"]})
+    late = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"approved": True}),
+                       headers={**AUTH, "content-type": "application/json"})
+    assert late.status_code == 410 and late.json()["error"]["code"] == "LOUSHO_APPROVAL_EXPIRED"
+    assert receiver.driver.queue   # the expiry was the last decision: the run was sent on
+    receiver.driver.drain()
+    status = client.get(f"/runs/{sid}", headers=AUTH).json()
+    assert (status["status"], status["text"]) == ("finished", "Refunded.")
+    checkpoint = receiver.store.load(sid)
+    assert checkpoint is not None
+    (result,) = [json.loads(str(m.content)) for m in checkpoint.messages if m.role == "tool"]
+    assert result["kind"] == "rejected" and result["note"].startswith("expired: no decision before ")
+    again = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"approved": True}),
+                        headers={**AUTH, "content-type": "application/json"})
+    assert again.status_code == 404

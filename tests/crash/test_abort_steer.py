@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from store import errors
 from store.events import Event
 from tests.support.abort_agents import AGENT, HEARD, ask
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, fresh_id, wait_until
 
 MODULE = "tests.support.abort_agents"
 CALLS = 3
@@ -33,11 +32,6 @@ def _cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     return cluster
-
-
-def _session(prefix: str) -> str:
-    # A fresh id: a run's events outlive a truncation of the run tables between tests.
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _tool_log(cluster: Cluster, session_id: str, phase: str) -> list[dict[str, Any]]:
@@ -78,7 +72,7 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
     cluster = _cluster(make_cluster)
     settings = cluster.settings()
     handle = cluster.client.agent(AGENT)
-    session_id = _session("abort")
+    session_id = fresh_id("abort")
     run = handle.send(ask(session_id, calls=CALLS, ms=CALL_MS), session_id=session_id, check_agent=False)
 
     first = _first_call_started(cluster, session_id)
@@ -146,7 +140,7 @@ def test_abort_of_a_paused_run_withdraws_its_approval_and_cancels_the_gated_call
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(AGENT)
     approvals = handle.approvals
-    session_id = _session("abort-paused")
+    session_id = fresh_id("abort-paused")
     first = ask(session_id, gate=True)
     paused = handle.send(first, session_id=session_id, check_agent=False).wait(timeout=15)
     assert paused.finish_reason == "awaiting-approval"
@@ -187,7 +181,7 @@ def test_steer_mid_batch_keeps_unstarted_calls_from_starting_and_the_model_sees_
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(AGENT)
-    session_id = _session("steer")
+    session_id = fresh_id("steer")
     handle.send(ask(session_id, calls=CALLS, ms=CALL_MS), session_id=session_id, check_agent=False)
     message = "stop that and summarize instead"
 

@@ -5,7 +5,6 @@ decision that comes too late is refused and the run still goes on."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 from store import errors
 from store.approvals import EXPIRED_NOTE
 from store.records import Approval
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.support.expiry_agents import AGENT, DONE, EXPIRES_IN_S, ask
 
 MODULE = "tests.support.expiry_agents"
@@ -30,11 +29,6 @@ def _cluster(make_cluster: Callable[..., Cluster], *, beat: bool) -> Cluster:
     if beat:
         cluster.start_beat()
     return cluster
-
-
-def _session(prefix: str) -> str:
-    # A fresh id: a run's events outlive a truncation of the run tables between tests.
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _paused(cluster: Cluster, session_id: str) -> dict[str, Approval]:
@@ -73,7 +67,7 @@ def _decided(cluster: Cluster, approvals: dict[str, Approval]) -> dict[str, Appr
 def test_an_undecided_approval_and_question_expire_and_the_run_finishes_with_them_rejected(
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = _cluster(make_cluster, beat=True)
-    session_id = _session("expire")
+    session_id = fresh_id("expire")
     approvals = _paused(cluster, session_id)
     paused = time.time()
     for approval in approvals.values():
@@ -105,7 +99,7 @@ def test_a_late_decision_raises_approval_expired_and_the_run_goes_on_with_the_re
         make_cluster: Callable[..., Cluster]) -> None:
     # No beat yet: nothing rejects the expired approval before the person's late decision does.
     cluster = _cluster(make_cluster, beat=False)
-    session_id = _session("late")
+    session_id = fresh_id("late")
     approvals = _paused(cluster, session_id)
     handle = cluster.client.agent(AGENT)
     handle.approvals.resolve(approvals["ask_question"].approval_id, answer="card")   # in time

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,7 +21,7 @@ from store.records import Checkpoint, Message
 from tests.support import checker
 from tests.support.agents import run_input
 from tests.support.checker import Fault
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.support.hook_agents import (
     ANSWERED_BY,
     DENY_REASON,
@@ -62,17 +61,6 @@ def _cluster(make_cluster: Callable[..., Cluster], tmp_path: Path, crash_at: str
     return cluster, shared
 
 
-def _session(prefix: str) -> str:
-    # A fresh id: a run's events outlive a truncation of the run tables between tests.
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _load(cluster: Cluster, agent: str, session_id: str) -> Checkpoint:
-    checkpoint = cluster.client.agent(agent).load(session_id)
-    assert checkpoint is not None
-    return checkpoint
-
-
 def _calls(checkpoint: Checkpoint) -> list[tuple[str, dict[str, Any]]]:
     """(call id, arguments as the model gave them) of every call in the transcript."""
     return [(c.id, dict(c.args)) for m in checkpoint.messages if m.role == "assistant" for c in m.tool_calls or ()]
@@ -81,17 +69,6 @@ def _calls(checkpoint: Checkpoint) -> list[tuple[str, dict[str, Any]]]:
 def _results(checkpoint: Checkpoint) -> dict[str, Message]:
     """Call id -> its saved result message."""
     return {str(m.tool_call_id): m for m in checkpoint.messages if m.role == "tool"}
-
-
-def _starts(cluster: Cluster, session_id: str) -> Counter[str]:
-    """How many times each call of the run started executing (from the side-effect log)."""
-    return Counter(str(e["tool_call_id"]) for e in cluster.events()
-                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id)
-
-
-def _model_calls(cluster: Cluster, session_id: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events()
-            if e.get("kind") == "model" and e.get("phase") == "start" and e.get("run_id") == session_id]
 
 
 def _status(cluster: Cluster, session_id: str) -> dict[str, Any]:
@@ -117,12 +94,12 @@ def _assert_checked(cluster: Cluster, session_id: str, title: str, faults: Itera
 def test_hooks_deny_one_call_rewrite_another_and_replace_a_third_result_with_a_real_worker(
         make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
-    session_id = _session("guarded")
+    session_id = fresh_id("guarded")
     result = cluster.client.agent(GUARDED).send(run_input(session_id), session_id=session_id,
                                                 check_agent=False).wait(timeout=20)
     assert result.finish_reason == "stop" and str(result.text).startswith("recorded")
 
-    checkpoint = _load(cluster, GUARDED, session_id)
+    checkpoint = cluster.checkpoint(GUARDED, session_id)
     calls = _calls(checkpoint)
     # The transcript keeps the model's own arguments, whatever the hooks made of them.
     assert [args for _, args in calls] == list(GUARDED_CALLS)
@@ -131,7 +108,7 @@ def test_hooks_deny_one_call_rewrite_another_and_replace_a_third_result_with_a_r
     assert [{k: v for k, v in a.items() if k != "call"} for a in received_args(shared, session_id)] \
         == [{"order": "A2", "amount": 20}, {"order": "a3", "amount": 5}]
     assert [a["call"] for a in received_args(shared, session_id)] == [rewritten_id, replaced_id]
-    assert _starts(cluster, session_id) == Counter({rewritten_id: 1, replaced_id: 1})
+    assert cluster.call_starts(session_id) == Counter({rewritten_id: 1, replaced_id: 1})
 
     results = _results(checkpoint)
     assert list(results) == [denied_id, rewritten_id, replaced_id]
@@ -151,7 +128,7 @@ def test_a_raising_hook_parks_the_run_across_a_worker_restart_and_resume_after_t
         make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     handle = cluster.client.agent(FRAGILE)
-    session_id = _session("fragile")
+    session_id = fresh_id("fragile")
     switch = switch_file(shared, session_id)
     switch.touch()
     run = handle.send(run_input(session_id), session_id=session_id, check_agent=False)
@@ -164,10 +141,10 @@ def test_a_raising_hook_parks_the_run_across_a_worker_restart_and_resume_after_t
     assert (pending.session_id, pending.state) == (session_id, "parked")
     assert pending.last_error is not None and pending.last_error.code == errors.HookFailedError.code
     assert "Audit.pre_tool_call" in pending.last_error.message
-    checkpoint = _load(cluster, FRAGILE, session_id)
+    checkpoint = cluster.checkpoint(FRAGILE, session_id)
     ((call_id, _),) = _calls(checkpoint)
     assert checkpoint.status == "in-progress" and _results(checkpoint) == {}  # the turn is kept, no result
-    assert _starts(cluster, session_id) == Counter()
+    assert cluster.call_starts(session_id) == Counter()
 
     # Nothing of the failure lives in the worker: it dies, a new one starts, the run is still parked.
     (first,) = cluster.live_workers()
@@ -182,8 +159,8 @@ def test_a_raising_hook_parks_the_run_across_a_worker_restart_and_resume_after_t
     result = resumed.wait(timeout=20)
     assert result.finish_reason == "stop" and str(result.text).startswith("tally ok")
     assert handle.pending() == []
-    assert _starts(cluster, session_id) == Counter({call_id: 1})  # the call ran once, after the fix
-    body = json.loads(str(_results(_load(cluster, FRAGILE, session_id))[call_id].content))
+    assert cluster.call_starts(session_id) == Counter({call_id: 1})  # the call ran once, after the fix
+    body = json.loads(str(_results(cluster.checkpoint(FRAGILE, session_id))[call_id].content))
     assert body["pid"] in second.children()
     _assert_checked(cluster, session_id, "raising hook, worker restart, resume after the fix")
 
@@ -192,7 +169,7 @@ def test_a_hook_cannot_change_the_arguments_a_person_approved(
         make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     handle = cluster.client.agent(PINNED)
-    session_id = _session("pinned")
+    session_id = fresh_id("pinned")
     paused = handle.send(run_input(session_id), session_id=session_id, check_agent=False).wait(timeout=20)
     assert paused.finish_reason == "awaiting-approval"
     (approval,) = handle.approvals.list()
@@ -201,12 +178,12 @@ def test_a_hook_cannot_change_the_arguments_a_person_approved(
     result = handle.approvals.resolve(approval.approval_id, approved=True).wait(timeout=20)
 
     assert result.finish_reason == "stop" and str(result.text).startswith("refund validation")
-    checkpoint = _load(cluster, PINNED, session_id)
+    checkpoint = cluster.checkpoint(PINNED, session_id)
     refused = _results(checkpoint)[approval.tool_call_id]
     body = json.loads(str(refused.content))
     assert refused.is_error and (body["kind"], body["error"]) == ("validation", "ApprovedArgsChanged")
     assert received_args(shared, session_id) == []  # the tool never ran, neither arguments reached it
-    assert _starts(cluster, session_id) == Counter()
+    assert cluster.call_starts(session_id) == Counter()
     assert _calls(checkpoint) == [(approval.tool_call_id, REFUND_ARGS)]
     _assert_checked(cluster, session_id, "hook refused the approved arguments")
 
@@ -216,7 +193,7 @@ def test_on_run_end_runs_again_with_the_same_end_id_after_a_crash_before_its_not
     prefix = "ending-"
     cluster, shared = _cluster(make_cluster, tmp_path, crash_at=f"{END_POINT}:{prefix}")
     cluster.start_beat()
-    session_id = _session("ending")
+    session_id = fresh_id("ending")
     result = cluster.client.agent(ENDING).send(run_input(session_id), session_id=session_id,
                                                check_agent=False).wait(timeout=20)
     assert result.finish_reason == "stop"
@@ -228,7 +205,7 @@ def test_on_run_end_runs_again_with_the_same_end_id_after_a_crash_before_its_not
     marker = cluster.crash_dir / f"crash-{END_POINT}-{session_id}"
     assert marker.exists(), "the crash point did not fire"
     crashed = int(marker.read_text())
-    checkpoint = _load(cluster, ENDING, session_id)
+    checkpoint = cluster.checkpoint(ENDING, session_id)
     end_id = f"{session_id}:{checkpoint.seq}"
     assert ends.read_text().splitlines() == [end_id, end_id]
     delivered = [e for e in cluster.events() if e.get("kind") == "run_end" and e.get("run_id") == session_id]
@@ -246,7 +223,7 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
     cluster.start_beat()
     settings = cluster.settings()
     handle = cluster.client.agent(METERED)
-    session_id = _session("metered")
+    session_id = fresh_id("metered")
 
     stopped = handle.send(run_input(session_id), session_id=session_id, check_agent=False).wait(timeout=20)
 
@@ -254,7 +231,7 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
     turns = -(-OUTPUT_LIMIT // TURN_USAGE["output_tokens"])
     assert stopped.finish_reason == "budget-exceeded" and stopped.steps == turns
     assert stopped.usage.output_tokens == turns * TURN_USAGE["output_tokens"]
-    assert _load(cluster, METERED, session_id).status == "in-progress"
+    assert cluster.checkpoint(METERED, session_id).status == "in-progress"
     assert [p.session_id for p in handle.pending()] == [session_id]
     events = cluster.client.read_events(session_id, -1)
     done = events[-1]
@@ -268,7 +245,7 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
                10 + SWEEPS * settings.recover_interval_s, f"{SWEEPS} sweeps after the stopped run went quiet")
     assert _status(cluster, session_id)["seq"] == seq
     assert [e.seq for e in cluster.client.read_events(session_id, -1)] == [e.seq for e in events]
-    assert len(_model_calls(cluster, session_id)) == turns
+    assert len(cluster.model_starts(session_id)) == turns
     print(f"sweeps received while the budget-stopped run sat still: {cluster.sweeps()[1] - received}, seq {seq}")
 
     resumed = handle.resume(session_id, limits=Limits(max_output_tokens=OUTPUT_LIMIT * 10))
@@ -276,7 +253,7 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
     finished = resumed.wait(timeout=20)
     assert finished.finish_reason == "stop" and str(finished.text).startswith("all done")
     assert finished.steps == METERED_TOOL_TURNS + 1
-    assert len(_model_calls(cluster, session_id)) == METERED_TOOL_TURNS + 1
+    assert len(cluster.model_starts(session_id)) == METERED_TOOL_TURNS + 1
     _assert_checked(cluster, session_id, "budget stop, resume with a raised limit")
 
 
@@ -284,7 +261,7 @@ def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_
         make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     cluster.start_beat()
-    session_id = _session("tiered")
+    session_id = fresh_id("tiered")
     tier = tier_file(shared, session_id)
     tier.write_text("fast")
     cluster.send(TIERED, session_id, run_input(session_id))
@@ -298,7 +275,7 @@ def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_
     cluster.start_worker(name="w2", concurrency=1)
     cluster.wait_finished([session_id], timeout=30)
 
-    checkpoint = _load(cluster, TIERED, session_id)
+    checkpoint = cluster.checkpoint(TIERED, session_id)
     assert checkpoint.finish_reason == "stop"
     assert str(checkpoint.final_text).startswith(f"{ANSWERED_BY}fast")
     assert checkpoint.run_config is not None and checkpoint.run_config["model"]["model_id"] == TIERS["fast"]
@@ -306,5 +283,5 @@ def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_
     later = [e["tier"] for e in cluster.events()
              if e.get("kind") == "resolve" and e.get("run_id") == session_id and e["ts"] > fault.ts]
     assert later and set(later) == {"smart"}
-    assert _starts(cluster, session_id) == Counter({str(started["tool_call_id"]): 2})  # killed once, then ran
+    assert cluster.call_starts(session_id) == Counter({str(started["tool_call_id"]): 2})  # killed once, then ran
     _assert_checked(cluster, session_id, "dynamic agent killed mid-run")

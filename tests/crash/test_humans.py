@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from store import errors
 from store.records import Checkpoint
 from tests.support import checker, services
 from tests.support.agents import run_input
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.support.human_agents import (
     ASKER,
     BOOKED,
@@ -42,28 +41,6 @@ def _cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     return cluster
 
 
-def _session(prefix: str) -> str:
-    # A fresh id: a run's events outlive a truncation of the run tables between tests.
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _starts(cluster: Cluster, session_id: str) -> Counter[str]:
-    """How many times each call of the run started executing (from the side-effect log)."""
-    return Counter(str(e["tool_call_id"]) for e in cluster.events()
-                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id)
-
-
-def _model_calls(cluster: Cluster, session_id: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events()
-            if e.get("kind") == "model" and e.get("phase") == "start" and e.get("run_id") == session_id]
-
-
-def _load(cluster: Cluster, agent: str, session_id: str) -> Checkpoint:
-    checkpoint = cluster.client.agent(agent).load(session_id)
-    assert checkpoint is not None
-    return checkpoint
-
-
 def _calls(checkpoint: Checkpoint) -> dict[str, str]:
     """Call id -> tool name, for every call the model made."""
     return {c.id: c.name for m in checkpoint.messages if m.role == "assistant" for c in m.tool_calls or ()}
@@ -81,14 +58,14 @@ def _paused_on_question(cluster: Cluster, session_id: str) -> tuple[str, str, st
     (approval,) = cluster.client.agent(ASKER).approvals.list()
     assert (approval.session_id, approval.kind, approval.tool_name) == (session_id, "question", "ask_question")
     assert (approval.question, approval.options) == (QUESTION, OPTIONS)
-    checkpoint = _load(cluster, ASKER, session_id)
+    checkpoint = cluster.checkpoint(ASKER, session_id)
     calls = _calls(checkpoint)
     (work_id,) = [call_id for call_id, name in calls.items() if name == "work"]
     assert calls[approval.tool_call_id] == "ask_question"
     # The other call of the turn ran while the question waits, and its result is saved.
     results = _results(checkpoint)
     assert list(results) == [work_id] and "exec" in results[work_id]
-    assert _starts(cluster, session_id) == Counter({work_id: 1})
+    assert cluster.call_starts(session_id) == Counter({work_id: 1})
     return approval.approval_id, approval.tool_call_id, work_id
 
 
@@ -104,7 +81,7 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = _cluster(make_cluster)
     cluster.start_beat()
-    session_id = _session("asked")
+    session_id = fresh_id("asked")
     cluster.send(ASKER, session_id, run_input(session_id))
     approval_id, question_id, work_id = _paused_on_question(cluster, session_id)
     assert [(p.state, p.approval_kind) for p in cluster.client.agent(ASKER).pending()] == [("paused", "question")]
@@ -118,7 +95,7 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
     wait_until(lambda: cluster.sweeps()[1] >= received + SWEEPS, 15, f"{SWEEPS} sweeps by the new worker")
     waiting = cluster.statuses([session_id])[session_id]
     assert (waiting["status"], waiting["seq"]) == ("awaiting-approval", seq)
-    assert len(_model_calls(cluster, session_id)) == 1
+    assert len(cluster.model_starts(session_id)) == 1
 
     # The person answers through the command line, another OS process.
     answered = subprocess.run(
@@ -129,12 +106,12 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
                                            "session_id": session_id}
     cluster.wait_finished([session_id], timeout=20)
 
-    checkpoint = _load(cluster, ASKER, session_id)
+    checkpoint = cluster.checkpoint(ASKER, session_id)
     assert checkpoint.finish_reason == "stop"
     assert _results(checkpoint)[question_id] == {"answer": "Oslo"}
     final = checkpoint.messages[-1]
     assert final.role == "assistant" and str(final.content).startswith(BOOKED + "Oslo")
-    assert _starts(cluster, session_id) == Counter({work_id: 1})  # the ordinary call did not run again
+    assert cluster.call_starts(session_id) == Counter({work_id: 1})  # the ordinary call did not run again
     assert cluster.client.agent(ASKER).approvals.list() == []
     _assert_checked(cluster, session_id, "question answered after a worker restart")
 
@@ -142,7 +119,7 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
 def test_a_declined_question_finishes_the_run_with_the_declined_result_and_cannot_be_decided_again(
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = _cluster(make_cluster)
-    session_id = _session("declined")
+    session_id = fresh_id("declined")
     cluster.send(ASKER, session_id, run_input(session_id))
     approval_id, question_id, work_id = _paused_on_question(cluster, session_id)
     approvals = cluster.client.agent(ASKER).approvals
@@ -150,15 +127,15 @@ def test_a_declined_question_finishes_the_run_with_the_declined_result_and_canno
     result = approvals.resolve(approval_id, approved=False, note="ask me tomorrow").wait(timeout=20)
 
     assert result.finish_reason == "stop" and str(result.text).startswith(NOT_BOOKED + "ask me tomorrow")
-    declined = _results(_load(cluster, ASKER, session_id))[question_id]
+    declined = _results(cluster.checkpoint(ASKER, session_id))[question_id]
     assert (declined["kind"], declined["error"], declined["note"]) == ("declined", "QuestionDeclined",
                                                                        "ask me tomorrow")
     with pytest.raises(errors.ApprovalNotFoundError):
         approvals.resolve(approval_id, approved=False, note="again")
     with pytest.raises(errors.ApprovalNotFoundError):
         approvals.resolve(approval_id, answer="Rome")
-    assert _results(_load(cluster, ASKER, session_id))[question_id] == declined
-    assert _starts(cluster, session_id) == Counter({work_id: 1})
+    assert _results(cluster.checkpoint(ASKER, session_id))[question_id] == declined
+    assert cluster.call_starts(session_id) == Counter({work_id: 1})
     _assert_checked(cluster, session_id, "question declined")
 
 
@@ -166,7 +143,7 @@ def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_t
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(SHIPPER)
-    session_id = _session("propagated")
+    session_id = fresh_id("propagated")
     marker = outage_marker(cluster.log_path, session_id)
     marker.touch()
     run = handle.send(run_input(session_id), session_id=session_id, check_agent=False)
@@ -174,7 +151,7 @@ def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_t
     with pytest.raises(errors.PropagatingToolError):
         run.wait(timeout=20)
 
-    checkpoint = _load(cluster, SHIPPER, session_id)
+    checkpoint = cluster.checkpoint(SHIPPER, session_id)
     first, middle, last = _calls(checkpoint)
     assert _calls(checkpoint)[middle] == "ship" and checkpoint.status == "in-progress"
     # The calls beside the raising one finished after it raised, and their results were saved; it has none.
@@ -186,7 +163,7 @@ def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_t
     assert any(e["phase"] == "end" and e["ts"] > raised["ts"] for e in log)
     assert [(p.session_id, p.state, p.last_error.code if p.last_error else None) for p in handle.pending()] \
         == [(session_id, "parked", errors.PropagatingToolError.code)]
-    assert _starts(cluster, session_id) == Counter({first: 1, middle: 1, last: 1})
+    assert cluster.call_starts(session_id) == Counter({first: 1, middle: 1, last: 1})
 
     marker.unlink()  # the carrier is back
     resumed = handle.resume(session_id)
@@ -194,8 +171,8 @@ def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_t
     result = resumed.wait(timeout=20)
 
     assert result.finish_reason == "stop"
-    assert _starts(cluster, session_id) == Counter({first: 1, middle: 2, last: 1})
-    finished = _results(_load(cluster, SHIPPER, session_id))
+    assert cluster.call_starts(session_id) == Counter({first: 1, middle: 2, last: 1})
+    finished = _results(cluster.checkpoint(SHIPPER, session_id))
     assert finished[middle]["shipped"] == session_id
     assert {call_id: finished[call_id] for call_id in (first, last)} == saved  # kept as they were
     assert handle.pending() == []

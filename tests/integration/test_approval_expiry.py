@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -19,8 +19,7 @@ from store import errors
 from store.approvals import EXPIRED_NOTE, PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.records import Approval, Message
-from store.settings import Settings
-from tests.support.driver import Driver
+from tests.support.driver import Driver, Sent, paused_row
 from worker import Agent, tasks, tool
 from worker.providers import MockModel
 
@@ -54,21 +53,6 @@ def _agent(seen: list[dict[str, Any]]) -> Agent:
                  approval_expires_in=QUESTION_EXPIRES_S)
 
 
-@pytest.fixture
-def swept(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """``tasks.recover`` on the test database; the run ids it sends are collected instead of published."""
-    sent: list[str] = []
-    monkeypatch.setattr(tasks, "settings", settings)
-    monkeypatch.setattr(tasks, "enqueue", lambda session_id, *args, **kwargs: sent.append(session_id))
-    monkeypatch.setitem(tasks._state, "pid", None)
-    monkeypatch.setitem(tasks._state, "deps", None)
-    yield sent
-    built = tasks._state.get("deps")
-    if built is not None:
-        built.heartbeat.stop()
-        built.store.engine.dispose()
-
-
 def _paused(make_driver: Callable[..., Driver], client: Client, session_id: str,
             seen: list[dict[str, Any]]) -> Driver:
     refunded.clear()
@@ -96,7 +80,7 @@ def _note_of(approval: Approval) -> str:
 
 
 def test_undecided_approvals_expire_and_the_sweep_sends_the_run_on(
-        make_driver: Callable[..., Driver], client: Client, swept: list[str],
+        make_driver: Callable[..., Driver], client: Client, sent: Sent,
         caplog: pytest.LogCaptureFixture) -> None:
     seen: list[dict[str, Any]] = []
     driver = _paused(make_driver, client, "exp-1", seen)
@@ -104,12 +88,12 @@ def test_undecided_approvals_expire_and_the_sweep_sends_the_run_on(
     for name, seconds in (("refund", TOOL_EXPIRES_S), ("ask_question", QUESTION_EXPIRES_S)):
         created, expires = listed[name].created_at, listed[name].expires_at
         assert created is not None and expires == created + timedelta(seconds=seconds)
-    assert tasks.recover() == 0 and swept == []   # not due yet: nothing expires, nothing is sent
+    assert tasks.recover() == 0 and sent.messages == []   # not due yet: nothing expires, nothing is sent
 
     _wait_past(client.engine, QUESTION_EXPIRES_S, "exp-1")
     with caplog.at_level(logging.INFO, logger=tasks.log.name):
         assert tasks.recover() == 1
-    assert swept == ["exp-1"]   # in the same pass that expired its approvals
+    assert [m[0] for m in sent.messages] == ["exp-1"]   # in the same pass that expired its approvals
     assert "recover: 2 approval(s) expired undecided" in caplog.messages
     assert client.agent(AGENT).approvals.list() == []
     driver.drain("exp-1")
@@ -148,20 +132,6 @@ def test_a_late_decision_is_refused_and_the_run_goes_on_as_rejected(
     assert refunded == []
 
 
-def _due_run(store: PostgresCheckpointStore, k: int) -> tuple[str, str]:
-    """A run paused on one approval that expired a second ago."""
-    session_id, approval_id = f"exp-race-{k}", f"ap-exp-race-{k}"
-    with store.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document)
-                             VALUES (:sid, 'desk', 'awaiting-approval', CAST(:doc AS jsonb))"""),
-                     {"sid": session_id, "doc": f'{{"approval_ids": ["{approval_id}"]}}'})
-        conn.execute(text("""INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent,
-                                                    expires_at)
-                             VALUES (:ap, :sid, 'call_0_0', 'refund', '{}', 'desk', now() - interval '1 second')"""),
-                     {"ap": approval_id, "sid": session_id})
-    return session_id, approval_id
-
-
 def test_the_sweep_racing_a_decision_and_a_delete_never_deadlocks_and_decides_once(
         store: PostgresCheckpointStore) -> None:
     approvals = PostgresApprovalStore(store.engine)
@@ -197,7 +167,7 @@ def test_the_sweep_racing_a_decision_and_a_delete_never_deadlocks_and_decides_on
             storage_errors.append(exc.message)
 
     for k in range(ROUNDS):
-        session_id, approval_id = _due_run(store, k)
+        session_id, approval_id = paused_row(store, f"exp-race-{k}", expired=True)
         start = threading.Barrier(3)
         racers = [threading.Thread(target=sweep, args=(start,)),
                   threading.Thread(target=resolve, args=(approval_id, start))]

@@ -8,25 +8,12 @@ from __future__ import annotations
 
 import threading
 
-from sqlalchemy import text
-
 from store import errors
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
+from tests.support.driver import paused_row
 
 ROUNDS = 40
-
-
-def _paused_run(store: PostgresCheckpointStore, k: int) -> tuple[str, str]:
-    session_id, approval_id = f"race-{k}", f"ap-race-{k}"
-    with store.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document)
-                             VALUES (:sid, 'desk', 'awaiting-approval', CAST(:doc AS jsonb))"""),
-                     {"sid": session_id, "doc": f'{{"approval_ids": ["{approval_id}"]}}'})
-        conn.execute(text("""INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent)
-                             VALUES (:ap, :sid, 'call_0_0', 'refund', '{}', 'desk')"""),
-                     {"ap": approval_id, "sid": session_id})
-    return session_id, approval_id
 
 
 def test_delete_and_resolve_racing_never_deadlock(store: PostgresCheckpointStore) -> None:
@@ -60,7 +47,7 @@ def test_delete_and_resolve_racing_never_deadlock(store: PostgresCheckpointStore
             outcomes["deleted"] += 1
 
     for k in range(ROUNDS):
-        session_id, approval_id = _paused_run(store, k)
+        session_id, approval_id = paused_row(store, f"race-{k}")
         start = threading.Barrier(2)
         threads = [threading.Thread(target=resolve, args=(approval_id, start)),
                    threading.Thread(target=delete, args=(session_id, start))]

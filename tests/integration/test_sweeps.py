@@ -6,49 +6,16 @@ move (parked, paused, waiting for its retry time), however many of those there a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-
-import pytest
 from sqlalchemy import text
 
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.records import LastError, Message
 from store.registry import PostgresAgentRegistry
-from store.settings import Settings
+from tests.support.driver import Sent
 from worker import tasks
 
 AGENT = "sweeper"
-
-
-@dataclass
-class Sent:
-    """What the sweep enqueued: (session_id, seq, countdown, agent)."""
-
-    messages: list[tuple[str, int | None, float, str | None]] = field(default_factory=list)
-
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
-        self.messages.append((session_id, seq, countdown, agent))
-
-    @property
-    def session_ids(self) -> set[str]:
-        return {m[0] for m in self.messages}
-
-
-@pytest.fixture
-def sent(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sent]:
-    """``tasks.recover`` on the test database, its messages collected instead of published."""
-    recorder = Sent()
-    monkeypatch.setattr(tasks, "settings", settings)
-    monkeypatch.setattr(tasks, "enqueue", recorder)
-    monkeypatch.setitem(tasks._state, "pid", None)
-    monkeypatch.setitem(tasks._state, "deps", None)
-    yield recorder
-    built = tasks._state.get("deps")
-    if built is not None:
-        built.heartbeat.stop()
-        built.store.engine.dispose()
 
 
 def _run(store: PostgresCheckpointStore, session_id: str, *, age_s: float = 3600, agent: str = AGENT) -> None:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from psycopg import sql
 from producer.client import Client
 from store import keys
 from store.inputs import normalize_input
+from store.records import Checkpoint
 from store.settings import Settings
 from tests.support import services
 from tests.support.checker import LOG_ENV, Fault, read_log
@@ -424,6 +426,22 @@ class Cluster:
         """The side-effect log so far."""
         return read_log(self.log_path)
 
+    def checkpoint(self, agent: str, session_id: str) -> Checkpoint:
+        """The run's stored checkpoint (it must exist)."""
+        checkpoint = self.client.agent(agent).load(session_id)
+        assert checkpoint is not None, f"run {session_id} is not stored"
+        return checkpoint
+
+    def call_starts(self, session_id: str) -> Counter[str]:
+        """How many times each call of the run started executing (from the side-effect log)."""
+        return Counter(str(e["tool_call_id"]) for e in self.events()
+                       if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id)
+
+    def model_starts(self, session_id: str) -> list[dict[str, Any]]:
+        """The run's model calls as they started (from the side-effect log)."""
+        return [e for e in self.events()
+                if e.get("kind") == "model" and e.get("phase") == "start" and e.get("run_id") == session_id]
+
     def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0,
                    what: str = "log event") -> dict[str, Any]:
         """The first logged event matching ``predicate``, waiting for it."""
@@ -517,6 +535,11 @@ class Cluster:
             self._client.close()
         if self._redis is not None:
             self._redis.close()
+
+
+def fresh_id(prefix: str) -> str:
+    """A run id never used before: a run's events outlive a truncation of the run tables between tests."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _split_marker(name: str) -> tuple[str, str]:

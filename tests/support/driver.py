@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import redis
+from sqlalchemy import text
 
 from producer.client import Client
 from store.checkpoints import PostgresCheckpointStore
@@ -78,3 +79,32 @@ def client(settings: Settings, store: PostgresCheckpointStore) -> Iterator[Clien
     """A producer client on the test services (its enqueued messages are never consumed here)."""
     with Client(settings, engine=store.engine) as made:
         yield made
+
+
+@dataclass
+class Sent:
+    """What the sweep enqueued: (session_id, seq, countdown, agent)."""
+
+    messages: list[tuple[str, int | None, float, str | None]] = field(default_factory=list)
+
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+        self.messages.append((session_id, seq, countdown, agent))
+
+    @property
+    def session_ids(self) -> set[str]:
+        return {m[0] for m in self.messages}
+
+
+def paused_row(store: PostgresCheckpointStore, session_id: str, *, expired: bool = False) -> tuple[str, str]:
+    """A run row paused on one approval, written directly (``expired``: it expired a second ago); its ids."""
+    approval_id = f"ap-{session_id}"
+    with store.engine.begin() as conn:
+        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document)
+                             VALUES (:sid, 'desk', 'awaiting-approval', CAST(:doc AS jsonb))"""),
+                     {"sid": session_id, "doc": f'{{"approval_ids": ["{approval_id}"]}}'})
+        conn.execute(text("""INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent,
+                                                    expires_at)
+                             VALUES (:ap, :sid, 'call_0_0', 'refund', '{}', 'desk',
+                                     CASE WHEN :expired THEN now() - interval '1 second' END)"""),
+                     {"ap": approval_id, "sid": session_id, "expired": expired})
+    return session_id, approval_id

@@ -146,7 +146,7 @@ _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "s
                             "aborted", "end_due"}
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
-FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata")
+FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent")
 
 
 class Checkpoint(_Record):
@@ -202,6 +202,8 @@ class Checkpoint(_Record):
     clock_since: datetime | None = None
     #: Metadata sent with the input the run works on (``send(..., metadata=...)``; format 3).
     metadata: dict[str, Any] | None = None
+    #: The agent the run was handed to (``transfer_to_<name>``); None while it is on ``agent`` (format 3).
+    active_agent: str | None = None
 
     @field_validator("updated_at", "next_attempt_at", "retry_since", "clock_since")
     @classmethod
@@ -217,6 +219,11 @@ class Checkpoint(_Record):
     def control_document(self) -> dict[str, Any]:
         """``document()`` without the transcript: the run's document in format 2 (messages are rows)."""
         return self.model_dump(mode="json", exclude=_COLUMN_FIELDS | {"messages"}, exclude_none=True)
+
+    @property
+    def current_agent(self) -> str:
+        """The agent the run is on now: the one it was handed to, else its own."""
+        return self.active_agent or self.agent
 
     @property
     def pending_tool_calls(self) -> list[ToolCall]:

@@ -10,8 +10,8 @@ import logging
 
 from store import errors
 from store.records import Checkpoint, InboxEntry, Lease
+from worker import handoffs, machine
 from worker import live as live_events
-from worker import machine
 from worker.context import Outcome, StepDeps, StepResult, save
 from worker.live import Live
 
@@ -40,7 +40,7 @@ def settle(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[Inbox
     sid = checkpoint.session_id
     if inbox is None:
         inbox = deps.store.inbox(sid, checkpoint.inbox_cursor)
-    agent = deps.agents.get(checkpoint.agent)
+    agent = handoffs.agent_for(checkpoint, deps.agents)
     stopped = machine.aborted(checkpoint, inbox, instructions=agent.instructions if agent else "")
     stored = {id(message) for message in checkpoint.messages}
     drafts = [live_events.tool_result(m, None) for m in stopped.messages if m.role == "tool" and id(m) not in stored]

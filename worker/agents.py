@@ -121,6 +121,17 @@ def _positive_seconds(value: float | None, what: str) -> None:
         raise errors.ConfigurationError(f"{what} must be a positive number of seconds")
 
 
+def _check_spend(name: str, limits: Limits | None, prices: Prices | None) -> None:
+    """Refuse limits and prices that are not ``Limits`` and ``Prices``, and a ``max_cost`` without prices."""
+    if limits is not None and not isinstance(limits, Limits):
+        raise errors.ConfigurationError(f"agent {name!r}: limits must be a Limits")
+    if prices is not None and not isinstance(prices, Prices):
+        raise errors.ConfigurationError(f"agent {name!r}: prices must be a Prices")
+    if limits is not None and limits.max_cost is not None and prices is None:
+        raise errors.ConfigurationError(
+            f"agent {name!r}: limits.max_cost needs prices for its model (Agent(..., prices=Prices(...)))")
+
+
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
     try:
         hints = get_type_hints(fn)
@@ -159,6 +170,8 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
 
 #: The built-in tool of ``Agent(ask_question=True)``.
 ASK_QUESTION = "ask_question"
+#: The name prefix of the tools that hand a run to another agent (``Agent(handoffs=[...])``).
+HANDOFF_PREFIX = "transfer_to_"
 
 
 def _ask_question(question: str, options: list[str] | None = None) -> str:
@@ -181,6 +194,9 @@ class Agent:
       ``max_cost`` needs ``prices`` (``Prices``, per million tokens).
     - ``approval_expires_in`` (seconds): an approval or question left undecided that long counts as rejected
       (a tool's own ``expires_in`` wins).
+    - ``handoffs``: agents this one may hand the run to. Each adds a ``transfer_to_<name>`` tool; the first such
+      call of a turn moves the run to that agent (its model, tools and instructions; the run's hooks, limits and
+      step budget stay), for every later step and resume. At most ``max_handoffs`` per input.
     - ``resolve``: a dynamic agent. ``resolve(ctx)`` runs on the worker when an input starts and returns a
       ``RunConfig`` (model, tools, instructions) chosen from ``ctx.input`` and ``ctx.metadata``; the model
       chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
@@ -192,7 +208,8 @@ class Agent:
                  max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn",
                  ask_question: bool = False, hooks: Iterable[Any] = (), limits: Limits | None = None,
                  prices: Prices | None = None, approval_expires_in: float | None = None,
-                 resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = ()) -> None:
+                 resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
+                 handoffs: Iterable[Agent] = (), max_handoffs: int = 5) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -205,13 +222,7 @@ class Agent:
         if resolve is not None and not callable(resolve):
             raise errors.ConfigurationError(f"agent {name!r}: resolve must be callable")
         _positive_seconds(approval_expires_in, f"agent {name!r}: approval_expires_in")
-        if limits is not None and not isinstance(limits, Limits):
-            raise errors.ConfigurationError(f"agent {name!r}: limits must be a Limits")
-        if prices is not None and not isinstance(prices, Prices):
-            raise errors.ConfigurationError(f"agent {name!r}: prices must be a Prices")
-        if limits is not None and limits.max_cost is not None and prices is None:
-            raise errors.ConfigurationError(
-                f"agent {name!r}: limits.max_cost needs prices for its model (Agent(..., prices=Prices(...)))")
+        _check_spend(name, limits, prices)
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -231,17 +242,50 @@ class Agent:
         self.approval_expires_in = approval_expires_in
         self.resolve = resolve
         self.models = tuple(models)
+        if max_handoffs < 0:
+            raise errors.ConfigurationError("max_handoffs must be at least 0")
+        self.max_handoffs = max_handoffs
+        #: Handoff targets by name; their ``transfer_to_<name>`` tools are in ``tools``.
+        self.handoffs: dict[str, Agent] = {}
+        for target in handoffs:
+            self._add_handoff(target)
+
+    def _add_handoff(self, target: Agent) -> None:
+        if not isinstance(target, Agent) or target.resolve is not None:
+            raise errors.ConfigurationError(f"agent {self.name!r}: a handoff target must be a static Agent")
+        tool_name = HANDOFF_PREFIX + target.name
+        if target.name == self.name or tool_name in self.tools:
+            raise errors.ConfigurationError(f"agent {self.name!r}: cannot hand off to {target.name!r} (listed twice,"
+                                            " itself, or a tool has the name)")
+
+        def transfer(reason: str = "") -> str:
+            raise errors.ConfigurationError("a handoff is recorded by the step, never run")
+
+        self.handoffs[target.name] = target
+        self.tools[tool_name] = Tool(transfer, name=tool_name, description=(
+            f"Hand this conversation over to {target.name}"
+            + (f": {target.description_for_handoff}" if target.description_for_handoff else "")
+            + ". Give the reason; the other agent continues from here."))
+
+    @property
+    def description_for_handoff(self) -> str:
+        """What the ``transfer_to_`` tool says of this agent: the first line of its instructions."""
+        return self.instructions.strip().splitlines()[0][:200] if self.instructions.strip() else ""
 
     def tool_specs(self) -> list[ToolSpec]:
         """What the model is told about the tools."""
         return [t.spec() for t in self.tools.values()]  # each spec is built once per tool
 
     def fingerprint(self) -> dict[str, Any]:
-        """Model id, each tool's name with a hash of its input schema, a hash of the instructions."""
+        """Model id, each tool's name with a hash of its input schema, a hash of the instructions (computed once)."""
+        known: dict[str, Any] | None = self.__dict__.get("_fingerprint")
+        if known is not None:
+            return known
         tools = {name: _sha(json.dumps(t.input_schema, sort_keys=True)) for name, t in sorted(self.tools.items())}
         parts = {"model": getattr(self.model, "model_id", type(self.model).__name__), "tools": tools,
                  "instructions": _sha(self.instructions)}
         parts["hash"] = _sha(json.dumps(parts, sort_keys=True))[:16]
+        self.__dict__["_fingerprint"] = parts
         return parts
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 from store import errors, payloads
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
-from worker import abort, machine
+from worker import abort, handoffs, machine
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import ASK_QUESTION, Agent, ToolArgsInvalid, ToolContext
@@ -127,6 +127,18 @@ class _Batch:
                            events=[live_events.tool_result(fitted, duration_ms)]):
                 crash_point("between_results", self.checkpoint.session_id)
 
+    def hand_off(self, call: ToolCall, entry: Agent, target: Agent) -> None:
+        """Record a handoff: its result and the run moved to ``target`` (with its fingerprint), in one save."""
+        with self.lock:
+            if self.closed or self.fenced:
+                return
+            result = machine.tool_message(call, {"transferred_to": target.name, "from": entry.name})
+            moved = machine.record_tool_result(self.checkpoint, self._fit(result)).model_copy(update={
+                "active_agent": None if target.name == self.checkpoint.agent else target.name,
+                "fingerprint": self.deps.fingerprint(handoffs.as_target(entry, target))})
+            self._write(moved, events=[live_events.tool_result(result, None),
+                                       live_events.handoff(entry.name, target.name)])
+
     def mark_started(self, call: ToolCall) -> bool:
         with self.lock:
             if self.closed or self.fenced:
@@ -149,6 +161,7 @@ class _Plan:
     run: list[ToolCall] = field(default_factory=list)         # cleared to run now
     approved: list[ToolCall] = field(default_factory=list)    # decided yes: started marker first
     gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
+    handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
@@ -216,25 +229,31 @@ def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: App
     return None
 
 
-def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[ToolCall | Message, bool]:
-    """An undecided call through the gates: its result, or the call to run and whether it needs a person."""
+def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[ToolCall | Message, str]:
+    """An undecided call through the gates: its result, or the call and where it goes.
+
+    Where: ``run`` (cleared), ``gated`` (a person decides first) or ``handoff`` (recorded, never run).
+    """
     tool = agent.tools.get(call.name)
     if tool is None:
-        return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"), False
+        return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"), "result"
     if call.invalid_args is not None:
         return machine.tool_error(call, "validation", "ToolArgsInvalid",
-                                  "the arguments were not a JSON object; send valid JSON"), False
+                                  "the arguments were not a JSON object; send valid JSON"), "result"
     try:
         tool.validate(call.args)
     except ToolArgsInvalid as exc:
-        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)), False
+        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)), "result"
     cleared = _gate(agent, checkpoint, call)
     if isinstance(cleared, Message):
-        return cleared, False
+        return cleared, "result"
+    if handoffs.target_of(agent, call.name) is not None:
+        return cleared, "handoff"
     try:
-        return cleared, tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
+        gated = tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
     except Exception as exc:  # a raising approval rule must not let the call through
-        return machine.tool_error(call, "denied", "ApprovalCheckFailed", f"{type(exc).__name__}: {exc}"), False
+        return machine.tool_error(call, "denied", "ApprovalCheckFailed", f"{type(exc).__name__}: {exc}"), "result"
+    return cleared, "gated" if gated else "run"
 
 
 def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> _Plan:
@@ -258,11 +277,11 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             else:
                 plan.approved.append(outcome)
             continue
-        cleared, gated = _cleared(agent, checkpoint, call)
+        cleared, where = _cleared(agent, checkpoint, call)
         if isinstance(cleared, Message):
             plan.results.append(cleared)
         else:
-            (plan.gated if gated else plan.run).append(cleared)
+            {"gated": plan.gated, "run": plan.run, "handoff": plan.handoffs}[where].append(cleared)
     return plan
 
 
@@ -416,6 +435,21 @@ def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: li
         _in_pool(batch, 1, [functools.partial(run_one, call)])
 
 
+def _hand_off(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> None:
+    """Honour the turn's first handoff (within ``max_handoffs``); the others get ``not-run`` results."""
+    for index, call in enumerate(calls):
+        target = handoffs.target_of(agent, call.name)
+        assert target is not None
+        if index > 0:
+            batch.settle(machine.tool_error(call, "not-run", "HandoffNotHonoured",
+                                            "only the first handoff of a turn is made; this one was not"))
+        elif handoffs.handoffs_in_input(batch.checkpoint) >= agent.max_handoffs:
+            batch.settle(machine.tool_error(call, "denied", "TooManyHandoffs",
+                                            f"this run already handed off {agent.max_handoffs} times"))
+        else:
+            batch.hand_off(call, agent, target)
+
+
 def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
     """One pending approval per gated call."""
     fingerprint = deps.fingerprint(agent)
@@ -462,6 +496,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
+        _hand_off(batch, agent, plan.handoffs)
         batch.hear()
         if batch.aborting and not batch.fenced:
             batch.closed = True
@@ -483,4 +518,4 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         # The lease was lost before every call ran; the new holder runs the rest.
         return StepResult(Outcome.FENCED)
     crash_point("after_batch_save_before_enqueue", sid)
-    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=checkpoint.agent))
+    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=batch.checkpoint.current_agent))

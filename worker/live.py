@@ -67,6 +67,11 @@ def provider_retry(error: LastError, failures: int, delay_s: float) -> EventDraf
                                                    "failures": failures, "delay_s": round(delay_s, 3)})
 
 
+def handoff(source: str, target: str) -> EventDraft:
+    """The run moved from agent ``source`` to agent ``target`` (a ``transfer_to_`` call)."""
+    return EventDraft(type="agent.handoff", data={"from": source, "to": target})
+
+
 def drift(found: dict[str, Any]) -> EventDraft:
     """The agent changed since the run was saved (the policy let it continue)."""
     return EventDraft(type="agent.drift", data=found)

@@ -82,14 +82,14 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
     log.warning("step of %s %s: %s (failure %d in a row, next attempt in %.1f s)", sid,
                 "handed back" if handing_back else "failed", error.code, checkpoint.failures + 1, delay)
     # The seq the run is at now: a batch may have saved results before it failed.
-    follow_up = Next(seq, delay, checkpoint.agent) if delay <= COUNTDOWN_MAX_S else None
+    follow_up = Next(seq, delay, checkpoint.current_agent) if delay <= COUNTDOWN_MAX_S else None
     return StepResult(Outcome.HANDED_BACK if handing_back else Outcome.FAILED, follow_up)
 
 
 def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None) -> StepResult:
     """Hand the step back: this worker does not load the run's agent, another (of a newer release) will."""
-    served = deps.serving(checkpoint.agent)
-    unknown = errors.AgentNotFoundError(checkpoint.agent, list(deps.agents))
+    served = deps.serving(checkpoint.current_agent)
+    unknown = errors.AgentNotFoundError(checkpoint.current_agent, list(deps.agents))
     message = f"{unknown.message}; this worker cannot run it" + (
         "" if served else "; no live worker has registered it")
     error = LastError(code=unknown.code, message=payloads.clean_error(message), retryable=True)

@@ -19,7 +19,7 @@ import redis
 
 from store import errors, payloads, records
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, budgets, drift, dynamic, machine, retry
+from worker import abort, budgets, drift, dynamic, handoffs, machine, retry
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
@@ -148,7 +148,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
         exceeded = errors.StepAttemptsExceededError(
             f"step started {checkpoint.attempts} times without finishing (the worker died each time); run parked")
         return retry.park(deps, checkpoint, LastError(**exceeded.to_record()))
-    agent = deps.agents.get(checkpoint.agent)
+    agent = handoffs.agent_for(checkpoint, deps.agents)
     if agent is None:
         return retry.hand_back_agent(deps, checkpoint, now)
     planned = _plan(deps, agent, checkpoint, inbox_head, now, live)
@@ -297,7 +297,7 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse
     live.cursor = checkpoint.inbox_cursor
     model = agent.model
     assert model is not None  # a dynamic agent's model is chosen before its step runs (worker.dynamic)
-    messages, tools = list(checkpoint.messages), agent.tool_specs()
+    messages, tools = handoffs.instructed(list(checkpoint.messages), agent, checkpoint), agent.tool_specs()
     hooks = agent.hooks
     ctx = HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
                       metadata=checkpoint.metadata) if hooks else None
@@ -353,7 +353,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
         # Steered before the model said anything: ask again, with the new message (its usage is kept as
         # uncounted until the next save).
         log.info("model call of %s cut short by a steer", sid)
-        return StepResult(Outcome.ADVANCED, Next(checkpoint.seq, agent=checkpoint.agent))
+        return StepResult(Outcome.ADVANCED, Next(checkpoint.seq, agent=checkpoint.current_agent))
     calls = response.tool_calls
     overflow: list[ToolCall] = []
     if len(calls) > payloads.MAX_TOOL_CALLS_PER_TURN:
@@ -373,7 +373,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     crash_point("after_model_save_before_enqueue", sid)
     if saved.status == "finished":
         return StepResult(Outcome.FINISHED)
-    return StepResult(Outcome.ADVANCED, Next(saved.seq, agent=checkpoint.agent))
+    return StepResult(Outcome.ADVANCED, Next(saved.seq, agent=checkpoint.current_agent))
 
 
 def _runs_elsewhere(deps: StepDeps, checkpoint: Checkpoint, action: machine.ModelTurn | machine.ToolBatch,
@@ -384,7 +384,8 @@ def _runs_elsewhere(deps: StepDeps, checkpoint: Checkpoint, action: machine.Mode
     """
     if isinstance(refusal, errors.ResumeToolMissingError) and isinstance(action, machine.ToolBatch):
         names = {call.name for call in action.calls}
-        return any(serving.has_tools(names) for serving in deps.serving(checkpoint.agent))
+        return any(serving.has_tools(names) for serving in deps.serving(checkpoint.current_agent))
     if isinstance(refusal, errors.AgentDriftError) and checkpoint.fingerprint is not None:
-        return any(serving.fingerprint == checkpoint.fingerprint for serving in deps.serving(checkpoint.agent))
+        return any(serving.fingerprint == checkpoint.fingerprint
+                   for serving in deps.serving(checkpoint.current_agent))
     return False

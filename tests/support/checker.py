@@ -39,9 +39,13 @@ def response_tag(nonce: str) -> str:
 
 
 def transcript_digest(messages: Iterable[Mapping[str, Any]]) -> str:
-    """A digest of what a transcript says (roles, contents, call ids), equal for a dumped and a stored one."""
+    """A digest of what a transcript says (roles, contents, call ids), equal for a dumped and a stored one.
+
+    System messages are left out: they are the agent's instructions, which a run handed to another agent sends
+    in place of the saved one.
+    """
     shape = [[m.get("role"), m.get("content"), [c.get("id") for c in m.get("tool_calls") or ()],
-              m.get("tool_call_id")] for m in messages]
+              m.get("tool_call_id")] for m in messages if m.get("role") != "system"]
     return hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -339,14 +343,16 @@ class _Checker:
                      executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
         """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``.
 
-        A result that a person (a question) or a hook (denied, approved arguments kept) gave comes from no execution.
+        A result that a person (a question), a hook (denied, approved arguments kept) or a handoff gave comes from no
+        execution.
         """
         body = _result_body(result)
         if body is None:
             self.fail("I1", f"{sid}: result of {call_id} is neither a tool's output nor a structured result")
             return
         approved = name == APPROVED_TOOL
-        if name == "ask_question" or body.get("kind") == "denied" or body.get("error") == "ApprovedArgsChanged":
+        if (name == "ask_question" or body.get("kind") == "denied" or "transferred_to" in body
+                or body.get("error") in ("ApprovedArgsChanged", "HandoffNotHonoured")):
             if executions:
                 self.fail("I2", f"{sid}: {call_id}, settled without running, executed")
             return

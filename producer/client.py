@@ -458,6 +458,8 @@ class AgentHandle:
                 not a JSON object (nothing is written).
         """
         records.validate_session_id(session_id)
+        if records.is_child_id(session_id):
+            raise errors.SessionIdInvalidError(session_id, "ends with .task-<16 hex>, the mark of sub-agent runs")
         if idempotency_key is not None:
             _check_idempotency_key(idempotency_key)
         messages = normalize_input(input)

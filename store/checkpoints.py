@@ -69,7 +69,7 @@ saved AS (
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now(),
     transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END,
     aborted = :aborted, abort_requested = CASE WHEN :clear_abort THEN NULL ELSE abort_requested END,
-    end_due = :end_due, events_next = events_next + :n_events
+    end_due = :end_due, waiting = :waiting, events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
   RETURNING session_id, updated_at, transcript_id, events_next
 ),
@@ -126,9 +126,22 @@ WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progre
 # An abort of an unfinished run: kept until a step settles it (a paused run's approvals are withdrawn then).
 _REQUEST_ABORT = text("""
 UPDATE runs SET abort_requested = COALESCE(abort_requested, now())
-WHERE session_id = :sid AND status <> 'finished' AND NOT aborted RETURNING 1
+WHERE (session_id = :sid OR left(session_id, :prefix_len) = :prefix) AND status <> 'finished' AND NOT aborted
+RETURNING session_id
 """)
 _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
+# Leads whose wake-up was lost: waiting, silent for ``stale`` seconds, no child that can still move, and a child
+# that changed since the lead's last save (a lead paused on a child's approval is not woken again and again).
+_WAITING_LEADS = text(f"""
+SELECT l.session_id, l.seq, l.agent FROM runs l
+WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
+  AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
+  AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
+                  AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
+  AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+ORDER BY l.updated_at LIMIT :limit
+""")
+_SET_PARENT = text("UPDATE runs SET parent_id = :lead WHERE session_id = ANY(:ids) AND parent_id IS NULL")
 _END_SETTLED = text(
     "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1")
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
@@ -158,7 +171,7 @@ _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids
 # With the kind of the approval a paused run waits on first (a tool call or a question).
 _PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
             " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind"
-            f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR {runs.HAS_WORK})")
+            f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})")
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
 _DIRECT = {statement: driver_sql(statement)
@@ -314,7 +327,7 @@ class PostgresCheckpointStore:
             "sid": sid, "doc": document, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
             "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
             "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone, "aborted": checkpoint.aborted,
-            "end_due": checkpoint.end_due,
+            "end_due": checkpoint.end_due, "waiting": checkpoint.waiting,
             "clear_abort": write.settles_abort or checkpoint.status == "finished", "n_events": len(drafts),
             "events": events.encode(drafts, _slot_finder(rows)) if drafts else "[]",
         }
@@ -405,6 +418,23 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
+    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
+        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input.
+
+        One transaction; a child that exists (the lead's step ran before and crashed) is left as it is.
+        """
+        with self._begin() as conn:
+            for child_id, agent, prompt in children:
+                runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])
+            conn.execute(_SET_PARENT, {"lead": lead, "ids": [child_id for child_id, _, _ in children]})
+
+    def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
+        """Leads waiting on children none of which can still move (a lost wake-up), oldest first."""
+        with self._single() as conn:
+            rows = conn.execute(_WAITING_LEADS, {"stale": stale_after_s, "limit": limit}).all()
+        return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST)
+                for row in rows]
+
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note that the ``on_run_end`` hooks owed since save ``seq`` have run (fenced); False when not owed."""
         with self._single() as conn:
@@ -479,7 +509,10 @@ class PostgresCheckpointStore:
             CheckpointNotFoundError: no such run.
         """
         with self._single() as conn:
-            if conn.execute(_REQUEST_ABORT, {"sid": session_id}).first() is not None:
+            prefix = session_id + records.CHILD_MARK
+            requested = {row.session_id for row in conn.execute(
+                _REQUEST_ABORT, {"sid": session_id, "prefix": prefix, "prefix_len": len(prefix)})}
+            if session_id in requested:
                 return True
             if conn.execute(_EXISTS, {"sid": session_id}).first() is None:
                 raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
@@ -609,7 +642,13 @@ class PostgresCheckpointStore:
     # -- maintenance -------------------------------------------------------------------------
 
     def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
-        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``), its child runs with it."""
+        with self._single() as conn:
+            prefix = session_id + records.CHILD_MARK
+            children = conn.execute(text("SELECT session_id FROM runs WHERE left(session_id, :n) = :prefix"),
+                                    {"n": len(prefix), "prefix": prefix}).scalars().all()
+        for child in sorted(children, key=len, reverse=True):
+            self.delete(child, keep_history=keep_history)
         with self._begin() as conn:
             # The run row first, then its approvals: the order approvals.resolve takes them in.
             deleted = conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount

@@ -74,6 +74,12 @@ class StepStore(Protocol):
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note (fenced) that the ``on_run_end`` hooks owed since save ``seq`` ran; False when none were owed."""
 
+    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
+        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input."""
+
+    def load(self, session_id: str) -> records.Checkpoint | None:
+        """The run's latest checkpoint (a child's, read by its lead's step), or None."""
+
     def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
                     drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Record a transient failure and when to try again; the run's seq, None when fenced out."""
@@ -101,6 +107,9 @@ class RecoveryStore(Protocol):
 
     def mark_swept(self, session_ids: Sequence[str]) -> None:
         """Note that a step was just sent for these runs: ``due_runs`` leaves them out for a while."""
+
+    def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
+        """Leads waiting on children none of which can still move: their wake-up was lost."""
 
     def expire_approvals(self, limit: int = 500) -> int:
         """Reject up to ``limit`` pending approvals past their ``expires_at`` (a note says so); how many.

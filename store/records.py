@@ -40,6 +40,35 @@ READ_FORMATS = (1, 2, 3)
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 #: Suffixes that other keys of a run use (session turns, paused sessions, schedule fire claims).
 _RESERVED_SUFFIX = re.compile(r"(\.turn-\d+|\.paused|\.fire)$")
+#: The suffix of a child run's id: ``<lead>.task-<16 hex digits>`` (made by the lead's step, never by a sender).
+CHILD_MARK = ".task-"
+_CHILD_SUFFIX = re.compile(r"\.task-[0-9a-f]{16}$")
+
+
+def is_child_id(session_id: str) -> bool:
+    """Whether ``session_id`` names a child run (a sub-agent's), which only its lead's step creates."""
+    return _CHILD_SUFFIX.search(session_id) is not None
+
+
+def lead_of(session_id: str) -> str | None:
+    """The lead of a child run, or None for a run of its own."""
+    return session_id[:session_id.rindex(CHILD_MARK)] if is_child_id(session_id) else None
+
+
+def runs_to(session_id: str) -> list[str]:
+    """``session_id``'s leads, outermost first, then ``session_id`` itself."""
+    path = [session_id]
+    while (lead := lead_of(path[0])) is not None:
+        path.insert(0, lead)
+    return path
+
+
+def depth_of(session_id: str) -> int:
+    """How many leads a run has above it (0 for a run of its own)."""
+    depth = 0
+    while (lead := lead_of(session_id)) is not None:
+        session_id, depth = lead, depth + 1
+    return depth
 
 
 def validate_session_id(session_id: object) -> str:
@@ -143,10 +172,10 @@ class LastError(_Record):
 #: Checkpoint fields stored as columns of the run's row, never in its document.
 _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
                             "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",
-                            "aborted", "end_due"}
+                            "aborted", "end_due", "waiting"}
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
-FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent")
+FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated")
 
 
 class Checkpoint(_Record):
@@ -204,6 +233,10 @@ class Checkpoint(_Record):
     metadata: dict[str, Any] | None = None
     #: The agent the run was handed to (``transfer_to_<name>``); None while it is on ``agent`` (format 3).
     active_agent: str | None = None
+    #: Calls of the last turn delegated to child runs: call id -> child run id (format 3).
+    delegated: dict[str, str] | None = None
+    #: Some delegated call has no result yet: the run has no step due until a child settles.
+    waiting: bool = False
 
     @field_validator("updated_at", "next_attempt_at", "retry_since", "clock_since")
     @classmethod
@@ -310,6 +343,11 @@ class Approval(_Record):
     #: Seconds from creation to ``expires_at``; given when the approval is opened, never stored.
     expires_in: float | None = Field(default=None, exclude=True)
 
+    @property
+    def run_path(self) -> list[str]:
+        """The runs that lead to this approval, outermost first: its run's leads, then its run (sub-agents)."""
+        return runs_to(self.session_id)
+
 
 class Progress(_Record):
     """Where a run stands, without its transcript (what a waiting producer polls)."""
@@ -376,6 +414,11 @@ class PendingRun(_Record):
     agent: str
     state: RunState = "running"
     next_attempt_at: datetime | None = None
+
+    @property
+    def lead(self) -> str | None:
+        """The run whose sub-agent this run is (None for a run of its own): ``pending()`` lists it under its lead."""
+        return lead_of(self.session_id)
 
 
 def _stopped_state(checkpoint: Checkpoint) -> RunState:

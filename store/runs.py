@@ -19,7 +19,7 @@ from store import errors, payloads, records, transcripts
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
            " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted,"
-           " end_due")
+           " end_due, waiting")
 #: The whole transcript of the run of the row (format 2), as a JSON array in slot order, for readers.
 MESSAGES = ("(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
             " WHERE m.session_id = runs.session_id) AS messages")
@@ -33,13 +33,13 @@ SELECT :sid, CAST(e ->> 0 AS int), :seq, e -> 1 FROM jsonb_array_elements(CAST(:
 def has_work_sql(table: str = "") -> str:
     """The one rule of which runs have work to do, as SQL on ``runs`` (aliased ``table``, if given).
 
-    In progress (and not stopped by an abort or a budget), finished or stopped with input waiting, unfinished
-    with an abort request no step has settled yet, or owing ``on_run_end`` hooks.
+    In progress (and not stopped by an abort or a budget, nor waiting on children), finished or stopped with
+    input waiting, unfinished with an abort request no step has settled yet, or owing ``on_run_end`` hooks.
     Used by the claim, the sweep, ``resume``, ``pending`` and the
     schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
     """
     t = f"{table}." if table else ""
-    return (f"(({t}status = 'in-progress' AND NOT {t}aborted)"
+    return (f"(({t}status = 'in-progress' AND NOT {t}aborted AND NOT {t}waiting)"
             f" OR (({t}status = 'finished' OR {t}aborted) AND {t}inbox_head > {t}inbox_cursor)"
             f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished') OR {t}end_due)")
 
@@ -55,7 +55,8 @@ def not_parked_sql(table: str = "") -> str:
 
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
 _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
-                       "next_attempt_at", "retry_since", "failures", "aborted", "end_due")
+                       "next_attempt_at", "retry_since", "failures", "aborted", "end_due",
+                       "waiting")
 #: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
 HAS_WORK = has_work_sql()
 NOT_PARKED = not_parked_sql()
@@ -137,10 +138,15 @@ class InboxPosition(Protocol):
         """The run's ``end_due`` column."""
         ...
 
+    @property
+    def waiting(self) -> bool:
+        """The run's ``waiting`` column."""
+        ...
+
 
 def has_work(run: InboxPosition) -> bool:
     """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
-    return ((run.status == "in-progress" and not run.aborted)
+    return ((run.status == "in-progress" and not run.aborted and not run.waiting)
             or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
             or (run.abort_requested and run.status != "finished") or run.end_due)
 

@@ -34,7 +34,7 @@ transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 
 #: Runs with work to do (``store.runs.has_work_sql``, spelled out: this module imports no other), the
 #: predicate of the sweep's index.
-MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
+MOVABLE = ("((status = 'in-progress' AND NOT aborted AND NOT waiting)"
             " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
            " OR (abort_requested IS NOT NULL AND status <> 'finished')"
            " OR end_due)")
@@ -76,9 +76,15 @@ runs = Table(
     Column("aborted", Boolean, nullable=False, server_default=false()),
     #: The run's input ended and its ``on_run_end`` hooks have not all run yet (the sweep moves it until they have).
     Column("end_due", Boolean, nullable=False, server_default=false()),
+    #: The lead of a child run (``<lead>.task-<16 hex>``); None for a run of its own.
+    Column("parent_id", Text, nullable=True),
+    #: The run delegated calls to children that have not all settled: no step is due until one settles.
+    Column("waiting", Boolean, nullable=False, server_default=false()),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
           postgresql_where=text(MOVABLE)),
+    Index("runs_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
+    Index("runs_waiting_idx", "updated_at", postgresql_where=text("waiting")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

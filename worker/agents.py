@@ -170,6 +170,28 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
 
 #: The built-in tool of ``Agent(ask_question=True)``.
 ASK_QUESTION = "ask_question"
+#: The built-in tool of ``Agent(subagents=[...])``: a child run of one of them.
+TASK = "task"
+
+
+def _task(agent: str, prompt: str, description: str = "") -> str:
+    """Give a task to a sub-agent: it sees only ``prompt`` (not this conversation) and answers with its final text.
+
+    Several task calls in one turn run at the same time. ``description`` is a few words for people watching.
+    """
+    raise errors.ConfigurationError("a task runs as a child run, never as a function")
+
+
+def _task_tool(names: list[str]) -> Tool:
+    """The ``task`` tool, its ``agent`` argument limited to ``names``."""
+    task = Tool(_task, name=TASK)
+    choice: Any = Literal[tuple(names)]
+    task.input_model = create_model(
+        f"{TASK}_input", __config__=ConfigDict(extra="forbid"), agent=(choice, ...), prompt=(str, ...),
+        description=(str, ""))
+    return task
+
+
 #: The name prefix of the tools that hand a run to another agent (``Agent(handoffs=[...])``).
 HANDOFF_PREFIX = "transfer_to_"
 
@@ -209,7 +231,8 @@ class Agent:
                  ask_question: bool = False, hooks: Iterable[Any] = (), limits: Limits | None = None,
                  prices: Prices | None = None, approval_expires_in: float | None = None,
                  resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
-                 handoffs: Iterable[Agent] = (), max_handoffs: int = 5) -> None:
+                 handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
+                 max_subagent_depth: int = 1) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -249,6 +272,23 @@ class Agent:
         self.handoffs: dict[str, Agent] = {}
         for target in handoffs:
             self._add_handoff(target)
+        if max_subagent_depth < 1:
+            raise errors.ConfigurationError("max_subagent_depth must be at least 1")
+        self.max_subagent_depth = max_subagent_depth
+        #: Sub-agents by name: the ``task`` tool starts a child run of one of them.
+        self.subagents: dict[str, Agent] = {}
+        self._add_subagents(list(subagents))
+
+    def _add_subagents(self, children: list[Agent]) -> None:
+        for child in children:
+            if not isinstance(child, Agent) or child.name in self.subagents or child.name == self.name:
+                raise errors.ConfigurationError(
+                    f"agent {self.name!r}: sub-agents must be other agents, each listed once")
+            self.subagents[child.name] = child
+        if self.subagents:
+            if TASK in self.tools:
+                raise errors.ConfigurationError(f"agent {self.name!r} has a tool named {TASK!r} and sub-agents")
+            self.tools[TASK] = _task_tool(sorted(self.subagents))
 
     def _add_handoff(self, target: Agent) -> None:
         if not isinstance(target, Agent) or target.resolve is not None:

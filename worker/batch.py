@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import errors, payloads
+from store import errors, payloads, records
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
-from worker import abort, handoffs, machine
+from worker import abort, handoffs, machine, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
-from worker.agents import ASK_QUESTION, Agent, ToolArgsInvalid, ToolContext
+from worker.agents import ASK_QUESTION, TASK, Agent, ToolArgsInvalid, ToolContext
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
 from worker.hooks import Deny, HookContext, Input
@@ -127,6 +127,36 @@ class _Batch:
                            events=[live_events.tool_result(fitted, duration_ms)]):
                 crash_point("between_results", self.checkpoint.session_id)
 
+    def settle_child(self, call: ToolCall, result: Message, child: str, state: Checkpoint | None) -> None:
+        """Record a delegated call's result with its child's usage folded into the run's."""
+        with self.lock:
+            if self.closed or self.fenced:
+                return
+            fitted = self._fit(result)
+            updated = machine.record_tool_result(self.checkpoint, fitted)
+            updated = updated.model_copy(update={"usage": updated.usage + subagents.usage_of(state)})
+            self._write(updated, events=[live_events.tool_result(fitted, None), subagents.done(call, child, state)])
+
+    def delegate(self, delegated: dict[str, str], events: list[EventDraft], paused_on: list[str]) -> None:
+        """Save which calls wait on which children (``waiting`` while any has no result yet).
+
+        ``paused_on``: approvals children wait on; the run is paused on them (``awaiting-approval``) meanwhile.
+        """
+        with self.lock:
+            if self.closed or self.fenced:
+                return
+            open_calls = {c.id for c in self.checkpoint.pending_tool_calls}
+            kept = {call_id: child for call_id, child in delegated.items() if call_id in open_calls}
+            update: dict[str, Any] = {"delegated": kept or None, "waiting": bool(kept)}
+            if kept and paused_on:
+                update.update(status="awaiting-approval", approval_ids=paused_on)
+            elif self.checkpoint.status == "awaiting-approval" and self.checkpoint.waiting:
+                update.update(status="in-progress", approval_ids=[])
+            updated = self.checkpoint.model_copy(update=update)
+            if updated == self.checkpoint and not events:
+                return
+            self._write(updated, events=events)
+
     def hand_off(self, call: ToolCall, entry: Agent, target: Agent) -> None:
         """Record a handoff: its result and the run moved to ``target`` (with its fingerprint), in one save."""
         with self.lock:
@@ -162,6 +192,7 @@ class _Plan:
     approved: list[ToolCall] = field(default_factory=list)    # decided yes: started marker first
     gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
     handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
+    tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
@@ -249,6 +280,8 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Tool
         return cleared, "result"
     if handoffs.target_of(agent, call.name) is not None:
         return cleared, "handoff"
+    if call.name == TASK and agent.subagents:
+        return cleared, "task"
     try:
         gated = tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
     except Exception as exc:  # a raising approval rule must not let the call through
@@ -263,11 +296,15 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
         HookFailedError: a hook raised (nothing of the batch was saved or run yet).
     """
     plan = _Plan()
-    decided = {a.tool_call_id: a for a in deps.store.decisions(checkpoint.approval_ids).values()} \
-        if checkpoint.approval_ids else {}
+    decided = {a.tool_call_id: a for a in deps.store.decisions(checkpoint.approval_ids).values()
+               if a.session_id == checkpoint.session_id} if checkpoint.approval_ids else {}
+    delegated = checkpoint.delegated or {}
     for call in calls:
         if call.id in checkpoint.started_tool_call_ids:
             plan.results.append(machine.interrupted(call))
+            continue
+        if call.id in delegated:  # went through the gates when it was delegated
+            plan.tasks.append(call)
             continue
         decision = decided.get(call.id)
         outcome = None if decision is None else _decided(agent, checkpoint, call, decision)
@@ -281,7 +318,7 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
         if isinstance(cleared, Message):
             plan.results.append(cleared)
         else:
-            {"gated": plan.gated, "run": plan.run, "handoff": plan.handoffs}[where].append(cleared)
+            {"gated": plan.gated, "run": plan.run, "handoff": plan.handoffs, "task": plan.tasks}[where].append(cleared)
     return plan
 
 
@@ -450,6 +487,49 @@ def _hand_off(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> None:
             batch.hand_off(call, agent, target)
 
 
+def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> list[tuple[str, str | None]]:
+    """Start a child run for each new ``task`` call; record the result of each whose child settled.
+
+    Returns the children to send a step (the new ones), once the save that names them is durable.
+    """
+    if not calls:
+        return []
+    lead = batch.checkpoint.session_id
+    delegated = dict(batch.checkpoint.delegated or {})
+    new: list[tuple[str, str, str]] = []
+    events: list[EventDraft] = []
+    for call in calls:
+        if call.id in delegated:
+            continue
+        child = subagents.child_id(lead, batch.checkpoint.step, call.id)
+        if records.depth_of(lead) + 1 > agent.max_subagent_depth:
+            batch.settle(machine.tool_error(call, "denied", "SubagentDepthExceeded",
+                                            f"sub-agents may nest {agent.max_subagent_depth} level(s) deep"))
+        elif child is None:
+            batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
+                                            "this run's id is too long to name a sub-agent's run"))
+        else:
+            delegated[call.id] = child
+            new.append((child, str(call.args["agent"]), str(call.args["prompt"])))
+            events.append(subagents.started(call, child))
+    if new:
+        batch.deps.store.start_children(lead, new)
+    by_id = {call.id: call for call in calls}
+    fresh = {child for child, _, _ in new}
+    paused_on: list[str] = []
+    for call_id, child in delegated.items():
+        if child in fresh or call_id not in by_id:  # a child started just now has not settled
+            continue
+        state = batch.deps.store.load(child)
+        result = subagents.result_of(by_id[call_id], state)
+        if result is not None:
+            batch.settle_child(by_id[call_id], result, child, state)
+        elif state is not None and state.status == "awaiting-approval":
+            paused_on.extend(state.approval_ids)
+    batch.delegate(delegated, events, paused_on)
+    return [(child, agent_name) for child, agent_name, _ in new]
+
+
 def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
     """One pending approval per gated call."""
     fingerprint = deps.fingerprint(agent)
@@ -497,6 +577,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
         _hand_off(batch, agent, plan.handoffs)
+        children = _delegate(batch, agent, plan.tasks)
         batch.hear()
         if batch.aborting and not batch.fenced:
             batch.closed = True
@@ -514,7 +595,13 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     finally:
         with batch.lock:
             batch.closed = True
-    if batch.fenced or batch.checkpoint.pending_tool_calls:
+    if batch.fenced:
+        return StepResult(Outcome.FENCED)
+    if batch.checkpoint.waiting:
+        # Children run on their own; the last to settle wakes this run.
+        outcome = Outcome.PAUSED if batch.checkpoint.status == "awaiting-approval" else Outcome.DELEGATED
+        return StepResult(outcome, also=tuple(children))
+    if batch.checkpoint.pending_tool_calls:
         # The lease was lost before every call ran; the new holder runs the rest.
         return StepResult(Outcome.FENCED)
     crash_point("after_batch_save_before_enqueue", sid)

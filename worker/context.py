@@ -44,6 +44,7 @@ class Outcome(enum.StrEnum):
     HANDED_BACK = "handed-back"  #: this worker cannot run the step (deploy under way); another will
     PARKED = "parked"        #: the run stopped with a non-retryable error
     ABORTED = "aborted"      #: the run stopped on an abort request; every call has its result
+    DELEGATED = "delegated"  #: the run waits on child runs (sub-agents); the last to settle wakes it
 
 
 @dataclass
@@ -103,6 +104,8 @@ class StepResult:
 
     outcome: Outcome
     follow_up: Next | None = None
+    #: More runs to send a step once the lease is released: ``(run id, agent)`` (children a lead started).
+    also: tuple[tuple[str, str | None], ...] = ()
 
 
 def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,

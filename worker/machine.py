@@ -56,8 +56,8 @@ def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: s
     call of the last turn has its result, so input never lands between a call and its result. Before a
     model call, ``over_budget`` (the input's limits) may stop the run instead (``budget-exceeded``).
     """
-    if checkpoint.status == "awaiting-approval":
-        return Idle("awaiting-approval")
+    if checkpoint.status == "awaiting-approval" and not checkpoint.waiting:
+        return Idle("awaiting-approval")  # (a lead paused on its children's approvals looks at them again)
     if checkpoint.aborted:
         if not inbox:
             return Idle("aborted")
@@ -233,7 +233,8 @@ def aborted(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions
     if inbox:
         updated = merge_input(updated.model_copy(update={"status": "in-progress"}), inbox, instructions=instructions)
     return updated.model_copy(update={"status": "in-progress", "aborted": True, "finish_reason": "aborted",
-                                      "approval_ids": [], "started_tool_call_ids": []})
+                                      "approval_ids": [], "started_tool_call_ids": [], "delegated": None,
+                                      "waiting": False})
 
 
 def cancelled(call: ToolCall) -> Message:

@@ -61,7 +61,16 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         # After the release: the next step must find the lease free, or it would be dropped as busy.
         deps.enqueue(session_id, follow_up.seq, follow_up.countdown, follow_up.agent)
         crash_point("after_enqueue_before_ack", session_id)
+    for other, agent in result.also:
+        deps.enqueue(other, None, 0.0, agent)
+    lead = records.lead_of(session_id)
+    if lead is not None and result.outcome in _SETTLED:
+        deps.enqueue(lead, None, 0.0, None)  # a child that settled wakes its lead (the sweep, if this is lost)
     return result.outcome
+
+
+#: Outcomes after which a child run moves no further by itself: its lead records its result.
+_SETTLED = (Outcome.FINISHED, Outcome.PARKED, Outcome.ABORTED, Outcome.PAUSED, Outcome.IDLE)
 
 
 def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | None, live: Live) -> StepResult:

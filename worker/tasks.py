@@ -240,9 +240,21 @@ def recover() -> int:
         built.store.mark_swept(swept)
         if len(page) < SWEEP_LIMIT:
             break
+    sent += _wake_leads(built, stale_after)
     if sent:
         log.info("recover: re-enqueued %d run(s)", sent)
     return sent
+
+
+def _wake_leads(built: StepDeps, stale_after: float) -> int:
+    """Send a step to each lead whose children have all settled but whose wake-up was lost."""
+    leads = built.store.waiting_leads(stale_after, SWEEP_LIMIT)
+    live = built.leases.held([lead.session_id for lead in leads])
+    woken = [lead for lead in leads if lead.session_id not in live]
+    for lead in woken:
+        enqueue(lead.session_id, None, 0.0, None)
+    built.store.mark_swept([lead.session_id for lead in woken])
+    return len(woken)
 
 
 @shared_task(name="lousho.schedules", ignore_result=True)

@@ -104,7 +104,7 @@ class MemoryCheckpointStore:
             run.clear_failures()
             run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now
-            run.aborted, run.end_due = checkpoint.aborted, checkpoint.end_due
+            run.aborted, run.end_due, run.waiting = checkpoint.aborted, checkpoint.end_due, checkpoint.waiting
             if settles_abort or checkpoint.status == "finished":
                 run.abort_requested = False
             state.add_events(sid, run, drafts, now)
@@ -244,6 +244,22 @@ class MemoryCheckpointStore:
                 run.document = payloads.dumps(document)
             return run.seq
 
+    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
+        """Create the child runs of ``lead`` that do not exist yet (see ``PostgresCheckpointStore.start_children``)."""
+        for child_id, agent, prompt in children:
+            with self.state.lock:
+                exists = child_id in self.state.runs
+            if not exists:
+                self.append_input(child_id, agent, [records.Message(role="user", content=prompt)])
+            with self.state.lock:
+                child = self.state.runs[child_id]
+                child.parent_id = child.parent_id or lead
+
+    def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
+        """Leads waiting on children none of which can still move (see ``PostgresCheckpointStore.waiting_leads``)."""
+        with self.state.lock:
+            return listing.waiting_leads(self.state, stale_after_s, limit)
+
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note that owed ``on_run_end`` hooks ran (see ``PostgresCheckpointStore.settle_end``)."""
         with self.state.lock:
@@ -259,6 +275,10 @@ class MemoryCheckpointStore:
             run = self.state.runs.get(session_id)
             if run is None:
                 raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+            prefix = session_id + records.CHILD_MARK
+            for child_id, child in self.state.runs.items():
+                if child_id.startswith(prefix) and child.status != "finished" and not child.aborted:
+                    child.abort_requested = True
             if run.status == "finished" or run.aborted:
                 return False
             run.abort_requested = True
@@ -356,8 +376,13 @@ class MemoryCheckpointStore:
     # -- maintenance -------------------------------------------------------------------------
 
     def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
-        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``), its child runs with it."""
         state = self.state
+        prefix = session_id + records.CHILD_MARK
+        with state.lock:
+            children = [child for child in state.runs if child.startswith(prefix)]
+        for child in children:
+            self.delete(child, keep_history=keep_history)
         with state.lock:
             deleted = state.runs.pop(session_id, None) is not None
             approval_rows.withdraw_for_run(state, session_id, state.clock())

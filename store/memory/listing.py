@@ -35,7 +35,7 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
 def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:
     """Runs that are not finished, oldest first; an unreadable one is listed parked as corrupt."""
     rows = _by_creation(((sid, run) for sid, run in state.runs.items()
-                         if (run.status == "awaiting-approval" or run.aborted or runs.has_work(run))
+                         if (run.status == "awaiting-approval" or run.aborted or run.waiting or runs.has_work(run))
                          and (agent is None or run.agent == agent)), limit)
     found = []
     for sid, run in rows:
@@ -67,4 +67,18 @@ def due(state: MemoryState, stale_after_s: float, limit: int, after: records.Due
             found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent,
                                         retrying=run.next_attempt_at is not None, due=due_at))
     found.sort(key=lambda r: (r.due, r.session_id))
+    return found[:limit]
+
+
+def waiting_leads(state: MemoryState, stale_after_s: float, limit: int) -> list[records.DueRun]:
+    """Leads waiting on children none of which can still move (see ``PostgresCheckpointStore.waiting_leads``)."""
+    cutoff = state.clock() - timedelta(seconds=stale_after_s)
+    found = []
+    for sid, run in sorted(state.runs.items(), key=lambda item: item[1].updated_at):
+        if not run.waiting or run.updated_at >= cutoff or (run.swept_at is not None and run.swept_at >= cutoff):
+            continue
+        children = [child for child in state.runs.values() if child.parent_id == sid]
+        moving = any(runs.has_work(child) and not runs.is_parked(child.last_error) for child in children)
+        if not moving and any(child.updated_at > run.updated_at for child in children):
+            found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent, due=run.updated_at))
     return found[:limit]

@@ -46,6 +46,8 @@ class RunRow:
     swept_at: datetime | None = None
     aborted: bool = False
     end_due: bool = False
+    waiting: bool = False
+    parent_id: str | None = None
     abort_requested: bool = False
     events_next: int = 0
 
@@ -138,5 +140,5 @@ def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
     columns = {"agent": run.agent, "status": run.status, "seq": run.seq, "fence": run.fence, "attempts": run.attempts,
                "last_error": run.last_error, "inbox_cursor": run.inbox_cursor, "updated_at": run.updated_at,
                "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures,
-               "aborted": run.aborted, "end_due": run.end_due}
+               "aborted": run.aborted, "end_due": run.end_due, "waiting": run.waiting}
     return records.stored_checkpoint(session_id, columns, document, run.uncounted_usage)

@@ -1,0 +1,185 @@
+"""Sub-agents as child runs: a lead's ``task`` calls start children that run as runs of their own, the lead waits
+without a step due, and the last child to settle wakes it; results carry the child's text and footer, usage folds
+into the lead's, a parked child is an error result, depth is limited, and abort and delete reach the children.
+Real services, steps in-process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from producer.client import Client
+from store import errors, records
+from store.records import Message
+from tests.support.driver import Driver
+from worker import Agent, PropagatingToolError, tool
+from worker.providers import MockModel
+from worker.steps import Outcome
+
+USAGE = {"input_tokens": 10, "output_tokens": 5}
+
+
+@tool
+def look(topic: str) -> str:
+    """Look a topic up."""
+    if topic == "broken":
+        raise PropagatingToolError("the archive is down")
+    return f"notes on {topic}"
+
+
+def _researcher() -> Agent:
+    def answer(messages: list[Message]) -> Any:
+        prompt = str(next(m.content for m in messages if m.role == "user"))
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "look", "args": {"topic": prompt}}], "usage": USAGE}
+        return {"text": f"found: {messages[-1].content}", "usage": USAGE}
+    return Agent(name="researcher", model=MockModel(answer), tools=[look])
+
+
+def _lead(*children: Agent, depth: int = 1) -> Agent:
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [
+                {"name": "task", "args": {"agent": "researcher", "prompt": "tides", "description": "tides"}},
+                {"name": "task", "args": {"agent": "researcher", "prompt": "winds"}},
+                {"name": "look", "args": {"topic": "maps"}}], "usage": USAGE}
+        return {"text": "report: " + " | ".join(str(m.content)[:20] for m in messages if m.role == "tool"),
+                "usage": USAGE}
+    return Agent(name="lead", model=MockModel(answer), tools=[look], subagents=list(children),
+                 max_subagent_depth=depth)
+
+
+def test_parallel_children_run_as_their_own_runs_and_the_last_one_wakes_the_lead(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = _researcher()
+    driver = make_driver(_lead(researcher), researcher)
+    run = client.agent("lead").send("research", session_id="sub-1")
+    assert driver.step("sub-1") == Outcome.ADVANCED       # the model turn
+    assert driver.step() == Outcome.DELEGATED              # the batch: look ran, two children started
+    lead = client.agent("lead").load("sub-1")
+    assert lead is not None and lead.waiting and lead.delegated is not None and len(lead.delegated) == 2
+    children = sorted(lead.delegated.values())
+    assert all(records.lead_of(child) == "sub-1" for child in children)
+    assert "sub-1" not in [d.session_id for d in client.store.due_runs(0.0)]  # no step due while it waits
+    assert [p.session_id for p in client.agent("lead").pending()] == ["sub-1"]
+    driver.drain()
+    result = run.wait(timeout=5)
+    assert result.finish_reason == "stop"
+    first, second, maps = [m for m in client.agent("lead").load("sub-1").messages if m.role == "tool"]  # type: ignore[union-attr]
+    assert str(first.content).startswith("found: notes on tides") and "[sub-agent 'researcher': 2 step(s)" in str(
+        first.content)
+    assert str(second.content).startswith("found: notes on winds") and maps.content == "notes on maps"
+    # Usage: the lead's two turns and each child's two.
+    assert result.usage.input_tokens == 2 * 10 + 2 * 2 * 10
+    types = [e.type for e in client.read_events("sub-1", -1)]
+    assert types.count("subagent.start") == 2 and types.count("subagent.done") == 2
+    for child in children:
+        assert client.agent("researcher").load(child).final_text.startswith("found")  # type: ignore[union-attr]
+
+
+def test_a_parked_child_gives_its_call_an_error_result(make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = _researcher()
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "broken"}}]}
+        return "lead done"
+
+    lead = Agent(name="lead2", model=MockModel(answer), subagents=[researcher])
+    driver = make_driver(lead, researcher)
+    run = client.agent("lead2").send("go", session_id="sub-2")
+    driver.drain("sub-2")
+    assert run.wait(timeout=5).text == "lead done"
+    (result,) = [m for m in client.agent("lead2").load("sub-2").messages if m.role == "tool"]  # type: ignore[union-attr]
+    body = json.loads(str(result.content))
+    assert result.is_error and body["error"] == "SubagentParked" and "LOUSHO_TOOL_PROPAGATED" in body["message"]
+
+
+def test_depth_is_limited_and_child_ids_are_not_for_senders(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    inner = _researcher()
+
+    def middle_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "deep"}}]}
+        return f"middle: {messages[-1].content}"
+
+    middle = Agent(name="middle", model=MockModel(middle_answer), subagents=[inner])
+
+    def top_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "middle", "prompt": "dig"}}]}
+        return f"top: {messages[-1].content}"
+
+    top = Agent(name="top", model=MockModel(top_answer), subagents=[middle])
+    driver = make_driver(top, middle, inner)
+    run = client.agent("top").send("go", session_id="sub-3")
+    driver.drain("sub-3")
+    text = run.wait(timeout=5).text
+    assert text is not None and "SubagentDepthExceeded" in text  # the middle child may not start its own
+    with pytest.raises(errors.SessionIdInvalidError):
+        client.agent("top").send("hi", session_id="sub-3.task-0123456789abcdef")
+
+
+def test_aborting_the_lead_aborts_its_children_and_deleting_it_deletes_them(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = _researcher()
+    driver = make_driver(_lead(researcher), researcher)
+    client.agent("lead").send("research", session_id="sub-4")
+    driver.step("sub-4")
+    driver.step()
+    children = sorted((client.agent("lead").load("sub-4").delegated or {}).values())  # type: ignore[union-attr]
+    driver.queue.clear()  # the children's first steps are lost: only the abort moves anything now
+    client.agent("lead").abort("sub-4")
+    for run_id in ["sub-4", *children]:
+        driver.drain(run_id)
+    lead = client.agent("lead").load("sub-4")
+    assert lead is not None and lead.finish_reason == "aborted" and not lead.waiting
+    assert all(client.agent("researcher").load(c).finish_reason == "aborted" for c in children)  # type: ignore[union-attr]
+    assert client.agent("lead").delete("sub-4")
+    assert all(client.agent("researcher").load(c) is None for c in children)
+
+
+def test_an_approval_inside_a_child_pauses_the_lead_and_its_decision_finishes_both(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    ran: list[str] = []
+
+    @tool(needs_approval=True)
+    def publish(topic: str) -> str:
+        """Publish findings (a person approves)."""
+        ran.append(topic)
+        return f"published {topic}"
+
+    def writer_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "publish", "args": {"topic": "tides"}}]}
+        return f"writer: {messages[-1].content}"
+
+    writer = Agent(name="writer", model=MockModel(writer_answer), tools=[publish])
+
+    def lead_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "writer", "prompt": "write it up"}}]}
+        return f"lead: {str(messages[-1].content)[:30]}"
+
+    lead = Agent(name="editor", model=MockModel(lead_answer), subagents=[writer])
+    driver = make_driver(lead, writer)
+    run = client.agent("editor").send("go", session_id="sub-5")
+    driver.drain("sub-5")
+    paused = run.wait(timeout=5)
+    assert paused.finish_reason == "awaiting-approval"
+    (approval,) = client.approvals.list()
+    assert paused.approval_ids == [approval.approval_id]
+    assert approval.run_path[0] == "sub-5" and len(approval.run_path) == 2 and approval.agent == "writer"
+    assert [(p.session_id, p.state, p.lead) for p in client.pending()] == [
+        ("sub-5", "paused", None), (approval.session_id, "paused", "sub-5")]
+    with pytest.raises(errors.SessionAwaitingApprovalError):
+        client.agent("editor").send("more", session_id="sub-5")
+    client.approvals.resolve(approval.approval_id, approved=True)
+    driver.drain(approval.session_id)  # the child's step; its end wakes the lead
+    finished = client.agent("editor").load("sub-5")
+    assert finished is not None and finished.status == "finished" and ran == ["tides"]
+    assert str(finished.final_text).startswith("lead: writer: published tides")

@@ -141,7 +141,11 @@ WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
 ORDER BY l.updated_at LIMIT :limit
 """)
-_SET_PARENT = text("UPDATE runs SET parent_id = :lead WHERE session_id = ANY(:ids) AND parent_id IS NULL")
+_SET_PARENT = text("""
+UPDATE runs SET parent_id = :lead,
+  document = document || jsonb_build_object('lead_agent', CAST(:lead_agent AS text), 'format', 3)
+WHERE session_id = ANY(:ids) AND parent_id IS NULL
+""")
 _END_SETTLED = text(
     "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1")
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
@@ -418,7 +422,7 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
-    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
         """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input.
 
         One transaction; a child that exists (the lead's step ran before and crashed) is left as it is.
@@ -426,7 +430,8 @@ class PostgresCheckpointStore:
         with self._begin() as conn:
             for child_id, agent, prompt in children:
                 runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])
-            conn.execute(_SET_PARENT, {"lead": lead, "ids": [child_id for child_id, _, _ in children]})
+            conn.execute(_SET_PARENT, {"lead": lead, "lead_agent": lead_agent,
+                                       "ids": [child_id for child_id, _, _ in children]})
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
         """Leads waiting on children none of which can still move (a lost wake-up), oldest first."""

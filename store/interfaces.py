@@ -74,8 +74,8 @@ class StepStore(Protocol):
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note (fenced) that the ``on_run_end`` hooks owed since save ``seq`` ran; False when none were owed."""
 
-    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
-        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input."""
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
+        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` (run by ``lead_agent``) not there yet."""
 
     def load(self, session_id: str) -> records.Checkpoint | None:
         """The run's latest checkpoint (a child's, read by its lead's step), or None."""

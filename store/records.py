@@ -175,7 +175,8 @@ _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "s
                             "aborted", "end_due", "waiting"}
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
-FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated")
+FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated",
+                   "lead_agent")
 
 
 class Checkpoint(_Record):
@@ -237,6 +238,8 @@ class Checkpoint(_Record):
     delegated: dict[str, str] | None = None
     #: Some delegated call has no result yet: the run has no step due until a child settles.
     waiting: bool = False
+    #: A child run's lead's agent: its hooks run in the child too (format 3).
+    lead_agent: str | None = None
 
     @field_validator("updated_at", "next_attempt_at", "retry_since", "clock_since")
     @classmethod

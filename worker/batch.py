@@ -513,7 +513,7 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> list[tuple[
             new.append((child, str(call.args["agent"]), str(call.args["prompt"])))
             events.append(subagents.started(call, child))
     if new:
-        batch.deps.store.start_children(lead, new)
+        batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
     by_id = {call.id: call for call in calls}
     fresh = {child for child, _, _ in new}
     paused_on: list[str] = []

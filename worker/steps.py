@@ -19,7 +19,7 @@ import redis
 
 from store import errors, payloads, records
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, budgets, drift, dynamic, handoffs, machine, retry
+from worker import abort, budgets, drift, dynamic, handoffs, machine, retry, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
@@ -160,6 +160,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     agent = handoffs.agent_for(checkpoint, deps.agents)
     if agent is None:
         return retry.hand_back_agent(deps, checkpoint, now)
+    agent = subagents.inheriting(agent, checkpoint, deps.agents)
     planned = _plan(deps, agent, checkpoint, inbox_head, now, live)
     if isinstance(planned, StepResult):
         return planned

@@ -10,10 +10,12 @@ the lead's next step records each settled child's final text as its call's resul
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from store import records
 from store.records import Checkpoint, EventDraft, Message, ToolCall, Usage
 from worker import machine
+from worker.agents import ASK_QUESTION, HANDOFF_PREFIX, TASK, Agent
 
 __all__ = ["child_id", "done", "result_of", "started"]
 
@@ -55,6 +57,30 @@ def result_of(call: ToolCall, child: Checkpoint | None) -> Message | None:
         return machine.tool_error(call, "execution", "SubagentStopped",
                                   f"the sub-agent was stopped ('{child.finish_reason}')" + _footer(name, child))
     return None
+
+
+_inheriting: dict[tuple[int, int], Agent] = {}
+
+
+def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]) -> Agent:
+    """The agent a child run's step runs as: its own, with its lead's hooks run before its own."""
+    lead = agents.get(checkpoint.lead_agent) if checkpoint.lead_agent else None
+    if lead is None or not lead.hooks:
+        return agent
+    key = (id(agent), id(lead))
+    known = _inheriting.get(key)
+    if known is None:
+        own = [t for name, t in agent.tools.items() if not name.startswith(HANDOFF_PREFIX)
+               and name != TASK and not (agent.ask_question and name == ASK_QUESTION)]
+        known = Agent(agent.name, agent.model, agent.instructions, own, max_steps=agent.max_steps,
+                      tool_concurrency=agent.tool_concurrency, on_agent_drift=agent.on_agent_drift,
+                      ask_question=agent.ask_question, hooks=(*lead.hooks, *agent.hooks), limits=agent.limits,
+                      prices=agent.prices, approval_expires_in=agent.approval_expires_in,
+                      resolve=agent.resolve, models=agent.models, handoffs=agent.handoffs.values(),
+                      max_handoffs=agent.max_handoffs, subagents=agent.subagents.values(),
+                      max_subagent_depth=agent.max_subagent_depth)
+        _inheriting[key] = known
+    return known
 
 
 def usage_of(child: Checkpoint | None) -> Usage:

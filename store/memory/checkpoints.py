@@ -244,7 +244,7 @@ class MemoryCheckpointStore:
                 run.document = payloads.dumps(document)
             return run.seq
 
-    def start_children(self, lead: str, children: Sequence[tuple[str, str, str]]) -> None:
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
         """Create the child runs of ``lead`` that do not exist yet (see ``PostgresCheckpointStore.start_children``)."""
         for child_id, agent, prompt in children:
             with self.state.lock:
@@ -253,7 +253,10 @@ class MemoryCheckpointStore:
                 self.append_input(child_id, agent, [records.Message(role="user", content=prompt)])
             with self.state.lock:
                 child = self.state.runs[child_id]
-                child.parent_id = child.parent_id or lead
+                if child.parent_id is None:
+                    child.parent_id = lead
+                    document = json.loads(child.document)
+                    child.document = payloads.dumps({**document, "lead_agent": lead_agent, "format": 3})
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
         """Leads waiting on children none of which can still move (see ``PostgresCheckpointStore.waiting_leads``)."""

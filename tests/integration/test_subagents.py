@@ -15,7 +15,7 @@ from producer.client import Client
 from store import errors, records
 from store.records import Message
 from tests.support.driver import Driver
-from worker import Agent, PropagatingToolError, tool
+from worker import Agent, HookContext, PropagatingToolError, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
 
@@ -183,3 +183,24 @@ def test_an_approval_inside_a_child_pauses_the_lead_and_its_decision_finishes_bo
     finished = client.agent("editor").load("sub-5")
     assert finished is not None and finished.status == "finished" and ran == ["tides"]
     assert str(finished.final_text).startswith("lead: writer: published tides")
+
+
+def test_a_child_runs_its_leads_hooks(make_driver: Callable[..., Driver], client: Client) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    class Audit:
+        def pre_tool_call(self, ctx: HookContext) -> None:
+            seen.append((ctx.agent, ctx.tool_name))
+
+    researcher = _researcher()
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "reefs"}}]}
+        return "done"
+
+    lead = Agent(name="audited-lead", model=MockModel(answer), subagents=[researcher], hooks=[Audit()])
+    driver = make_driver(lead, researcher)
+    client.agent("audited-lead").send("go", session_id="sub-6")
+    driver.drain("sub-6")
+    assert seen == [("audited-lead", "task"), ("researcher", "look")]

@@ -247,24 +247,33 @@ class Client:
         return self.store.pending(agent)
 
     def events(self, session_id: str, after: int | None = None, *, live: bool = False,
-               timeout: float | None = None) -> Iterator[Event]:
+               timeout: float | None = None, include_children: bool = False) -> Iterator[Event]:
         """Follow the run's durable events after seq ``after`` until the next ``run.done``, from any process.
 
-        ``after`` None starts at the run's latest ``run.start``. See ``Run.events``.
+        ``after`` None starts at the run's latest ``run.start``. See ``Run.events``. ``include_children``
+        interleaves its sub-agents' durable events in time order, each tagged with ``data["subagent"]``
+        (``name``, ``depth``, ``tool_call_id``, ``parent``) and keeping its own run id and seq (no live signals).
 
         Raises:
             SessionIdInvalidError, CheckpointNotFoundError, RunTimeoutError.
         """
+        if include_children:
+            return streams.follow_tree(self.store, session_id, self._start_after(session_id, after), timeout=timeout)
         return self._follow(session_id, after, live, timeout, None)
+
+    def _start_after(self, session_id: str, after: int | None) -> int:
+        """``after``, or (None) the seq before the run's latest ``run.start``."""
+        records.validate_session_id(session_id)
+        if after is not None:
+            return after
+        if self.store.progress(session_id) is None:
+            raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+        start = self.store.latest_start(session_id)
+        return -1 if start is None else start - 1
 
     def _follow(self, session_id: str, after: int | None, live: bool, timeout: float | None,
                 stop: threading.Event | None) -> Iterator[Event]:
-        records.validate_session_id(session_id)
-        if after is None:
-            if self.store.progress(session_id) is None:
-                raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
-            start = self.store.latest_start(session_id)
-            after = -1 if start is None else start - 1
+        after = self._start_after(session_id, after)
         return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout, stop=stop)
 
     def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
@@ -490,9 +499,12 @@ class AgentHandle:
         return self.send(input, session_id, metadata=metadata).events(live=live, timeout=timeout)
 
     def events(self, session_id: str, after: int | None = None, *, live: bool = False,
-               timeout: float | None = None) -> Iterator[Event]:
-        """Follow the run's events after seq ``after`` (None: from its latest ``run.start``), from any process."""
-        return self._client.events(session_id, after, live=live, timeout=timeout)
+               timeout: float | None = None, include_children: bool = False) -> Iterator[Event]:
+        """Follow the run's events after seq ``after`` (None: from its latest ``run.start``), from any process.
+
+        ``include_children``: its sub-agents' events too, tagged (``Client.events``).
+        """
+        return self._client.events(session_id, after, live=live, timeout=timeout, include_children=include_children)
 
     def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
                      timeout: float | None = None) -> AsyncIterator[Event]:

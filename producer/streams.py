@@ -206,3 +206,51 @@ def _signal(session_id: str, data: Any) -> Event | None:
     except (KeyError, TypeError, ValueError):
         at = datetime.now(UTC)
     return events.live(session_id, body["type"], body["data"], at)
+
+
+def follow_tree(store: interfaces.ProducerStore, session_id: str, after: int, *, timeout: float | None = None,
+                stop: threading.Event | None = None) -> Iterator[Event]:
+    """A run's durable events after seq ``after`` and its sub-agents', in time order, until the run's ``run.done``.
+
+    A child's events (each with its own run id and seq) carry ``data["subagent"]``: ``name``, ``depth``,
+    ``tool_call_id`` and ``parent`` (the run that started it); a child is followed from its lead's
+    ``subagent.start`` on, and so are its own children. Read from Postgres every ``POLL_S`` seconds.
+
+    Raises:
+        RunTimeoutError: ``timeout`` seconds passed first.
+    """
+    cursors: dict[str, int] = {session_id: after}
+    tags: dict[str, dict[str, Any]] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        found = _read_tree(store, session_id, cursors, tags)
+        ended = any(e.run_id == session_id and e.type == "run.done" for e in found)
+        while ended and (more := _read_tree(store, session_id, cursors, tags)):
+            found.extend(more)  # children first read at the end: read them whole before the run's end
+        found.sort(key=lambda e: (e.at, e.run_id != session_id))
+        for event in found:
+            yield event
+            if event.run_id == session_id and event.type == "run.done":
+                return
+        if stop is not None and stop.is_set():
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise errors.RunTimeoutError(f"no end of run {session_id!r} within {timeout} s")
+        time.sleep(POLL_S)
+
+
+def _read_tree(store: interfaces.ProducerStore, session_id: str, cursors: dict[str, int],
+               tags: dict[str, dict[str, Any]]) -> list[Event]:
+    """One page of each followed run's new events (children tagged), adding children that were started."""
+    found: list[Event] = []
+    for run_id in list(cursors):
+        for event in store.read_events(run_id, cursors[run_id], 500):
+            cursors[run_id] = int(event.seq or 0)
+            found.append(event if run_id == session_id else event.model_copy(
+                update={"data": {**event.data, "subagent": tags[run_id]}}))
+            child = event.data.get("child_run_id") if event.type == "subagent.start" else None
+            if isinstance(child, str) and child not in cursors:
+                cursors[child] = -1
+                tags[child] = {"name": event.data.get("agent"), "depth": tags.get(run_id, {}).get("depth", 0) + 1,
+                               "tool_call_id": event.data.get("tool_call_id"), "parent": run_id}
+    return found

@@ -204,3 +204,24 @@ def test_a_child_runs_its_leads_hooks(make_driver: Callable[..., Driver], client
     client.agent("audited-lead").send("go", session_id="sub-6")
     driver.drain("sub-6")
     assert seen == [("audited-lead", "task"), ("researcher", "look")]
+
+
+def test_the_leads_events_include_its_childrens_tagged_in_time_order(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = _researcher()
+    driver = make_driver(_lead(researcher), researcher)
+    client.agent("lead").send("research", session_id="sub-7")
+    driver.drain("sub-7")
+    events = list(client.agent("lead").events("sub-7", -1, include_children=True, timeout=10))
+    assert events[-1].run_id == "sub-7" and events[-1].type == "run.done"
+    children = {e.run_id for e in events if e.run_id != "sub-7"}
+    assert len(children) == 2 and all(records.lead_of(c) == "sub-7" for c in children)
+    tags = {e.run_id: e.data["subagent"] for e in events if e.run_id != "sub-7"}
+    assert {t["name"] for t in tags.values()} == {"researcher"}
+    assert {(t["depth"], t["parent"]) for t in tags.values()} == {(1, "sub-7")}
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    for child in children:  # each child's events keep their own numbering
+        seqs = [e.seq for e in events if e.run_id == child]
+        assert seqs == sorted(seqs) and seqs[0] == 0
+    lead_only = [e for e in client.agent("lead").events("sub-7", -1, timeout=10)]
+    assert {e.run_id for e in lead_only} == {"sub-7"}

@@ -148,7 +148,7 @@ class _Batch:
             open_calls = {c.id for c in self.checkpoint.pending_tool_calls}
             kept = {call_id: child for call_id, child in delegated.items() if call_id in open_calls}
             update: dict[str, Any] = {"delegated": kept or None, "waiting": bool(kept)}
-            if kept and paused_on:
+            if paused_on:
                 update.update(status="awaiting-approval", approval_ids=paused_on)
             elif self.checkpoint.status == "awaiting-approval" and self.checkpoint.waiting:
                 update.update(status="in-progress", approval_ids=[])
@@ -193,6 +193,7 @@ class _Plan:
     gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
     handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
     tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
+    undecided: list[str] = field(default_factory=list)        # approvals of calls still waiting for a person
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
@@ -307,6 +308,10 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             plan.tasks.append(call)
             continue
         decision = decided.get(call.id)
+        if decision is not None and decision.status == "pending":
+            # A run waiting on children and on a person both (its step looks at the children): still undecided.
+            plan.undecided.append(decision.approval_id)
+            continue
         outcome = None if decision is None else _decided(agent, checkpoint, call, decision)
         if outcome is not None:
             if isinstance(outcome, Message):
@@ -487,9 +492,10 @@ def _hand_off(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> None:
             batch.hand_off(call, agent, target)
 
 
-def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> list[tuple[str, str | None]]:
+def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: list[str]) -> list[tuple[str, str | None]]:
     """Start a child run for each new ``task`` call; record the result of each whose child settled.
 
+    The run stays paused while a child waits on an approval or ``undecided`` (its own) are not decided yet.
     Returns the children to send a step (the new ones), once the save that names them is durable.
     """
     if not calls:
@@ -526,7 +532,7 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> list[tuple[
             batch.settle_child(by_id[call_id], result, child, state)
         elif state is not None and state.status == "awaiting-approval":
             paused_on.extend(state.approval_ids)
-    batch.delegate(delegated, events, paused_on)
+    batch.delegate(delegated, events, undecided + paused_on)
     return [(child, agent_name) for child, agent_name, _ in new]
 
 
@@ -577,7 +583,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
         _hand_off(batch, agent, plan.handoffs)
-        children = _delegate(batch, agent, plan.tasks)
+        children = _delegate(batch, agent, plan.tasks, plan.undecided)
         batch.hear()
         if batch.aborting and not batch.fenced:
             batch.closed = True
@@ -588,7 +594,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
                 deps.signals.clear_steer(sid)
             batch.steered, batch.steer_deferred = False, True
         if plan.gated and batch.may_start() and batch.pause(_approvals(deps, agent, sid, plan.gated)):
-            return StepResult(Outcome.PAUSED)
+            return StepResult(Outcome.PAUSED, also=tuple(children))
         if batch.steered and not batch.fenced:
             for call in batch.checkpoint.pending_tool_calls:
                 batch.settle(machine.redirected(call))

@@ -225,3 +225,37 @@ def test_the_leads_events_include_its_childrens_tagged_in_time_order(
         assert seqs == sorted(seqs) and seqs[0] == 0
     lead_only = [e for e in client.agent("lead").events("sub-7", -1, timeout=10)]
     assert {e.run_id for e in lead_only} == {"sub-7"}
+
+
+def test_a_turn_with_a_gated_call_and_a_task_waits_for_both_and_asks_the_person_once(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    ran: list[str] = []
+
+    @tool(needs_approval=True)
+    def send_report(to: str) -> str:
+        """Send the report (a person approves)."""
+        ran.append(to)
+        return f"sent to {to}"
+
+    researcher = _researcher()
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "reefs"}},
+                                   {"name": "send_report", "args": {"to": "board"}}]}
+        return "all done"
+
+    lead = Agent(name="mixed", model=MockModel(answer), tools=[send_report], subagents=[researcher])
+    driver = make_driver(lead, researcher)
+    run = client.agent("mixed").send("go", session_id="sub-8")
+    driver.drain("sub-8")  # the child runs and wakes the lead, still paused on the person
+    (approval,) = client.approvals.list()
+    assert approval.session_id == "sub-8"
+    paused = client.agent("mixed").load("sub-8")
+    assert paused is not None and paused.status == "awaiting-approval" and paused.approval_ids == [
+        approval.approval_id]
+    assert [m.name for m in paused.messages if m.role == "tool"] == ["task"]  # the child's result is in
+    client.approvals.resolve(approval.approval_id, approved=True)
+    driver.drain("sub-8")
+    assert run.wait(timeout=5).text == "all done" and ran == ["board"]
+    assert len(client.approvals.list()) == 0

@@ -493,45 +493,48 @@ def _hand_off(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> None:
 
 
 def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: list[str]) -> list[tuple[str, str | None]]:
-    """Start a child run for each new ``task`` call; record the result of each whose child settled.
+    """Record the result of each delegated call whose child settled, then start children for new ``task`` calls.
 
-    The run stays paused while a child waits on an approval or ``undecided`` (its own) are not decided yet.
-    Returns the children to send a step (the new ones), once the save that names them is durable.
+    At most ``tool_concurrency`` children run at once; the other calls wait for a free place (a settling child
+    wakes the run). The run stays paused while a child waits on an approval or ``undecided`` (its own) are not
+    decided yet. Returns the children to send a step (the new ones), once the save that names them is durable.
     """
     if not calls:
         return []
     lead = batch.checkpoint.session_id
     delegated = dict(batch.checkpoint.delegated or {})
-    new: list[tuple[str, str, str]] = []
-    events: list[EventDraft] = []
-    for call in calls:
-        if call.id in delegated:
-            continue
-        child = subagents.child_id(lead, batch.checkpoint.step, call.id)
-        if records.depth_of(lead) + 1 > agent.max_subagent_depth:
-            batch.settle(machine.tool_error(call, "denied", "SubagentDepthExceeded",
-                                            f"sub-agents may nest {agent.max_subagent_depth} level(s) deep"))
-        elif child is None:
-            batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
-                                            "this run's id is too long to name a sub-agent's run"))
-        else:
-            delegated[call.id] = child
-            new.append((child, str(call.args["agent"]), str(call.args["prompt"])))
-            events.append(subagents.started(call, child))
-    if new:
-        batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
     by_id = {call.id: call for call in calls}
-    fresh = {child for child, _, _ in new}
     paused_on: list[str] = []
-    for call_id, child in delegated.items():
-        if child in fresh or call_id not in by_id:  # a child started just now has not settled
+    for call_id, child in list(delegated.items()):
+        if call_id not in by_id:
             continue
         state = batch.deps.store.load(child)
         result = subagents.result_of(by_id[call_id], state)
         if result is not None:
             batch.settle_child(by_id[call_id], result, child, state)
+            del delegated[call_id]
         elif state is not None and state.status == "awaiting-approval":
             paused_on.extend(state.approval_ids)
+    new: list[tuple[str, str, str]] = []
+    events: list[EventDraft] = []
+    for call in calls:
+        if call.id in delegated or call.id in (batch.checkpoint.delegated or {}):
+            continue
+        if len(delegated) >= agent.tool_concurrency:
+            break  # started when a child settles
+        started = subagents.child_id(lead, batch.checkpoint.step, call.id)
+        if records.depth_of(lead) + 1 > agent.max_subagent_depth:
+            batch.settle(machine.tool_error(call, "denied", "SubagentDepthExceeded",
+                                            f"sub-agents may nest {agent.max_subagent_depth} level(s) deep"))
+        elif started is None:
+            batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
+                                            "this run's id is too long to name a sub-agent's run"))
+        else:
+            delegated[call.id] = started
+            new.append((started, str(call.args["agent"]), str(call.args["prompt"])))
+            events.append(subagents.started(call, started))
+    if new:
+        batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
     batch.delegate(delegated, events, undecided + paused_on)
     return [(child, agent_name) for child, agent_name, _ in new]
 

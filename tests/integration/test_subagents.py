@@ -259,3 +259,32 @@ def test_a_turn_with_a_gated_call_and_a_task_waits_for_both_and_asks_the_person_
     driver.drain("sub-8")
     assert run.wait(timeout=5).text == "all done" and ran == ["board"]
     assert len(client.approvals.list()) == 0
+
+
+def test_at_most_tool_concurrency_children_run_at_once(make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = _researcher()
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": f"t{k}"}}
+                                   for k in range(5)]}
+        return "five done"
+
+    lead = Agent(name="capped", model=MockModel(answer), subagents=[researcher], tool_concurrency=2)
+    driver = make_driver(lead, researcher)
+    run = client.agent("capped").send("go", session_id="sub-9")
+    driver.step("sub-9")
+    driver.step()
+    first = client.agent("capped").load("sub-9")
+    assert first is not None and len(first.delegated or {}) == 2  # two started, three wait for a place
+    most = 0
+    while driver.queue:
+        driver.step()
+        state = client.agent("capped").load("sub-9")
+        running = [c for c in (state.delegated or {}).values()  # type: ignore[union-attr]
+                   if client.agent("researcher").load(c).status != "finished"]  # type: ignore[union-attr]
+        most = max(most, len(running))
+    assert most <= 2
+    assert run.wait(timeout=5).text == "five done"
+    results = [m for m in client.agent("capped").load("sub-9").messages if m.role == "tool"]  # type: ignore[union-attr]
+    assert [str(m.content).split("[")[0].strip() for m in results] == [f"found: notes on t{k}" for k in range(5)]

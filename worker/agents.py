@@ -174,12 +174,35 @@ ASK_QUESTION = "ask_question"
 TASK = "task"
 
 
-def _task(agent: str, prompt: str, description: str = "") -> str:
+#: The tools that follow a background task (``task(..., background=True)``) by its ``task_id``.
+AGENT_STATUS, AGENT_AWAIT, AGENT_CANCEL = "agent_status", "agent_await", "agent_cancel"
+#: Every built-in tool of an agent with sub-agents.
+SUBAGENT_TOOLS = (TASK, AGENT_STATUS, AGENT_AWAIT, AGENT_CANCEL)
+
+
+def _task(agent: str, prompt: str, description: str = "", background: bool = False) -> str:
     """Give a task to a sub-agent: it sees only ``prompt`` (not this conversation) and answers with its final text.
 
     Several task calls in one turn run at the same time. ``description`` is a few words for people watching.
+    With ``background=True`` the call returns a ``task_id`` at once and the sub-agent works on while you go on;
+    follow it with ``agent_status``, ``agent_await`` or ``agent_cancel``.
     """
     raise errors.ConfigurationError("a task runs as a child run, never as a function")
+
+
+def agent_status(task_id: str) -> str:
+    """Where a background task stands (running, finished with its answer, paused, failed or cancelled)."""
+    raise errors.ConfigurationError("answered by the step from the task's run")
+
+
+def agent_await(task_id: str) -> str:
+    """Wait for a background task to finish and get its answer."""
+    raise errors.ConfigurationError("answered by the step from the task's run")
+
+
+def agent_cancel(task_id: str) -> str:
+    """Stop a background task."""
+    raise errors.ConfigurationError("answered by the step from the task's run")
 
 
 def _task_tool(names: list[str]) -> Tool:
@@ -188,7 +211,7 @@ def _task_tool(names: list[str]) -> Tool:
     choice: Any = Literal[tuple(names)]
     task.input_model = create_model(
         f"{TASK}_input", __config__=ConfigDict(extra="forbid"), agent=(choice, ...), prompt=(str, ...),
-        description=(str, ""))
+        description=(str, ""), background=(bool, False))
     return task
 
 
@@ -219,6 +242,9 @@ class Agent:
     - ``handoffs``: agents this one may hand the run to. Each adds a ``transfer_to_<name>`` tool; the first such
       call of a turn moves the run to that agent (its model, tools and instructions; the run's hooks, limits and
       step budget stay), for every later step and resume. At most ``max_handoffs`` per input.
+    - ``subagents``: agents this one may give tasks to (the ``task`` tool starts a child run of one), nested at most
+      ``max_subagent_depth`` deep; background tasks still running at the run's answer are cancelled, or awaited
+      (``background_on_finish``).
     - ``resolve``: a dynamic agent. ``resolve(ctx)`` runs on the worker when an input starts and returns a
       ``RunConfig`` (model, tools, instructions) chosen from ``ctx.input`` and ``ctx.metadata``; the model
       chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
@@ -232,7 +258,7 @@ class Agent:
                  prices: Prices | None = None, approval_expires_in: float | None = None,
                  resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
                  handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
-                 max_subagent_depth: int = 1) -> None:
+                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel") -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -278,6 +304,10 @@ class Agent:
         #: Sub-agents by name: the ``task`` tool starts a child run of one of them.
         self.subagents: dict[str, Agent] = {}
         self._add_subagents(list(subagents))
+        if background_on_finish not in ("cancel", "await"):
+            raise errors.ConfigurationError("background_on_finish must be 'cancel' or 'await'")
+        #: What happens to background tasks still running when the run's answer comes: stop them, or wait.
+        self.background_on_finish = background_on_finish
 
     def _add_subagents(self, children: list[Agent]) -> None:
         for child in children:
@@ -286,9 +316,12 @@ class Agent:
                     f"agent {self.name!r}: sub-agents must be other agents, each listed once")
             self.subagents[child.name] = child
         if self.subagents:
-            if TASK in self.tools:
-                raise errors.ConfigurationError(f"agent {self.name!r} has a tool named {TASK!r} and sub-agents")
+            taken = sorted(set(SUBAGENT_TOOLS) & set(self.tools))
+            if taken:
+                raise errors.ConfigurationError(f"agent {self.name!r} has sub-agents and tools named {taken}")
             self.tools[TASK] = _task_tool(sorted(self.subagents))
+            for follow in (agent_status, agent_await, agent_cancel):
+                self.tools[follow.__name__] = Tool(follow)
 
     def _add_handoff(self, target: Agent) -> None:
         if not isinstance(target, Agent) or target.resolve is not None:

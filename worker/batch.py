@@ -33,7 +33,17 @@ from store.records import Approval, Checkpoint, EventDraft, Lease, Message, Tool
 from worker import abort, handoffs, machine, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
-from worker.agents import ASK_QUESTION, TASK, Agent, ToolArgsInvalid, ToolContext
+from worker.agents import (
+    AGENT_AWAIT,
+    AGENT_CANCEL,
+    AGENT_STATUS,
+    ASK_QUESTION,
+    SUBAGENT_TOOLS,
+    TASK,
+    Agent,
+    ToolArgsInvalid,
+    ToolContext,
+)
 from worker.context import Next, Outcome, StepDeps, StepResult, save
 from worker.faults import crash_point
 from worker.hooks import Deny, HookContext, Input
@@ -136,6 +146,16 @@ class _Batch:
             updated = machine.record_tool_result(self.checkpoint, fitted)
             updated = updated.model_copy(update={"usage": updated.usage + subagents.usage_of(state)})
             self._write(updated, events=[live_events.tool_result(fitted, None), subagents.done(call, child, state)])
+
+    def settle_background(self, call: ToolCall, result: Message, child: str, event: EventDraft) -> None:
+        """Record a background task's start (its result, given at once) with the child in ``background``."""
+        with self.lock:
+            if self.closed or self.fenced:
+                return
+            fitted = self._fit(result)
+            updated = machine.record_tool_result(self.checkpoint, fitted)
+            updated = updated.model_copy(update={"background": [*(updated.background or []), child]})
+            self._write(updated, events=[live_events.tool_result(fitted, None), event])
 
     def delegate(self, delegated: dict[str, str], events: list[EventDraft], paused_on: list[str]) -> None:
         """Save which calls wait on which children (``waiting`` while any has no result yet).
@@ -281,7 +301,7 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Tool
         return cleared, "result"
     if handoffs.target_of(agent, call.name) is not None:
         return cleared, "handoff"
-    if call.name == TASK and agent.subagents:
+    if call.name in SUBAGENT_TOOLS and agent.subagents:
         return cleared, "task"
     try:
         gated = tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
@@ -503,25 +523,19 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
         return []
     lead = batch.checkpoint.session_id
     delegated = dict(batch.checkpoint.delegated or {})
-    by_id = {call.id: call for call in calls}
-    paused_on: list[str] = []
-    for call_id, child in list(delegated.items()):
-        if call_id not in by_id:
-            continue
-        state = batch.deps.store.load(child)
-        result = subagents.result_of(by_id[call_id], state)
-        if result is not None:
-            batch.settle_child(by_id[call_id], result, child, state)
-            del delegated[call_id]
-        elif state is not None and state.status == "awaiting-approval":
-            paused_on.extend(state.approval_ids)
+    paused_on = _settle_delegated(batch, delegated, {call.id: call for call in calls})
     new: list[tuple[str, str, str]] = []
     events: list[EventDraft] = []
+    sent: list[tuple[str, str | None]] = []
     for call in calls:
         if call.id in delegated or call.id in (batch.checkpoint.delegated or {}):
             continue
-        if len(delegated) >= agent.tool_concurrency:
-            break  # started when a child settles
+        if call.name != TASK:
+            _follow_background(batch, call, delegated, sent)
+            continue
+        background = bool(call.args.get("background"))
+        if len(delegated) >= agent.tool_concurrency and not background:
+            continue  # started when a child settles
         started = subagents.child_id(lead, batch.checkpoint.step, call.id)
         if records.depth_of(lead) + 1 > agent.max_subagent_depth:
             batch.settle(machine.tool_error(call, "denied", "SubagentDepthExceeded",
@@ -529,6 +543,13 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
         elif started is None:
             batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
                                             "this run's id is too long to name a sub-agent's run"))
+        elif background:
+            batch.deps.store.start_children(lead, batch.checkpoint.agent,
+                                            [(started, str(call.args["agent"]), str(call.args["prompt"]))])
+            batch.settle_background(call, machine.tool_message(call, {
+                "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
+                subagents.started(call, started))
+            sent.append((started, str(call.args["agent"])))
         else:
             delegated[call.id] = started
             new.append((started, str(call.args["agent"]), str(call.args["prompt"])))
@@ -536,7 +557,43 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
     if new:
         batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
     batch.delegate(delegated, events, undecided + paused_on)
-    return [(child, agent_name) for child, agent_name, _ in new]
+    return sent + [(child, agent_name) for child, agent_name, _ in new]
+
+
+def _settle_delegated(batch: _Batch, delegated: dict[str, str], calls: dict[str, ToolCall]) -> list[str]:
+    """Record the results of the delegated calls whose child settled (dropping them from ``delegated``).
+
+    Returns the approvals children wait on.
+    """
+    paused_on: list[str] = []
+    for call_id, child in list(delegated.items()):
+        if call_id not in calls:
+            continue
+        state = batch.deps.store.load(child)
+        result = subagents.result_of(calls[call_id], state)
+        if result is not None:
+            batch.settle_child(calls[call_id], result, child, state)
+            del delegated[call_id]
+        elif state is not None and state.status == "awaiting-approval":
+            paused_on.extend(state.approval_ids)
+    return paused_on
+
+
+def _follow_background(batch: _Batch, call: ToolCall, delegated: dict[str, str],
+                       sent: list[tuple[str, str | None]]) -> None:
+    """``agent_status``, ``agent_cancel`` (answered now) or ``agent_await`` (delegated to the task's child)."""
+    task_id = str(call.args.get("task_id", ""))
+    if task_id not in (batch.checkpoint.background or []):
+        batch.settle(machine.tool_error(call, "not-found", "TaskNotFound",
+                                        f"no background task {task_id!r} in this run"))
+    elif call.name == AGENT_AWAIT:
+        delegated[call.id] = task_id
+    elif call.name == AGENT_STATUS:
+        batch.settle(machine.tool_message(call, subagents.status_of(task_id, batch.deps.store.load(task_id))))
+    elif call.name == AGENT_CANCEL:
+        batch.deps.store.request_abort(task_id)
+        sent.append((task_id, None))
+        batch.settle(machine.tool_message(call, {"task_id": task_id, "cancelled": True}))
 
 
 def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
@@ -614,4 +671,5 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         # The lease was lost before every call ran; the new holder runs the rest.
         return StepResult(Outcome.FENCED)
     crash_point("after_batch_save_before_enqueue", sid)
-    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=batch.checkpoint.current_agent))
+    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=batch.checkpoint.current_agent),
+                      also=tuple(children))

@@ -152,7 +152,7 @@ def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: st
         return checkpoint.model_copy(update={
             "messages": messages + incoming, "run_start": len(messages), "step": 0, "usage": Usage(),
             "status": "in-progress", "finish_reason": None, "business_state": checkpoint.business_state,
-            "metadata": None, "clock_spent_s": None, "clock_since": None})
+            "metadata": None, "clock_spent_s": None, "clock_since": None, "background": None})
     return checkpoint.model_copy(update={"messages": messages + incoming})
 
 

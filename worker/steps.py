@@ -171,7 +171,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
             if refused is not None:
                 return refused
         if isinstance(action, machine.Save):
-            return StepResult(_save_only(deps, agent, action, checkpoint.status, live))
+            return _save_only(deps, agent, action, checkpoint.status, live)
         if isinstance(action, machine.ModelTurn):
             return _model_turn(deps, agent, action, lease, live, checkpoint.status)
         return run_batch(deps, lease, agent, action.checkpoint, action.calls, live)
@@ -280,10 +280,36 @@ def _refuse(deps: StepDeps, checkpoint: Checkpoint, error: errors.LoushoError) -
     return Outcome.PARKED
 
 
-def _save_only(deps: StepDeps, agent: Agent, action: machine.Save, status_before: str, live: Live) -> Outcome:
-    checkpoint = action.checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)})
+def _save_only(deps: StepDeps, agent: Agent, action: machine.Save, status_before: str, live: Live) -> StepResult:
+    checkpoint, cancel = _background_at_end(deps, agent, action.checkpoint)
+    if checkpoint.waiting and status_before == "in-progress" and action.checkpoint.waiting:
+        return StepResult(Outcome.IDLE)  # its answer is saved; it still waits on background tasks
+    checkpoint = checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)})
     saved = save(deps, checkpoint, drained_inbox=action.drained_inbox, status_before=status_before, live=live)
-    return Outcome.FINISHED if saved.status == "finished" else Outcome.IDLE
+    return StepResult(Outcome.FINISHED if saved.status == "finished" else Outcome.IDLE, also=_cancel(deps, cancel))
+
+
+def _background_at_end(deps: StepDeps, agent: Agent, checkpoint: Checkpoint) -> tuple[Checkpoint, list[str]]:
+    """A finishing checkpoint with background tasks still running: kept waiting on them, or with them to cancel.
+
+    ``background_on_finish="await"``: the run's answer is saved but the run stays in progress, waiting, until they
+    settled (each wakes it). ``"cancel"``: it finishes, and the running ones are returned to be stopped.
+    """
+    if checkpoint.status != "finished" or not checkpoint.background:
+        return checkpoint, []
+    still = subagents.running([deps.store.load(child) for child in checkpoint.background])
+    if not still:
+        return checkpoint.model_copy(update={"waiting": False}), []
+    if agent.background_on_finish == "await":
+        return checkpoint.model_copy(update={"status": "in-progress", "finish_reason": None, "waiting": True}), []
+    return checkpoint.model_copy(update={"waiting": False}), still
+
+
+def _cancel(deps: StepDeps, children: list[str]) -> tuple[tuple[str, str | None], ...]:
+    """Ask each background task in ``children`` to stop; the steps that settle it, to send."""
+    for child in children:
+        deps.store.request_abort(child)
+    return tuple((child, None) for child in children)
 
 
 @functools.cache
@@ -375,6 +401,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
         updated = machine.record_tool_result(updated, machine.tool_error(
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
+    updated, cancel = _background_at_end(deps, agent, updated)
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
     turn = updated.messages[len(checkpoint.messages)]
     events = [live_events.step_done(updated.step, turn, response.usage)]
@@ -382,7 +409,9 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
                  live=live)
     crash_point("after_model_save_before_enqueue", sid)
     if saved.status == "finished":
-        return StepResult(Outcome.FINISHED)
+        return StepResult(Outcome.FINISHED, also=_cancel(deps, cancel))
+    if saved.waiting:
+        return StepResult(Outcome.DELEGATED)  # answered; waits on its background tasks
     return StepResult(Outcome.ADVANCED, Next(saved.seq, agent=checkpoint.current_agent))
 
 

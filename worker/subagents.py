@@ -83,6 +83,32 @@ def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]
     return known
 
 
+def status_of(task_id: str, child: Checkpoint | None) -> dict[str, object]:
+    """What ``agent_status`` tells the model about a background task."""
+    if child is None:
+        return {"task_id": task_id, "status": "gone"}
+    body: dict[str, object] = {"task_id": task_id, "agent": child.agent, "steps": child.step}
+    if child.status == "finished":
+        body.update(status="finished", finish_reason=child.finish_reason, result=child.final_text)
+    elif child.status == "awaiting-approval":
+        body.update(status="paused", waiting_on="a person's decision")
+    elif child.last_error is not None and not child.last_error.retryable:
+        body.update(status="failed", error=child.last_error.code)
+    elif child.aborted:
+        body.update(status="cancelled" if child.finish_reason == "aborted" else "stopped",
+                    finish_reason=child.finish_reason)
+    else:
+        body.update(status="running")
+    return body
+
+
+def running(children: list[Checkpoint | None]) -> list[str]:
+    """The ids of the children that can still move on their own (not settled, not paused)."""
+    return [c.session_id for c in children
+            if c is not None and c.status == "in-progress" and not c.aborted
+            and not (c.last_error is not None and not c.last_error.retryable)]
+
+
 def usage_of(child: Checkpoint | None) -> Usage:
     """What the child spent (folded into its lead's usage with the call's result)."""
     return child.usage if child is not None else Usage()

@@ -288,3 +288,66 @@ def test_at_most_tool_concurrency_children_run_at_once(make_driver: Callable[...
     assert run.wait(timeout=5).text == "five done"
     results = [m for m in client.agent("capped").load("sub-9").messages if m.role == "tool"]  # type: ignore[union-attr]
     assert [str(m.content).split("[")[0].strip() for m in results] == [f"found: notes on t{k}" for k in range(5)]
+
+
+def _background_lead(name: str, on_finish: str, follow: list[dict[str, Any]]) -> Agent:
+    """A lead that starts a background task, then runs ``follow`` (calls given the task id), then answers."""
+
+    def answer(messages: list[Message]) -> Any:
+        turns = sum(1 for m in messages if m.role == "assistant")
+        if turns == 0:
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "slow seas",
+                                                            "background": True}}]}
+        task_id = json.loads(str(next(m.content for m in messages if m.role == "tool")))["task_id"]
+        if turns <= len(follow):
+            call = follow[turns - 1]
+            return {"tool_calls": [{"name": call["name"], "args": {"task_id": task_id}}]}
+        return f"{name} answered"
+
+    return Agent(name=name, model=MockModel(answer), subagents=[_researcher()],
+                 background_on_finish=on_finish)  # type: ignore[arg-type]
+
+
+def test_a_background_task_returns_at_once_and_is_followed_by_status_and_await(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    lead = _background_lead("bg", "cancel", [{"name": "agent_status"}, {"name": "agent_await"}])
+    driver = make_driver(lead, lead.subagents["researcher"])
+    run = client.agent("bg").send("go", session_id="sub-10")
+    driver.step("sub-10")
+    driver.step()  # the batch: the task's id at once, and the child sent a step
+    started = client.agent("bg").load("sub-10")
+    assert started is not None and not started.waiting and started.background and len(started.background) == 1
+    child = started.background[0]
+    driver.queue.sort(key=lambda message: message[0] != "sub-10")  # the lead goes on before the child
+    driver.step()  # model: agent_status
+    driver.step()  # batch: status
+    status = json.loads(str([m for m in client.agent("bg").load("sub-10").messages if m.role == "tool"][-1].content))  # type: ignore[union-attr]
+    assert status["task_id"] == child and status["status"] == "running"
+    driver.drain()
+    assert run.wait(timeout=5).text == "bg answered"
+    awaited = [m for m in client.agent("bg").load("sub-10").messages if m.role == "tool"][-1]  # type: ignore[union-attr]
+    assert str(awaited.content).startswith("found: notes on slow seas")
+
+
+def test_background_tasks_still_running_at_the_answer_are_cancelled_or_awaited(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    cancelling = _background_lead("bg-cancel", "cancel", [])
+    awaiting = _background_lead("bg-await", "await", [])
+    driver = make_driver(cancelling, awaiting, cancelling.subagents["researcher"])
+    for lead, sid in ((cancelling, "sub-11"), (awaiting, "sub-12")):
+        client.agent(lead.name).send("go", session_id=sid)
+        driver.step(sid)
+        driver.step()
+        children = [m for m in driver.queue if m[0] != sid]
+        driver.queue[:] = [m for m in driver.queue if m[0] == sid]  # hold the child's first step back
+        driver.drain()
+        assert client.agent(lead.name).load(sid).final_text == f"{lead.name} answered"  # type: ignore[union-attr]
+        driver.queue.extend(children)
+        driver.drain()
+    cancelled_child = client.agent("bg-cancel").load("sub-11").background[0]  # type: ignore[union-attr, index]
+    assert client.agent("bg-cancel").load("sub-11").status == "finished"  # type: ignore[union-attr]
+    assert client.agent("researcher").load(cancelled_child).finish_reason == "aborted"  # type: ignore[union-attr]
+    awaited = client.agent("bg-await").load("sub-12")
+    assert awaited is not None and awaited.status == "finished" and not awaited.waiting
+    awaited_child = (awaited.background or [])[0]
+    assert client.agent("researcher").load(awaited_child).finish_reason == "stop"  # type: ignore[union-attr]

@@ -31,6 +31,8 @@ VICTIM_GRACE_S = 0.1
 CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10")
 #: The test agents' tool that needs a human approval (RELIABILITY I5).
 APPROVED_TOOL = "approved_work"
+#: The tool of a lead whose calls run as child runs: its results come from the child, not from an execution.
+SUBAGENT_TOOL = "task"
 
 
 def response_tag(nonce: str) -> str:
@@ -343,15 +345,16 @@ class _Checker:
                      executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
         """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``.
 
-        A result that a person (a question), a hook (denied, approved arguments kept) or a handoff gave comes from no
-        execution.
+        A result that a person (a question), a hook (denied, approved arguments kept), a handoff or a sub-agent (a
+        ``task`` call: its child run's final text) gave comes from no execution.
         """
         body = _result_body(result)
-        if body is None:
+        if body is None and name != SUBAGENT_TOOL:
             self.fail("I1", f"{sid}: result of {call_id} is neither a tool's output nor a structured result")
             return
+        body = body or {}
         approved = name == APPROVED_TOOL
-        if (name == "ask_question" or body.get("kind") == "denied" or "transferred_to" in body
+        if (name in ("ask_question", SUBAGENT_TOOL) or body.get("kind") == "denied" or "transferred_to" in body
                 or body.get("error") in ("ApprovedArgsChanged", "HandoffNotHonoured")):
             if executions:
                 self.fail("I2", f"{sid}: {call_id}, settled without running, executed")

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from store import errors
 from store.limits import Limits, Prices
-from store.records import Checkpoint
+from store.records import Checkpoint, Usage
 from worker.agents import Agent
 
 __all__ = ["checker", "clock_running", "clock_stopped", "elapsed_s", "limits_of", "spent"]
@@ -62,11 +62,22 @@ def spent(limits: Limits, prices: Prices | None, checkpoint: Checkpoint, now: da
     return None
 
 
-def checker(limits: Limits | None, prices: Prices | None, now: datetime) -> Callable[[Checkpoint], bool] | None:
-    """What ``machine.plan`` asks before a model call: has the input spent a limit? None without limits."""
+def checker(limits: Limits | None, prices: Prices | None, now: datetime,
+            in_flight: Callable[[], Usage] | None = None) -> Callable[[Checkpoint], bool] | None:
+    """What ``machine.plan`` asks before a model call: has the input spent a limit? None without limits.
+
+    ``in_flight``: what the run's children still running spent so far (their usage is the run's only once their
+    results are recorded), counted too.
+    """
     if limits is None:
         return None
-    return lambda checkpoint: spent(limits, prices, checkpoint, now) is not None
+
+    def over(checkpoint: Checkpoint) -> bool:
+        if in_flight is not None:
+            checkpoint = checkpoint.model_copy(update={"usage": checkpoint.usage + in_flight()})
+        return spent(limits, prices, checkpoint, now) is not None
+
+    return over
 
 
 def clock_running(checkpoint: Checkpoint, now: datetime) -> Checkpoint:

@@ -199,8 +199,9 @@ def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int,
         limits = budgets.limits_of(agent, checkpoint)
     except errors.LoushoError as exc:
         return retry.record_failure(deps, checkpoint, exc, now)
+    in_flight = (lambda: subagents.in_flight(deps.store, checkpoint)) if checkpoint.background else None
     action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps,
-                          over_budget=budgets.checker(limits, agent.prices, live.db_now()))
+                          over_budget=budgets.checker(limits, agent.prices, live.db_now(), in_flight))
     if isinstance(action, machine.Idle):
         return StepResult(Outcome.IDLE)
     if chose and isinstance(action, machine.ModelTurn | machine.Save):

@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Mapping
 
 from store import records
+from store.interfaces import StepStore
 from store.records import Checkpoint, EventDraft, Message, ToolCall, Usage
 from worker import machine
 from worker.agents import ASK_QUESTION, HANDOFF_PREFIX, TASK, Agent
@@ -107,6 +108,16 @@ def running(children: list[Checkpoint | None]) -> list[str]:
     return [c.session_id for c in children
             if c is not None and c.status == "in-progress" and not c.aborted
             and not (c.last_error is not None and not c.last_error.retryable)]
+
+
+def in_flight(store: StepStore, checkpoint: Checkpoint) -> Usage:
+    """What the run's background tasks still running spent so far (the lead's limits count it meanwhile)."""
+    total = Usage()
+    for child in checkpoint.background or ():
+        state = store.load(child)
+        if state is not None and running([state]):
+            total = total + state.usage
+    return total
 
 
 def usage_of(child: Checkpoint | None) -> Usage:

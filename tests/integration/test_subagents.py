@@ -351,3 +351,26 @@ def test_background_tasks_still_running_at_the_answer_are_cancelled_or_awaited(
     assert awaited is not None and awaited.status == "finished" and not awaited.waiting
     awaited_child = (awaited.background or [])[0]
     assert client.agent("researcher").load(awaited_child).finish_reason == "stop"  # type: ignore[union-attr]
+
+
+def test_the_leads_limits_count_what_a_running_background_task_spent(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    from store.limits import Limits
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "far seas",
+                                                            "background": True}}], "usage": {"input_tokens": 1}}
+        return {"text": "lead answered", "usage": {"input_tokens": 1}}
+
+    researcher = _researcher()
+    lead = Agent(name="bg-budget", model=MockModel(answer), subagents=[researcher], limits=Limits(max_input_tokens=10))
+    driver = make_driver(lead, researcher)
+    client.agent("bg-budget").send("go", session_id="sub-13")
+    driver.step("sub-13")  # the lead's turn: 1 input token
+    driver.step()          # its batch: the task starts in the background
+    driver.queue.sort(key=lambda message: message[0] == "sub-13")  # the child's model turn first: 10 tokens
+    driver.step()
+    driver.step()          # the lead's next model call: 1 + 10 in flight reaches the limit of 10
+    stopped = client.agent("bg-budget").load("sub-13")
+    assert stopped is not None and stopped.finish_reason == "budget-exceeded" and stopped.usage.input_tokens == 1

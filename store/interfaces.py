@@ -80,6 +80,9 @@ class StepStore(Protocol):
     def load(self, session_id: str) -> records.Checkpoint | None:
         """The run's latest checkpoint (a child's, read by its lead's step), or None."""
 
+    def request_abort(self, session_id: str) -> bool:
+        """Ask for the run (and its children) to stop; False when it is finished or already stopped."""
+
     def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
                     drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Record a transient failure and when to try again; the run's seq, None when fenced out."""

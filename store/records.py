@@ -176,7 +176,7 @@ _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "s
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
 FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated",
-                   "lead_agent")
+                   "lead_agent", "background")
 
 
 class Checkpoint(_Record):
@@ -240,6 +240,8 @@ class Checkpoint(_Record):
     waiting: bool = False
     #: A child run's lead's agent: its hooks run in the child too (format 3).
     lead_agent: str | None = None
+    #: Child runs started as background tasks of the current input (format 3).
+    background: list[str] | None = None
 
     @field_validator("updated_at", "next_attempt_at", "retry_since", "clock_since")
     @classmethod

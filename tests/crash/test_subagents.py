@@ -144,6 +144,11 @@ def test_a_worker_killed_while_two_children_run_repeats_nothing_they_recorded(
     done = [e.data["child_run_id"] for e in cluster.client.read_events(lead_id, -1) if e.type == "subagent.done"]
     assert sorted(done) == sorted(children)
     finished = {c: cluster.checkpoint(CHILD, c) for c in children}
+    # Each child is the run the lead's model named when it asked (ids derived from lead, step and call):
+    # every turn of the child was generated under that id.
+    for child_id, child in finished.items():
+        logged = {m["turn_index"] for m in cluster.model_starts(child_id)}
+        assert logged == set(range(_turns(child))), child_id
     for checkpoint in [lead, *finished.values()]:
         assert _results(checkpoint) == Counter(_calls(checkpoint)), checkpoint.session_id
     # Each child's final text is its call's result; the lead's usage is its own turns' plus its children's.

@@ -378,12 +378,23 @@ class _Checker:
         elif approved and len(executions) != 1:
             self.fail("I5", f"{sid}: approved call {call_id} has a result from {len(executions)} executions")
 
+    def check_unlogged_turns(self, logged: set[str]) -> None:
+        """A logged model's turn always comes from a logged call of its run.
+
+        (A child run made under another id than the one its lead named would have turns and no calls.)
+        """
+        for sid, run in self.runs.items():
+            tags = [_tag(m) for m in run.messages if m.get("role") == "assistant"]
+            if sid not in logged and any(tag is not None for tag in tags):
+                self.fail("I3", f"{sid}: {len(tags)} turn(s) and no logged model call of this run")
+
     def check_models(self) -> None:
         by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for event in self.models:
             by_run[event["run_id"]].append(event)
             if event["phase"] == "start" and not event.get("transcript_valid"):
                 self.fail("I4", f"{event['run_id']}: model got an invalid transcript: {event.get('problems')}")
+        self.check_unlogged_turns(set(by_run))
         for sid, events in by_run.items():
             run = self.runs.get(sid)
             if run is None:

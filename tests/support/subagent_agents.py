@@ -14,14 +14,14 @@ its own run.
 - ``editor``: one child whose first turn is a ``work`` call and an ``approved_work`` call (``GATED``).
 - ``fan_lead``: eight children of five 200 ms tool steps each (``FAN``).
 
-Each lead's second turn ends its run with ``<lead> read: <each result's first line, untagged>``. Usage is scripted per turn
-(``LEAD_USAGE``, ``CHILD_USAGE``) so a test can add it up.
+Each lead's second turn ends its run with ``<lead> read: <each result's first line, untagged>``. Usage is scripted
+per turn (``LEAD_USAGE``, ``CHILD_USAGE``) so a test can add it up.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from store.records import Message
@@ -62,7 +62,7 @@ def _research(messages: list[Message]) -> dict[str, Any]:
     return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls, "usage": CHILD_USAGE}
 
 
-def delegating(children: int, shape: dict[str, object]) -> Callable[[list[Message]], dict[str, Any]]:
+def delegating(children: int, shape: Mapping[str, object]) -> Callable[[list[Message]], dict[str, Any]]:
     """A lead's script: ``children`` ``task`` calls of ``shape`` in its first turn, then what they found."""
     def lead(messages: list[Message]) -> dict[str, Any]:
         lead_id = parse_shape(str(next(m.content for m in messages if m.role == "user"))).run_id

@@ -64,9 +64,12 @@ _inheriting: dict[tuple[int, int], Agent] = {}
 
 
 def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]) -> Agent:
-    """The agent a child run's step runs as: its own, with its lead's hooks run before its own."""
+    """The agent a child run's step runs as: its own, with its lead's hooks first and the lead's drift policy.
+
+    Each level's drift is checked against its own saved agent, under the policy of the run on top.
+    """
     lead = agents.get(checkpoint.lead_agent) if checkpoint.lead_agent else None
-    if lead is None or not lead.hooks:
+    if lead is None or (not lead.hooks and lead.on_agent_drift == agent.on_agent_drift):
         return agent
     key = (id(agent), id(lead))
     known = _inheriting.get(key)
@@ -74,7 +77,7 @@ def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]
         own = [t for name, t in agent.tools.items() if not name.startswith(HANDOFF_PREFIX)
                and name != TASK and not (agent.ask_question and name == ASK_QUESTION)]
         known = Agent(agent.name, agent.model, agent.instructions, own, max_steps=agent.max_steps,
-                      tool_concurrency=agent.tool_concurrency, on_agent_drift=agent.on_agent_drift,
+                      tool_concurrency=agent.tool_concurrency, on_agent_drift=lead.on_agent_drift,
                       ask_question=agent.ask_question, hooks=(*lead.hooks, *agent.hooks), limits=agent.limits,
                       prices=agent.prices, approval_expires_in=agent.approval_expires_in,
                       resolve=agent.resolve, models=agent.models, handoffs=agent.handoffs.values(),

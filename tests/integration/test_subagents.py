@@ -374,3 +374,32 @@ def test_the_leads_limits_count_what_a_running_background_task_spent(
     driver.step()          # the lead's next model call: 1 + 10 in flight reaches the limit of 10
     stopped = client.agent("bg-budget").load("sub-13")
     assert stopped is not None and stopped.finish_reason == "budget-exceeded" and stopped.usage.input_tokens == 1
+
+
+def test_a_childs_drift_is_judged_under_its_leads_policy(make_driver: Callable[..., Driver], client: Client) -> None:
+    def child_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "look", "args": {"topic": "drift"}}]}
+        return "child done"
+
+    child_v1 = Agent(name="drifter", model=MockModel(child_answer, model_id="v1"), tools=[look])
+    child_v2 = Agent(name="drifter", model=MockModel(child_answer, model_id="v2"), tools=[look])  # warn by default
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "drifter", "prompt": "p"}}]}
+        return "lead done"
+
+    strict = Agent(name="strict-lead", model=MockModel(answer), subagents=[child_v1], on_agent_drift="error")
+    before = make_driver(strict, child_v1)
+    client.agent("strict-lead").send("go", session_id="sub-14")
+    before.step("sub-14")
+    before.step()
+    (child,) = (client.agent("strict-lead").load("sub-14").delegated or {}).values()  # type: ignore[union-attr]
+    before.queue.clear()
+    before.step(child)  # the child's model turn, saved by v1
+    after = make_driver(Agent(name="strict-lead", model=MockModel(answer), subagents=[child_v2],
+                              on_agent_drift="error"), child_v2)
+    after.drain(child)
+    stored = client.agent("drifter").load(child)
+    assert stored is not None and stored.last_error is not None and stored.last_error.code == "LOUSHO_AGENT_DRIFT"

@@ -20,6 +20,7 @@ from producer.trajectories import compare_trajectories
 from store import errors, records
 from store.database import migrate
 from store.limits import Limits
+from store.records import PendingRun
 
 
 def cmd_migrate(client: Client, args: argparse.Namespace) -> int:
@@ -52,9 +53,9 @@ def cmd_send(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_pending(client: Client, args: argparse.Namespace) -> int:
     """``lousho pending``: runs that are interrupted, running, retrying or awaiting approval."""
-    runs = client.pending(args.agent)
+    runs = _under_leads(client.pending(args.agent))
     if args.json:
-        print_json([run.model_dump(mode="json") for run in runs])
+        print_json([{**run.model_dump(mode="json"), "lead": run.lead} for run in runs])
         return 0
     if not runs:
         print("no pending runs")
@@ -64,8 +65,31 @@ def cmd_pending(client: Client, args: argparse.Namespace) -> int:
         approval = f"  approval {run.approval_id}" if run.approval_id else ""
         when = run.next_attempt_at.astimezone(UTC) if run.next_attempt_at else None
         retry = f"  next attempt {when:%Y-%m-%d %H:%M:%S}Z" if when else ""
-        print(f"{run.session_id}  {run.agent}  {run.state}  step {run.step}{approval}{retry}{problem}")
+        indent = "  " * records.depth_of(run.session_id)
+        print(f"{indent}{run.session_id}  {run.agent}  {run.state}  step {run.step}{approval}{retry}{problem}")
     return 0
+
+
+def _under_leads(runs: list[PendingRun]) -> list[PendingRun]:
+    """``runs`` with each sub-agent's run right after its lead's (a lead not listed: in its own place)."""
+    listed = {run.session_id for run in runs}
+    children: dict[str, list[PendingRun]] = {}
+    tops: list[PendingRun] = []
+    for run in runs:
+        if run.lead in listed:
+            children.setdefault(str(run.lead), []).append(run)
+        else:
+            tops.append(run)
+    ordered: list[PendingRun] = []
+
+    def add(run: PendingRun) -> None:
+        ordered.append(run)
+        for child in children.get(run.session_id, []):
+            add(child)
+
+    for run in tops:
+        add(run)
+    return ordered
 
 
 def _metadata(text: str | None) -> dict[str, Any] | None:

@@ -228,3 +228,17 @@ def test_compare_with_an_unknown_run_prints_not_found(lousho: Lousho, finished: 
     printed = lousho("compare", finished, "nobody", "--json")
 
     assert printed.code == 1 and printed.json()["error"]["code"] == "LOUSHO_CHECKPOINT_NOT_FOUND"
+
+
+def test_pending_lists_a_sub_agents_run_under_its_lead(lousho: Lousho, store: PostgresCheckpointStore) -> None:
+    assert lousho("send", "weather", "plan a trip", "--session", "w-1").code == 0
+    assert lousho("send", "weather", "other", "--session", "w-2").code == 0
+    store.start_children("w-1", "weather", [("w-1.task-0123456789abcdef", "weather", "check the tides")])
+
+    listed = lousho("pending").out.splitlines()
+    as_json = lousho("pending", "--json").json()
+
+    assert [line.split("  ")[0] for line in listed] == ["w-1", "", "w-2"]
+    assert listed[1].startswith("  w-1.task-0123456789abcdef  weather  running")
+    assert [(r["session_id"], r["lead"]) for r in as_json] == [
+        ("w-1", None), ("w-1.task-0123456789abcdef", "w-1"), ("w-2", None)]

@@ -403,3 +403,29 @@ def test_a_childs_drift_is_judged_under_its_leads_policy(make_driver: Callable[.
     after.drain(child)
     stored = client.agent("drifter").load(child)
     assert stored is not None and stored.last_error is not None and stored.last_error.code == "LOUSHO_AGENT_DRIFT"
+
+
+def test_a_question_inside_a_child_pauses_the_lead_and_its_answer_finishes_both(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    def asker_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "ask_question", "args": {"question": "Which sea?"}}]}
+        return f"asker: {messages[-1].content}"
+
+    asker = Agent(name="asker-child", model=MockModel(asker_answer), ask_question=True)
+
+    def lead_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "asker-child", "prompt": "find out"}}]}
+        return f"lead: {str(messages[-1].content).split(chr(10))[0]}"
+
+    lead = Agent(name="asking-lead", model=MockModel(lead_answer), subagents=[asker])
+    driver = make_driver(lead, asker)
+    run = client.agent("asking-lead").send("go", session_id="sub-15")
+    driver.drain("sub-15")
+    assert run.wait(timeout=5).finish_reason == "awaiting-approval"
+    (question,) = client.approvals.list()
+    assert question.kind == "question" and question.run_path[0] == "sub-15"
+    client.approvals.resolve(question.approval_id, answer="the Baltic")
+    driver.drain(question.session_id)
+    assert client.agent("asking-lead").load("sub-15").final_text == 'lead: asker: {"answer":"the Baltic"}'  # type: ignore[union-attr]

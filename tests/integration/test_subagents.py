@@ -429,3 +429,22 @@ def test_a_question_inside_a_child_pauses_the_lead_and_its_answer_finishes_both(
     client.approvals.resolve(question.approval_id, answer="the Baltic")
     driver.drain(question.session_id)
     assert client.agent("asking-lead").load("sub-15").final_text == 'lead: asker: {"answer":"the Baltic"}'  # type: ignore[union-attr]
+
+
+def test_a_childs_spend_counts_against_its_leads_limits(make_driver: Callable[..., Driver], client: Client) -> None:
+    from store.limits import Limits
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "capes"}}],
+                    "usage": {"input_tokens": 1}}
+        return {"text": "lead answered", "usage": {"input_tokens": 1}}
+
+    researcher = _researcher()  # two turns of 10 input tokens
+    lead = Agent(name="metered-lead", model=MockModel(answer), subagents=[researcher],
+                 limits=Limits(max_input_tokens=15))
+    driver = make_driver(lead, researcher)
+    run = client.agent("metered-lead").send("go", session_id="sub-16")
+    driver.drain("sub-16")
+    stopped = run.wait(timeout=5)
+    assert stopped.finish_reason == "budget-exceeded" and stopped.usage.input_tokens == 1 + 20

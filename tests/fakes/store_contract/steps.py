@@ -182,6 +182,29 @@ def check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note(make: 
     assert "ct-end" not in [due.session_id for due in store.due_runs(0.0)]
 
 
+def check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-lead")
+    child = "ct-lead.task-0123456789abcdef"
+    store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")])
+    store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")])  # a step that ran again
+    assert [e.n for e in store.inbox(child, 0)] == [1]
+    started = store.load(child)
+    assert started is not None and started.lead_agent == AGENT and started.agent == AGENT
+    waiting = save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child})
+    subject.tick()
+    assert "ct-lead" not in [d.session_id for d in store.due_runs(0.0)]  # no step due while it waits
+    assert store.waiting_leads(0.0) == []  # its child can still move
+    assert "ct-lead" in [p.session_id for p in store.pending()]
+    settled = claimed_run(store, child, 5)
+    save_next(store, settled, status="finished", finish_reason="stop", inbox_cursor=1)
+    subject.tick()
+    assert [lead.session_id for lead in store.waiting_leads(0.0)] == ["ct-lead"]
+    loaded = store.load("ct-lead")
+    assert loaded is not None and loaded.waiting and loaded.seq == waiting.seq
+
+
 def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
     store = make(50).store
     checkpoint = new_run(store, "ct-doc")
@@ -288,6 +311,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_save_is_fenced_and_takes_exactly_the_next_seq,
     check_save_clears_attempts_and_the_last_error,
     check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note,
+    check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed,
     check_save_round_trips_the_whole_document,
     check_save_trims_the_drained_inbox,
     check_save_refuses_an_oversized_checkpoint_and_writes_nothing,

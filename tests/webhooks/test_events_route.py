@@ -216,6 +216,8 @@ def test_a_client_that_reconnects_with_last_event_id_gets_every_event_once_and_t
     assert [f.event for f in union].count("tool.done") == 6
     assert all(Event.model_validate_json(f.data).seq == int(f.id or -1) for f in union)
     assert server.streams == server.streams_ended == ["k-1", "k-1"]
+    # A read of a stream that ended stops at its next poll (``streams.POLL_S``), not necessarily before this line.
+    _wait_until(lambda: not server.pulling(), "the server stopped pulling both streams' events", timeout=5.0)
     assert len(server.pulls) == len(server.pulls_ended) >= 2
 
 

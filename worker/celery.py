@@ -6,6 +6,7 @@ Celery or kombu issue behind the ones that guard against known bugs.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery, signals
@@ -13,6 +14,7 @@ from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Que
 
 from store import redaction
 from store.settings import Settings, load_settings
+from worker import starts
 
 
 def broker_options(settings: Settings) -> dict[str, Any]:
@@ -74,9 +76,10 @@ def configure(app: Celery, settings: Settings) -> None:
         task_default_queue=settings.queue,
         # The sweeps get a queue of their own, consumed by every worker next to the steps' queue: a
         # backlog of steps (exactly when workers were lost) must not delay the sweep that recovers runs.
-        task_queues=[Queue(settings.queue), Queue(control_queue(settings))],
+        task_queues=[Queue(settings.queue), Queue(control_queue(settings)), Queue(starts.start_queue(settings.queue))],
         task_routes={"lousho.recover": {"queue": control_queue(settings)},
-                     "lousho.schedules": {"queue": control_queue(settings)}},
+                     "lousho.schedules": {"queue": control_queue(settings)},
+                     starts.START_TASK: {"queue": starts.start_queue(settings.queue)}},
         worker_hijack_root_logger=False,
         # On or off as a whole: Flower needs it, and with it anyone on the broker can stop workers.
         worker_enable_remote_control=settings.remote_control,
@@ -135,6 +138,13 @@ def create_app() -> Celery:
 settings = load_settings()
 #: The app ``celery -A worker`` finds; building it reads the settings and touches no service.
 app = create_app()
+
+
+@signals.before_task_publish.connect
+def _stamp_start(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Stamp each ``lousho.start`` message with the time it is sent (a beat's tick is read from it)."""
+    if sender == starts.START_TASK and headers is not None:
+        headers.setdefault(starts.SENT_AT_HEADER, time.time())
 
 
 @signals.after_setup_logger.connect

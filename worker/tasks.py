@@ -14,22 +14,24 @@ import random
 import socket
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import shared_task, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, records
+from store import errors, interfaces, records
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
+from store.inputs import normalize_input
 from store.leases import Heartbeat, LeaseManager
 from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
+from worker import starts
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
 from worker.steps import Outcome, StepDeps, run_step
@@ -191,6 +193,43 @@ def advance(session_id: str, seq: int | None = None) -> None:
 SWEEP_LIMIT = 500
 
 
+@shared_task(name=starts.START_TASK, bind=True, ignore_result=True)
+def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
+          beat_entry: str | None = None, every_s: float | None = None) -> None:
+    """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
+
+    For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
+    "session_id": ..., "metadata": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and ``every_s`` come
+    from entries made by ``worker.starts.beat_entry``.
+
+    Raises:
+        SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError: the message
+            cannot start anything; the task fails (Flower shows it) and is not retried.
+    """
+    sent_at = self.request.get(starts.SENT_AT_HEADER)
+    run_id, key = starts.run_id_for(str(self.request.id or ""), session_id, beat_entry, every_s,
+                                    float(sent_at) if isinstance(sent_at, int | float) else None)
+    records.validate_agent_name(agent)
+    messages = normalize_input(input)
+    built = deps()
+    served = _served()
+    if agent not in built.agents and agent not in served:
+        raise errors.AgentNotFoundError(agent, sorted(set(built.agents) | served))
+    store = cast(interfaces.CheckpointStore, built.store)
+    number = store.append_input(run_id, agent, messages, key, metadata)
+    enqueue(run_id, None, 0.0, agent if agent in served else None)
+    log.info("start: input %d of run %s queued", number, run_id)
+
+
+def _served() -> set[str]:
+    """The agents live workers serve (empty when the registry cannot be read)."""
+    built = deps()
+    try:
+        return built.registry.live_agents(registration_window_s()) if built.registry is not None else set()
+    except errors.StorageError:
+        return set()
+
+
 @shared_task(name="lousho.recover", ignore_result=True)
 def recover() -> int:
     """Send a step for each run that can move and is not moving.
@@ -213,10 +252,7 @@ def recover() -> int:
     # A run whose agent no live worker serves goes to the shared queue, which every worker consumes: the
     # worker that takes it hands it back, or parks it once LOUSHO_RETRY_FOR_S is spent. Its own queue
     # would hold it unread.
-    try:
-        served = built.registry.live_agents(registration_window_s()) if built.registry is not None else set()
-    except errors.StorageError:
-        served = set()
+    served = _served()
     sent, after = 0, None
     while sent < SWEEP_LIMIT:
         page = built.store.due_runs(stale_after, SWEEP_LIMIT, after)

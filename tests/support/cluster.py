@@ -254,10 +254,10 @@ class Cluster:
             return worker.ready()
         wait_until(ready, timeout, f"worker {worker.name} ready")
 
-    def start_beat(self) -> subprocess.Popen[bytes]:
-        """Start ``celery -A worker beat`` with its own schedule file (it only sends the recover sweep)."""
+    def start_beat(self, app: str = "worker") -> subprocess.Popen[bytes]:
+        """Start ``celery -A <app> beat`` with its own schedule file (``worker``'s only sends the sweeps)."""
         index = len(self.beats) + 1
-        args = [_celery(), "-A", "worker", "beat", "-s", str(self.workdir / f"beat-{index}-schedule"),
+        args = [_celery(), "-A", app, "beat", "-s", str(self.workdir / f"beat-{index}-schedule"),
                 "--pidfile", str(self.workdir / f"beat-{index}.pid"), "-l", "info"]
         beat = self._spawn(args, self.workdir / f"beat-{index}.log")
         self.beats.append(beat)

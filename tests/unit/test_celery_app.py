@@ -27,7 +27,10 @@ def test_install_gives_an_existing_app_the_configuration_the_sweeps_and_the_task
     assert mine.conf.task_default_queue == lousho_celery.settings.queue
     assert set(mine.conf.beat_schedule) == {"lousho-recover", "lousho-schedules"}
     assert mine.conf.include == ["myapp.tasks", "worker.tasks"]
-    assert {"lousho.advance", "lousho.recover", "lousho.schedules"} <= set(mine.tasks)
+    assert {"lousho.advance", "lousho.recover", "lousho.schedules", "lousho.start"} <= set(mine.tasks)
+    start_queue = f"{lousho_celery.settings.queue}-start"
+    assert start_queue in {queue.name for queue in mine.conf.task_queues}
+    assert mine.conf.task_routes["lousho.start"] == {"queue": start_queue}
 
 
 def test_create_app_builds_a_new_app_without_touching_the_module_app() -> None:

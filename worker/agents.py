@@ -272,10 +272,18 @@ class Agent:
             raise errors.ConfigurationError(f"agent {name!r}: resolve must be callable")
         _positive_seconds(approval_expires_in, f"agent {name!r}: approval_expires_in")
         _check_spend(name, limits, prices)
+        listed = list(tools)
+        #: What the agent was defined with (``replace`` builds a variant from it; built-in tools are not in it).
+        self._defined: dict[str, Any] = {
+            "name": name, "model": model, "instructions": instructions, "tools": tuple(listed),
+            "max_steps": max_steps, "tool_concurrency": tool_concurrency, "on_agent_drift": on_agent_drift,
+            "ask_question": ask_question, "hooks": tuple(hooks), "limits": limits, "prices": prices,
+            "approval_expires_in": approval_expires_in, "resolve": resolve, "models": tuple(models),
+            "handoffs": tuple(handoffs), "max_handoffs": max_handoffs, "subagents": tuple(subagents),
+            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish}
         self.name = name
         self.model = model
         self.instructions = instructions
-        listed = list(tools)
         if ask_question:
             listed.append(Tool(_ask_question, name=ASK_QUESTION, needs_approval=True))
         self.ask_question = ask_question
@@ -344,6 +352,14 @@ class Agent:
     def description_for_handoff(self) -> str:
         """What the ``transfer_to_`` tool says of this agent: the first line of its instructions."""
         return self.instructions.strip().splitlines()[0][:200] if self.instructions.strip() else ""
+
+    def replace(self, **changes: Any) -> Agent:
+        """A new agent defined like this one but for ``changes`` (``Agent``'s keywords; ``tools`` without built-ins).
+
+        Raises:
+            ConfigurationError: the changed definition is not valid.
+        """
+        return Agent(**{**self._defined, **changes})
 
     def tool_specs(self) -> list[ToolSpec]:
         """What the model is told about the tools."""

@@ -62,12 +62,12 @@ def _resolve(agent: Agent, ctx: ResolveContext) -> RunConfig:
 
 def _configured(agent: Agent, config: RunConfig, model: Model) -> Agent:
     """A static agent with ``agent``'s settings and what ``config`` chose (``model`` as given)."""
-    tools = list(config.tools) if config.tools is not None else [
-        t for t in agent.tools.values() if not (agent.ask_question and t.name == "ask_question")]
-    return Agent(agent.name, model, config.instructions if config.instructions is not None else agent.instructions,
-                 tools, max_steps=agent.max_steps, tool_concurrency=agent.tool_concurrency,
-                 on_agent_drift=agent.on_agent_drift, ask_question=agent.ask_question, hooks=agent.hooks,
-                 limits=agent.limits, prices=agent.prices, approval_expires_in=agent.approval_expires_in)
+    changes: dict[str, Any] = {"model": model, "resolve": None, "models": ()}
+    if config.tools is not None:
+        changes["tools"] = tuple(config.tools)
+    if config.instructions is not None:
+        changes["instructions"] = config.instructions
+    return agent.replace(**changes)
 
 
 def _starts_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry]) -> bool:

@@ -42,13 +42,9 @@ def as_target(entry: Agent, target: Agent) -> Agent:
     cached = _handed.get(key)
     if cached is not None:
         return cached
-    own = [t for name, t in target.tools.items()
-           if not name.startswith(HANDOFF_PREFIX) and not (target.ask_question and name == "ask_question")]
-    handed = Agent(target.name, target.model, target.instructions, own, max_steps=entry.max_steps,
-                   tool_concurrency=target.tool_concurrency, on_agent_drift=entry.on_agent_drift,
-                   ask_question=target.ask_question, hooks=entry.hooks, limits=entry.limits, prices=entry.prices,
-                   approval_expires_in=entry.approval_expires_in, handoffs=target.handoffs.values(),
-                   max_handoffs=entry.max_handoffs)
+    handed = target.replace(max_steps=entry.max_steps, on_agent_drift=entry.on_agent_drift, hooks=entry.hooks,
+                            limits=entry.limits, prices=entry.prices, approval_expires_in=entry.approval_expires_in,
+                            max_handoffs=entry.max_handoffs)
     _handed[key] = handed
     return handed
 

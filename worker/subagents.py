@@ -16,7 +16,7 @@ from store import records
 from store.interfaces import StepStore
 from store.records import Checkpoint, EventDraft, Message, ToolCall, Usage
 from worker import machine
-from worker.agents import ASK_QUESTION, HANDOFF_PREFIX, TASK, Agent
+from worker.agents import Agent
 
 __all__ = ["child_id", "done", "result_of", "started"]
 
@@ -74,15 +74,7 @@ def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]
     key = (id(agent), id(lead))
     known = _inheriting.get(key)
     if known is None:
-        own = [t for name, t in agent.tools.items() if not name.startswith(HANDOFF_PREFIX)
-               and name != TASK and not (agent.ask_question and name == ASK_QUESTION)]
-        known = Agent(agent.name, agent.model, agent.instructions, own, max_steps=agent.max_steps,
-                      tool_concurrency=agent.tool_concurrency, on_agent_drift=lead.on_agent_drift,
-                      ask_question=agent.ask_question, hooks=(*lead.hooks, *agent.hooks), limits=agent.limits,
-                      prices=agent.prices, approval_expires_in=agent.approval_expires_in,
-                      resolve=agent.resolve, models=agent.models, handoffs=agent.handoffs.values(),
-                      max_handoffs=agent.max_handoffs, subagents=agent.subagents.values(),
-                      max_subagent_depth=agent.max_subagent_depth)
+        known = agent.replace(hooks=(*lead.hooks, *agent.hooks), on_agent_drift=lead.on_agent_drift)
         _inheriting[key] = known
     return known
 

@@ -36,25 +36,39 @@ def _footer(name: str, child: Checkpoint) -> str:
             f" task '{child.session_id}']")
 
 
+def state_of(child: Checkpoint | None) -> str:
+    """Where a child stands: ``gone``, ``finished``, ``stopped`` (an abort or a budget), or its run state.
+
+    A run state is ``paused``, ``parked``, ``retrying`` or ``running`` (``records.run_state``).
+    """
+    if child is None:
+        return "gone"
+    if child.status == "finished":
+        return "finished"
+    if child.aborted:
+        return "stopped"
+    return records.run_state(child.status, child.last_error, child.next_attempt_at)
+
+
 def result_of(call: ToolCall, child: Checkpoint | None) -> Message | None:
     """The delegated call's result from its child's state, or None while the child can still move on its own.
 
     A child that finished with ``stop`` or ``length`` gives its final text; any other end (parked, stopped, another
     finish reason, deleted) gives an error result the lead's model can read.
     """
-    name = str(call.args.get("agent", ""))
+    name, state = str(call.args.get("agent", "")), state_of(child)
     if child is None:
         return machine.tool_error(call, "execution", "SubagentGone", "the sub-agent's run was deleted")
-    if child.status == "finished":
+    if state == "finished":
         if child.finish_reason in ("stop", "length"):
             return machine.tool_message(call, (child.final_text or "") + _footer(name, child))
         return machine.tool_error(call, "execution", "SubagentUnfinished",
                                   f"the sub-agent ended with '{child.finish_reason}'" + _footer(name, child))
-    if child.last_error is not None and not child.last_error.retryable:
+    if state == "parked" and child.last_error is not None:
         return machine.tool_error(call, "execution", "SubagentParked",
                                   f"the sub-agent stopped on an error {child.last_error.code}:"
                                   f" {child.last_error.message}" + _footer(name, child))
-    if child.aborted:
+    if state == "stopped":
         return machine.tool_error(call, "execution", "SubagentStopped",
                                   f"the sub-agent was stopped ('{child.finish_reason}')" + _footer(name, child))
     return None
@@ -81,28 +95,27 @@ def inheriting(agent: Agent, checkpoint: Checkpoint, agents: Mapping[str, Agent]
 
 def status_of(task_id: str, child: Checkpoint | None) -> dict[str, object]:
     """What ``agent_status`` tells the model about a background task."""
+    state = state_of(child)
     if child is None:
-        return {"task_id": task_id, "status": "gone"}
+        return {"task_id": task_id, "status": state}
     body: dict[str, object] = {"task_id": task_id, "agent": child.agent, "steps": child.step}
-    if child.status == "finished":
+    if state == "finished":
         body.update(status="finished", finish_reason=child.finish_reason, result=child.final_text)
-    elif child.status == "awaiting-approval":
+    elif state == "paused":
         body.update(status="paused", waiting_on="a person's decision")
-    elif child.last_error is not None and not child.last_error.retryable:
+    elif state == "parked" and child.last_error is not None:
         body.update(status="failed", error=child.last_error.code)
-    elif child.aborted:
+    elif state == "stopped":
         body.update(status="cancelled" if child.finish_reason == "aborted" else "stopped",
                     finish_reason=child.finish_reason)
     else:
-        body.update(status="running")
+        body.update(status="running")  # running, or retrying after a transient failure
     return body
 
 
 def running(children: list[Checkpoint | None]) -> list[str]:
     """The ids of the children that can still move on their own (not settled, not paused)."""
-    return [c.session_id for c in children
-            if c is not None and c.status == "in-progress" and not c.aborted
-            and not (c.last_error is not None and not c.last_error.retryable)]
+    return [c.session_id for c in children if c is not None and state_of(c) in ("running", "retrying")]
 
 
 def in_flight(store: StepStore, checkpoint: Checkpoint) -> Usage:
@@ -110,7 +123,7 @@ def in_flight(store: StepStore, checkpoint: Checkpoint) -> Usage:
     total = Usage()
     for child in checkpoint.background or ():
         state = store.load(child)
-        if state is not None and running([state]):
+        if state is not None and state_of(state) in ("running", "retrying"):
             total = total + state.usage
     return total
 

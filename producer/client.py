@@ -21,7 +21,7 @@ from producer import forks, streams
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
-from store import errors, inputs, interfaces, records
+from store import errors, inputs, interfaces, records, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -310,7 +310,7 @@ class Client:
             # The request is durable: the running step sees it at its next save's claim, a new step at once.
             log.warning("could not ring the abort doorbell of %s (%s)", session_id, type(exc).__name__)
         checkpoint = self.store.load(session_id)
-        self.nudge(session_id, agent=checkpoint.agent if checkpoint else None)
+        self.nudge(session_id, agent=checkpoint.agent if checkpoint else None, kind=telemetry.ABORT)
         return True
 
     def resume(self, session_id: str, *, limits: Limits | None = None) -> Run | None:
@@ -343,18 +343,18 @@ class Client:
         # finished, with no input left to apply.
         if self.store.reset_attempts(session_id, None if limits is None else limits.stored()) is None:
             return None
-        self.nudge(session_id, agent=checkpoint.agent)
+        self.nudge(session_id, agent=checkpoint.agent, kind=telemetry.RESUME_RUN)
         return Run(self, session_id, checkpoint.inbox_cursor,
                    events_from=progress.events_next if progress is not None else None)
 
-    def nudge(self, session_id: str, agent: str | None = None) -> None:
+    def nudge(self, session_id: str, agent: str | None = None, kind: str = telemetry.NEW_INPUT) -> None:
         """Ask a worker to advance a run whose input or decision is already durable.
 
         A broker that cannot be reached is logged, not raised: the recovery sweep sends the step
         once the run has been quiet for a lease TTL, so nothing committed is lost.
         """
         try:
-            self.enqueuer.advance(session_id, agent=agent)
+            self.enqueuer.advance(session_id, agent=agent, kind=kind)
         except errors.StorageError as exc:
             log.warning("could not enqueue a step for %s (%s); the recovery sweep will send it",
                         session_id, exc.message)
@@ -414,12 +414,12 @@ class Approvals:
             # Recorded as the expiry's rejection, committed: the run goes on now, not at the next sweep.
             expired = self._store.by_ids([approval_id]).get(approval_id)
             if expired is not None:
-                self._client.nudge(expired.session_id, agent=expired.agent)
+                self._client.nudge(expired.session_id, agent=expired.agent, kind=telemetry.RESUME)
             raise
         session_id = decision.approval.session_id
         progress = self._client.store.progress(session_id)
         cursor = progress.inbox_cursor if progress is not None else 0
-        continue_after(decision, lambda sid, agent: self._client.nudge(sid, agent=agent))
+        continue_after(decision, lambda sid, agent: self._client.nudge(sid, agent=agent, kind=telemetry.RESUME))
         return Run(self._client, session_id, cursor, events_from=progress.events_next if progress else None)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import kombu.exceptions
 from celery import Celery
 
-from store import errors
+from store import errors, telemetry
 from store.settings import Settings
 
 ADVANCE = "lousho.advance"
@@ -35,17 +35,20 @@ class Enqueuer:
                                       "socket_connect_timeout": 5, "socket_timeout": 15},
         )
 
-    def advance(self, session_id: str, seq: int | None = None, agent: str | None = None) -> None:
+    def advance(self, session_id: str, seq: int | None = None, agent: str | None = None, *,
+                kind: str = telemetry.NEW_INPUT) -> None:
         """Ask a worker for the next step of ``session_id`` (on ``agent``'s queue when known).
 
-        A lost message is repaired by the sweep.
+        ``kind`` says why (``store.telemetry`` kinds): the step's name in Flower is ``"<agent>: <kind>"``. A lost
+        message is repaired by the sweep.
 
         Raises:
             StorageError: the broker could not be reached (the input is already durable: the
                 recovery sweep sends the step once the broker is back).
         """
         try:
-            self._app.send_task(ADVANCE, args=(session_id, seq), queue=self._settings.agent_queue(agent))
+            self._app.send_task(ADVANCE, kwargs={"session_id": session_id, "seq": seq},
+                                queue=self._settings.agent_queue(agent), shadow=telemetry.step_name(agent, kind))
         except (kombu.exceptions.OperationalError, OSError) as exc:
             raise errors.StorageError(f"broker unavailable: {type(exc).__name__}") from exc
 

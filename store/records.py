@@ -176,7 +176,7 @@ _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "s
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
 FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated",
-                   "lead_agent", "background")
+                   "lead_agent", "background", "trace")
 
 
 class Checkpoint(_Record):
@@ -236,6 +236,8 @@ class Checkpoint(_Record):
     active_agent: str | None = None
     #: Calls of the last turn delegated to child runs: call id -> child run id (format 3).
     delegated: dict[str, str] | None = None
+    #: The current input's trace context (``worker.tracing``), made by the step that merged it (format 3).
+    trace: str | None = Field(default=None, max_length=512)
     #: Some delegated call has no result yet: the run has no step due until a child settles.
     waiting: bool = False
     #: A child run's lead's agent: its hooks run in the child too (format 3).

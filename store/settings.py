@@ -43,6 +43,20 @@ class Settings(BaseSettings):
     #: Celery remote control (pidbox). Flower needs it; anyone who can write to the broker can then shut
     #: workers down, so turn it off where Flower is not used.
     remote_control: bool = True
+    #: Celery task events (worker and sender): Flower lists steps, including the ones that ran or waited in a
+    #: queue before it started. Off only to measure what they cost.
+    task_events: bool = True
+    #: Port of the worker's Prometheus ``/metrics`` (served by the worker's parent for all its pool processes);
+    #: unset: no port. Needs the ``metrics`` extra.
+    metrics_port: int | None = None
+    #: Folder of the prefork processes' metric files (prometheus-client's multiprocess mode); made and emptied
+    #: by the worker's parent at start. Unset: a folder under the system's temporary folder, per worker.
+    metrics_dir: str | None = None
+    #: OpenTelemetry traces of runs (one trace per run input across its steps); needs the ``otel`` extra and
+    #: the usual ``OTEL_*`` exporter settings.
+    tracing: bool = False
+    #: ``text`` or ``json``: JSON log lines carry the run's id, agent, seq, step and the Celery task id as fields.
+    log_format: str = "text"
     #: Period of the beat's schedule sweep; ticks are claimed in Postgres, so any number of beats is safe.
     schedule_interval_s: float = 5.0
     #: How late a tick may still fire as itself (at least 3 periods are used); older ticks follow catch_up.
@@ -72,6 +86,20 @@ class Settings(BaseSettings):
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be >= 1 (0 would park every run at its first step)")
+        return value
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError("must be text or json")
+        return value
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _port(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError("must be a TCP port (0 picks a free one)")
         return value
 
     @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s")

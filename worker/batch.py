@@ -16,6 +16,7 @@ after the last decision.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import os
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import errors, payloads, records
+from store import errors, payloads, records, telemetry
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
 from worker import abort, handoffs, machine, subagents
 from worker import hooks as hook_calls
@@ -386,7 +387,7 @@ class _CallCancelled(threading.Event):
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
                   resumed: bool = False) -> tuple[Message, float]:
     batch.live.tool_start(call)
-    started = time.perf_counter()
+    started, started_ns = time.perf_counter(), time.time_ns()
     tool = agent.tools.get(call.name)
     if tool is None or tool.timeout is None:
         result = _invoke(agent, checkpoint, call, batch.cancelled)
@@ -400,7 +401,20 @@ def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: Too
             result = machine.tool_error(call, "timeout", "ToolTimedOut",
                                         f"the call ran longer than {tool.timeout:g} s and was given up; it may"
                                         " still take effect")
-    return _after(agent, checkpoint, call, result, resumed), (time.perf_counter() - started) * 1000
+    result = _after(agent, checkpoint, call, result, resumed)
+    telemetry.tool_call(call.name, call.id, _outcome(result), started_ns)
+    return result, (time.perf_counter() - started) * 1000
+
+
+def _outcome(result: Message) -> str:
+    """``ok``, or the kind of error a tool result is (``error``, ``timeout``, ...), for metrics and traces."""
+    if not result.is_error:
+        return "ok"
+    try:
+        kind = json.loads(result.content).get("kind") if isinstance(result.content, str) else None
+    except (ValueError, AttributeError):
+        kind = None
+    return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else "error"
 
 
 def _after(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool) -> Message:
@@ -452,7 +466,8 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
     try:
         while waiting or running:
             while waiting and len(running) < workers:
-                future = pool.submit(waiting.pop(0))
+                # In a copy of the step's context: what the calls record lands in the step's report.
+                future = pool.submit(contextvars.copy_context().run, waiting.pop(0))
                 future.add_done_callback(lambda _: wake.set())
                 running.append(future)
             batch.hear()

@@ -80,6 +80,10 @@ def configure(app: Celery, settings: Settings) -> None:
         task_routes={"lousho.recover": {"queue": control_queue(settings)},
                      "lousho.schedules": {"queue": control_queue(settings)},
                      starts.START_TASK: {"queue": starts.start_queue(settings.queue)}},
+        # Task events, from workers and senders: Flower lists every step, including the ones that waited in a
+        # queue or ran before it started (it turns worker events on by itself only while it runs).
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
         # On or off as a whole: Flower needs it, and with it anyone on the broker can stop workers.
         worker_enable_remote_control=settings.remote_control,
@@ -145,6 +149,16 @@ def _stamp_start(sender: str | None = None, headers: dict[str, Any] | None = Non
     """Stamp each ``lousho.start`` message with the time it is sent (a beat's tick is read from it)."""
     if sender == starts.START_TASK and headers is not None:
         headers.setdefault(starts.SENT_AT_HEADER, time.time())
+
+
+@signals.beat_init.connect
+def _quiet_beat(sender: Any = None, **_: Any) -> None:
+    """Beat sends no task-sent events: the sweeps it sends every few seconds would flood Flower's task list.
+
+    Steps, which workers and producers send, keep theirs; the sweep tasks send no events either (``worker.tasks``).
+    """
+    if sender is not None:
+        sender.app.conf.task_send_sent_event = False
 
 
 @signals.after_setup_logger.connect

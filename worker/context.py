@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from store import errors, interfaces
+from store import errors, interfaces, telemetry
 from store.records import Approval, Checkpoint, EventDraft, Serving, StepWrite
 from worker import budgets
 from worker import live as live_events
@@ -25,8 +25,8 @@ class Enqueue(Protocol):
     """Sends ``advance`` for a run: to the queue of ``agent`` when given, else the shared queue."""
 
     def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0,
-                 agent: str | None = None, /) -> None:
-        """Send ``advance`` for the run (``seq`` None: whatever step is next)."""
+                 agent: str | None = None, /, *, name: str | None = None) -> None:
+        """Send ``advance`` for the run (``seq`` None: whatever step is next), named ``name`` in Flower and logs."""
 
 
 class Outcome(enum.StrEnum):
@@ -121,6 +121,9 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
         FencedOutError: another holder claimed the run since we loaded it.
     """
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
+    if drained_inbox:
+        # A run input starts: its trace (when traces are on) joins this step to every later one of the input.
+        new = new.model_copy(update={"trace": telemetry.new_trace()})
     ending = status_before is not None and live_events.ends(new, status_before, drained_inbox)
     if ending and live is not None:
         new = budgets.clock_stopped(new, live.db_now()).model_copy(update={"end_due": live.end_hooks or new.end_due})
@@ -136,9 +139,34 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)
+    _noted(new, drained_inbox, ending, approvals)
     if live is not None:
         live.pending.clear()
         live.saved(len(drafts))
         if ending and new.end_due:
             live.end_owed = new
     return new
+
+
+def _noted(saved: Checkpoint, drained_inbox: bool, ending: bool, approvals: Sequence[Approval]) -> None:
+    """Tell the step's report what a save made true (an input started or ended, approvals opened)."""
+    report = telemetry.current()
+    if report is None:
+        return
+    report.checkpoint = saved
+    report.approvals += len(approvals)
+    if drained_inbox:
+        report.input_started = True
+        report.trace = saved.trace
+    if ending:
+        report.ended_as = _ended_as(saved)
+        report.finish_reason = saved.finish_reason
+
+
+def _ended_as(saved: Checkpoint) -> str:
+    """How a save that ended the run's input left it: finished, paused, aborted or budget-exceeded."""
+    if saved.finish_reason == "budget-exceeded":
+        return "budget-exceeded"
+    if saved.aborted:
+        return "aborted"
+    return "paused" if saved.status == "awaiting-approval" else saved.status

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
-from store import errors, payloads
+from store import errors, payloads, telemetry
 from store.records import Checkpoint, EventDraft, LastError
 from worker import live
 from worker.context import Next, Outcome, StepDeps, StepResult
@@ -32,6 +32,7 @@ def park(deps: StepDeps, checkpoint: Checkpoint, error: LastError) -> StepResult
     """Park the run: record ``error`` as not retryable, so no step runs until the run is resumed."""
     error = error.model_copy(update={"retryable": False})
     deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error, _stopped(checkpoint, error))
+    telemetry.note(error_code=error.code)
     log.warning("run %s parked: %s", checkpoint.session_id, error.code)
     return StepResult(Outcome.PARKED)
 
@@ -48,6 +49,7 @@ def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: 
         if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error,
                                      _stopped(checkpoint, error)) is None:
             return StepResult(Outcome.FENCED)
+        telemetry.note(error_code=error.code)
         log.warning("step of %s failed: %s (not retryable; run parked)", checkpoint.session_id, error.code)
         return StepResult(Outcome.PARKED)
     return retry_later(deps, checkpoint, error, getattr(exc, "retry_after", None), now)
@@ -79,6 +81,7 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
     seq = deps.store.retry_later(sid, checkpoint.fence, error, delay, drafts)
     if seq is None:
         return StepResult(Outcome.FENCED)
+    telemetry.note(error_code=error.code, retry_in=delay)
     log.warning("step of %s %s: %s (failure %d in a row, next attempt in %.1f s)", sid,
                 "handed back" if handing_back else "failed", error.code, checkpoint.failures + 1, delay)
     # The seq the run is at now: a batch may have saved results before it failed.

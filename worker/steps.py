@@ -17,7 +17,7 @@ from datetime import datetime
 
 import redis
 
-from store import errors, payloads, records
+from store import errors, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
 from worker import abort, budgets, drift, dynamic, handoffs, machine, retry, subagents
 from worker import hooks as hook_calls
@@ -57,15 +57,23 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         except redis.RedisError:
             log.warning("could not release lease of %s; it expires by itself", session_id)
     follow_up = result.follow_up
+    report = telemetry.current()
+    state = report.checkpoint if report is not None else None
     if follow_up is not None:
         # After the release: the next step must find the lease free, or it would be dropped as busy.
-        deps.enqueue(session_id, follow_up.seq, follow_up.countdown, follow_up.agent)
+        retrying = result.outcome in (Outcome.FAILED, Outcome.HANDED_BACK)
+        kind = telemetry.RETRY if retrying or state is None else telemetry.kind_of(state)
+        deps.enqueue(session_id, follow_up.seq, follow_up.countdown, follow_up.agent,
+                     name=telemetry.step_name(follow_up.agent, kind))
         crash_point("after_enqueue_before_ack", session_id)
     for other, agent in result.also:
-        deps.enqueue(other, None, 0.0, agent)
+        deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     lead = records.lead_of(session_id)
     if lead is not None and result.outcome in _SETTLED:
-        deps.enqueue(lead, None, 0.0, None)  # a child that settled wakes its lead (the sweep, if this is lost)
+        # A child that settled wakes its lead (the sweep, if this is lost).
+        deps.enqueue(lead, None, 0.0, None,
+                     name=telemetry.step_name(state.lead_agent if state is not None else None,
+                                              telemetry.CHILDREN_SETTLED))
     return result.outcome
 
 
@@ -95,6 +103,8 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
         if claim.checkpoint is None:
             return StepResult(Outcome.BUSY)
     checkpoint = claim.checkpoint
+    telemetry.note(agent=checkpoint.current_agent, kind=telemetry.kind_of(checkpoint), trace=checkpoint.trace,
+                   checkpoint=checkpoint)
     _forget_stale_signals(deps, lease, claim)
     base = deps.agents.get(checkpoint.agent)
     live.claimed(claim.now, base is not None and bool(hook_calls.having(base.hooks, "on_run_end")))
@@ -343,13 +353,21 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse
                                           hook_calls.ModelRequest(messages, list(tools)))
         messages, tools = list(request.messages), list(request.tools)
     streams = live.watched and _takes_listener(type(model))
+    model_id = str(getattr(model, "model_id", None) or type(model).__name__)
+    started = time.time_ns()
     try:
         if streams:
             response = model.generate(messages, tools, listener=live)  # type: ignore[call-arg]
         else:
             response = model.generate(messages, tools)
     except ModelCallCancelled:
+        telemetry.model_call(model_id, started, error="cancelled")
         return None
+    except Exception as exc:
+        telemetry.model_call(model_id, started, error=getattr(exc, "code", None) or type(exc).__name__)
+        raise
+    telemetry.model_call(model_id, started, input_tokens=response.usage.input_tokens,
+                         output_tokens=response.usage.output_tokens, finish_reason=response.finish_reason)
     if ctx is not None and hook_calls.having(hooks, "post_generate"):
         hook_calls.post_generate(hook_calls.having(hooks, "post_generate"), ctx, response)
     return response
@@ -402,6 +420,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
         updated = machine.record_tool_result(updated, machine.tool_error(
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
+    telemetry.note(calls_asked=len(calls) + len(overflow))
     updated, cancel = _background_at_end(deps, agent, updated)
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
     turn = updated.messages[len(checkpoint.messages)]

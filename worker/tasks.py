@@ -1,6 +1,9 @@
 """Celery tasks: ``lousho.advance`` (one step of one run) and ``lousho.recover`` (the sweep).
 
-Messages carry ids only (session id and seq). Per-process state (engine, Redis client,
+Messages carry ids only (``session_id`` and ``seq``, as keyword arguments so Flower's search finds a run's
+steps), under a name that says what the step is (``"support: tool batch"``, Celery's ``shadow`` name). A step
+returns a short line with no content in it; one that parks its run fails, and one recorded for a retry
+shows as retried, so Flower and the worker's log show each for what it is. Per-process state (engine, Redis client,
 heartbeat, agents) is created lazily in the process that uses it, so prefork children never
 share a connection inherited from the parent. The worker's parent registers the agents it loads
 (and consumes their queues) before it reports ready, and keeps the registration fresh.
@@ -18,10 +21,11 @@ from typing import Any, cast
 
 import redis
 from celery import shared_task, signals
+from celery.exceptions import Retry
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, interfaces, records
+from store import errors, interfaces, records, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -85,9 +89,15 @@ def _build() -> StepDeps:
     return built
 
 
-def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
-    """Send ``advance`` for a run to its agent's queue (reuses the app's pooled producer connection)."""
-    advance.apply_async((session_id, seq), countdown=countdown or None, queue=settings.agent_queue(agent))
+def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
+            name: str | None = None) -> None:
+    """Send ``advance`` for a run to its agent's queue (reuses the app's pooled producer connection).
+
+    ``name`` is what Flower and the worker's log call the step (``telemetry.step_name``); ``agent``'s name
+    with a plain ``step`` when not given.
+    """
+    advance.apply_async(kwargs={"session_id": session_id, "seq": seq}, countdown=countdown or None,
+                        queue=settings.agent_queue(agent), shadow=name or telemetry.step_name(agent, "step"))
 
 
 def registration_refresh_s() -> float:
@@ -168,25 +178,47 @@ def _warm_process(**_: Any) -> None:
     threading.Thread(target=warm, name="lousho-warm", daemon=True).start()
 
 
-@shared_task(name="lousho.advance", ignore_result=True)
-def advance(session_id: str, seq: int | None = None) -> None:
-    """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates."""
+class StepFailed(Exception):
+    """A step that parked its run (the run waits for ``resume()``): the task fails with the step's summary."""
+
+
+@shared_task(name="lousho.advance", bind=True, ignore_result=True, throws=(StepFailed,))
+def advance(self: Any, session_id: str, seq: int | None = None) -> str:
+    """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates.
+
+    Returns:
+        What the step did, in a few words with no content (``"model turn: 2 tool calls"``).
+
+    Raises:
+        StepFailed: the step parked the run.
+        Retry: the step failed and the run's retry is recorded (the retry message is already sent, or the
+            sweep sends it); Celery shows the task as retried and acks the message.
+    """
     if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
         log.warning("advance with a malformed seq dropped")
-        return
-    try:
-        outcome = run_step(deps(), session_id, seq)
-    except errors.SessionIdInvalidError:
-        log.warning("advance for an invalid session id dropped")
-        return
-    except errors.ConfigurationError as exc:
-        log.error("worker misconfigured, step of %s not run: %s", session_id, exc)
-        return
-    except (errors.StorageError, redis.RedisError) as exc:
-        # The sweep re-enqueues the run once the services are back; no broker loop here.
-        log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
-        return
+        return "malformed message; dropped"
+    with telemetry.step(session_id, seq, task_id=self.request.id) as report:
+        try:
+            outcome = run_step(deps(), session_id, seq)
+        except errors.SessionIdInvalidError:
+            log.warning("advance for an invalid session id dropped")
+            return "invalid run id; dropped"
+        except errors.ConfigurationError as exc:
+            log.error("worker misconfigured, step of %s not run: %s", session_id, exc)
+            report.outcome, report.error_code = "misconfigured", exc.code
+            raise StepFailed(f"worker misconfigured: {exc.code}") from None
+        except (errors.StorageError, redis.RedisError) as exc:
+            # The sweep re-enqueues the run once the services are back; no broker loop here.
+            log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
+            return f"services unreachable ({type(exc).__name__}); the sweep sends the step again"
+        report.outcome = outcome.value
     log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
+    summary = report.summary()
+    if outcome is Outcome.PARKED:
+        raise StepFailed(summary)
+    if outcome in (Outcome.FAILED, Outcome.HANDED_BACK):
+        raise Retry(summary, StepFailed(summary), report.retry_in)
+    return summary
 
 
 #: Runs the sweep sends at most per pass; the rest wait for the next pass, most overdue first.
@@ -217,7 +249,8 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
         raise errors.AgentNotFoundError(agent, sorted(set(built.agents) | served))
     store = cast(interfaces.CheckpointStore, built.store)
     number = store.append_input(run_id, agent, messages, key, metadata)
-    enqueue(run_id, None, 0.0, agent if agent in served else None)
+    enqueue(run_id, None, 0.0, agent if agent in served else None,
+            name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)
 
 
@@ -230,7 +263,9 @@ def _served() -> set[str]:
         return set()
 
 
-@shared_task(name="lousho.recover", ignore_result=True)
+# The sweeps send no task events (nor does beat a task-sent event for them, ``worker.celery``): run every few
+# seconds, they would bury the steps in Flower's task list. Their work shows in the metrics and the log.
+@shared_task(name="lousho.recover", ignore_result=True, send_events=False)
 def recover() -> int:
     """Send a step for each run that can move and is not moving.
 
@@ -269,7 +304,8 @@ def recover() -> int:
             except errors.SessionIdInvalidError:
                 continue
             enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0,
-                    run.agent if run.agent in served else None)
+                    run.agent if run.agent in served else None,
+                    name=telemetry.step_name(run.agent, telemetry.RETRY if run.retrying else telemetry.RECOVERY))
             swept.append(run.session_id)
             sent += 1
         # Sent once per lease TTL at most: a run still queued behind a backlog is not sent again each pass.
@@ -277,6 +313,7 @@ def recover() -> int:
         if len(page) < SWEEP_LIMIT:
             break
     sent += _wake_leads(built, stale_after)
+    telemetry.count("sweep.resent", sent)
     if sent:
         log.info("recover: re-enqueued %d run(s)", sent)
     return sent
@@ -288,22 +325,26 @@ def _wake_leads(built: StepDeps, stale_after: float) -> int:
     live = built.leases.held([lead.session_id for lead in leads])
     woken = [lead for lead in leads if lead.session_id not in live]
     for lead in woken:
-        enqueue(lead.session_id, None, 0.0, None)
+        enqueue(lead.session_id, None, 0.0, None, name=telemetry.step_name(lead.agent, telemetry.CHILDREN_SETTLED))
     built.store.mark_swept([lead.session_id for lead in woken])
     return len(woken)
 
 
-@shared_task(name="lousho.schedules", ignore_result=True)
+@shared_task(name="lousho.schedules", ignore_result=True, send_events=False)
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
     result = schedule_sweep.sweep(PostgresScheduleStore(_engine()),
                                   grace=timedelta(seconds=max(settings.schedule_grace_s,
                                                               3 * settings.schedule_interval_s)))
-    sent = schedule_sweep.publish(
-        result, lambda session_id: enqueue(session_id, None, 0.0, result.agents.get(session_id)))
+    sent = schedule_sweep.publish(result, lambda session_id: enqueue(
+        session_id, None, 0.0, result.agents.get(session_id),
+        name=telemetry.step_name(result.agents.get(session_id), telemetry.NEW_INPUT)))
+    telemetry.count("schedule.fired", sent)
+    telemetry.count("schedule.skipped", result.skipped)
+    telemetry.count("schedule.missed", result.missed)
     if sent or result.skipped or result.missed or result.broken:
         log.info("schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped,"
                  " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
-__all__ = ["Outcome", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "recover"]
+__all__ = ["Outcome", "StepFailed", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "recover"]

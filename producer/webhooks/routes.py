@@ -20,7 +20,7 @@ from producer.webhooks import bodies, events, headers, intake
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
-from store import errors, inputs, records
+from store import errors, inputs, records, telemetry
 from store.database import Transaction
 
 _MAX_DECISION_BYTES = 64 * 1024
@@ -159,10 +159,16 @@ def _healthy(backend: Backend) -> bool:
 async def receive(agent: str, request: Request) -> JSONResponse:
     """``POST /webhooks/{agent}``: a verified delivery becomes one run (202), exactly once per delivery id."""
     config, backend = _state(request)
-    if not AGENT_NAME.fullmatch(agent):
-        raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
-    delivery = await intake.verified(request, config, agent, request.app.state.clock())
-    session_id, status, duplicate = await run_in_threadpool(intake.accept, backend, config, agent, delivery)
+    try:
+        if not AGENT_NAME.fullmatch(agent):
+            raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
+        delivery = await intake.verified(request, config, agent, request.app.state.clock())
+        session_id, status, duplicate = await run_in_threadpool(intake.accept, backend, config, agent, delivery)
+    except Rejected as exc:
+        # By reason only: the agent in a refused delivery's path is whatever the sender wrote.
+        telemetry.count("webhook.refused", reason=exc.code)
+        raise
+    telemetry.count("webhook.duplicate" if duplicate else "webhook.accepted", agent=agent)
     url = str(request.url_for("run_status", session_id=session_id))
     return JSONResponse({"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate},
                         status_code=202)

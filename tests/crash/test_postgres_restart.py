@@ -80,7 +80,7 @@ _OUTCOME = re.compile(_STAMP + r"advance (\S+) seq=\S+ -> ([\w-]+)")
 _FAILURES = {
     "step could not reach a service": re.compile(r"step of \S+ could not reach a service"),
     "step failed, recorded": re.compile(r"step of \S+ failed: "),
-    "step raised": re.compile(r"Task lousho\.advance\[[0-9a-f-]+\] raised unexpected"),
+    "step raised": re.compile(r"Task (?:lousho\.advance|[A-Za-z0-9_.-]+: [a-z -]+)\[[0-9a-f-]+\] raised unexpected"),
     "sweep raised": re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] raised unexpected"),
 }
 #: Outcomes of steps that saved something.

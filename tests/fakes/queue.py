@@ -15,6 +15,8 @@ class StepMessage:
     seq: int | None
     countdown: float = 0.0
     agent: str | None = None
+    #: What Flower and the worker's log call the step (``store.telemetry.step_name``).
+    name: str | None = None
 
 
 class StepQueue:
@@ -24,8 +26,9 @@ class StepQueue:
         self.messages: list[StepMessage] = []
         self.sent: list[StepMessage] = []
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
-        message = StepMessage(session_id, seq, countdown, agent)
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
+                 name: str | None = None) -> None:
+        message = StepMessage(session_id, seq, countdown, agent, name)
         self.messages.append(message)
         self.sent.append(message)
 

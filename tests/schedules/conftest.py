@@ -41,7 +41,8 @@ def finish(store: PostgresCheckpointStore, leases: LeaseManager, settings: Setti
     """``finish(session_id)`` runs the run's steps in this process until it settles."""
     heartbeat = Heartbeat(leases, settings.lease_renew_ms)
     queue: list[tuple[str, int | None]] = []
-    def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+    def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
+                name: str | None = None) -> None:
         queue.append((session_id, seq))
 
     deps = StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents={REPORTER.name: REPORTER},

@@ -216,15 +216,17 @@ def _install_duplicator(spec: str) -> None:
     low, _, high = spec.partition("-")
     jitter = (int(low) / 1000, int(high or low) / 1000)
 
-    def send_again(args: list[Any]) -> None:
-        app.send_task("lousho.advance", args=args, queue=settings.queue, headers={"lousho_duplicate": 1})
-        log_event({"kind": "duplicate", "run_id": args[0], "seq": args[1] if len(args) > 1 else None})
+    def send_again(kwargs: dict[str, Any]) -> None:
+        app.send_task("lousho.advance", kwargs=kwargs, queue=settings.queue, headers={"lousho_duplicate": 1})
+        log_event({"kind": "duplicate", "run_id": kwargs["session_id"], "seq": kwargs.get("seq")})
 
     def on_publish(sender: object = None, headers: dict[str, Any] | None = None, body: Any = None,
                    **_: object) -> None:
         if sender != "lousho.advance" or (headers or {}).get("lousho_duplicate"):
             return
-        timer = threading.Timer(random.uniform(*jitter), send_again, (list(body[0]),))
+        args, kwargs = body[0], body[1]
+        message = dict(kwargs) if kwargs else {"session_id": args[0], "seq": args[1] if len(args) > 1 else None}
+        timer = threading.Timer(random.uniform(*jitter), send_again, (message,))
         timer.daemon = True
         timer.start()
 

@@ -42,11 +42,13 @@ AGENTS_MODULE = "tests.support.agents"
 _MTIME_SLACK_S = 0.02
 _LOG_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/([^\]]+)\] (.*)")
 _OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> (\w+)")
-_STEP_TIME = re.compile(r"Task lousho\.advance\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")
+#: A step's task name: ``lousho.advance``, or the name it was sent under (``"<agent>: <kind>"``).
+_STEP = r"(?:lousho\.advance|[A-Za-z0-9_.-]+: [a-z -]+)"
+_STEP_TIME = re.compile(rf"Task {_STEP}\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")
 _SWEEP_SENT = re.compile(r"Sending due task lousho-recover ")
 _SWEEP_RECEIVED = re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] received")
 _RECEIVED = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/MainProcess\]"
-                       r" Task lousho\.advance\[([0-9a-f-]+)\] received")
+                       rf" Task {_STEP}\[([0-9a-f-]+)\] received")
 #: The hash where kombu's Redis transport keeps delivered, unacked messages (``Channel.unacked_key``).
 _UNACKED_KEY = "unacked"
 #: Crash points of ``worker/steps.py`` (each writes ``crash-<point>-<run>`` when it fires).
@@ -308,7 +310,8 @@ class Cluster:
             payload = json.loads(raw)[0]
             task_id = payload["headers"].get("id")
             if payload["headers"].get("task") == "lousho.advance" and task_id in last and last[task_id][1] is worker:
-                carried.add(str(json.loads(base64.b64decode(payload["body"]))[0][0]))
+                args, kwargs = json.loads(base64.b64decode(payload["body"]))[:2]
+                carried.add(str(kwargs["session_id"] if "session_id" in kwargs else args[0]))
         return carried
 
     def _record(self, action: str, pids: Sequence[int], deliver: Callable[[], None],

@@ -32,7 +32,8 @@ class Driver:
     outcomes: list[Outcome] = field(default_factory=list)
     countdowns: list[float] = field(default_factory=list)
 
-    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
+                name: str | None = None) -> None:
         self.queue.append((session_id, seq))
         self.countdowns.append(countdown)
 
@@ -87,7 +88,8 @@ class Sent:
 
     messages: list[tuple[str, int | None, float, str | None]] = field(default_factory=list)
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None) -> None:
+    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
+                 name: str | None = None) -> None:
         self.messages.append((session_id, seq, countdown, agent))
 
     @property

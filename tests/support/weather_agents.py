@@ -230,7 +230,9 @@ def _install_hooks() -> None:
         if sender != ADVANCE:
             return
         args = list(body[0]) if isinstance(body, list | tuple) and body and isinstance(body[0], list | tuple) else []
-        log_event({"kind": "publish", "run_id": args[0] if args else None, "seq": args[1] if len(args) > 1 else None,
+        named = body[1] if isinstance(body, list | tuple) and len(body) > 1 and isinstance(body[1], dict) else {}
+        log_event({"kind": "publish", "run_id": args[0] if args else named.get("session_id"),
+                   "seq": args[1] if len(args) > 1 else named.get("seq"),
                    "by": getattr(current_task, "name", None), "queue": routing_key})
 
     task_prerun.connect(on_prerun, weak=False)

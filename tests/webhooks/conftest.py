@@ -89,7 +89,7 @@ class Driver:
     outcomes: list[Outcome] = field(default_factory=list)
 
     def enqueue(self, session_id: str, seq: int | None = None, countdown: float = 0.0,
-                agent: str | None = None) -> None:
+                agent: str | None = None, *, name: str | None = None, kind: str | None = None) -> None:
         self.queue.append((session_id, seq))
 
     def drain(self, limit: int = 2000) -> None:

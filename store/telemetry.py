@@ -1,0 +1,288 @@
+"""What each step did, recorded once for everything that shows it: task results, metrics, traces and logs.
+
+The step code notes facts as they happen (``note``, ``model_call``, ``tool_call``) into the ``StepReport`` of
+the step running in this context; ``step`` opens one around a Celery task and hands the finished report to
+the attached sinks (``store.metrics``, ``worker.tracing``). Nothing here imports a metrics or tracing
+library: with no sink attached a report costs a few attribute writes. Reports carry names, counts, codes and
+timings, never a prompt, an argument or an output (RELIABILITY section 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger("lousho.telemetry")
+
+#: What a step is, as its name in Flower and its ``kind`` label say.
+MODEL_TURN = "model turn"
+TOOL_BATCH = "tool batch"
+RESUME = "resume after approval"
+NEW_INPUT = "new input"
+RECOVERY = "recovery"
+RETRY = "retry"
+RESUME_RUN = "resume"
+ABORT = "abort"
+CHILDREN_SETTLED = "sub-agents settled"
+#: What a step message may be named for: what the step does when the sender knows it, else why it was sent.
+KINDS = (MODEL_TURN, TOOL_BATCH, RESUME, NEW_INPUT, RECOVERY, RETRY, RESUME_RUN, ABORT, CHILDREN_SETTLED)
+#: Longest agent name shown in a step's name (agent names are limited to 64 characters anyway).
+_NAME_MAX = 64
+
+
+def step_name(agent: str | None, kind: str) -> str:
+    """The name a step message goes by in Flower and the worker's log: ``"<agent>: <kind>"``."""
+    return f"{(agent or 'lousho')[:_NAME_MAX]}: {kind}"
+
+
+@dataclass
+class ModelCallRecord:
+    """One model call of a step."""
+
+    model: str
+    started_ns: int
+    ended_ns: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    #: Error code when the call raised (``LOUSHO_PROVIDER_ERROR``, an exception's class name), else None.
+    error: str | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call a step ran (or settled without running: ``outcome`` says which)."""
+
+    tool: str
+    call_id: str
+    #: ``ok`` or the tool result's error kind (``error``, ``timeout``, ``validation``, ``rejected``, ...).
+    outcome: str
+    started_ns: int
+    ended_ns: int
+
+
+@dataclass
+class StepReport:
+    """What one step did: filled in as it runs, read by the sinks once it ended."""
+
+    session_id: str
+    seq: int | None = None
+    task_id: str | None = None
+    #: The agent that ran the step (None until the run was loaded).
+    agent: str | None = None
+    kind: str = MODEL_TURN
+    #: ``worker.context.Outcome`` value, once the step returned.
+    outcome: str | None = None
+    started_ns: int = 0
+    ended_ns: int = 0
+    model_calls: list[ModelCallRecord] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    #: Tool calls the model asked for in this step's model turn.
+    calls_asked: int = 0
+    #: Approvals (and questions) this step opened.
+    approvals: int = 0
+    #: The step merged new input: a run input started.
+    input_started: bool = False
+    #: The step's save ended the run's input: ``ended_as`` says how (finished, paused, aborted, budget-exceeded).
+    ended_as: str | None = None
+    finish_reason: str | None = None
+    #: The error the step recorded (a retry or a parked run).
+    error_code: str | None = None
+    #: Seconds until the run's retry, when the step recorded a retryable failure.
+    retry_in: float | None = None
+    #: The run input's trace context (``worker.tracing``), read from the run or made by this step.
+    trace: str | None = None
+    #: Child runs this step started.
+    children: int = 0
+    #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
+    checkpoint: Any = None
+
+    @property
+    def seconds(self) -> float:
+        """How long the step took."""
+        return max(0, self.ended_ns - self.started_ns) / 1e9
+
+    def summary(self) -> str:
+        """A short line about the step with no content in it (the task's result in Flower and in logs)."""
+        outcome = self.outcome or "unknown"
+        if outcome in _DROPPED:
+            return _DROPPED[outcome]
+        if outcome == "parked":
+            return f"parked: {self.error_code or 'LOUSHO_UNKNOWN'}"
+        if outcome == "failed":
+            return f"retry in {self.retry_in or 0:.1f} s: {self.error_code or 'LOUSHO_UNKNOWN'}"
+        head = self._did()
+        if outcome == "finished":
+            return f"{head}; finished: {self.finish_reason or 'stop'}"
+        if outcome == "paused":
+            return f"{head}; paused: {self.approvals} waiting for a person"
+        if outcome in _ENDED:
+            return f"{head}; {_ENDED[outcome]}"
+        if self.ended_as is not None:
+            return f"{head}; {self.ended_as}"
+        return head
+
+    def _did(self) -> str:
+        if self.model_calls:
+            asked = self.calls_asked
+            return f"model turn: {asked} tool call{'s' if asked != 1 else ''}" if asked else "model turn: answer"
+        if self.tool_calls or self.kind in (TOOL_BATCH, RESUME):
+            done = len(self.tool_calls)
+            return f"tool batch: {done} result{'s' if done != 1 else ''}"
+        return self.kind
+
+
+#: Summaries of steps that did nothing to the run.
+_DROPPED = {
+    "busy": "busy: another worker holds the run; dropped",
+    "stale": "stale: a duplicate of a step already taken; dropped",
+    "unknown": "unknown run; dropped",
+    "fenced": "fenced out: another holder took the run over; nothing saved",
+    "idle": "idle: nothing to do",
+    "handed-back": "handed back: a worker of another release runs this step",
+}
+_ENDED = {"aborted": "aborted", "delegated": "waiting on sub-agents"}
+
+
+class Sink(Protocol):
+    """Receives what steps and sweeps did (a metrics registry, a tracer)."""
+
+    def step_done(self, report: StepReport) -> None:
+        """A step ended; ``report`` is complete."""
+
+    def count(self, event: str, amount: int, labels: dict[str, str]) -> None:
+        """Something outside a step happened ``amount`` times (``EVENTS`` lists the names)."""
+
+
+#: ``count`` events: sweeps, schedules and webhook intake.
+EVENTS = (
+    "sweep.resent",          # runs the recovery sweep sent a step
+    "schedule.fired",        # schedule ticks that started a run
+    "schedule.skipped",      # ticks skipped because the previous run still ran
+    "schedule.missed",       # ticks dropped as too late
+    "webhook.accepted",      # deliveries that started or continued a run; labels: source
+    "webhook.duplicate",     # deliveries seen before (nothing started)
+    "webhook.refused",       # deliveries refused (signature, size, agent); labels: source, reason
+)
+
+_sinks: list[Sink] = []
+_tracer: Any = None
+_current: contextvars.ContextVar[StepReport | None] = contextvars.ContextVar("lousho_step", default=None)
+
+
+def attach(sink: Sink) -> None:
+    """Send every report and count to ``sink`` from now on (once per sink)."""
+    if sink not in _sinks:
+        _sinks.append(sink)
+
+
+def detach(sink: Sink) -> None:
+    """Stop sending to ``sink``."""
+    if sink in _sinks:
+        _sinks.remove(sink)
+
+
+def use_traces(maker: Any) -> None:
+    """Set what makes a new run input's trace context (``maker()`` returns a string, or None for no trace)."""
+    global _tracer
+    _tracer = maker
+
+
+def new_trace() -> str | None:
+    """A trace context for a run input that starts now, or None when traces are off."""
+    if _tracer is None:
+        return None
+    try:
+        made: str | None = _tracer()
+    except Exception:  # a tracer must never stop a step
+        log.warning("could not start a trace for a run input", exc_info=True)
+        return None
+    return made
+
+
+def current() -> StepReport | None:
+    """The report of the step running in this context (None outside ``step``)."""
+    return _current.get()
+
+
+def note(**facts: Any) -> None:
+    """Set fields of the current step's report (no-op outside a step)."""
+    report = _current.get()
+    if report is None:
+        return
+    for name, value in facts.items():
+        setattr(report, name, value)
+
+
+def model_call(model: str, started_ns: int, *, input_tokens: int = 0, output_tokens: int = 0,
+               error: str | None = None, finish_reason: str | None = None) -> None:
+    """Record a model call that started at ``started_ns`` (``time.time_ns``) and ended now."""
+    report = _current.get()
+    if report is not None:
+        report.model_calls.append(ModelCallRecord(model, started_ns, time.time_ns(), input_tokens, output_tokens,
+                                                  error, finish_reason))
+
+
+def tool_call(tool: str, call_id: str, outcome: str, started_ns: int) -> None:
+    """Record a tool call that started at ``started_ns`` (``time.time_ns``) and ended now."""
+    report = _current.get()
+    if report is not None:
+        report.tool_calls.append(ToolCallRecord(tool, call_id, outcome, started_ns, time.time_ns()))
+
+
+def count(event: str, amount: int = 1, **labels: str) -> None:
+    """Tell the sinks ``event`` happened ``amount`` times (nothing when ``amount`` is 0)."""
+    if amount <= 0:
+        return
+    for sink in list(_sinks):
+        try:
+            sink.count(event, amount, labels)
+        except Exception:  # a sink must never stop a sweep or a webhook
+            log.warning("telemetry sink %s failed on %s", type(sink).__name__, event, exc_info=True)
+
+
+@contextlib.contextmanager
+def step(session_id: str, seq: int | None = None, task_id: str | None = None, kind: str = MODEL_TURN
+         ) -> Iterator[StepReport]:
+    """Collect the report of a step run inside the block, then hand it to the sinks (even if the block raised)."""
+    report = StepReport(session_id=session_id, seq=seq, task_id=task_id, kind=kind, started_ns=time.time_ns())
+    token = _current.set(report)
+    try:
+        yield report
+    finally:
+        _current.reset(token)
+        report.ended_ns = time.time_ns()
+        for sink in list(_sinks):
+            try:
+                sink.step_done(report)
+            except Exception:  # a sink must never fail a step that did its work
+                log.warning("telemetry sink %s failed on a step", type(sink).__name__, exc_info=True)
+
+
+def kind_of(checkpoint: Any) -> str:
+    """What the next step of a run loaded as ``checkpoint`` does (a model turn, a tool batch, a resume)."""
+    if checkpoint.status == "awaiting-approval":
+        return RESUME
+    messages = checkpoint.messages
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and last.tool_calls:
+        return TOOL_BATCH
+    if last is not None and last.role == "tool":
+        # Results recorded: a batch saved part of its calls, or all of them (then the model answers next).
+        answered = {m.tool_call_id for m in messages if m.role == "tool"}
+        for message in reversed(messages):
+            if message.role == "assistant":
+                pending = [call for call in message.tool_calls or () if call.id not in answered]
+                return TOOL_BATCH if pending else MODEL_TURN
+    return MODEL_TURN
+
+
+__all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "RECOVERY", "RESUME",
+           "RESUME_RUN", "RETRY", "TOOL_BATCH", "ModelCallRecord", "Sink", "StepReport", "ToolCallRecord", "attach",
+           "count", "current", "detach", "kind_of", "model_call", "new_trace", "note", "step", "step_name", "tool_call",
+           "use_traces"]

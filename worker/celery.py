@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
-from store import redaction
+from store import logs, redaction
 from store.settings import Settings, load_settings
 from worker import starts
 
@@ -164,5 +164,7 @@ def _quiet_beat(sender: Any = None, **_: Any) -> None:
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
 def _redact_logs(logger: Any = None, **_: Any) -> None:
-    """Mask secret-shaped text in every worker and beat log line."""
+    """Mask secret-shaped text in every worker and beat log line; JSON lines when ``LOUSHO_LOG_FORMAT=json``."""
     redaction.install(logger)
+    if settings.log_format == "json":
+        logs.use_json(logger)

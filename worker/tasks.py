@@ -212,7 +212,7 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
             log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
             return f"services unreachable ({type(exc).__name__}); the sweep sends the step again"
         report.outcome = outcome.value
-    log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
+        log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
     summary = report.summary()
     if outcome is Outcome.PARKED:
         raise StepFailed(summary)

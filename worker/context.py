@@ -121,8 +121,10 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
         FencedOutError: another holder claimed the run since we loaded it.
     """
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1})
-    if drained_inbox:
-        # A run input starts: its trace (when traces are on) joins this step to every later one of the input.
+    restarted = drained_inbox or _resumes_stopped_input()
+    if restarted:
+        # A run input starts (or a stopped one moves again): its trace, when traces are on, joins this step to
+        # every later one of the input.
         new = new.model_copy(update={"trace": telemetry.new_trace()})
     ending = status_before is not None and live_events.ends(new, status_before, drained_inbox)
     if ending and live is not None:
@@ -139,13 +141,25 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)
-    _noted(new, drained_inbox, ending, approvals)
+    _noted(new, restarted, ending, approvals)
     if live is not None:
         live.pending.clear()
         live.saved(len(drafts))
         if ending and new.end_due:
             live.end_owed = new
     return new
+
+
+def _resumes_stopped_input() -> bool:
+    """Whether this is the first save of a step that moves an input stopped by an abort or its budget again.
+
+    The stopped input's trace ended at the stop (``worker.tracing`` made its root span then), so it goes on in a
+    new trace.
+    """
+    report = telemetry.current()
+    claimed = report.checkpoint if report is not None else None  # the claimed checkpoint until the first save
+    return (claimed is not None and claimed.status == "in-progress" and not claimed.aborted
+            and claimed.finish_reason in ("aborted", "budget-exceeded"))
 
 
 def _noted(saved: Checkpoint, drained_inbox: bool, ending: bool, approvals: Sequence[Approval]) -> None:

@@ -35,7 +35,7 @@ from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
 from worker import schedules as schedule_sweep
-from worker import starts
+from worker import starts, tracing
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
 from worker.steps import Outcome, StepDeps, run_step
@@ -66,6 +66,9 @@ def _engine() -> Engine:
 
 
 def _build() -> StepDeps:
+    # Here, once per process after any fork (and in a solo or threads pool too): the span exporter's thread and
+    # connections belong to the process that exports. Does nothing unless LOUSHO_TRACING is on.
+    tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
     store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
@@ -176,6 +179,12 @@ def _warm_process(**_: Any) -> None:
             log.warning("pool process starts cold (%s); its first task builds what it needs", type(exc).__name__)
 
     threading.Thread(target=warm, name="lousho-warm", daemon=True).start()
+
+
+@signals.worker_process_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    """Export this pool process's last spans: it exits without running ``atexit`` handlers."""
+    tracing.flush()
 
 
 class StepFailed(Exception):

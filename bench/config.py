@@ -44,6 +44,8 @@ class Config:
     storage: bool = False
     rss_steps: int = 0
     events: tuple[str, ...] = ()  # ``EVENT_VARIANTS`` measured side by side; empty: the Lousho worker as it is
+    #: Celery task events (worker and sender) for every Celery worker measured, Lousho's and bare alike.
+    task_events: bool = True
 
     @property
     def agent(self) -> str:
@@ -129,6 +131,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         help="Lousho workers side by side with saves writing events (on), writing none "
                              "(off: LOUSHO_EVENTS=0), or writing them with a consumer following every run "
                              "(watched), and what events cost per step")
+    parser.add_argument("--task-events", choices=["on", "off"], default="on" if defaults.task_events else "off",
+                        help="Celery task events, sent by workers and senders, on both sides (LOUSHO_TASK_EVENTS; "
+                             "on: as deployed, where Flower lists the steps)")
     args = parser.parse_args(argv)
     for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
@@ -150,7 +155,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                   redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
                   usage=args.usage, other_tree=args.other_tree, result_bytes=args.result_bytes, peer=args.peer,
                   dbos_polling_s=args.dbos_polling, storage=args.storage, rss_steps=args.rss_steps,
-                  events=args.events)
+                  events=args.events, task_events=args.task_events == "on")
 
 
 def _lengths(text: str) -> tuple[int, ...]:

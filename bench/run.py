@@ -102,6 +102,7 @@ class Bench:
             "LOUSHO_AGENTS": "bench.agents",
             "LOUSHO_QUEUE": system.queue,
             "LOUSHO_HISTORY_LIMIT": str(self.config.history_limit),
+            "LOUSHO_TASK_EVENTS": "true" if self.config.task_events else "false",
             timing.ENV: str(self.timings(system)),
             "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         })

@@ -26,6 +26,9 @@ class Enqueuer:
             accept_content=["json"],
             task_ignore_result=True,
             result_backend=None,
+            # A task-sent event per step sent, as the workers send for theirs: Flower lists a step from when it
+            # is queued.
+            task_send_sent_event=settings.task_events,
             broker_connection_retry_on_startup=True,
             task_publish_retry=True,
             task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,

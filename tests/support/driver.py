@@ -15,6 +15,7 @@ import redis
 from sqlalchemy import text
 
 from producer.client import Client
+from store import telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import Heartbeat, LeaseManager
 from store.settings import Settings
@@ -31,6 +32,8 @@ class Driver:
     queue: list[tuple[str, int | None]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     countdowns: list[float] = field(default_factory=list)
+    #: What each step did (``store.telemetry``), in delivery order.
+    reports: list[telemetry.StepReport] = field(default_factory=list)
 
     def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
                 name: str | None = None) -> None:
@@ -38,10 +41,13 @@ class Driver:
         self.countdowns.append(countdown)
 
     def step(self, session_id: str | None = None) -> Outcome:
-        """Deliver one message: the oldest queued, or a fresh one for ``session_id``."""
+        """Deliver one message: the oldest queued, or a fresh one for ``session_id``, with its report as a task has."""
         message = self.queue.pop(0) if self.queue else (session_id or "", None)
-        outcome = run_step(self.deps, *message)
+        with telemetry.step(*message) as report:
+            outcome = run_step(self.deps, *message)
+            report.outcome = outcome.value
         self.outcomes.append(outcome)
+        self.reports.append(report)
         return outcome
 
     def drain(self, session_id: str | None = None, limit: int = 200) -> list[Outcome]:

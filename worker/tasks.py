@@ -25,7 +25,7 @@ from celery.exceptions import Retry
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, interfaces, records, telemetry
+from store import errors, interfaces, metrics, records, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -111,6 +111,23 @@ def registration_refresh_s() -> float:
 def registration_window_s() -> float:
     """How recent a registration must be to count as a live worker (several missed refreshes)."""
     return 4 * registration_refresh_s()
+
+
+@signals.worker_init.connect
+def _start_metrics(**_: Any) -> None:
+    """In the worker's parent, before the pool forks and before any agent module is imported: metrics on.
+
+    Connected before ``_register_worker`` (which imports the agent modules): prometheus-client must be set
+    to multiprocess mode before anything imports it. Off without ``LOUSHO_METRICS_PORT``; a problem is logged.
+    """
+    metrics.enable_worker(settings)
+
+
+@signals.worker_process_shutdown.connect
+def _forget_process_metrics(pid: int | None = None, **_: Any) -> None:
+    """A pool process that exits keeps its counts in the metrics; its live-only values are dropped."""
+    if pid is not None:
+        metrics.mark_dead(pid)
 
 
 @signals.worker_init.connect

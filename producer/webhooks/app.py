@@ -15,13 +15,13 @@ import redis
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from producer.webhooks import events, routes
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import WebhookConfig
 from producer.webhooks.rejections import Rejected
-from store import errors, redaction
+from store import errors, metrics, redaction, telemetry
 from store.settings import Settings, load_settings
 
 log = logging.getLogger("lousho.webhooks")
@@ -41,6 +41,14 @@ async def _on_invalid(request: Request, exc: Exception) -> JSONResponse:
     return _error(400, "LOUSHO_BAD_REQUEST", "the request is malformed")
 
 
+def _metrics(request: Request) -> Response:
+    """``GET /metrics``: this server's counts and the approvals gauges, for Prometheus (no key: its convention)."""
+    backend: Backend | None = request.app.state.backend
+    body, content_type = metrics.render(request.app.state.metrics, backend.approvals.engine if backend else None,
+                                        request.headers.get("accept"))
+    return Response(body, headers={"Content-Type": content_type})
+
+
 async def _on_storage(request: Request, exc: Exception) -> JSONResponse:
     # A delivery committed before Redis failed is still run: the recover sweep or the redelivery enqueues it.
     log.warning("webhook request failed on a service: %s", type(exc).__name__)
@@ -58,9 +66,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             app.state.config = WebhookConfig.from_settings(settings)
         if app.state.backend is None:
             app.state.backend = built = Backend.from_settings(settings)
+    sink = app.state.metrics
+    if sink is not None:
+        telemetry.attach(sink)  # for as long as the app serves: deliveries are counted in this process
     try:
         yield
     finally:
+        if sink is not None:
+            telemetry.detach(sink)
         app.state.event_threads.shutdown(wait=False, cancel_futures=True)
         if built is not None:
             built.close()
@@ -73,7 +86,7 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``:
     ``GET /runs/{session_id}``, ``GET /runs/{session_id}/events`` (Server-Sent Events),
     ``POST /runs/{session_id}/abort``, ``POST /runs/{session_id}/steer`` and ``POST /approvals/{approval_id}``;
-    ``GET /healthz``.
+    ``GET /healthz``; ``GET /metrics`` (Prometheus, unauthenticated) when prometheus-client is installed.
 
     Raises:
         ConfigurationError: ``config`` has no secret or no usable body cap.
@@ -82,6 +95,7 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
         config.check()
     app = FastAPI(title="Lousho webhooks", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
     app.state.config, app.state.backend, app.state.clock, app.state.settings = config, backend, clock, settings
+    app.state.metrics = metrics.make_sink()
     # The threads that pull run events for ``GET /runs/{id}/events``; a stream holds one while it waits.
     app.state.event_threads = ThreadPoolExecutor(max_workers=events.STREAM_THREADS, thread_name_prefix="lousho-events")
     app.add_exception_handler(Rejected, _on_rejected)
@@ -95,4 +109,6 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     app.add_api_route("/runs/{session_id}/steer", routes.steer, methods=["POST"])
     app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"])
     app.add_api_route("/healthz", routes.healthz, methods=["GET"])
+    if app.state.metrics is not None:
+        app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     return app

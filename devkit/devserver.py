@@ -220,9 +220,12 @@ def _start_children(supervisor: Supervisor, services: Services, agents: str, *, 
 def _start_flower(supervisor: Supervisor, port: int) -> str:
     """Start Flower with basic auth when it is installed; returns the banner's line about it."""
     if find_spec("flower") is None:
-        return "  flower    not installed (pip install flower)"
+        return "  flower    not installed (pip install 'lousho-worker[flower]')"
     auth = os.environ.get("FLOWER_BASIC_AUTH") or f"lousho:{secrets.token_urlsafe(12)}"
-    supervisor.spawn("flower", ["flower", "--address=127.0.0.1", f"--port={port}"], {"FLOWER_BASIC_AUTH": auth})
+    # The columns that show a step: its name (agent and kind), kwargs (run id and seq), result and exception.
+    columns = "--tasks_columns=name,uuid,state,kwargs,result,exception,received,runtime,worker"
+    supervisor.spawn("flower", ["flower", "--address=127.0.0.1", f"--port={port}", columns],
+                     {"FLOWER_BASIC_AUTH": auth})
     user, _, password = auth.partition(":")
     return (f"  flower    http://127.0.0.1:{port}  (user {user}, password "
             f"{password if 'FLOWER_BASIC_AUTH' not in os.environ else 'from FLOWER_BASIC_AUTH'})")

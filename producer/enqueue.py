@@ -37,6 +37,7 @@ class Enqueuer:
             broker_transport_options={"visibility_timeout": settings.visibility_timeout_s,
                                       "socket_connect_timeout": 5, "socket_timeout": 15},
         )
+        telemetry.name_sent_events(self._app)
 
     def advance(self, session_id: str, seq: int | None = None, agent: str | None = None, *,
                 kind: str = telemetry.NEW_INPUT) -> None:

@@ -40,6 +40,28 @@ def step_name(agent: str | None, kind: str) -> str:
     return f"{(agent or 'lousho')[:_NAME_MAX]}: {kind}"
 
 
+def name_sent_events(app: Any) -> None:
+    """Make the task-sent events of a Celery ``app`` carry a message's shadow name (``step_name``), as its others do.
+
+    Celery names task-sent after the task (``lousho.advance``) and the worker's events after the shadow name. The
+    two travel on different connections; when the task-sent comes last, Flower applies its name over the received
+    one (``celery.events.State`` merges every field of a late task-sent) and the step shows as ``lousho.advance``.
+    """
+    create = app.amqp.create_task_message
+    if getattr(create, "names_sent_events", False):
+        return
+
+    def create_named(*args: Any, **kwargs: Any) -> Any:
+        message = create(*args, **kwargs)
+        shadow = message.headers.get("shadow")
+        if shadow and message.sent_event is not None:
+            message.sent_event["name"] = shadow
+        return message
+
+    create_named.names_sent_events = True  # type: ignore[attr-defined]
+    app.amqp.create_task_message = create_named
+
+
 @dataclass
 class ModelCallRecord:
     """One model call of a step."""
@@ -284,5 +306,5 @@ def kind_of(checkpoint: Any) -> str:
 
 __all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "RECOVERY", "RESUME",
            "RESUME_RUN", "RETRY", "TOOL_BATCH", "ModelCallRecord", "Sink", "StepReport", "ToolCallRecord", "attach",
-           "count", "current", "detach", "kind_of", "model_call", "new_trace", "note", "step", "step_name", "tool_call",
-           "use_traces"]
+           "count", "current", "detach", "kind_of", "model_call", "name_sent_events", "new_trace", "note", "step",
+           "step_name", "tool_call", "use_traces"]

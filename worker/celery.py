@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
-from store import logs, redaction
+from store import logs, redaction, telemetry
 from store.settings import Settings, load_settings
 from worker import starts
 
@@ -130,6 +130,7 @@ def install(app: Celery) -> Celery:
     configure(app, settings)
     check_configuration(app)
     app.conf.include = [*(app.conf.include or ()), "worker.tasks"]
+    telemetry.name_sent_events(app)
     return app
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,25 @@ def bootstrap() -> None:
     subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"], check=True)
     STAMP.write_text(wanted)
+
+
+def browser() -> None:
+    """Install Debian's ``chromium`` for the browser tests when it is missing and this machine can (root, apt-get).
+
+    Playwright drives ``/usr/bin/chromium``; no browser is downloaded by Playwright itself. Elsewhere the
+    browser tests are skipped with the reason (and fail in CI, where ``.ci/run`` needs the browser).
+    """
+    if Path("/usr/bin/chromium").exists():
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        say("/usr/bin/chromium is missing: the browser tests will be skipped (install Debian's chromium package)")
+        return
+    say("installing Debian's chromium package for the browser tests")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "-qq", "update"], check=False, env=env)
+    if subprocess.run(["apt-get", "-qq", "install", "-y", "chromium"], check=False, env=env,
+                      stdout=subprocess.DEVNULL).returncode != 0:
+        say("could not install chromium: the browser tests will be skipped")
 
 
 def services_env() -> tuple[dict[str, str], list[str]]:
@@ -73,6 +93,7 @@ def main(argv: list[str]) -> int:
         return subprocess.run([lousho, "demo", *rest], cwd=ROOT, env=env).returncode
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
+    browser()
     checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
                "examples", "dev.py"],
               [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],

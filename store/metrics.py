@@ -24,9 +24,9 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 - ``lousho_sweep_resends_total``: steps the recovery sweep sent.
 - ``lousho_schedule_fires_total``, ``lousho_schedule_skips_total``, ``lousho_schedule_misses_total``: ticks fired,
   claimed without a run (overlap) and dropped as overdue.
-- ``lousho_webhook_deliveries_total{agent,source,result,reason}``: ``accepted`` or ``duplicate`` (by agent), or
-  ``refused`` (by ``reason``, with no agent: a refused path names whatever the sender wrote); a label the
-  intake did not give is empty.
+- ``lousho_webhook_deliveries_total{agent,source,result,reason}``: ``accepted`` or ``duplicate`` (by agent and
+  source: ``standard-webhooks`` or ``github``), or ``refused`` (by ``reason`` only: a refused path names whatever
+  the sender wrote, and a refused delivery's source is not known for sure); a label not given is empty.
 - ``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``: undecided, unexpired approvals and the
   age of the oldest, read from Postgres at scrape time (no per-process state).
 """

@@ -187,9 +187,9 @@ EVENTS = (
     "schedule.fired",        # schedule ticks that started a run
     "schedule.skipped",      # ticks skipped because the previous run still ran
     "schedule.missed",       # ticks dropped as too late
-    "webhook.accepted",      # deliveries that started or continued a run; labels: source
-    "webhook.duplicate",     # deliveries seen before (nothing started)
-    "webhook.refused",       # deliveries refused (signature, size, agent); labels: source, reason
+    "webhook.accepted",      # deliveries that started or continued a run; labels: agent, source
+    "webhook.duplicate",     # deliveries seen before (nothing started); labels: agent, source
+    "webhook.refused",       # deliveries refused (signature, size, agent); labels: reason
 )
 
 _sinks: list[Sink] = []

@@ -168,7 +168,7 @@ async def receive(agent: str, request: Request) -> JSONResponse:
         # By reason only: the agent in a refused delivery's path is whatever the sender wrote.
         telemetry.count("webhook.refused", reason=exc.code)
         raise
-    telemetry.count("webhook.duplicate" if duplicate else "webhook.accepted", agent=agent)
+    telemetry.count("webhook.duplicate" if duplicate else "webhook.accepted", agent=agent, source=delivery.source)
     url = str(request.url_for("run_status", session_id=session_id))
     return JSONResponse({"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate},
                         status_code=202)

@@ -55,7 +55,7 @@ _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :
 _STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
                f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
 _PROGRESS = text("SELECT status, inbox_cursor, last_error, aborted, events_next, document ->> 'finish_reason'"
-                 " AS finish_reason FROM runs WHERE session_id = :sid")
+                 " AS finish_reason, agent FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages, metadata FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
 # The fenced write of a step: the run's control columns and document, the messages it added (rows past the
@@ -566,7 +566,8 @@ class PostgresCheckpointStore:
         if row is None:
             return None
         return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, last_error=row.last_error,
-                                aborted=row.aborted, events_next=row.events_next, finish_reason=row.finish_reason)
+                                aborted=row.aborted, events_next=row.events_next, finish_reason=row.finish_reason,
+                                agent=row.agent)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:

@@ -367,6 +367,8 @@ class Progress(_Record):
     #: The seq the run's next durable event gets.
     events_next: int = 0
     finish_reason: str | None = None
+    #: The run's agent (the one it was sent to).
+    agent: str | None = None
 
 
 class InboxEntry(_Record):

@@ -69,6 +69,25 @@ class Settings(BaseSettings):
     github_webhook_secrets: SecretStr = SecretStr("")
     #: Bearer key of ``GET /runs/{id}`` and ``POST /approvals/{id}``; unset or empty refuses both routes.
     api_key: SecretStr | None = None
+    #: Named API keys, comma-separated ``name=key[;read][;agents=a|b]`` (``producer.webhooks.access``): read-only
+    #: keys and keys limited to some agents' runs, on the JSON routes, the event stream and the browser pages.
+    api_keys: SecretStr = SecretStr("")
+    #: The HTTP server's parts: webhook intake (``POST /webhooks/{agent}``) and the run pages (``/ui``; only with
+    #: an API key set). Either may be turned off.
+    webhooks_enabled: bool = True
+    ui_enabled: bool = True
+    #: Key that signs the pages' session cookies; unset: derived from the API keys (changing a key signs
+    #: everyone out). Set it when several servers share sessions behind one address.
+    ui_session_secret: SecretStr | None = None
+    #: Hours a page session lasts after sign-in.
+    ui_session_hours: float = 12.0
+    #: A header set by an authenticating proxy (OpenID Connect, for example ``X-Forwarded-Email``) that signs a
+    #: person in as its value, with ``ui_proxy_access`` (``read``, ``agents=a|b``, both with ``;``, or empty:
+    #: full access). Only behind a proxy that sets it on every request and drops it from clients' requests.
+    ui_proxy_user_header: str | None = None
+    ui_proxy_access: str = ""
+    #: Flower's address (``http://flower.internal:5555``): a run's steps link to their tasks there.
+    flower_url: str | None = None
     #: Largest webhook body accepted, in bytes (413 beyond).
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from producer.webhooks import signatures
+from producer.webhooks import access, signatures
 from store import errors, inputs
 from store.settings import Settings
 
@@ -110,6 +111,8 @@ class WebhookConfig:
     secrets: tuple[bytes, ...] = field(default=(), repr=False)
     github_secrets: tuple[bytes, ...] = field(default=(), repr=False)
     api_key: SecretStr | None = None
+    #: ``LOUSHO_API_KEYS``: named keys, read-only or limited to agents (``producer.webhooks.access``).
+    api_keys: SecretStr | None = field(default=None, repr=False)
     max_body_bytes: int = MAX_BODY_BYTES
     tolerance_s: int = signatures.TOLERANCE_S
     input_pointers: Mapping[str, str] = field(default_factory=dict)
@@ -133,12 +136,22 @@ class WebhookConfig:
         secrets, agent_secrets = _parse_secrets(_STANDARD_SPEC, settings.webhook_secrets)
         github, github_agents = _parse_secrets(_GITHUB_SPEC, settings.github_webhook_secrets)
         api_key = settings.api_key if settings.api_key is not None and settings.api_key.get_secret_value() else None
-        config = cls(secrets=secrets, github_secrets=github, api_key=api_key,
+        config = cls(secrets=secrets, github_secrets=github, api_key=api_key, api_keys=settings.api_keys,
                      max_body_bytes=settings.webhook_max_body_bytes,
                      input_pointers=_parse_input_pointers(settings.webhook_input), agent_secrets=agent_secrets,
                      github_agent_secrets=github_agents)
         config.check()
+        config.keys  # noqa: B018  # a malformed LOUSHO_API_KEYS is refused here, before a port is bound
         return config
+
+    @functools.cached_property
+    def keys(self) -> access.Keys:
+        """The API keys of the read and act routes and the browser pages (``LOUSHO_API_KEY`` and ``LOUSHO_API_KEYS``).
+
+        Raises:
+            ConfigurationError: a malformed ``LOUSHO_API_KEYS``.
+        """
+        return access.Keys.parse(self.api_key, self.api_keys)
 
     def standard_keys(self, agent: str) -> tuple[bytes, ...]:
         """The Standard Webhooks keys that may sign a delivery to ``agent``: the unbound ones and its own."""

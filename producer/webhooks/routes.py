@@ -6,7 +6,6 @@ a ``Rejected``, turned into an error body by the app. Blocking store calls run i
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,6 +16,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from producer.client import Client, continue_after
 from producer.webhooks import bodies, events, headers, intake
+from producer.webhooks.access import Principal
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
@@ -48,30 +48,43 @@ def _state(request: Request) -> tuple[WebhookConfig, Backend]:
     return config, backend
 
 
-def _authorize(request: Request, config: WebhookConfig) -> None:
+def _authorize(request: Request, config: WebhookConfig) -> Principal:
+    """The principal of the request's bearer key.
+
+    Raises:
+        Rejected: 401 without a key that matches one configured.
+    """
     values = request.headers.getlist("authorization")
     scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
-    expected = config.api_key.get_secret_value() if config.api_key is not None else ""
-    if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), expected.encode()):
+    found = config.keys.find(token) if scheme.lower() == "bearer" and token.strip() else None
+    if found is None:
         raise Rejected(401, "LOUSHO_API_KEY_INVALID", "a valid API key is required")
+    return found
+
+
+def _agent_of(backend: Backend, session_id: str) -> str | None:
+    """The agent of run ``session_id`` (None when the id is invalid or the run unknown)."""
+    try:
+        records.validate_session_id(session_id)
+        progress = backend.checkpoints.progress(session_id)
+    except errors.SessionIdInvalidError:
+        return None
+    return progress.agent if progress is not None else None
+
+
+def _check_access(backend: Backend, principal: Principal, session_id: str, *, act: bool = False) -> None:
+    """Refuse a run the principal does not see as unknown (404), and an act by a read-only key (403)."""
+    agent = _agent_of(backend, session_id)
+    if agent is None or not principal.sees(agent):
+        raise Rejected(404, *_NOT_FOUND)
+    if act and not principal.acts_on(agent):
+        raise Rejected(403, "LOUSHO_API_KEY_READ_ONLY", "this key may read runs, not act on them")
 
 
 def _client(backend: Backend) -> Client:
     if backend.client is None:
         raise Rejected(501, errors.ConfigurationError.code, "this server does not serve run events, abort or steer")
     return backend.client
-
-
-def _check_run(backend: Backend, session_id: str) -> None:
-    """Refuse an invalid or unknown run id with a 404."""
-    try:
-        records.validate_session_id(session_id)
-        known = backend.checkpoints.progress(session_id) is not None
-    except errors.SessionIdInvalidError:
-        known = False
-    if not known:
-        raise Rejected(404, *_NOT_FOUND)
 
 
 def _abort(client: Client, session_id: str) -> bool:
@@ -136,6 +149,15 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
     return made.approval.session_id, made.run_continues
 
 
+def _check_approval_access(backend: Backend, principal: Principal, approval_id: str) -> None:
+    """Refuse an approval of a run the principal does not see (404) or may not act on (403)."""
+    found = backend.approvals.by_ids([approval_id]).get(approval_id) if len(approval_id) <= 200 else None
+    if found is None or not principal.sees(found.agent):
+        raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval")
+    if not principal.acts_on(found.agent):
+        raise Rejected(403, "LOUSHO_API_KEY_READ_ONLY", "this key may read runs, not act on them")
+
+
 def _send_after_expiry(backend: Backend, approval_id: str) -> None:
     """Send a step for the run of an approval a late decision found expired.
 
@@ -177,7 +199,8 @@ async def receive(agent: str, request: Request) -> JSONResponse:
 async def run_status(session_id: str, request: Request) -> JSONResponse:
     """``GET /runs/{session_id}``: how a run stands and its pending approvals (API key required)."""
     config, backend = _state(request)
-    _authorize(request, config)
+    principal = _authorize(request, config)
+    await run_in_threadpool(_check_access, backend, principal, session_id)
     return JSONResponse(await run_in_threadpool(_run_view, backend, session_id))
 
 
@@ -188,10 +211,10 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
     interleaves live signals. Ends with ``event: done`` after the first ``run.done``.
     """
     config, backend = _state(request)
-    _authorize(request, config)
+    principal = _authorize(request, config)
+    await run_in_threadpool(_check_access, backend, principal, session_id)
     client = _client(backend)
     after, live = events.resume_after(request), events.wants_live(request)
-    await run_in_threadpool(_check_run, backend, session_id)
     source = client.events_async(session_id, after, live=live, executor=request.app.state.event_threads)
     return StreamingResponse(events.stream(session_id, source), media_type=events.MEDIA_TYPE,
                              headers=events.STREAM_HEADERS)
@@ -200,7 +223,8 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
 async def abort(session_id: str, request: Request) -> JSONResponse:
     """``POST /runs/{session_id}/abort``: stop a run at its next safe point (202), or 200 if it is finished."""
     config, backend = _state(request)
-    _authorize(request, config)
+    principal = _authorize(request, config)
+    await run_in_threadpool(_check_access, backend, principal, session_id, act=True)
     aborting = await run_in_threadpool(_abort, _client(backend), session_id)
     return JSONResponse({"session_id": session_id, "aborting": aborting}, status_code=202 if aborting else 200)
 
@@ -208,8 +232,9 @@ async def abort(session_id: str, request: Request) -> JSONResponse:
 async def steer(session_id: str, request: Request) -> JSONResponse:
     """``POST /runs/{session_id}/steer``: ``{"message": text}`` for the run at its next safe point (202)."""
     config, backend = _state(request)
-    _authorize(request, config)
+    principal = _authorize(request, config)
     client = _client(backend)
+    await run_in_threadpool(_check_access, backend, principal, session_id, act=True)
     headers.check_json_type(request.headers)
     try:
         body = _SteerBody.model_validate(bodies.parse_json(await bodies.read_body(request, config.max_body_bytes)))
@@ -225,7 +250,7 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
     A decision after the approval's expiry is answered 410 ``LOUSHO_APPROVAL_EXPIRED``: it counts as rejected.
     """
     config, backend = _state(request)
-    _authorize(request, config)
+    principal = _authorize(request, config)
     headers.check_json_type(request.headers)
     try:
         decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request,
@@ -233,6 +258,7 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
     except ValidationError:
         raise bad_request('the body must be {"approved": true|false, "note": optional text}, or'
                           ' {"answer": text} for a question') from None
+    await run_in_threadpool(_check_approval_access, backend, principal, approval_id)
     session_id, continues = await run_in_threadpool(_decide, backend, approval_id, decision)
     return JSONResponse({"approval_id": approval_id, "session_id": session_id,
                          "decision": "answered" if decision.answer is not None

@@ -328,7 +328,8 @@ class MemoryCheckpointStore:
             error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
             finish = json.loads(run.document).get("finish_reason") if run.document else None
             return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error,
-                                    aborted=run.aborted, events_next=run.events_next, finish_reason=finish)
+                                    aborted=run.aborted, events_next=run.events_next, finish_reason=finish,
+                                    agent=run.agent)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:

@@ -174,12 +174,13 @@ def check_progress_shows_status_cursor_and_error_without_the_transcript(make: St
     store = make(50).store
     assert store.progress("ct-progress") is None
     checkpoint = new_run(store, "ct-progress")
-    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0)
+    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, agent=AGENT)
     error = LastError(code="X", message="boom", retryable=True)
     store.record_failure("ct-progress", checkpoint.fence, error)
-    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, last_error=error)
+    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, last_error=error,
+                                                     agent=AGENT)
     save_next(store, checkpoint, status="finished", inbox_cursor=1)
-    assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1)
+    assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1, agent=AGENT)
 
 
 def check_list_filters_and_orders_by_creation(make: StoreFactory) -> None:

@@ -21,7 +21,7 @@ from producer import forks, streams
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
-from store import errors, inputs, interfaces, records, telemetry
+from store import errors, inputs, interfaces, records, redis_client, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -206,7 +206,7 @@ class Client:
 
     def _redis_client(self) -> redis.Redis:
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+            self._redis = redis_client.connect(self.settings, socket_timeout=5, socket_connect_timeout=5)
         return self._redis
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 import kombu.exceptions
 from celery import Celery
 
-from store import errors, telemetry
+from store import errors, redis_client, telemetry
 from store.settings import Settings
 
 ADVANCE = "lousho.advance"
@@ -19,6 +19,7 @@ class Enqueuer:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        transport, broker_extra = redis_client.celery_broker_options(settings)
         self._app = Celery("lousho-producer", set_as_current=False)
         self._app.conf.update(
             broker_url=settings.broker,
@@ -35,7 +36,8 @@ class Enqueuer:
                                        "interval_max": 2},
             # Must equal the workers' value or the shortest wins on a shared Redis (celery#7651).
             broker_transport_options={"visibility_timeout": settings.visibility_timeout_s,
-                                      "socket_connect_timeout": 5, "socket_timeout": 15},
+                                      "socket_connect_timeout": 5, "socket_timeout": 15, **transport},
+            **broker_extra,
         )
         telemetry.name_sent_events(self._app)
 

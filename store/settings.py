@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     database_prepared_statements: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None
+    #: With a ``sentinel://`` Redis or broker URL: the name Sentinel knows the master by (``store.redis_client``).
+    redis_sentinel_master: str | None = None
+    #: The Sentinel nodes' own password, when they have one (the URL's password is the master's).
+    redis_sentinel_password: SecretStr | None = None
     agents: str = ""
     lease_ttl_ms: int = 30_000
     lease_renew_ms: int = 10_000

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
-from store import logs, redaction, telemetry
+from store import logs, redaction, redis_client, telemetry
 from store.settings import Settings, load_settings
 from worker import starts
 
@@ -38,8 +38,13 @@ def control_queue(settings: Settings) -> str:
 
 
 def configure(app: Celery, settings: Settings) -> None:
-    """Apply the production configuration to ``app``."""
-    options = broker_options(settings)
+    """Apply the production configuration to ``app``.
+
+    Raises:
+        ConfigurationError: a Sentinel broker without its master's name, or a malformed broker URL.
+    """
+    transport, broker_extra = redis_client.celery_broker_options(settings)
+    options = {**broker_options(settings), **transport}
     app.conf.update(
         broker_url=settings.broker,
         # JSON only, sent and accepted: a pickle message in the queue is refused, never run.
@@ -94,6 +99,7 @@ def configure(app: Celery, settings: Settings) -> None:
             "lousho-schedules": {"task": "lousho.schedules", "schedule": settings.schedule_interval_s,
                                  "options": {"expires": max(settings.schedule_interval_s * 2, 2.0)}},
         },
+        **broker_extra,
     )
 
 

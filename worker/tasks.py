@@ -25,7 +25,7 @@ from celery.exceptions import Retry
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, interfaces, metrics, records, telemetry
+from store import errors, interfaces, metrics, records, redis_client, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -71,8 +71,7 @@ def _build() -> StepDeps:
     tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
     store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                                  health_check_interval=10)
+    client = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),

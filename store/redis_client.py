@@ -13,8 +13,8 @@ leases and Celery always agree on where Redis is:
 What a failover does to runs: a lease lives in the master's memory, so a failover can lose leases that were not
 replicated yet, and the new master can hand a run to a second worker while the first still works on it. Saves stay
 safe: every save is fenced in Postgres, and the fence counter is raised above Postgres's when Redis lost it, so the
-late holder's save is refused and leaves no trace. What can happen twice is the tool call in flight at that moment
-(at most one per run per failover), as after any lost lease.
+late holder's save is refused and leaves no trace. What can happen twice is what was in flight at that moment (the
+calls of the run's current tool batch without a recorded result), as after any lost lease.
 """
 
 from __future__ import annotations

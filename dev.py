@@ -41,23 +41,28 @@ def bootstrap() -> None:
     STAMP.write_text(wanted)
 
 
-def browser() -> None:
-    """Install Debian's ``chromium`` for the browser tests when it is missing and this machine can (root, apt-get).
+#: Debian packages some tests drive, by the program they install: the Flower and page tests' browser, and the
+#: connection pooler of the PgBouncer test. Playwright drives /usr/bin/chromium; it downloads no browser itself.
+SYSTEM_PACKAGES = {"/usr/bin/chromium": "chromium", "/usr/sbin/pgbouncer": "pgbouncer"}
 
-    Playwright drives ``/usr/bin/chromium``; no browser is downloaded by Playwright itself. Elsewhere the
-    browser tests are skipped with the reason (and fail in CI, where ``.ci/run`` needs the browser).
+
+def system_packages() -> None:
+    """Install the Debian packages of ``SYSTEM_PACKAGES`` that are missing, when this machine can (root, apt-get).
+
+    Elsewhere the tests that need them are skipped with the reason (and fail in CI, where ``.ci/run`` needs them).
     """
-    if Path("/usr/bin/chromium").exists():
+    missing = [package for program, package in SYSTEM_PACKAGES.items() if not Path(program).exists()]
+    if not missing:
         return
     if not shutil.which("apt-get") or os.geteuid() != 0:
-        say("/usr/bin/chromium is missing: the browser tests will be skipped (install Debian's chromium package)")
+        say(f"missing Debian packages {', '.join(missing)}: the tests that need them will be skipped")
         return
-    say("installing Debian's chromium package for the browser tests")
+    say(f"installing Debian packages for the tests: {', '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "-qq", "update"], check=False, env=env)
-    if subprocess.run(["apt-get", "-qq", "install", "-y", "chromium"], check=False, env=env,
+    if subprocess.run(["apt-get", "-qq", "install", "-y", *missing], check=False, env=env,
                       stdout=subprocess.DEVNULL).returncode != 0:
-        say("could not install chromium: the browser tests will be skipped")
+        say("could not install them: the tests that need them will be skipped")
 
 
 def services_env() -> tuple[dict[str, str], list[str]]:
@@ -93,7 +98,7 @@ def main(argv: list[str]) -> int:
         return subprocess.run([lousho, "demo", *rest], cwd=ROOT, env=env).returncode
     if command == "lousho":
         return subprocess.run([*embedded, lousho, *rest], cwd=ROOT, env=env).returncode
-    browser()
+    system_packages()
     checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
                "examples", "dev.py"],
               [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],

@@ -1,4 +1,4 @@
-"""``lousho webhooks serve``: the argument parsing of the webhook receiver; ``producer.webhooks`` serves.
+"""``lousho webhooks serve``: the argument parsing of the HTTP server; ``producer.server`` serves.
 
 FastAPI and uvicorn load only when the command runs. The server prints a log: it refuses ``--json``.
 """
@@ -17,7 +17,7 @@ def cmd_webhooks_serve(client: Client, args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: the webhook secrets are missing or malformed (checked before the port is bound).
     """
-    from producer.webhooks import cmd_serve
+    from producer.server import cmd_serve
 
     return cmd_serve(client, args)
 
@@ -26,7 +26,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Add ``lousho webhooks serve`` to the ``lousho`` parser."""
     webhooks = sub.add_parser("webhooks", help="receive signed webhooks that start runs")
     actions = webhooks.add_subparsers(dest="action", required=True)
-    serve = actions.add_parser("serve", help="serve POST /webhooks/{agent}, GET /runs/{id}, POST /approvals/{id}")
+    serve = actions.add_parser("serve", help="serve POST /webhooks/{agent}, GET /runs/{id}, POST /approvals/{id} and"
+                                              " the run pages under /ui")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -74,8 +74,11 @@ class Keys:
         return found
 
     def fingerprint(self) -> bytes:
-        """A digest of every key: sessions signed under it end when a key is added, changed or removed."""
-        joined = b"\0".join(sorted(key.secret + b"\0" + key.principal.name.encode() for key in self._keys))
+        """A digest of every key and its scope: signed sessions end when a key is added, changed or removed."""
+        joined = b"\0".join(sorted(
+            key.secret + b"\0" + key.principal.name.encode() + b"\0"
+            + repr((key.principal.read_only, sorted(key.principal.agents) if key.principal.agents is not None
+                    else None)).encode() for key in self._keys))
         return hmac.digest(b"lousho-keys", joined, "sha256")
 
     @classmethod

@@ -1,6 +1,7 @@
 """The receiver's ASGI app, built by ``create_app``: routes, error bodies, startup configuration.
 
-Nothing is created at import time; uvicorn serves it with ``--factory producer.webhooks.app:create_app``.
+Nothing is created at import time; uvicorn serves it, with the run pages, through
+``--factory producer.server:create_app``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def _metrics(request: Request) -> Response:
     return Response(body, headers={"Content-Type": content_type})
 
 
+async def _receive(agent: str, request: Request) -> JSONResponse:
+    """``POST /webhooks/{agent}`` while intake is on (a configuration built at startup may turn it off)."""
+    config: WebhookConfig | None = request.app.state.config
+    if config is not None and not config.intake:
+        raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
+    return await routes.receive(agent, request)
+
+
 async def _on_storage(request: Request, exc: Exception) -> JSONResponse:
     # A delivery committed before Redis failed is still run: the recover sweep or the redelivery enqueues it.
     log.warning("webhook request failed on a service: %s", type(exc).__name__)
@@ -86,10 +95,12 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``:
     ``GET /runs/{session_id}``, ``GET /runs/{session_id}/events`` (Server-Sent Events),
     ``POST /runs/{session_id}/abort``, ``POST /runs/{session_id}/steer`` and ``POST /approvals/{approval_id}``;
-    ``GET /healthz``; ``GET /metrics`` (Prometheus, unauthenticated) when prometheus-client is installed.
+    ``GET /healthz``; ``GET /metrics`` (Prometheus, unauthenticated) when prometheus-client is installed. Intake is
+    left out when the configuration turns it off (``LOUSHO_WEBHOOKS_ENABLED=false``); ``producer.server.create_app``
+    adds the run pages.
 
     Raises:
-        ConfigurationError: ``config`` has no secret or no usable body cap.
+        ConfigurationError: ``config`` takes webhooks without a secret, or has no usable body cap.
     """
     if config is not None:
         config.check()
@@ -102,7 +113,8 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_exception_handler(errors.StorageError, _on_storage)
     app.add_exception_handler(redis.RedisError, _on_storage)
-    app.add_api_route("/webhooks/{agent}", routes.receive, methods=["POST"], status_code=202)
+    if config is None or config.intake:
+        app.add_api_route("/webhooks/{agent}", _receive, methods=["POST"], status_code=202)
     app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status")
     app.add_api_route("/runs/{session_id}/events", routes.run_events, methods=["GET"])
     app.add_api_route("/runs/{session_id}/abort", routes.abort, methods=["POST"])

@@ -119,6 +119,8 @@ class WebhookConfig:
     input_builders: Mapping[str, Callable[[Any], inputs.Input]] = field(default_factory=dict)
     agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict, repr=False)
     github_agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict, repr=False)
+    #: Whether ``POST /webhooks/{agent}`` is served (``LOUSHO_WEBHOOKS_ENABLED``); off, no secret is needed.
+    intake: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookConfig:
@@ -131,7 +133,7 @@ class WebhookConfig:
 
         Raises:
             ConfigurationError: a malformed secret or input mapping, a body cap that is not positive, or no
-                secret at all; the message names the variable and never repeats a secret.
+                secret at all while intake is on; the message names the variable and never repeats a secret.
         """
         secrets, agent_secrets = _parse_secrets(_STANDARD_SPEC, settings.webhook_secrets)
         github, github_agents = _parse_secrets(_GITHUB_SPEC, settings.github_webhook_secrets)
@@ -139,7 +141,7 @@ class WebhookConfig:
         config = cls(secrets=secrets, github_secrets=github, api_key=api_key, api_keys=settings.api_keys,
                      max_body_bytes=settings.webhook_max_body_bytes,
                      input_pointers=_parse_input_pointers(settings.webhook_input), agent_secrets=agent_secrets,
-                     github_agent_secrets=github_agents)
+                     github_agent_secrets=github_agents, intake=settings.webhooks_enabled)
         config.check()
         config.keys  # noqa: B018  # a malformed LOUSHO_API_KEYS is refused here, before a port is bound
         return config
@@ -175,10 +177,10 @@ class WebhookConfig:
         """Refuse a configuration that could accept nothing or anything.
 
         Raises:
-            ConfigurationError: no secret, a secret bound to a name no agent can have, or a body cap
-                that is not positive.
+            ConfigurationError: no secret while intake is on, a secret bound to a name no agent can have, or a
+                body cap that is not positive.
         """
-        if not (self.secrets or self.github_secrets or any(self.agent_secrets.values())
+        if self.intake and not (self.secrets or self.github_secrets or any(self.agent_secrets.values())
                 or any(self.github_agent_secrets.values())):
             raise errors.ConfigurationError(
                 "set LOUSHO_WEBHOOK_SECRETS (whsec_... or agent=whsec_...) to receive webhooks")

@@ -1,0 +1,395 @@
+"""The run pages under ``/ui``: sign-in, the runs list, a run's page and its actions, the inbox, compare, live.
+
+Each handler checks the viewer's scope (a run of an agent they do not see is 404) and runs blocking store calls
+in the thread pool; what a page shows is built by ``producer.ui.views``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from producer.client import Client, continue_after
+from producer.trajectories import compare_trajectories
+from producer.ui import app as pages
+from producer.ui import sessions, views
+from producer.webhooks import events
+from producer.webhooks.backend import Backend
+from store import errors, inputs, records
+from store.records import Checkpoint
+
+router = APIRouter(prefix="/ui")
+#: ``Principal.sees``: whether the viewer sees an agent's runs.
+_Sees = Callable[[str | None], bool]
+
+_STATIC_TYPES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+_AGENT = re.compile(r"[A-Za-z0-9_-]{1,100}")
+#: Runs the list reads at most (newest by creation are kept when there are more).
+LIST_LIMIT = 5000
+#: Durable events a run page reads at most (for durations, usage and drift).
+EVENTS_LIMIT = 2000
+
+
+def _cookie(response: Response, request: Request, name: str, value: str, max_age: int | None) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=sessions.COOKIE_PATH, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+
+
+def _client(backend: Backend) -> Client:
+    if backend.client is None:
+        raise pages.PageError(501, "This server cannot act on runs")
+    return backend.client
+
+
+def _load(backend: Backend, principal_sees: _Sees, run_id: str) -> Checkpoint:
+    """The visible run ``run_id`` (404 otherwise)."""
+    try:
+        records.validate_session_id(run_id)
+        checkpoint = backend.checkpoints.load(run_id)
+    except errors.SessionIdInvalidError:
+        pages.not_found()
+    except errors.CheckpointCorruptError:
+        raise pages.PageError(500, "This run's stored state cannot be read") from None
+    if checkpoint is None or not principal_sees(checkpoint.agent):
+        pages.not_found()
+    return checkpoint
+
+
+# -- sign-in -------------------------------------------------------------------------------------------------
+
+
+def _login_page(request: Request, status: int, error: str | None, next_path: str) -> Response:
+    cookie, token = pages.signer_of(request).login_cookie()
+    response = pages.render("login.html", request, None, status_code=status, login_token=token, error=error,
+                            next_path=next_path)
+    _cookie(response, request, sessions.LOGIN_COOKIE, cookie, sessions.LOGIN_FORM_S)
+    return response
+
+
+@router.get("/login")
+async def login_form(request: Request) -> Response:
+    """The sign-in form (straight to the runs when already signed in)."""
+    pages.check_enabled(request)
+    next_path = pages.safe_next(request.query_params.get("next"))
+    if pages.viewer(request) is not None:
+        return pages.redirect(next_path)
+    return _login_page(request, 200, None, next_path)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Sign in with an API key: a session cookie (never the key) and off to ``next``."""
+    pages.check_enabled(request)
+    pages.check_origin(request)
+    form = await pages.read_form(request)
+    signer = pages.signer_of(request)
+    if not signer.login_token_ok(request.cookies.get(sessions.LOGIN_COOKIE), form.get("csrf_token")):
+        raise pages.PageError(403, pages.CSRF_REFUSED)
+    next_path = pages.safe_next(form.get("next"))
+    principal = pages.config_of(request).keys.find(form.get("key", "")) if form.get("key", "").strip() else None
+    if principal is None:
+        return _login_page(request, 401, "That key is not valid", next_path)
+    hours = pages.settings_of(request).ui_session_hours
+    value, _ = signer.session_cookie(principal, hours)
+    response = pages.redirect(next_path)
+    _cookie(response, request, sessions.SESSION_COOKIE, value, int(hours * 3600))
+    response.delete_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    """Sign out: the session cookie is cleared."""
+    await pages.acting(request, read_ok=True)
+    response = pages.redirect("/ui/login")
+    response.delete_cookie(sessions.SESSION_COOKIE, path=sessions.COOKIE_PATH, httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
+    return response
+
+
+@router.get("/static/{name}")
+async def static(name: str, request: Request) -> Response:
+    """The pages' script and style sheet."""
+    pages.check_enabled(request)
+    if name not in _STATIC_TYPES:
+        pages.not_found("file")
+    return FileResponse(pages.STATIC_DIR / name, media_type=_STATIC_TYPES[name],
+                        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+
+
+@router.get("")
+@router.get("/")
+async def home(request: Request) -> Response:
+    """``/ui``: the runs list."""
+    pages.signed_in(request)
+    return pages.redirect("/ui/runs")
+
+
+# -- runs ----------------------------------------------------------------------------------------------------
+
+
+def _runs(backend: Backend, agent: str | None) -> tuple[list[Checkpoint | records.PendingRun], list[str]]:
+    return backend.checkpoints.list(agent=agent, limit=LIST_LIMIT), backend.known_agents()
+
+
+@router.get("/runs")
+async def runs(request: Request) -> Response:
+    """The runs the viewer sees, newest first, filtered by agent, status and id, 50 a page."""
+    found = pages.signed_in(request)
+    params = request.query_params
+    agent = params.get("agent", "").strip()
+    status = params.get("status", "").strip()
+    query = params.get("q", "").strip()[:200]
+    page = int(params["page"]) if params.get("page", "").isdigit() and 0 < int(params["page"]) <= 100_000 else 1
+    if agent and not _AGENT.fullmatch(agent):
+        agent = ""
+    if status not in views.STATUSES:
+        status = ""
+    principal = found.principal
+    listed, known = await run_in_threadpool(_runs, pages.backend_of(request), agent or None)
+    visible = [run for run in listed if principal.sees(run.agent)] if not agent or principal.sees(agent) else []
+    rows, more = views.runs_page(visible, status=status, query=query, page=page)
+    agents = principal.visible(set(known) | {run.agent for run in listed} | ({agent} if agent else set()))
+
+    def link(number: int) -> str:
+        kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query)) if v}
+        return "/ui/runs?" + urllib.parse.urlencode({**kept, "page": number})
+
+    return pages.render("runs.html", request, found, rows=rows, agents=agents, statuses=views.STATUSES,
+                        agent=agent, status=status, query=query, page=page,
+                        next_link=link(page + 1) if more else None, prev_link=link(page - 1) if page > 1 else None)
+
+
+def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history: bool) -> dict[str, Any]:
+    checkpoint = _load(backend, principal_sees, run_id)
+    found_events: list[Any] = []
+    after = -1
+    while len(found_events) < EVENTS_LIMIT:
+        page = backend.checkpoints.read_events(run_id, after, 500)
+        found_events.extend(page)
+        if len(page) < 500:
+            break
+        after = int(page[-1].seq or 0)
+    # The run's approvals: those it waits on, and those its events say it asked for (decided ones included).
+    asked = [str(e.data.get("approval_id")) for e in found_events if e.type == "approval.requested"]
+    wanted = list(dict.fromkeys([*asked, *checkpoint.approval_ids]))
+    approvals = backend.approvals.by_ids(wanted) if wanted else {}
+    steps = sorted({entry.step for entry in backend.checkpoints.history(run_id)}) if with_history else []
+    status = views.status_of(checkpoint)
+    shown = sorted((views.approval_view(a) for a in approvals.values()), key=lambda a: (a.created or "", a.approval_id))
+    version = f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+    return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
+            "timeline": views.timeline(checkpoint, found_events), "drift": views.drift_notes(found_events),
+            "approvals": shown, "steps": steps, "version": version,
+            "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
+            "updated": views.iso(checkpoint.updated_at)}
+
+
+@router.get("/runs/{run_id}")
+async def run_page(run_id: str, request: Request) -> Response:
+    """One run: its status, timeline, approvals and actions; it follows the run while it moves."""
+    found = pages.signed_in(request)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, True)
+    acts = found.principal.acts_on(data["run"].agent)
+    return pages.render("run.html", request, found, acts=acts, next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
+                        **data)
+
+
+@router.get("/runs/{run_id}/live")
+async def run_live(run_id: str, request: Request) -> Response:
+    """The moving part of a run's page as JSON: ``status``, ``settled``, ``version`` and ``html``."""
+    found = pages.signed_in(request)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, False)
+    acts = found.principal.acts_on(data["run"].agent)
+    html = pages.render_fragment("_live.html", request, found, acts=acts,
+                                 next_path=f"/ui/runs/{urllib.parse.quote(run_id)}", **data)
+    return JSONResponse({"status": data["status"], "settled": data["settled"], "version": data["version"],
+                         "html": html}, headers=pages.PAGE_HEADERS)
+
+
+@router.get("/runs/{run_id}/events")
+async def run_events(run_id: str, request: Request) -> Response:
+    """The run's events as Server-Sent Events, for the signed-in viewer (as ``GET /runs/{id}/events``)."""
+    found = pages.signed_in(request)
+    backend = pages.backend_of(request)
+    await run_in_threadpool(_load, backend, found.principal.sees, run_id)
+    client = _client(backend)
+    source = client.events_async(run_id, events.resume_after(request), live=events.wants_live(request),
+                                 executor=request.app.state.event_threads)
+    return StreamingResponse(events.stream(run_id, source), media_type=events.MEDIA_TYPE,
+                             headers=events.STREAM_HEADERS)
+
+
+# -- actions -------------------------------------------------------------------------------------------------
+
+
+def _acting_on(backend: Backend, found: pages.Viewer, run_id: str) -> Checkpoint:
+    checkpoint = _load(backend, found.principal.sees, run_id)
+    if not found.principal.acts_on(checkpoint.agent):
+        raise pages.PageError(403, "This key may read runs, not act on them")
+    return checkpoint
+
+
+def _abort(backend: Backend, found: pages.Viewer, run_id: str) -> None:
+    _acting_on(backend, found, run_id)
+    try:
+        _client(backend).abort(run_id)
+    except errors.CheckpointNotFoundError:
+        pages.not_found()
+
+
+def _resume(backend: Backend, found: pages.Viewer, run_id: str) -> None:
+    checkpoint = _acting_on(backend, found, run_id)
+    try:
+        _client(backend).agent(checkpoint.agent).resume(run_id)
+    except errors.SessionAwaitingApprovalError:
+        raise pages.PageError(409, "The run waits on an approval: decide it first") from None
+    except errors.SessionBusyError:
+        raise pages.PageError(409, "The run is running right now") from None
+
+
+@router.post("/runs/{run_id}/abort")
+async def abort(run_id: str, request: Request) -> Response:
+    """Stop the run at its next safe point."""
+    found, _ = await pages.acting(request)
+    await run_in_threadpool(_abort, pages.backend_of(request), found, run_id)
+    return pages.redirect(f"/ui/runs/{urllib.parse.quote(run_id)}")
+
+
+@router.post("/runs/{run_id}/resume")
+async def resume(run_id: str, request: Request) -> Response:
+    """Resume a parked, aborted or budget-stopped run."""
+    found, _ = await pages.acting(request)
+    await run_in_threadpool(_resume, pages.backend_of(request), found, run_id)
+    return pages.redirect(f"/ui/runs/{urllib.parse.quote(run_id)}")
+
+
+def _fork(backend: Backend, found: pages.Viewer, run_id: str, step: int, patch: dict[str, Any] | None,
+          new_id: str | None) -> str:
+    checkpoint = _acting_on(backend, found, run_id)
+    handle = _client(backend).agent(checkpoint.agent)
+    try:
+        made = handle.fork(run_id, step, patch, new_id)
+    except errors.SessionIdInvalidError:
+        raise pages.PageError(400, "The new run id is not a valid run id") from None
+    except errors.CheckpointNotFoundError:
+        raise pages.PageError(409, "That step is not kept in the run's history") from None
+    except errors.ConfigurationError as exc:
+        raise pages.PageError(409, exc.message) from None
+    try:
+        handle.resume(made.session_id)
+    except (errors.SessionAwaitingApprovalError, errors.SessionBusyError):
+        pass  # the fork exists; its page says where it stands
+    return made.session_id
+
+
+@router.post("/runs/{run_id}/fork")
+async def fork(run_id: str, request: Request) -> Response:
+    """Fork the run from a kept step (with an optional patch), start the fork, and compare the two."""
+    found, form = await pages.acting(request)
+    step_text = form.get("step", "").strip()
+    if not step_text.isdigit() or len(step_text) > 9:
+        raise pages.PageError(400, "Pick a step to fork from")
+    patch: dict[str, Any] | None = None
+    if form.get("patch", "").strip():
+        try:
+            parsed = json.loads(form["patch"])
+        except ValueError:
+            raise pages.PageError(400, "The patch must be a JSON object") from None
+        if not isinstance(parsed, dict):
+            raise pages.PageError(400, "The patch must be a JSON object")
+        patch = parsed
+    new_id = form.get("new_id", "").strip() or None
+    made = await run_in_threadpool(_fork, pages.backend_of(request), found, run_id, int(step_text), patch, new_id)
+    return pages.redirect("/ui/compare?" + urllib.parse.urlencode({"a": run_id, "b": made}))
+
+
+def _decide(backend: Backend, found: pages.Viewer, approval_id: str, decision: str, note: str | None,
+            answer: str | None) -> str:
+    approval = backend.approvals.by_ids([approval_id]).get(approval_id) if len(approval_id) <= 200 else None
+    if approval is None or not found.principal.sees(approval.agent):
+        pages.not_found("approval")
+    if not found.principal.acts_on(approval.agent):
+        raise pages.PageError(403, "This key may read runs, not act on them")
+    approved = {"approve": True, "reject": False, "decline": False, "answer": None}[decision]
+    try:
+        made = backend.approvals.resolve(approval_id, approved, note, answer if decision == "answer" else None)
+    except errors.ApprovalExpiredError:
+        backend.publish(approval.session_id, approval.agent)
+        raise pages.PageError(410, "The approval expired undecided; it was recorded as rejected") from None
+    except errors.ApprovalNotFoundError:
+        raise pages.PageError(409, "This approval was already decided") from None
+    except errors.ApprovalOrphanedError:
+        raise pages.PageError(409, "The approval's run no longer waits on it") from None
+    except errors.ConfigurationError as exc:
+        raise pages.PageError(400, exc.message) from None
+    continue_after(made, backend.publish)
+    return approval.session_id
+
+
+@router.post("/approvals/{approval_id}")
+async def approval(approval_id: str, request: Request) -> Response:
+    """Approve or reject a gated call (with a note), or answer or decline a question; back to ``next``."""
+    found, form = await pages.acting(request)
+    decision = form.get("decision", "")
+    if decision not in ("approve", "reject", "answer", "decline"):
+        raise pages.PageError(400, "Choose approve, reject, answer or decline")
+    note = form.get("note", "").strip()[:inputs.MAX_NOTE_CHARS] or None
+    answer = form.get("answer", "").strip()[:inputs.MAX_NOTE_CHARS]
+    if decision == "answer" and not answer:
+        raise pages.PageError(400, "Write an answer first")
+    run_id = await run_in_threadpool(_decide, pages.backend_of(request), found, approval_id, decision, note,
+                                     answer or None)
+    return pages.redirect(pages.safe_next(form.get("next"), f"/ui/runs/{urllib.parse.quote(run_id)}"))
+
+
+# -- inbox and compare ---------------------------------------------------------------------------------------
+
+
+@router.get("/approvals")
+async def inbox(request: Request) -> Response:
+    """Every pending approval the viewer sees, oldest first, each decidable in place."""
+    found = pages.signed_in(request)
+    pending = await run_in_threadpool(pages.backend_of(request).approvals.pending, None)
+    shown = [views.approval_view(a) for a in pending if found.principal.sees(a.agent)]
+    acting_on = {a.approval_id: found.principal.acts_on(a.agent) for a in shown}
+    return pages.render("approvals.html", request, found, approvals=shown, acting_on=acting_on)
+
+
+def _compare(backend: Backend, principal_sees: _Sees, a: str, b: str | None) -> dict[str, Any]:
+    first = _load(backend, principal_sees, a)
+    if not b:
+        return {"a": a, "b": "", "side_a": None, "side_b": None, "diverged_at": None}
+    second = _load(backend, principal_sees, b)
+    comparison = compare_trajectories(first, second)
+    side_a, side_b = views.compare_sides(comparison)
+    return {"a": a, "b": b, "side_a": side_a, "side_b": side_b, "diverged_at": comparison.diverged_at,
+            "status_a": views.status_of(first), "status_b": views.status_of(second)}
+
+
+@router.get("/compare")
+async def compare(request: Request) -> Response:
+    """Two runs side by side, step by step, with where they diverge."""
+    found = pages.signed_in(request)
+    a, b = request.query_params.get("a", "").strip(), request.query_params.get("b", "").strip()
+    if not a:
+        return pages.render("compare.html", request, found, a="", b="", side_a=None, side_b=None, diverged_at=None)
+    data = await run_in_threadpool(_compare, pages.backend_of(request), found.principal.sees, a, b or None)
+    return pages.render("compare.html", request, found, **data)
+
+
+def mount(app: FastAPI) -> None:
+    """Add the run pages under ``/ui`` to ``app`` (each answers 404 while the pages are off or no key is set)."""
+    app.include_router(router)
+    pages.add_handlers(app)
+
+
+__all__ = ["mount", "router"]

@@ -1,0 +1,391 @@
+"""The run pages under /ui on the HTTP server: sign-in, sessions and CSRF, scopes, the pages, their actions, live."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from producer.client import Client
+from producer.server import create_app
+from producer.webhooks import Backend, WebhookConfig
+from store import errors
+from store.approvals import PostgresApprovalStore
+from store.checkpoints import PostgresCheckpointStore
+from store.database import make_engine
+from store.deliveries import PostgresDeliveryStore
+from store.leases import Heartbeat, LeaseManager
+from store.records import Message
+from store.settings import Settings
+from tests.webhooks.conftest import DESK, HOOKS, SECRET, Driver, key, truncate_producer_tables
+from worker import Agent, tool
+from worker.providers import MockModel
+from worker.steps import StepDeps
+
+pytestmark = pytest.mark.integration
+
+FULL = "full-access-key-0123456789abcdef"
+READER = "reader-key-0123456789abcdef"
+DESK_ONLY = "desk-only-key-0123456789abcdef"
+KEYS = f"ops={FULL},reader={READER};read,deskop={DESK_ONLY};agents=desk"
+_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+@tool
+def shade(n: int) -> str:
+    """Pick a shade."""
+    return "navy"
+
+
+def _choose(messages: list[Message]) -> Any:
+    turn = sum(1 for m in messages if m.role == "assistant")
+    if turn < 2:
+        return {"tool_calls": [{"name": "shade", "args": {"n": turn + 1}}]}
+    return f"chose {messages[-1].content}"
+
+
+def _book(messages: list[Message]) -> Any:
+    if not any(m.role == "assistant" for m in messages):
+        return {"tool_calls": [{"name": "ask_question", "args": {"question": "Which city?"}}]}
+    return f"booked {messages[-1].content}"
+
+
+CHOOSER = Agent(name="chooser", model=MockModel(_choose), instructions="Choose.", tools=[shade])
+ASKER = Agent(name="asker", model=MockModel(_book), instructions="Book.", ask_question=True)
+SCRIPTY = Agent(name="scripty", model=MockModel(["<script>alert(1)</script> done"]), instructions="Say it.")
+BROKEN = Agent(name="broken", model=MockModel([{"error": "boom", "retryable": False}]), instructions="Fail.")
+AGENTS = {a.name: a for a in (HOOKS, DESK, CHOOSER, ASKER, SCRIPTY, BROKEN)}
+
+
+def _not_yet(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
+             name: str | None = None) -> None:
+    """The driver's place before it exists (replaced by ``Driver.enqueue`` at once)."""
+
+
+@dataclass
+class Site:
+    """The server with the run pages, the driver that runs what it enqueues, and a client to start runs."""
+
+    http: TestClient
+    driver: Driver
+    client: Client
+    store: PostgresCheckpointStore
+
+    def start(self, agent: str, run_id: str, text: str = "go", drain: bool = True) -> None:
+        self.client.agent(agent).send(text, run_id)
+        if drain:
+            self.driver.drain()
+
+
+def _build(settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch,
+           config: WebhookConfig, **ui: Any) -> Iterator[Site]:
+    truncate_producer_tables()
+    heartbeat = Heartbeat(leases, settings.lease_renew_ms)
+    driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents=AGENTS, enqueue=_not_yet))
+    driver.deps.enqueue = driver.enqueue
+    store.register_agents({a.name: a.fingerprint() for a in AGENTS.values()})
+    engine = make_engine(settings, pool_size=8)
+    client = Client(settings, engine=engine)
+    monkeypatch.setattr(client, "nudge", lambda session_id, agent=None, kind="": driver.enqueue(session_id,
+                                                                                                 agent=agent))
+    backend = Backend(deliveries=PostgresDeliveryStore(engine), checkpoints=client.store,
+                      approvals=PostgresApprovalStore(engine), enqueue=driver.enqueue, lease_holder=leases.holder,
+                      known_agents=client.known_agents, client=client)
+    app = create_app(config, backend, settings=settings.model_copy(update=ui))
+    with TestClient(app) as http:
+        yield Site(http, driver, client, store)
+    heartbeat.stop()
+    client.close()
+    engine.dispose()
+
+
+@pytest.fixture
+def site(settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+    config = WebhookConfig(secrets=(key(SECRET),), api_keys=SecretStr(KEYS))
+    yield from _build(settings, store, leases, monkeypatch, config, flower_url="http://flower.test:5555")
+
+
+def _token(html: str) -> str:
+    found = _TOKEN.search(html)
+    assert found, "no csrf_token in the page"
+    return found.group(1)
+
+
+def _sign_in(site: Site, secret: str = FULL) -> str:
+    """Sign in; the CSRF token of the session's forms."""
+    form = site.http.get("/ui/login")
+    answer = site.http.post("/ui/login", data={"key": secret, "csrf_token": _token(form.text)},
+                            follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+    return _token(site.http.get("/ui/runs").text)
+
+
+def _post(site: Site, path: str, token: str | None, **fields: str) -> Any:
+    data = dict(fields, **({"csrf_token": token} if token is not None else {}))
+    return site.http.post(path, data=data, follow_redirects=False)
+
+
+def test_the_pages_are_absent_without_a_key_or_when_turned_off(
+        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    no_keys = WebhookConfig(secrets=(key(SECRET),))
+    for site in _build(settings, store, leases, monkeypatch, no_keys):
+        for path in ("/ui/login", "/ui/runs", "/ui/static/ui.js", "/ui/approvals"):
+            assert site.http.get(path, follow_redirects=False).status_code == 404, path
+        assert site.http.post("/ui/login", data={"key": "x"}).status_code == 404
+    with_keys = WebhookConfig(secrets=(key(SECRET),), api_keys=SecretStr(KEYS))
+    for site in _build(settings, store, leases, monkeypatch, with_keys, ui_enabled=False):
+        assert site.http.get("/ui/login").status_code == 404
+    for site in _build(settings, store, leases, monkeypatch, with_keys):
+        assert site.http.get("/ui/login").status_code == 200
+
+
+def test_sign_in_with_a_good_key_sets_a_strict_http_only_session_and_a_bad_key_is_refused(site: Site) -> None:
+    page = site.http.get("/ui/runs", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/ui/login?next=%2Fui%2Fruns"
+    form = site.http.get("/ui/login?next=/ui/approvals")
+    assert 'id="login"' in form.text and 'type="password"' in form.text
+    assert "default-src 'self'" in form.headers["content-security-policy"]
+    bad = site.http.post("/ui/login", data={"key": "wrong-key-0123456789abcdef", "csrf_token": _token(form.text)})
+    assert bad.status_code == 401 and "That key is not valid" in bad.text
+    assert "lousho_session" not in site.http.cookies
+    form = site.http.get("/ui/login")
+    good = site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text), "next": "/ui/approvals"},
+                          follow_redirects=False)
+    assert good.status_code == 303 and good.headers["location"] == "/ui/approvals"
+    cookie = next(c for c in good.headers.get_list("set-cookie") if c.startswith("lousho_session="))
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert FULL not in cookie
+    runs = site.http.get("/ui/runs")
+    assert '<span id="who">ops</span>' in runs.text and 'id="logout"' in runs.text
+    # A next path outside the pages is ignored; a forged cookie signs nobody in
+    site.http.cookies.clear()
+    form = site.http.get("/ui/login")
+    away = site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text),
+                                             "next": "https://evil.example/"}, follow_redirects=False)
+    assert away.headers["location"] == "/ui/runs"
+    site.http.cookies.clear()
+    site.http.cookies.set("lousho_session", "e30.forged", path="/ui")
+    assert site.http.get("/ui/runs", follow_redirects=False).status_code == 303
+
+
+def test_posts_need_a_session_the_csrf_token_and_this_origin(site: Site) -> None:
+    site.start("hooks", "csrf-1", drain=False)
+    assert _post(site, "/ui/runs/csrf-1/abort", "anything").status_code == 401
+    form = site.http.get("/ui/login")
+    assert _post(site, "/ui/login", None, key=FULL).status_code == 403  # the sign-in form's token too
+    assert site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text)},
+                          headers={"origin": "http://evil.example"}, follow_redirects=False).status_code == 403
+    token = _sign_in(site)
+    missing = _post(site, "/ui/runs/csrf-1/abort", None)
+    assert missing.status_code == 403 and "CSRF token missing or invalid" in missing.text
+    assert _post(site, "/ui/runs/csrf-1/abort", token[::-1]).status_code == 403
+    foreign = site.http.post("/ui/runs/csrf-1/abort", data={"csrf_token": token},
+                             headers={"origin": "http://evil.example"}, follow_redirects=False)
+    assert foreign.status_code == 403
+    assert not site.store.load("csrf-1").aborted  # type: ignore[union-attr]  # the run exists
+    same = site.http.post("/ui/runs/csrf-1/abort", data={"csrf_token": token},
+                          headers={"origin": "http://testserver"}, follow_redirects=False)
+    assert same.status_code == 303
+    out = _post(site, "/ui/logout", token)
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert site.http.get("/ui/runs", follow_redirects=False).status_code == 303
+
+
+def test_a_read_only_key_sees_no_forms_and_may_not_act(site: Site) -> None:
+    site.start("desk", "ro-1", "refund 5")
+    token = _sign_in(site, READER)
+    page = site.http.get("/ui/runs/ro-1")
+    assert page.status_code == 200 and 'data-status="awaiting-approval"' in page.text
+    for form in ('class="decide"', 'id="abort"', 'id="resume"', 'id="fork"'):
+        assert form not in page.text, form
+    assert _post(site, "/ui/runs/ro-1/abort", token).status_code == 403
+    approval_id = site.client.approvals.list()[0].approval_id
+    assert _post(site, f"/ui/approvals/{approval_id}", token, decision="approve").status_code == 403
+    assert site.client.approvals.list()[0].status == "pending"
+
+
+def test_an_agent_scoped_key_sees_only_its_agents_runs(site: Site) -> None:
+    site.start("desk", "scope-desk", "refund 5")
+    site.start("hooks", "scope-hooks")
+    _sign_in(site, DESK_ONLY)
+    listed = site.http.get("/ui/runs").text
+    assert 'data-run-id="scope-desk"' in listed and 'data-run-id="scope-hooks"' not in listed
+    assert '<option value="hooks"' not in listed
+    assert site.http.get("/ui/runs?agent=hooks").text.count('class="run"') == 0
+    for path in ("/ui/runs/scope-hooks", "/ui/runs/scope-hooks/live", "/ui/compare?a=scope-desk&b=scope-hooks"):
+        assert site.http.get(path).status_code == 404, path
+    inbox = site.http.get("/ui/approvals").text
+    assert 'href="/ui/runs/scope-desk"' in inbox
+
+
+def test_a_runs_text_is_escaped(site: Site) -> None:
+    site.start("scripty", "xss-1", "<img src=x onerror=alert(2)>")
+    _sign_in(site)
+    page = site.http.get("/ui/runs/xss-1").text
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
+    assert re.search(r"<script(?! src=\"/ui/static/ui.js\" defer>)", page) is None  # no inline script at all
+
+
+def test_the_run_page_shows_steps_tool_calls_results_and_usage(site: Site) -> None:
+    site.start("hooks", "steps-1", "handle it")
+    _sign_in(site)
+    page = site.http.get("/ui/runs/steps-1")
+    text = page.text
+    assert '<h1>Run <span class="run-id">steps-1</span></h1>' in text
+    assert 'id="run-status" data-status="finished"' in text and 'id="finish-reason">stop<' in text
+    assert '<span id="run-agent">hooks</span>' in text
+    assert '<li class="input"><span class="label">Input</span><div class="input-text">handle it</div>' in text
+    assert 'data-step="1"' in text and 'data-step="2"' in text
+    call = re.search(r'<div class="tool-call" data-call-id="([^"]+)">(.*?)</div>\s*</li>', text, re.S)
+    assert call, "no tool call on the page"
+    assert '<span class="tool-name">note</span>' in call.group(2)
+    assert '"text": "hi"' in call.group(2).replace("&#34;", '"')
+    assert "noted hi" in call.group(2) and 'class="tool-duration"' in call.group(2)
+    assert 'class="usage"' in text
+    assert '<div class="model-text">Done.</div>' in text
+    assert 'class="flower" href="http://flower.test:5555/tasks?search=steps-1"' in text
+    assert 'id="abort"' not in text and 'id="resume"' not in text  # finished: nothing to stop or resume
+    assert 'id="fork"' in text and 'id="compare-link" href="/ui/compare?a=steps-1"' in text
+
+
+def test_approving_and_rejecting_with_a_note_through_the_form(site: Site) -> None:
+    site.start("desk", "appr-1", "refund 5")
+    site.start("desk", "appr-2", "refund 5")
+    token = _sign_in(site)
+    page = site.http.get("/ui/runs/appr-1").text
+    pending = {a.session_id: a.approval_id for a in site.client.approvals.list()}
+    assert f'data-approval-id="{pending["appr-1"]}"' in page and 'value="approve"' in page and 'name="note"' in page
+    done = _post(site, f"/ui/approvals/{pending['appr-1']}", token, decision="approve", note="fine",
+                 next="/ui/runs/appr-1")
+    assert done.status_code == 303 and done.headers["location"] == "/ui/runs/appr-1"
+    site.driver.drain()
+    assert site.store.load("appr-1").status == "finished"  # type: ignore[union-attr]  # the run exists
+    page = site.http.get("/ui/runs/appr-1").text
+    assert "refunded 5" in page and 'class="decide"' not in page and "Note: fine" in page
+    rejected = _post(site, f"/ui/approvals/{pending['appr-2']}", token, decision="reject", note="too <much>",
+                     next="/ui/approvals")
+    assert rejected.status_code == 303 and rejected.headers["location"] == "/ui/approvals"
+    site.driver.drain()
+    page = site.http.get("/ui/runs/appr-2").text
+    assert "too &lt;much&gt;" in page and 'class="tool-result error"' in page
+    again = _post(site, f"/ui/approvals/{pending['appr-2']}", token, decision="approve")
+    assert again.status_code == 409
+    assert _post(site, "/ui/approvals/no-such", token, decision="approve").status_code == 404
+
+
+def test_answering_a_question_from_the_inbox(site: Site) -> None:
+    site.start("asker", "ask-1", "book a trip")
+    token = _sign_in(site)
+    inbox = site.http.get("/ui/approvals").text
+    approval_id = site.client.approvals.list()[0].approval_id
+    assert f'data-approval-id="{approval_id}"' in inbox and '<p class="question">Which city?</p>' in inbox
+    assert 'name="answer"' in inbox and 'value="decline"' in inbox and '<span class="agent">asker</span>' in inbox
+    assert _post(site, f"/ui/approvals/{approval_id}", token, decision="answer", answer="").status_code == 400
+    done = _post(site, f"/ui/approvals/{approval_id}", token, decision="answer", answer="Oslo", next="/ui/approvals")
+    assert done.status_code == 303
+    site.driver.drain()
+    assert 'class="empty"' in site.http.get("/ui/approvals").text
+    page = site.http.get("/ui/runs/ask-1").text
+    assert "booked" in page and "Oslo" in page and 'data-status="finished"' in page
+
+
+def test_abort_and_resume_from_the_page(site: Site) -> None:
+    site.start("hooks", "stop-1", drain=False)
+    token = _sign_in(site)
+    page = site.http.get("/ui/runs/stop-1").text
+    assert 'data-status="in-progress"' in page and 'id="abort"' in page and 'id="resume"' not in page
+    assert _post(site, "/ui/runs/stop-1/abort", token).headers["location"] == "/ui/runs/stop-1"
+    site.driver.drain()
+    page = site.http.get("/ui/runs/stop-1").text
+    assert 'data-status="aborted"' in page and 'id="resume"' in page and 'id="abort"' not in page
+    assert _post(site, "/ui/runs/stop-1/resume", token).status_code == 303
+    site.driver.drain()
+    assert 'data-status="finished"' in site.http.get("/ui/runs/stop-1").text
+    site.start("broken", "park-1")
+    page = site.http.get("/ui/runs/park-1").text
+    assert 'data-status="parked"' in page and 'id="resume"' in page and 'id="last-error"' in page
+    assert _post(site, "/ui/runs/park-1/resume", token).status_code == 303
+    assert site.driver.queue, "the resume sent a step"
+
+
+def test_fork_from_a_step_with_a_patch_and_compare(site: Site) -> None:
+    site.start("chooser", "pick-1", "pick a shade")
+    token = _sign_in(site)
+    page = site.http.get("/ui/runs/pick-1").text
+    assert all(f'<option value="{n}"' in page for n in (1, 2, 3))
+    call_id = site.store.load("pick-1").messages[-2].tool_call_id  # type: ignore[union-attr]  # the run exists
+    patch = json.dumps({"tool_result": {"tool_call_id": call_id, "result": "teal"}})
+    made = _post(site, "/ui/runs/pick-1/fork", token, step="2", patch=patch, new_id="pick-1-teal")
+    assert made.status_code == 303 and made.headers["location"] == "/ui/compare?a=pick-1&b=pick-1-teal"
+    site.driver.drain()
+    assert site.store.load("pick-1-teal").messages[-1].content == "chose teal"  # type: ignore[union-attr]
+    compare = site.http.get(made.headers["location"]).text
+    assert '<p id="divergence">diverge at step 1</p>' in compare
+    for side in ("side-a", "side-b"):
+        column = compare.split(f'id="{side}"')[1].split("</section>")[0]
+        assert column.count("data-index=") == 3
+        assert re.search(r'class="step diverged" data-index="1"', column)
+        assert 'class="step diverged" data-index="0"' not in column
+    assert "no divergence" in site.http.get("/ui/compare?a=pick-1&b=pick-1").text
+    assert _post(site, "/ui/runs/pick-1/fork", token, step="2", patch="[1]").status_code == 400
+    assert _post(site, "/ui/runs/pick-1/fork", token, step="99").status_code == 409
+    taken = _post(site, "/ui/runs/pick-1/fork", token, step="2", new_id="pick-1-teal")
+    assert taken.status_code == 409
+
+
+def test_the_live_endpoint_follows_the_run(site: Site) -> None:
+    site.start("hooks", "live-1", drain=False)
+    _sign_in(site)
+    before = site.http.get("/ui/runs/live-1/live")
+    assert before.status_code == 200
+    body = before.json()
+    assert body["status"] == "in-progress" and body["settled"] is False
+    assert 'data-live-url="/ui/runs/live-1/live"' in site.http.get("/ui/runs/live-1").text
+    site.driver.drain()
+    after = site.http.get("/ui/runs/live-1/live").json()
+    assert after["status"] == "finished" and after["settled"] is True and after["version"] != body["version"]
+    assert 'data-status="finished"' in after["html"] and "noted hi" in after["html"]
+    site.http.cookies.clear()
+    assert site.http.get("/ui/runs/live-1/live", follow_redirects=False).status_code == 303
+
+
+def test_the_runs_list_pages_filters_and_searches(site: Site) -> None:
+    for n in range(53):
+        site.client.store.append_input(f"many-{n:02d}", "hooks", [Message(role="user", content="x")])
+    site.start("desk", "wait-1", "refund 5")
+    _sign_in(site)
+    first = site.http.get("/ui/runs").text
+    assert first.count('class="run"') == 50 and 'rel="next"' in first and 'rel="prev"' not in first
+    assert first.index('data-run-id="wait-1"') < first.index('data-run-id="many-52"')  # newest first
+    second = site.http.get("/ui/runs?page=2").text
+    assert second.count('class="run"') == 4 and 'rel="prev"' in second and 'rel="next"' not in second
+    waiting = site.http.get("/ui/runs?status=awaiting-approval").text
+    assert waiting.count('class="run"') == 1 and '<td class="status"><span class="status-awaiting-approval">' in waiting
+    assert site.http.get("/ui/runs?agent=desk").text.count('class="run"') == 1
+    assert site.http.get("/ui/runs?q=ny-5").text.count('class="run"') == 3
+    assert 'class="empty"' in site.http.get("/ui/runs?q=nothing-like-it").text
+    assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ">', first)
+
+
+def test_webhooks_can_be_turned_off_and_need_no_secret_then(
+        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(errors.ConfigurationError):
+        WebhookConfig.from_settings(settings.model_copy(update={"webhook_secrets": SecretStr("")}))
+    config = WebhookConfig.from_settings(settings.model_copy(update={
+        "webhook_secrets": SecretStr(""), "webhooks_enabled": False, "api_keys": SecretStr(KEYS)}))
+    assert config.intake is False
+    for site in _build(settings, store, leases, monkeypatch, config):
+        assert site.http.post("/webhooks/hooks", content=b"{}",
+                              headers={"content-type": "application/json"}).status_code == 404
+        assert site.http.get("/ui/login").status_code == 200
+        assert site.http.get("/healthz").status_code == 200

@@ -79,7 +79,8 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     seed = int(os.environ.get("LOUSHO_CHAOS_SEED") or random.randrange(1 << 30))
     rng = random.Random(seed)
     print(f"\nchaos seed: {seed}")
-    cluster = make_cluster()
+    cluster = make_cluster(extra_env={checker.EFFECTS_ENV: "1"})
+    checker.prepare_effects(cluster.database_url)  # the tools apply their effect to an idempotent sink (I12)
     for worker in [cluster.start_worker(name, concurrency=CONCURRENCY, wait=False) for name in WORKERS]:
         cluster.wait_ready(worker)
     cluster.start_beat()
@@ -118,8 +119,12 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     unfinished_at_end = sum(1 for s in run_ids if found[s]["status"] != "finished")
 
     drained = cluster.wait_finished(run_ids, timeout=60)
-    report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults)
+    report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults,
+                           effects=True)
     checker.print_report(report, "chaos")
+    print(f"effects: {report['applied_effects']} applied, {report['raw_effects']} raw (the sink kept"
+          f" {report['raw_effects'] - report['applied_effects']} repeats out), orphan effects"
+          f" {report['orphan_effects']}")
     recovery = report["recovery"]
     again = recovery["hit_again"]
     budget = _recovery_budget(cluster)

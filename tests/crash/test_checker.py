@@ -193,3 +193,27 @@ def test_the_recovery_report_lists_runs_hit_again_apart() -> None:
     again = recovery["hit_again"]
     assert again["count"] == 1 and again["max_since_first_s"] == 5.9
     assert [(r["run"], r["faults"], r["recovery_s"], r["since_first_s"]) for r in again["runs"]] == [("r", 2, 3.1, 5.9)]
+
+
+def _effects(rows: list[tuple[str, str]]) -> None:
+    checker.prepare_effects(services.test_database_url())
+    with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+        for call, run in rows:
+            conn.execute(f"INSERT INTO {checker.EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s)", (call, run))
+
+
+@pytest.mark.parametrize("rows", [
+    [("a", "nc-fx")],                             # b's result is recorded but its effect never applied
+    [("a", "nc-fx"), ("b", "nc-fx"), ("z", "nc-fx")],  # z: an effect of a call no transcript asked for
+], ids=["lost-effect", "orphan-effect"])
+def test_the_applied_effects_check_reports_lost_and_orphan_effects(tmp_path: Path, rows: list[tuple[str, str]]
+                                                                   ) -> None:
+    log = tmp_path / "events.jsonl"
+    fixture = _Fixture("nc-fx").clean()
+    fixture.tool_run("z", 1, "x9")  # an execution of z is logged, so only the transcript can tell it is an orphan
+    fixture.write(log)
+    _effects(rows)
+    report = checker.check(services.test_database_url(), log, effects=True)
+    assert report["checks"]["I12"] == "fail", report["violations"]
+    _effects([("a", "nc-fx"), ("b", "nc-fx")])
+    assert checker.check(services.test_database_url(), log, effects=True)["checks"]["I12"] == "pass"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.records import Message
-from tests.support.checker import APPROVED_TOOL, LOG_ENV, response_tag, transcript_digest
+from tests.support.checker import APPROVED_TOOL, EFFECTS_ENV, EFFECTS_TABLE, LOG_ENV, response_tag, transcript_digest
 from worker import Agent, Tool, ToolContext, tool
 from worker.machine import transcript_problems
 from worker.providers import MockModel, ModelResponse, ToolSpec
@@ -181,8 +181,26 @@ def _sleep_logged(ms: int, ctx: ToolContext, approved: bool) -> str:
               "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": approved}
     log_event({**record, "phase": "start", "ms": ms})
     time.sleep(ms / 1000)
+    if os.environ.get(EFFECTS_ENV):
+        _apply_effect(ctx.tool_call_id, ctx.session_id)
+        log_event({**record, "phase": "effect"})
     log_event({**record, "phase": "end"})
     return json.dumps({"exec": execution, "pid": os.getpid(), "slept_ms": ms})
+
+
+_effects: dict[int, Any] = {}  # pid -> connection, so a forked pool process opens its own
+
+
+def _apply_effect(call_id: str, run_id: str) -> None:
+    """The call's effect, applied at most once per call id (the idempotent sink of RELIABILITY check 6)."""
+    import psycopg
+
+    conn = _effects.get(os.getpid())
+    if conn is None:
+        _effects.clear()
+        conn = _effects[os.getpid()] = psycopg.connect(os.environ["LOUSHO_DATABASE_URL"], autocommit=True)
+    conn.execute(f"INSERT INTO {EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                 (call_id, run_id))
 
 
 @tool

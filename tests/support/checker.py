@@ -28,7 +28,11 @@ _RESPONSE = re.compile(r"\[resp:([0-9a-f]+)\]")
 #: Saves this soon after a kill may still be the victim's own; recovery counts from the next one.
 VICTIM_GRACE_S = 0.1
 #: Invariants checked here; each passes or fails as a whole.
-CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10")
+CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10", "I12")
+#: The idempotent sink the test tools write when ``EFFECTS_ENV`` is set (RELIABILITY section 4, check 6): one row
+#: per tool call id, however often the call ran.
+EFFECTS_TABLE = "test_effects"
+EFFECTS_ENV = "LOUSHO_TEST_EFFECTS"
 #: The test agents' tool that needs a human approval (RELIABILITY I5).
 APPROVED_TOOL = "approved_work"
 #: The tool of a lead whose calls run as child runs: its results come from the child, not from an execution.
@@ -255,6 +259,9 @@ class _Checker:
         self.tools = [e for e in events if e.get("kind") == "tool"]
         self.models = [e for e in events if e.get("kind") == "model"]
         self.per_run: dict[str, dict[str, Any]] = {}
+        #: The idempotent sink's rows (tool call id -> run id), when the test asked for check 6.
+        self.effects: dict[str, str] | None = None
+        self.effect_counts: dict[str, int] = {}
 
     def fail(self, check: str, message: str) -> None:
         self.violations[check].append(message)
@@ -271,7 +278,35 @@ class _Checker:
             self.check_transcript(run)
         self.check_tools()
         self.check_models()
+        if self.effects is not None:
+            self.check_effects(self.effects)
         return self.report()
+
+    def check_effects(self, applied: dict[str, str]) -> None:
+        """I12: each recorded result's effect applied once; no effect without an execution or outside a transcript.
+
+        A kill can fall between an effect and the log line that reports it, so effects are matched to executions
+        that started and to results that were recorded, never to the effect log lines one for one.
+        """
+        started = {str(e["tool_call_id"]) for e in self.tools if e.get("phase") == "start"}
+        asked: set[str] = set()
+        recorded: dict[str, str] = {}
+        for run in self.runs.values():
+            for message in run.messages:
+                if message.get("role") == "assistant":
+                    asked.update(str(call.get("id")) for call in message.get("tool_calls") or ())
+                elif message.get("role") == "tool" and "exec" in (_result_body(message) or {}):
+                    recorded[str(message.get("tool_call_id"))] = run.session_id  # an execution's own result
+        for call_id in sorted(set(recorded) - set(applied)):
+            self.fail("I12", f"{recorded[call_id]}: result of {call_id} recorded but its effect never applied")
+        for call_id in sorted(set(applied) - started):
+            self.fail("I12", f"{applied[call_id]}: effect of {call_id} applied with no execution logged")
+        orphans = sorted(set(applied) - asked)
+        for call_id in orphans:
+            self.fail("I12", f"{applied[call_id]}: orphan effect {call_id} (its call is in no transcript)")
+        self.effect_counts = {"applied_effects": len(applied),
+                              "raw_effects": sum(1 for e in self.tools if e.get("phase") == "effect"),
+                              "orphan_effects": len(orphans)}
 
     def check_history(self, run: _Run) -> None:
         seqs = [save.seq for save in run.history]
@@ -457,7 +492,9 @@ class _Checker:
             "finished": sum(1 for sid in self.expected if sid in self.runs and self.runs[sid].status == "finished"),
             "model_calls": sum(1 for e in self.models if e["phase"] == "start"),
             **totals,
-            "checks": {check: "fail" if self.violations.get(check) else "pass" for check in CHECKS},
+            **self.effect_counts,
+            "checks": {check: "fail" if self.violations.get(check) else "pass" for check in CHECKS
+                       if check != "I12" or self.effects is not None},
             "violations": violations,
             "per_run": self.per_run,
             "recovery": self.recovery(),
@@ -486,14 +523,36 @@ def _turn_seqs(run: _Run) -> dict[int, int]:
     return recorded
 
 
+def prepare_effects(database_url: str) -> None:
+    """Create (or empty) the idempotent effects sink of check 6 (I12)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} (idem_key text PRIMARY KEY, run_id text NOT NULL,"
+                     " applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(f"TRUNCATE {EFFECTS_TABLE}")
+
+
+def _load_effects(database_url: str) -> dict[str, str] | None:
+    with psycopg.connect(database_url) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (EFFECTS_TABLE,)).fetchone() == (None,):
+            return None
+        return {str(key): str(run) for key, run in conn.execute(f"SELECT idem_key, run_id FROM {EFFECTS_TABLE}")}
+
+
 def check(database_url: str, log_path: Path, *, expected: Iterable[str] | None = None,
-          faults: Sequence[Fault] = ()) -> dict[str, Any]:
+          faults: Sequence[Fault] = (), effects: bool = False) -> dict[str, Any]:
     """Check every run in the database against I1-I4, I7 and I10 and measure recovery after ``faults``.
 
-    ``expected`` names the runs that must exist and have finished (default: every stored run).
+    ``expected`` names the runs that must exist and have finished (default: every stored run). With ``effects``
+    the tools wrote the idempotent sink (``prepare_effects`` and ``EFFECTS_ENV``), and I12 is checked too.
     """
     runs = _load_runs(database_url)
-    return _Checker(runs, read_log(log_path), set(expected) if expected is not None else None, faults).run()
+    checker = _Checker(runs, read_log(log_path), set(expected) if expected is not None else None, faults)
+    if effects:
+        applied = _load_effects(database_url)
+        if applied is None:
+            raise AssertionError(f"no {EFFECTS_TABLE} table: call prepare_effects before the workers start")
+        checker.effects = applied
+    return checker.run()
 
 
 def print_report(report: Mapping[str, Any], title: str = "") -> None:

@@ -198,7 +198,7 @@ class CompareStep:
 
 
 def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], list[CompareStep]]:
-    """Both sides of ``comparison``, the steps from the divergence on marked."""
+    """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 0; pages show it + 1)."""
     def side(steps: list[TrajectoryStep]) -> list[CompareStep]:
         at = comparison.diverged_at
         return [CompareStep(index, step.text or "", [

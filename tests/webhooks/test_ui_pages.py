@@ -329,7 +329,7 @@ def test_fork_from_a_step_with_a_patch_and_compare(site: Site) -> None:
     site.driver.drain()
     assert site.store.load("pick-1-teal").messages[-1].content == "chose teal"  # type: ignore[union-attr]
     compare = site.http.get(made.headers["location"]).text
-    assert '<p id="divergence">diverge at step 1</p>' in compare
+    assert '<p id="divergence">diverge at step 2</p>' in compare  # compare_trajectories' index 1, shown from 1
     for side in ("side-a", "side-b"):
         column = compare.split(f'id="{side}"')[1].split("</section>")[0]
         assert column.count("data-index=") == 3

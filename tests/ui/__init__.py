@@ -1,0 +1,1 @@
+"""Browser tests of the run pages (headless Chromium driven by Playwright)."""

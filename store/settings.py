@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     #: Folder of the prefork processes' metric files (prometheus-client's multiprocess mode); made and emptied
     #: by the worker's parent at start. Unset: a folder under the system's temporary folder, per worker.
     metrics_dir: str | None = None
+    #: File the worker's parent touches every few seconds while its consumer consumes (``worker.probes``); the
+    #: liveness probe ``python -m worker.probes check`` fails once it grows old. Unset: no file.
+    heartbeat_file: str | None = None
     #: OpenTelemetry traces of runs (one trace per run input across its steps); needs the ``otel`` extra and
     #: the usual ``OTEL_*`` exporter settings.
     tracing: bool = False

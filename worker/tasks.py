@@ -17,11 +17,13 @@ import random
 import socket
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import redis
 from celery import shared_task, signals
 from celery.exceptions import Retry
+from celery.worker import state as worker_state
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
@@ -34,8 +36,8 @@ from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
+from worker import probes, starts, tracing
 from worker import schedules as schedule_sweep
-from worker import starts, tracing
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
 from worker.steps import Outcome, StepDeps, run_step
@@ -178,6 +180,20 @@ def _forget_worker(**_: Any) -> None:
         registry.forget(_state["worker_id"])
     except errors.StorageError:
         log.warning("could not drop this worker's agent registration; it expires by itself")
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """In the worker's parent, once it consumes: touch ``LOUSHO_HEARTBEAT_FILE`` while it keeps consuming.
+
+    The ticks run on the consumer's event loop (``worker.probes.watch``); a received task message counts as
+    consuming. Off without the setting.
+    """
+    if not settings.heartbeat_file or sender is None:
+        return
+    heartbeat = probes.Heartbeat(Path(settings.heartbeat_file))
+    signals.task_received.connect(lambda **_: heartbeat.received(), weak=False)
+    probes.watch(sender, heartbeat, lambda: len(worker_state.reserved_requests))
 
 
 @signals.worker_process_init.connect

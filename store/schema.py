@@ -85,6 +85,8 @@ runs = Table(
           postgresql_where=text(MOVABLE)),
     Index("runs_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
     Index("runs_waiting_idx", "updated_at", postgresql_where=text("waiting")),
+    #: Finished runs of their own by last save: what the retention sweep reads (``store.retention``).
+    Index("runs_retention_idx", "updated_at", postgresql_where=text("status = 'finished' AND parent_id IS NULL")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.
@@ -215,6 +217,7 @@ deliveries = Table(
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("agent", "delivery_id"),
     Index("deliveries_session_idx", "session_id"),
+    Index("deliveries_received_idx", "received_at"),
 )
 
 #: Bodies of accepted GitHub deliveries per agent: GitHub signs only the body, so a replay under a
@@ -227,6 +230,7 @@ delivery_bodies = Table(
     Column("delivery_id", Text, nullable=False),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("agent", "body_sha256"),
+    Index("delivery_bodies_received_idx", "received_at"),
 )
 
 #: Schedules: cron (in ``timezone``) or every ``every_s`` seconds; ``next_fire_at`` is the next unhandled tick.
@@ -266,4 +270,5 @@ schedule_fires = Table(
     Column("outcome", Text, nullable=False),
     Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("schedule_id", "fire_at"),
+    Index("schedule_fires_claimed_idx", "claimed_at"),
 )

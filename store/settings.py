@@ -68,6 +68,15 @@ class Settings(BaseSettings):
     schedule_interval_s: float = 5.0
     #: How late a tick may still fire as itself (at least 3 periods are used); older ticks follow catch_up.
     schedule_grace_s: float = 60.0
+    #: Days a finished run is kept after its last save, with its history, events, input and approvals; the beat's
+    #: retention sweep prunes older ones (``store.retention``). Unset: runs are kept forever.
+    retention_days: float | None = None
+    #: Days webhook delivery ids, GitHub body hashes and claimed schedule ticks are kept (a delivery id always as
+    #: long as its run), at least ``retention_days``. Unset: 4 x ``retention_days``, at least 30. Without
+    #: ``retention_days`` they are kept forever.
+    retention_keys_days: float | None = None
+    #: Period of the beat's retention sweep (each pass does a bounded amount of work).
+    retention_interval_s: float = 300.0
     # The webhook receiver's fields; ``producer.webhooks.config.WebhookConfig.from_settings`` interprets them.
     #: Standard Webhooks secrets (``whsec_...``), comma-separated: two of them during a rotation; an item
     #: ``agent=whsec_...`` verifies only that agent's deliveries.
@@ -128,7 +137,15 @@ class Settings(BaseSettings):
             raise ValueError("must be a TCP port (0 picks a free one)")
         return value
 
-    @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s")
+    @field_validator("retention_days", "retention_keys_days")
+    @classmethod
+    def _positive_days(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError("must be > 0 (unset keeps everything)")
+        return value
+
+    @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",
+                     "retention_interval_s")
     @classmethod
     def _positive(cls, value: float) -> float:
         if not value > 0:
@@ -143,6 +160,11 @@ class Settings(BaseSettings):
             raise errors.ConfigurationError("the soft step time limit must be below the hard one")
         if self.visibility_timeout_s < 2 * self.step_time_limit_s:
             raise errors.ConfigurationError("LOUSHO_VISIBILITY_TIMEOUT_S must be at least twice the step time limit")
+        if (self.retention_days is not None and self.retention_keys_days is not None
+                and self.retention_keys_days < self.retention_days):
+            raise errors.ConfigurationError("LOUSHO_RETENTION_KEYS_DAYS must be at least LOUSHO_RETENTION_DAYS: a"
+                                            " pruned run's delivery id must still stop a redelivery",
+                                            variable="LOUSHO_RETENTION_KEYS_DAYS")
         return self
 
     @property

@@ -33,7 +33,7 @@ def broker_options(settings: Settings) -> dict[str, Any]:
 
 
 def control_queue(settings: Settings) -> str:
-    """The queue of the recover and schedule sweeps."""
+    """The queue of the recover, schedule and retention sweeps."""
     return f"{settings.queue}-control"
 
 
@@ -84,6 +84,7 @@ def configure(app: Celery, settings: Settings) -> None:
         task_queues=[Queue(settings.queue), Queue(control_queue(settings)), Queue(starts.start_queue(settings.queue))],
         task_routes={"lousho.recover": {"queue": control_queue(settings)},
                      "lousho.schedules": {"queue": control_queue(settings)},
+                     "lousho.prune": {"queue": control_queue(settings)},
                      starts.START_TASK: {"queue": starts.start_queue(settings.queue)}},
         # Task events, from workers and senders: Flower lists every step, including the ones that waited in a
         # queue or ran before it started (it turns worker events on by itself only while it runs).
@@ -92,15 +93,25 @@ def configure(app: Celery, settings: Settings) -> None:
         worker_hijack_root_logger=False,
         # On or off as a whole: Flower needs it, and with it anyone on the broker can stop workers.
         worker_enable_remote_control=settings.remote_control,
-        beat_schedule={
-            "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
-                               "options": {"expires": max(settings.recover_interval_s * 2, 2.0)}},
-            # Only claims ticks in Postgres: a second beat (always there during a deploy) fires nothing twice.
-            "lousho-schedules": {"task": "lousho.schedules", "schedule": settings.schedule_interval_s,
-                                 "options": {"expires": max(settings.schedule_interval_s * 2, 2.0)}},
-        },
+        beat_schedule=beat_schedule(settings),
         **broker_extra,
     )
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The sweeps beat sends: recovery, schedules, and retention once ``LOUSHO_RETENTION_DAYS`` is set."""
+    entries: dict[str, dict[str, Any]] = {
+        "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
+                           "options": {"expires": max(settings.recover_interval_s * 2, 2.0)}},
+        # Only claims ticks in Postgres: a second beat (always there during a deploy) fires nothing twice.
+        "lousho-schedules": {"task": "lousho.schedules", "schedule": settings.schedule_interval_s,
+                             "options": {"expires": max(settings.schedule_interval_s * 2, 2.0)}},
+    }
+    if settings.retention_days is not None:
+        # Bounded passes (store.retention.sweep); the passes of two beats share the work.
+        entries["lousho-prune"] = {"task": "lousho.prune", "schedule": settings.retention_interval_s,
+                                   "options": {"expires": max(settings.retention_interval_s, 2.0)}}
+    return entries
 
 
 def check_configuration(app: Celery) -> None:

@@ -1,4 +1,4 @@
-"""Celery tasks: ``lousho.advance`` (one step of one run) and ``lousho.recover`` (the sweep).
+"""Celery tasks: ``lousho.advance`` (one step of one run), ``lousho.recover`` (the sweep), ``lousho.prune`` (retention).
 
 Messages carry ids only (``session_id`` and ``seq``, as keyword arguments so Flower's search finds a run's
 steps), under a name that says what the step is (``"support: tool batch"``, Celery's ``shadow`` name). A step
@@ -27,7 +27,7 @@ from celery.worker import state as worker_state
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, interfaces, metrics, records, redis_client, telemetry
+from store import errors, interfaces, metrics, records, redis_client, retention, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -388,4 +388,26 @@ def fire_schedules() -> None:
                  " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
-__all__ = ["Outcome", "StepFailed", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "recover"]
+@shared_task(name="lousho.prune", ignore_result=True, send_events=False)
+def prune() -> int:
+    """One pass of the retention sweep: finished runs past ``LOUSHO_RETENTION_DAYS``, then keys past their age.
+
+    Bounded (``store.retention.sweep``): a backlog of millions is worked off over many passes, so beat never
+    waits on one. Does nothing while ``LOUSHO_RETENTION_DAYS`` is unset.
+
+    Returns:
+        How many runs were pruned (sub-agent runs included).
+    """
+    policy = retention.Retention.from_days(settings.retention_days, settings.retention_keys_days)
+    if policy.runs is None:
+        return 0
+    done = retention.sweep(_engine(), policy)
+    if done.runs or done.deliveries or done.bodies or done.ticks:
+        log.info("prune: %d run(s) with %d history entries, %d events and %d approvals; %d delivery id(s),"
+                 " %d body hash(es), %d tick(s)%s", done.runs, done.history, done.events, done.approvals,
+                 done.deliveries, done.bodies, done.ticks, "; more are due" if done.more else "")
+    return done.runs
+
+
+__all__ = ["Outcome", "StepFailed", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "prune",
+           "recover"]

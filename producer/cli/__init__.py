@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from importlib import metadata
 
-from producer.cli import approvals, dev, output, runs, storage, watch, webhooks
+from producer.cli import approvals, dev, output, prune, runs, storage, watch, webhooks
 from producer.cli import schedules as schedule_commands
 from producer.client import Client
 from store import errors
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_commands.add_cli(sub)
     webhooks.add_command(sub)
     storage.add_command(sub)
+    prune.add_command(sub)
     dev.add_commands(sub)
     return parser
 

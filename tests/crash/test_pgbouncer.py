@@ -2,7 +2,7 @@
 
 PgBouncer hands each transaction whatever server connection is free, so nothing may rely on a session: no
 prepared statement kept across transactions (``LOUSHO_DATABASE_PREPARED_STATEMENTS=false``), no session
-setting, no advisory lock held between statements. Runs with tool batches and a worker killed mid-run must
+setting, no advisory lock held between statements. Runs with tool batches, an approval and beat's sweeps must
 finish with the checker clean while the pooler's own counters show the statements went through it.
 """
 
@@ -97,25 +97,25 @@ def _transactions(pooler_url: str) -> int:
     return sum(int(row["total_xact_count"]) for row in rows if row["database"] == services.TEST_DATABASE)
 
 
-def test_runs_finish_through_pgbouncer_in_transaction_mode_with_a_worker_killed_mid_run(
+def test_runs_with_batches_an_approval_and_the_sweeps_finish_through_pgbouncer_in_transaction_mode(
         make_cluster: Callable[..., Cluster], pgbouncer: str) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_DATABASE_URL": pgbouncer,
                                       "LOUSHO_DATABASE_PREPARED_STATEMENTS": "false"})
     before = _transactions(pgbouncer)
-    first = cluster.start_worker("w1", concurrency=2)
+    cluster.start_worker("w1", concurrency=2)
+    cluster.start_beat()
     runs = [f"pgb-{uuid.uuid4().hex[:8]}" for _ in range(6)]
     started = time.monotonic()
     for run_id in runs:
-        cluster.send("chaos", run_id, run_input(run_id, turns=4, calls="3,2", sleep="20-60", model=20))
-    wait_until(lambda: bool(cluster.lease_holders()), 10, "a step holding a lease")
-    cluster.kill_group(first)
-    cluster.start_worker("w2", concurrency=2)
+        cluster.send("chaos", run_id, run_input(run_id, turns=4, calls="3,2", sleep="20-60", model=20,
+                                                  **({"gate": "1.0"} if run_id == runs[0] else {})))
+    wait_until(lambda: cluster.approve_pending("chaos") > 0, 20, "the gated call to wait for approval")
     cluster.wait_finished(runs, timeout=90)
     took = time.monotonic() - started
     through = _transactions(pgbouncer) - before
     report = checker.check(cluster.database_url, cluster.log_path, expected=runs, faults=cluster.faults)
     checker.print_report(report, "through PgBouncer (transaction mode)")
-    print(f"pgbouncer: {len(runs)} runs finished in {took:.1f} s with one worker group killed; "
+    print(f"pgbouncer: {len(runs)} runs (one paused for an approval) finished in {took:.1f} s with beat's sweeps; "
           f"{through} transactions through a pool of {POOL_SIZE} server connections")
     checker.assert_clean(report)
     assert through > 6 * len(runs)  # every step's claim and save went through the pooler

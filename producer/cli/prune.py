@@ -11,6 +11,7 @@ import argparse
 from datetime import timedelta
 
 from producer.cli.output import accept_json, print_json
+from producer.cli.storage import batch_size
 from producer.client import Client
 from store import errors, retention
 
@@ -70,17 +71,6 @@ def _age(value: str) -> timedelta:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
-def _batch(value: str) -> int:
-    """A ``--batch`` size: a whole number of at least 1 (anything else is a usage error)."""
-    try:
-        size = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {size}")
-    return size
-
-
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho prune`` to the ``lousho`` parser."""
     prune = accept_json(sub.add_parser(
@@ -92,6 +82,6 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                             " LOUSHO_RETENTION_KEYS_DAYS, else 4 x --older-than and at least 30d; never less than"
                             " --older-than)")
     prune.add_argument("--dry-run", action="store_true", help="count what is due, delete nothing")
-    prune.add_argument("--batch", type=_batch, default=retention.BATCH,
+    prune.add_argument("--batch", type=batch_size, default=retention.BATCH,
                        help=f"runs (and keys of each kind) per batch, one transaction each (default {retention.BATCH})")
     prune.set_defaults(fn=cmd_prune)

@@ -53,7 +53,7 @@ def cmd_storage_upgrade(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch(value: str) -> int:
+def batch_size(value: str) -> int:
     """A ``--batch`` size: a whole number of at least 1 (anything else is a usage error)."""
     try:
         size = int(value)
@@ -70,7 +70,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     actions = storage.add_subparsers(dest="action", required=True)
     upgrade = accept_json(actions.add_parser(
         "upgrade", help="convert runs still stored in the previous checkpoint format (once no old worker is left)"))
-    upgrade.add_argument("--batch", type=_batch, default=200, help="runs read per page (default 200)")
+    upgrade.add_argument("--batch", type=batch_size, default=200, help="runs read per page (default 200)")
     upgrade.add_argument("--force", action="store_true",
                          help="convert even while live workers that do not read the current format are registered")
     upgrade.set_defaults(fn=cmd_storage_upgrade)

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import reports
 from tests.support.cluster import Cluster
-
-_FAILED = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-    return report
 
 
 @pytest.fixture
@@ -33,7 +23,7 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cal
 
     yield make
     for cluster in made:
-        if request.node.stash.get(_FAILED, False):
+        if reports.failed(request):
             cluster.dump_logs()
             cluster.save_state()
             print(f"logs, events and table copies kept in {cluster.workdir}")

@@ -9,31 +9,20 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devkit.errors import EmbeddedError
 from store.database import migrate
-from tests.support import services
+from tests.support import reports, services
 from tests.support.private_postgres import PrivatePostgres
 from tests.support.soak import CONFIG, PrivateRedis, SoakCluster, SoakConfig
-
-_FAILED = pytest.StashKey[bool]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "soak: many runs under worker, Redis and Postgres kills, on private servers")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-    return report
 
 
 def _missing_server() -> str | None:
@@ -98,7 +87,7 @@ def soak_cluster(tmp_path: Path, private_postgres: PrivatePostgres, private_redi
     try:
         yield cluster
     finally:
-        if request.node.stash.get(_FAILED, False):
+        if reports.failed(request):
             cluster.dump_logs()
             print(f"--- postgres.log ---\n{private_postgres.log_tail(20)}\n--- redis.log ---\n"
                   f"{private_redis.log_tail(20)}\nlogs and events kept in {cluster.workdir}")

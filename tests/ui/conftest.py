@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -24,23 +24,13 @@ from typing import Any
 
 import pytest
 
-from tests.support import services
+from tests.support import reports, services
 from tests.support.cluster import ROOT, Cluster
 from tests.support.flower_ui import CHROMIUM, free_port
 
 UI_AGENTS = "tests.support.ui_agents"
 #: How long a page action or expectation waits before the test fails (ms): every flow is seconds long.
 PAGE_TIMEOUT_MS = 15_000
-_FAILED = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-    return report
 
 
 @dataclass
@@ -158,7 +148,7 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest, ui_server: UiServer)
         made.start_worker("w1", concurrency=2)
         yield made
     finally:
-        if request.node.stash.get(_FAILED, False):
+        if reports.failed(request):
             made.dump_logs()
             print(f"--- server log ---\n{ui_server.tail()}")
             print(f"logs kept in {made.workdir}")

@@ -21,10 +21,6 @@ from tests.support.private_postgres import PrivatePostgres
 from tests.support.soak import CONFIG, PrivateRedis, SoakCluster, SoakConfig
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "soak: many runs under worker, Redis and Postgres kills, on private servers")
-
-
 def _missing_server() -> str | None:
     from devkit.embedded.postgres_server import postgres_bin_dir
     from devkit.embedded.redis_server import redis_server_binary

@@ -8,6 +8,7 @@ a bug in the step machine must not be able to hide itself from the check.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -445,9 +446,7 @@ class _Checker:
                     self.fail("I3", f"{sid}: turn {k} carries response {tag!r}, which no logged model call gave")
             figures["wasted_model_calls"] = sum(1 for r in responses if r not in turns)
             recorded_at = _turn_seqs(run)
-            digests: dict[str, int] = {}
-            for save in run.history:
-                digests[transcript_digest(save.messages)] = save.seq
+            digests = _base_digests(run)
             for event in events:
                 if event["phase"] != "start":
                     continue
@@ -499,6 +498,23 @@ class _Checker:
             "per_run": self.per_run,
             "recovery": self.recovery(),
         }
+
+
+def _base_digests(run: _Run) -> dict[str, int]:
+    """Digest of each transcript a model call can start from -> the seq of the checkpoint it comes from.
+
+    A checkpoint's own transcript; and, when new input (a follow-up) was queued after it, the transcript plus
+    that input, which the answering turn sees and which is saved only together with the answer.
+    """
+    digests: dict[str, int] = {}
+    for save in run.history:
+        digests[transcript_digest(save.messages)] = save.seq
+        size = len(save.messages)
+        if run.messages[:size] == save.messages:
+            queued = list(itertools.takewhile(lambda m: m.get("role") == "user", run.messages[size:]))
+            if queued:
+                digests[transcript_digest([*save.messages, *queued])] = save.seq
+    return digests
 
 
 def _turn_keys(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any]]:

@@ -362,7 +362,8 @@ def _mib(kib: float) -> float:
 
 
 def memory_summary(readings: Sequence[MemoryReading]) -> dict[str, Any]:
-    """Pool and main processes' ``VmRSS`` at the first and the last reading, and the longest-lived pool process's.
+    """Pool and main processes' ``VmRSS`` at the first and the last reading, at about ten readings in between
+    (``trend``), and the longest-lived pool process's.
 
     Kills replace processes all along: the pool figures are over whatever processes were alive at each
     reading; the longest-lived one shows the growth of one process over the most work.
@@ -385,7 +386,10 @@ def memory_summary(readings: Sequence[MemoryReading]) -> dict[str, Any]:
         (start, start_kib), (end, end_kib) = longest[0], longest[-1]
         lived = {"seconds": round(end.ts - start.ts), "finished_from": start.finished, "finished_to": end.finished,
                  "mib_from": _mib(start_kib), "mib_to": _mib(end_kib)}
-    return {"readings": len(readings), "start": side(first), "end": side(last), "longest_lived_pool": lived}
+    step = max(1, (len(readings) - 1) // 8)
+    trend = [{"minute": round((r.ts - first.ts) / 60, 1), **side(r)} for r in [*readings[:-1:step], last]]
+    return {"readings": len(readings), "start": side(first), "end": side(last), "longest_lived_pool": lived,
+            "trend": trend}
 
 
 def sweep_cost(passes: Sequence[SweepPass], timeline: Sequence[tuple[float, int]], runs: int,
@@ -417,52 +421,3 @@ def sweep_cost(passes: Sequence[SweepPass], timeline: Sequence[tuple[float, int]
                      "us_per_finished_run": round(idle_p50 * 1000 / mean_finished, 1)
                      if idle_p50 and mean_finished else None})
     return rows
-
-
-#: The checker's I3 message for a model call whose transcript it cannot find in any checkpoint.
-_UNKNOWN_BASE = re.compile(r"^I3: (\S+): model call for turn (\d+) from a transcript no checkpoint holds$")
-
-
-def unexplained_violations(database_url: str, log_path: Path, violations: Sequence[str]) -> tuple[list[str], int]:
-    """The checker's violations, less its I3 'no checkpoint holds' findings for model calls that answered new input.
-
-    Such a call (a follow-up's answer) sees a checkpoint's transcript plus the user messages queued
-    after it, which are saved only with the answer: no checkpoint holds that transcript, and the
-    checker (RELIABILITY check 4) finds no base for the call. Here its base is the checkpoint the input
-    follows, and the finding is dropped when that checkpoint did not already hold the call's turn.
-
-    Returns:
-        The violations kept, and how many were dropped.
-    """
-    flagged: set[tuple[str, int]] = set()
-    for violation in violations:
-        match = _UNKNOWN_BASE.match(violation)
-        if match is not None:
-            flagged.add((match.group(1), int(match.group(2))))
-    runs = checker._load_runs(database_url) if flagged else {}
-    based: set[tuple[str, int]] = set()
-    for event in checker.read_log(log_path) if flagged else []:
-        key = (event.get("run_id"), event.get("turn_index"))
-        if event.get("kind") == "model" and event.get("phase") == "start" and key in flagged:
-            if _answers_input(runs[event["run_id"]], event):
-                based.add((event["run_id"], event["turn_index"]))
-    kept = [v for v in violations if not ((m := _UNKNOWN_BASE.match(v)) and (m.group(1), int(m.group(2))) in based)]
-    return kept, len(violations) - len(kept)
-
-
-def _answers_input(run: Any, event: dict[str, Any]) -> bool:
-    """Whether the model call ``event`` saw a checkpoint of ``run`` without its turn, plus the input queued after it."""
-    for save in run.history:
-        size = len(save.messages)
-        if run.messages[:size] != save.messages:
-            continue
-        queued = []
-        for message in run.messages[size:]:
-            if message.get("role") != "user":
-                break
-            queued.append(message)
-        turns = sum(1 for m in save.messages if m.get("role") == "assistant")
-        if (queued and turns == event["turn_index"]
-                and checker.transcript_digest([*save.messages, *queued]) == event["digest"]):
-            return True
-    return False

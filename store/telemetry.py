@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from store.records import Checkpoint
+
 log = logging.getLogger("lousho.telemetry")
 
 #: What a step is, as its name in Flower and its ``kind`` label say.
@@ -122,7 +124,7 @@ class StepReport:
     #: Child runs this step started.
     children: int = 0
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
-    checkpoint: Any = None
+    checkpoint: Checkpoint | None = None
 
     @property
     def seconds(self) -> float:
@@ -286,22 +288,11 @@ def step(session_id: str, seq: int | None = None, task_id: str | None = None, ki
                 log.warning("telemetry sink %s failed on a step", type(sink).__name__, exc_info=True)
 
 
-def kind_of(checkpoint: Any) -> str:
+def kind_of(checkpoint: Checkpoint) -> str:
     """What the next step of a run loaded as ``checkpoint`` does (a model turn, a tool batch, a resume)."""
     if checkpoint.status == "awaiting-approval":
         return RESUME
-    messages = checkpoint.messages
-    last = messages[-1] if messages else None
-    if last is not None and last.role == "assistant" and last.tool_calls:
-        return TOOL_BATCH
-    if last is not None and last.role == "tool":
-        # Results recorded: a batch saved part of its calls, or all of them (then the model answers next).
-        answered = {m.tool_call_id for m in messages if m.role == "tool"}
-        for message in reversed(messages):
-            if message.role == "assistant":
-                pending = [call for call in message.tool_calls or () if call.id not in answered]
-                return TOOL_BATCH if pending else MODEL_TURN
-    return MODEL_TURN
+    return TOOL_BATCH if checkpoint.pending_tool_calls else MODEL_TURN
 
 
 __all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "RECOVERY", "RESUME",

@@ -40,11 +40,10 @@ import pytest
 
 from producer.client import Client
 from store import errors
-from store.database import migrate
 from tests.support import checker, services
 from tests.support.agents import run_input
 from tests.support.cluster import Cluster, RecoveryBudget, wait_until
-from tests.support.private_postgres import PrivatePostgres
+from tests.support.private_postgres import PrivatePostgres, migrated
 
 pytestmark = pytest.mark.crash
 
@@ -106,15 +105,8 @@ class PrivateCluster(Cluster):
 @pytest.fixture
 def postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
     """A private Postgres server with a migrated test database; stopped and killed at the end."""
-    server = PrivatePostgres(tmp_path / "postgres")
-    try:
-        server.init()
-        server.start()
-        server.create_database(services.TEST_DATABASE)
-        migrate(services.test_settings(database_url=server.url(services.TEST_DATABASE)))
+    with migrated(tmp_path / "postgres") as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devkit.errors import EmbeddedError
-from store.database import migrate
+from tests.support import private_postgres as private_postgres_server
 from tests.support import reports, services
 from tests.support.private_postgres import PrivatePostgres
 from tests.support.soak import CONFIG, PrivateRedis, SoakCluster, SoakConfig
@@ -48,18 +48,9 @@ def private_postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
         if os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
-    server = PrivatePostgres(tmp_path / "postgres")
-    try:
-        server.init()
-        # Only processes are killed, never the machine: RELIABILITY 2.2 allows fsync=off in CI.
-        with (server.data / "postgresql.conf").open("a") as conf:
-            conf.write("fsync = off\n")
-        server.start()
-        server.create_database(services.TEST_DATABASE)
-        migrate(services.test_settings(database_url=server.url(services.TEST_DATABASE)))
+    # Only processes are killed, never the machine: RELIABILITY 2.2 allows fsync=off in CI.
+    with private_postgres_server.migrated(tmp_path / "postgres", fsync=False) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -191,3 +192,26 @@ class PrivatePostgres:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         psutil.wait_procs(leftovers, timeout=5)
+
+
+@contextlib.contextmanager
+def migrated(home: Path, *, fsync: bool = True) -> Iterator[PrivatePostgres]:
+    """A private server under ``home`` with the test database created and migrated; closed (killed) at the end.
+
+    ``fsync=False`` for tests that kill processes only, never the machine (RELIABILITY 2.2 allows it in CI).
+    """
+    from store.database import migrate
+    from tests.support import services
+
+    server = PrivatePostgres(home)
+    try:
+        server.init()
+        if not fsync:
+            with (server.data / "postgresql.conf").open("a") as conf:
+                conf.write("fsync = off\n")
+        server.start()
+        server.create_database(services.TEST_DATABASE)
+        migrate(services.test_settings(database_url=server.url(services.TEST_DATABASE)))
+        yield server
+    finally:
+        server.close()

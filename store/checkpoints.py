@@ -570,7 +570,7 @@ class PostgresCheckpointStore:
                                 agent=row.agent)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
+             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints, optionally filtered; an unreadable one comes as a corrupt PendingRun."""
         clauses, params = [], {"limit": limit}
         if statuses is not None:
@@ -580,8 +580,8 @@ class PostgresCheckpointStore:
             clauses.append("agent = :agent")
             params["agent"] = agent  # type: ignore[assignment]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        query = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs {where} ORDER BY created_at, session_id"
-                     " LIMIT :limit")
+        order = "created_at DESC, session_id DESC" if newest else "created_at, session_id"
+        query = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs {where} ORDER BY {order} LIMIT :limit")
         with self._begin() as conn:
             rows = conn.execute(query, params).all()
         found: builtins.list[records.Checkpoint | records.PendingRun] = []

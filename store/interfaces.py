@@ -179,8 +179,9 @@ class ProducerStore(Protocol):
         """A run's status, inbox cursor and last error, without its transcript; None if unknown."""
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
-        """Latest checkpoints by creation; an unreadable one comes as a corrupt ``PendingRun``."""
+             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
+        """Latest checkpoints by creation (``newest``: the last created first); an unreadable one comes as a
+        corrupt ``PendingRun``."""
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     #: full access). Only behind a proxy that sets it on every request and drops it from clients' requests.
     ui_proxy_user_header: str | None = None
     ui_proxy_access: str = ""
+    #: The proxy's addresses, comma-separated: the header counts only on requests that come straight from one of
+    #: them (anyone reaching the server past the proxy could set it). Empty: the header is never trusted.
+    ui_proxy_addresses: str = ""
     #: Flower's address (``http://flower.internal:5555``): a run's steps link to their tasks there.
     flower_url: str | None = None
     #: Largest webhook body accepted, in bytes (413 beyond).

@@ -6,6 +6,7 @@ here. It never logs a key, a form or a run's content.
 
 from __future__ import annotations
 
+import hmac
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ def signer_of(request: Request) -> sessions.Signer:
 def viewer(request: Request) -> Viewer | None:
     """Who is signed in: the proxy's user when its header is configured and present, else the session cookie."""
     settings, signer = settings_of(request), signer_of(request)
-    if settings.ui_proxy_user_header:
+    if settings.ui_proxy_user_header and _from_proxy(request, settings.ui_proxy_addresses):
         user = request.headers.get(settings.ui_proxy_user_header)
         if user:
             principal = sessions.proxy_principal(user, settings.ui_proxy_access)
@@ -108,6 +109,15 @@ def viewer(request: Request) -> Viewer | None:
     if session is None:
         return None
     return Viewer(session.principal, signer.csrf_token(session.session_id))
+
+
+def _from_proxy(request: Request, addresses: str) -> bool:
+    """Whether the request came straight from the authenticating proxy (``LOUSHO_UI_PROXY_ADDRESSES``).
+
+    Anyone who reaches the server past the proxy could set its header: it counts only from those addresses.
+    """
+    peer = request.client.host if request.client is not None else None
+    return peer is not None and peer in {a.strip() for a in addresses.split(",") if a.strip()}
 
 
 def safe_next(value: str | None, default: str = "/ui/runs") -> str:
@@ -180,18 +190,12 @@ async def acting(request: Request, *, read_ok: bool = False) -> tuple[Viewer, di
         raise PageError(401, "Sign in first")
     check_origin(request)
     form = await read_form(request)
-    if not signer_of(request).token_ok(_bound_to(request, found), form.get("csrf_token")):
+    token = form.get("csrf_token") or ""
+    if not hmac.compare_digest(token.encode(), found.csrf_token.encode()):
         raise PageError(403, CSRF_REFUSED)
     if found.principal.read_only and not read_ok:
         raise PageError(403, "This key may read runs, not act on them")
     return found, form
-
-
-def _bound_to(request: Request, found: Viewer) -> str:
-    if found.by_proxy:
-        return sessions.proxy_session_id(found.principal.name)
-    session = signer_of(request).read_session(request.cookies.get(sessions.SESSION_COOKIE))
-    return session.session_id if session is not None else ""
 
 
 def not_found(what: str = "run") -> NoReturn:

@@ -32,7 +32,7 @@ _Sees = Callable[[str | None], bool]
 
 _STATIC_TYPES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 _AGENT = re.compile(r"[A-Za-z0-9_-]{1,100}")
-#: Runs the list reads at most (newest by creation are kept when there are more).
+#: Runs the list reads at most (the newest by creation when there are more).
 LIST_LIMIT = 5000
 #: Durable events a run page reads at most (for durations, usage and drift).
 EVENTS_LIMIT = 2000
@@ -137,7 +137,7 @@ async def home(request: Request) -> Response:
 
 
 def _runs(backend: Backend, agent: str | None) -> tuple[list[Checkpoint | records.PendingRun], list[str]]:
-    return backend.checkpoints.list(agent=agent, limit=LIST_LIMIT), backend.known_agents()
+    return backend.checkpoints.list(agent=agent, limit=LIST_LIMIT, newest=True), backend.known_agents()
 
 
 @router.get("/runs")

@@ -10,12 +10,12 @@ import base64
 import hashlib
 import hmac
 import json
-import re
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from producer.webhooks import access
 from producer.webhooks.access import Keys, Principal
 
 #: The session cookie; the pages live under ``COOKIE_PATH``.
@@ -25,7 +25,6 @@ LOGIN_COOKIE = "lousho_login"
 COOKIE_PATH = "/ui"
 #: Seconds a sign-in form stays usable.
 LOGIN_FORM_S = 1800
-_AGENT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MAX_COOKIE_CHARS = 4096
 
 
@@ -129,17 +128,10 @@ def proxy_principal(user: str, access_text: str) -> Principal | None:
     user = user.strip()
     if not user or len(user) > 200 or not user.isprintable():
         return None
-    read_only, agents = False, None
-    for option in (o.strip() for o in access_text.split(";")):
-        if option == "read":
-            read_only = True
-        elif option.startswith("agents="):
-            named = [a.strip() for a in option.removeprefix("agents=").split("|") if a.strip()]
-            if not named or not all(_AGENT.fullmatch(a) for a in named):
-                return None
-            agents = frozenset(named)
-        elif option:
-            return None
+    try:
+        read_only, agents = access.parse_access(access_text.split(";"))
+    except ValueError:
+        return None
     return Principal(user, read_only, agents)
 
 

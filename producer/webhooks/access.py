@@ -107,11 +107,12 @@ class Keys:
         return cls(keys)
 
 
-def _entry(entry: str, number: int) -> tuple[str, Principal]:
-    head, *options = entry.split(";")
-    name, sep, secret = head.partition("=")
-    if not sep or not _NAME.fullmatch(name.strip()) or not secret.strip():
-        raise errors.ConfigurationError(f"LOUSHO_API_KEYS entry {number} is not name=key[;read][;agents=a|b]")
+def parse_access(options: Iterable[str]) -> tuple[bool, frozenset[str] | None]:
+    """A key's options (``read``, ``agents=a|b``; empty ones ignored) as ``(read_only, agents)``.
+
+    Raises:
+        ValueError: an unknown option, or ``agents=`` that names no agent or a name no agent can have.
+    """
     read_only, agents = False, None
     for option in (o.strip() for o in options):
         if option == "read":
@@ -119,11 +120,23 @@ def _entry(entry: str, number: int) -> tuple[str, Principal]:
         elif option.startswith("agents="):
             named = [a.strip() for a in option.removeprefix("agents=").split("|") if a.strip()]
             if not named or not all(_AGENT.fullmatch(a) for a in named):
-                raise errors.ConfigurationError(f"LOUSHO_API_KEYS entry {number}: agents=a|b names agents")
+                raise ValueError("agents=a|b names agents")
             agents = frozenset(named)
-        else:
-            raise errors.ConfigurationError(f"LOUSHO_API_KEYS entry {number}: unknown option (read, agents=a|b)")
+        elif option:
+            raise ValueError("unknown option (read, agents=a|b)")
+    return read_only, agents
+
+
+def _entry(entry: str, number: int) -> tuple[str, Principal]:
+    head, *options = entry.split(";")
+    name, sep, secret = head.partition("=")
+    if not sep or not _NAME.fullmatch(name.strip()) or not secret.strip():
+        raise errors.ConfigurationError(f"LOUSHO_API_KEYS entry {number} is not name=key[;read][;agents=a|b]")
+    try:
+        read_only, agents = parse_access(options)
+    except ValueError as exc:
+        raise errors.ConfigurationError(f"LOUSHO_API_KEYS entry {number}: {exc}") from None
     return secret.strip(), Principal(name.strip(), read_only, agents)
 
 
-__all__ = ["MIN_KEY_LENGTH", "Keys", "Principal"]
+__all__ = ["MIN_KEY_LENGTH", "Keys", "Principal", "parse_access"]

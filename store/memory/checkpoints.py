@@ -332,10 +332,10 @@ class MemoryCheckpointStore:
                                     agent=run.agent)
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000) -> builtins.list[records.Checkpoint | records.PendingRun]:
+             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a PendingRun."""
         with self.state.lock:
-            return listing.latest(self.state, statuses, agent, limit)
+            return listing.latest(self.state, statuses, agent, limit, newest)
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""

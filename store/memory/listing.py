@@ -12,17 +12,19 @@ from store import errors, records, runs
 from store.memory.state import MemoryState, RunRow, to_checkpoint
 
 
-def _by_creation(wanted: Iterable[tuple[str, RunRow]], limit: int) -> list[tuple[str, RunRow]]:
+def _by_creation(wanted: Iterable[tuple[str, RunRow]], limit: int, newest: bool = False
+                 ) -> list[tuple[str, RunRow]]:
     return [(sid, run) for _, sid, run in sorted(((run.created_at, sid, run) for sid, run in wanted),
-                                                 key=lambda item: (item[0], item[1]))[:limit]]
+                                                 key=lambda item: (item[0], item[1]), reverse=newest)[:limit]]
 
 
 def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None,
-           limit: int) -> list[records.Checkpoint | records.PendingRun]:
+           limit: int, newest: bool = False) -> list[records.Checkpoint | records.PendingRun]:
     """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a ``PendingRun``."""
     wanted = None if statuses is None else set(statuses)
     rows = _by_creation(((sid, run) for sid, run in state.runs.items()
-                         if (wanted is None or run.status in wanted) and (agent is None or run.agent == agent)), limit)
+                         if (wanted is None or run.status in wanted) and (agent is None or run.agent == agent)), limit,
+                        newest)
     found: list[records.Checkpoint | records.PendingRun] = []
     for sid, run in rows:
         try:

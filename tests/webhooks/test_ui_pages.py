@@ -389,3 +389,20 @@ def test_webhooks_can_be_turned_off_and_need_no_secret_then(
                               headers={"content-type": "application/json"}).status_code == 404
         assert site.http.get("/ui/login").status_code == 200
         assert site.http.get("/healthz").status_code == 200
+
+
+def test_a_proxy_header_signs_in_only_on_requests_from_the_proxy(
+        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = WebhookConfig(secrets=(key(SECRET),), api_keys=SecretStr(KEYS))
+    proxied = {"x-forwarded-email": "ana@example.com"}
+    # TestClient's requests come from the address "testclient".
+    for site in _build(settings, store, leases, monkeypatch, config, ui_proxy_user_header="X-Forwarded-Email",
+                       ui_proxy_access="read", ui_proxy_addresses="10.0.0.7"):
+        refused = site.http.get("/ui/runs", headers=proxied, follow_redirects=False)
+        assert refused.status_code == 303 and refused.headers["location"].startswith("/ui/login")
+    for site in _build(settings, store, leases, monkeypatch, config, ui_proxy_user_header="X-Forwarded-Email",
+                       ui_proxy_access="read", ui_proxy_addresses="10.0.0.7, testclient"):
+        page = site.http.get("/ui/runs", headers=proxied, follow_redirects=False)
+        assert page.status_code == 200 and "ana@example.com" in page.text
+        assert site.http.get("/ui/runs", follow_redirects=False).status_code == 303  # no header, no session

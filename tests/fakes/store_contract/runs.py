@@ -204,6 +204,9 @@ def check_list_filters_and_orders_by_creation(make: StoreFactory) -> None:
     assert listed(agent="other-agent") == ["ct-list-other"]
     assert listed(statuses=[]) == []
     assert len(store.list(limit=1)) == 1
+    # The newest first: what a list of the latest runs keeps when there are more than its limit.
+    assert listed(newest=True) == ["ct-list-other", "ct-list-a", "ct-list-z"]
+    assert [c.session_id for c in store.list(agent=AGENT, newest=True, limit=1)] == ["ct-list-a"]
 
 
 def check_an_unreadable_checkpoint_is_listed_as_corrupt(make: StoreFactory) -> None:

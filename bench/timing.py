@@ -38,8 +38,7 @@ def _prerun(task_id: str | None = None, **_: Any) -> None:
 def _postrun(task_id: str | None = None, task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
     end = time.time()
     start = _starts.pop(task_id or "", None)
-    path = os.environ.get(ENV)
-    if start is None or not path:
+    if start is None:
         return
     values = [*(args or ()), *(kwargs or {}).values(), None, None]
     record(getattr(task, "name", "?"), values[0], values[1], start, end)

@@ -180,8 +180,7 @@ class ProducerStore(Protocol):
 
     def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
              limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
-        """Latest checkpoints by creation (``newest``: the last created first); an unreadable one comes as a
-        corrupt ``PendingRun``."""
+        """Latest checkpoints by creation, the last created first with ``newest``; unreadable ones as ``PendingRun``."""
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""

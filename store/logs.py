@@ -38,7 +38,7 @@ class JsonFormatter(logging.Formatter):
             if checkpoint is not None:
                 line["step"] = checkpoint.step
         task_id = getattr(record, "task_id", None)  # Celery's task logger sets it on its records
-        if isinstance(task_id, str) and task_id != "???" and "task_id" not in line:
+        if isinstance(task_id, str) and task_id != "???" and line.get("task_id") is None:
             line["task_id"] = task_id
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)

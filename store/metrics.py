@@ -71,10 +71,11 @@ FAMILIES = (
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOOL_BUCKETS = STEP_BUCKETS
 #: Outcomes of steps that did no work: counted, not timed (they would drown the steps' durations).
-UNTIMED = frozenset({"busy", "stale", "unknown", "idle", "handed-back"})
+UNTIMED = telemetry.NO_WORK
 #: How long the approvals query may take before a scrape goes on without its two gauges.
 APPROVALS_TIMEOUT_MS = 2000
 _LABEL_MAX = 64
+_APPROVALS_TIMEOUT = text(f"SET LOCAL statement_timeout = {int(APPROVALS_TIMEOUT_MS)}")
 _WAITING = text("""
 SELECT count(*) AS waiting, COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) AS oldest_s
 FROM approvals WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
@@ -165,13 +166,11 @@ class Metrics:
         self._run_changes(report, agent, outcome)
         for model_call in report.model_calls:
             model = _label(model_call.model, "unknown")
-            if model_call.error is None:
-                self.model_calls.labels(model, "ok").inc()
-            elif model_call.error == "cancelled":
-                self.model_calls.labels(model, "cancelled").inc()
-            else:
-                self.model_calls.labels(model, "error").inc()
-                self.model_errors.labels(model, _label(model_call.error, "unknown")).inc()
+            error = model_call.error
+            result = "ok" if error is None else "cancelled" if error == "cancelled" else "error"
+            self.model_calls.labels(model, result).inc()
+            if result == "error":
+                self.model_errors.labels(model, _label(error, "unknown")).inc()
             if model_call.input_tokens:
                 self.model_tokens.labels(model, "input").inc(model_call.input_tokens)
             if model_call.output_tokens:
@@ -228,7 +227,7 @@ class ApprovalsCollector:
 
         try:
             with Transaction(self.engine) as conn:
-                conn.execute(text(f"SET LOCAL statement_timeout = {int(APPROVALS_TIMEOUT_MS)}"))
+                conn.execute(_APPROVALS_TIMEOUT)
                 row = conn.execute(_WAITING).one()
         except (errors.StorageError, SQLAlchemyError) as exc:
             log.warning("approvals gauges left out of this scrape: %s", type(exc).__name__)

@@ -108,15 +108,24 @@ def connect(settings: Settings, url: str | None = None, **options: Any) -> redis
     url = url or settings.redis_url
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
-    if not settings.redis_sentinel_master:
-        raise errors.ConfigurationError("a sentinel:// Redis URL needs LOUSHO_REDIS_SENTINEL_MASTER (the master name)")
-    parsed = parse_sentinel(url)
+    master, parsed = _sentinel(settings, url)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel is not annotated
         list(parsed.nodes), sentinel_kwargs=sentinel_kwargs(settings, options), **options)
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        settings.redis_sentinel_master, redis_class=redis.Redis, db=parsed.db, username=parsed.username,
+        master, redis_class=redis.Redis, db=parsed.db, username=parsed.username,
         password=parsed.password)
     return client
+
+
+def _sentinel(settings: Settings, url: str) -> tuple[str, SentinelURL]:
+    """The master's name and the parsed ``sentinel://`` URL.
+
+    Raises:
+        ConfigurationError: no ``LOUSHO_REDIS_SENTINEL_MASTER``, or a malformed URL.
+    """
+    if not settings.redis_sentinel_master:
+        raise errors.ConfigurationError("a sentinel:// Redis URL needs LOUSHO_REDIS_SENTINEL_MASTER (the master name)")
+    return settings.redis_sentinel_master, parse_sentinel(url)
 
 
 def sentinel_kwargs(settings: Settings, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -138,10 +147,7 @@ def celery_broker_options(settings: Settings) -> tuple[dict[str, Any], dict[str,
     """
     broker = settings.broker
     if is_sentinel(broker):
-        if not settings.redis_sentinel_master:
-            raise errors.ConfigurationError("a sentinel:// broker URL needs LOUSHO_REDIS_SENTINEL_MASTER")
-        parse_sentinel(broker)
-        transport: dict[str, Any] = {"master_name": settings.redis_sentinel_master}
+        transport: dict[str, Any] = {"master_name": _sentinel(settings, broker)[0]}
         kwargs = sentinel_kwargs(settings)
         if kwargs:
             transport["sentinel_kwargs"] = kwargs

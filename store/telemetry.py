@@ -161,6 +161,8 @@ class StepReport:
         return self.kind
 
 
+#: Step outcomes that did no work on the run: counted, never timed or traced.
+NO_WORK = frozenset({"busy", "stale", "unknown", "idle", "handed-back"})
 #: Summaries of steps that did nothing to the run.
 _DROPPED = {
     "busy": "busy: another worker holds the run; dropped",
@@ -295,7 +297,7 @@ def kind_of(checkpoint: Checkpoint) -> str:
     return TOOL_BATCH if checkpoint.pending_tool_calls else MODEL_TURN
 
 
-__all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "RECOVERY", "RESUME",
+__all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "NO_WORK", "RECOVERY", "RESUME",
            "RESUME_RUN", "RETRY", "TOOL_BATCH", "ModelCallRecord", "Sink", "StepReport", "ToolCallRecord", "attach",
            "count", "current", "detach", "kind_of", "model_call", "name_sent_events", "new_trace", "note", "step",
            "step_name", "tool_call", "use_traces"]

@@ -72,7 +72,7 @@ log = logging.getLogger("lousho.tracing")
 #: for a person and the input goes on in the same trace afterwards, so it is not an end here.
 ROOT_ENDINGS = ("finished", "aborted", "budget-exceeded")
 #: Step outcomes that did no work for the input (a duplicate, a message for a run another worker holds).
-_NO_WORK = ("busy", "stale", "unknown", "idle")
+_NO_WORK = telemetry.NO_WORK
 #: Step outcomes that are errors (``None``: the step raised before it had one).
 _ERRORS = ("failed", "parked", "misconfigured", None)
 #: Run input endings that are errors.

@@ -22,7 +22,9 @@ from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
 from producer.ui import sessions, views
 from producer.webhooks import events
+from producer.webhooks import routes as wh_routes
 from producer.webhooks.backend import Backend
+from producer.webhooks.rejections import Rejected
 from store import errors, inputs, records
 from store.records import Checkpoint
 
@@ -314,11 +316,12 @@ async def fork(run_id: str, request: Request) -> Response:
 
 def _decide(backend: Backend, found: pages.Viewer, approval_id: str, decision: str, note: str | None,
             answer: str | None) -> str:
-    approval = backend.approvals.by_ids([approval_id]).get(approval_id) if len(approval_id) <= 200 else None
-    if approval is None or not found.principal.sees(approval.agent):
-        pages.not_found("approval")
-    if not found.principal.acts_on(approval.agent):
-        raise pages.PageError(403, "This key may read runs, not act on them")
+    try:
+        approval = wh_routes.approval_for(backend, found.principal, approval_id)
+    except Rejected as exc:
+        if exc.status == 404:
+            pages.not_found("approval")
+        raise pages.PageError(exc.status, "This key may read runs, not act on them") from None
     approved = {"approve": True, "reject": False, "decline": False, "answer": None}[decision]
     try:
         made = backend.approvals.resolve(approval_id, approved, note, answer if decision == "answer" else None)

@@ -22,6 +22,7 @@ from producer.webhooks.config import AGENT_NAME, WebhookConfig
 from producer.webhooks.rejections import Rejected, bad_request
 from store import errors, inputs, records, telemetry
 from store.database import Transaction
+from store.records import Approval
 
 _MAX_DECISION_BYTES = 64 * 1024
 _NOT_FOUND = ("LOUSHO_RUN_NOT_FOUND", "no such run")
@@ -131,15 +132,16 @@ def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
             "pending_approvals": pending}
 
 
-def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tuple[str, bool]:
-    if len(approval_id) > 200:
-        raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval")
+def _decide(backend: Backend, found: Approval, decision: _DecisionBody) -> tuple[str, bool]:
+    approval_id = found.approval_id
     try:
         made = backend.approvals.resolve(approval_id, decision.approved, decision.note, decision.answer)
     except errors.ConfigurationError as exc:
         raise bad_request(exc.message) from None
     except errors.ApprovalExpiredError as exc:
-        _send_after_expiry(backend, approval_id)
+        # Recording the expiry may have let the run continue, and the error says nothing of it: send a step (one
+        # for a run still paused does nothing; a lost send is repaired by the recovery sweep).
+        backend.publish(found.session_id, found.agent)
         raise Rejected(410, exc.code, "the approval expired undecided; it was recorded as rejected") from None
     except errors.ApprovalNotFoundError:
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval") from None
@@ -149,24 +151,18 @@ def _decide(backend: Backend, approval_id: str, decision: _DecisionBody) -> tupl
     return made.approval.session_id, made.run_continues
 
 
-def _check_approval_access(backend: Backend, principal: Principal, approval_id: str) -> None:
-    """Refuse an approval of a run the principal does not see (404) or may not act on (403)."""
+def approval_for(backend: Backend, principal: Principal, approval_id: str) -> Approval:
+    """The approval ``principal`` may decide (the run pages use it too).
+
+    Raises:
+        Rejected: 404 when unknown or of a run the principal does not see, 403 for a read-only key.
+    """
     found = backend.approvals.by_ids([approval_id]).get(approval_id) if len(approval_id) <= 200 else None
     if found is None or not principal.sees(found.agent):
         raise Rejected(404, "LOUSHO_APPROVAL_NOT_FOUND", "no such pending approval")
     if not principal.acts_on(found.agent):
         raise Rejected(403, "LOUSHO_API_KEY_READ_ONLY", "this key may read runs, not act on them")
-
-
-def _send_after_expiry(backend: Backend, approval_id: str) -> None:
-    """Send a step for the run of an approval a late decision found expired.
-
-    Recording the expiry may have let the run continue, and the error says nothing of it; a step for a run
-    still paused does nothing, and a lost send is repaired by the recovery sweep.
-    """
-    expired = backend.approvals.by_ids([approval_id]).get(approval_id)
-    if expired is not None:
-        backend.publish(expired.session_id, expired.agent)
+    return found
 
 
 def _healthy(backend: Backend) -> bool:
@@ -258,8 +254,8 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
     except ValidationError:
         raise bad_request('the body must be {"approved": true|false, "note": optional text}, or'
                           ' {"answer": text} for a question') from None
-    await run_in_threadpool(_check_approval_access, backend, principal, approval_id)
-    session_id, continues = await run_in_threadpool(_decide, backend, approval_id, decision)
+    found = await run_in_threadpool(approval_for, backend, principal, approval_id)
+    session_id, continues = await run_in_threadpool(_decide, backend, found, decision)
     return JSONResponse({"approval_id": approval_id, "session_id": session_id,
                          "decision": "answered" if decision.answer is not None
                          else "approved" if decision.approved else "rejected", "run_continues": continues,

@@ -6,11 +6,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
-
+from typing import Any
 
 #: Seconds a stopping server waits for open responses (event streams) before it closes them.
 GRACEFUL_SHUTDOWN_S = 5

@@ -64,7 +64,8 @@
         .catch(function () { /* the next poll tries again */ })
         .then(function () {
           if (!stopped) {
-            window.setTimeout(poll, delay);
+            // While the event stream is open it says when to look; polling is only the slow fallback then.
+            window.setTimeout(poll, source ? 10 * delay : delay);
           }
         });
     }

@@ -430,9 +430,11 @@ class PendingRun(_Record):
         return lead_of(self.session_id)
 
 
-def _stopped_state(checkpoint: Checkpoint) -> RunState:
-    """The state of a stopped run: stopped at a budget, or aborted."""
-    return "budget-exceeded" if checkpoint.finish_reason == "budget-exceeded" else "aborted"
+def checkpoint_state(checkpoint: Checkpoint) -> RunState:
+    """Where an unfinished run saved as ``checkpoint`` stands: ``run_state``, or how it stopped (budget, abort)."""
+    if checkpoint.aborted:
+        return "budget-exceeded" if checkpoint.finish_reason == "budget-exceeded" else "aborted"
+    return run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at)
 
 
 def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> PendingRun:
@@ -443,8 +445,7 @@ def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> Pen
         approval_id=checkpoint.approval_ids[0] if paused else None,
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
-        state=_stopped_state(checkpoint) if checkpoint.aborted else run_state(
-            checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at),
+        state=checkpoint_state(checkpoint),
         next_attempt_at=checkpoint.next_attempt_at)
 
 

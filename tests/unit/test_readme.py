@@ -1,5 +1,7 @@
-"""The README's examples stay true: its Python blocks compile and use names, methods and keywords that exist,
-and every ``lousho`` command line it shows names commands and options the ``lousho`` parser accepts."""
+"""The README and the pages under docs/ stay true: their Python blocks compile and use names, methods and keywords
+that exist, every ``lousho`` command line they show names commands and options the ``lousho`` parser accepts, and
+every relative link reaches an existing file and heading. The README stays a front door: the two set-up commands
+first, under 250 lines."""
 
 from __future__ import annotations
 
@@ -16,22 +18,40 @@ import pytest
 
 from producer import AgentHandle, Approvals, Client, Run, Schedules, cli
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+#: Every page checked: the README and each Markdown page under docs/.
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+README_MAX_LINES = 250
 _FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
 _INLINE = re.compile(r"`(lousho [^`]+)`")
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6} +(?P<title>.+?) *$", re.MULTILINE)
+
+
+def _text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
 
 
 def _blocks(lang: str) -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    return [m["body"] for m in _FENCE.finditer(text) if m["lang"] == lang]
+    return [m["body"] for page in PAGES for m in _FENCE.finditer(_text(page)) if m["lang"] == lang]
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced blocks."""
+    return _FENCE.sub("", _text(page))
 
 
 def _command_lines() -> list[str]:
     """Every ``lousho ...`` line of the shell blocks, and every inline ``lousho ...`` span of the prose."""
     lines = [line.strip() for body in _blocks("sh") for line in body.splitlines()]
     found = [line for line in lines if line.startswith("lousho ")]
-    prose = _FENCE.sub("", README.read_text(encoding="utf-8"))
-    return found + _INLINE.findall(prose)
+    return found + [span for page in PAGES for span in _INLINE.findall(_prose(page))]
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -78,9 +98,9 @@ def test_readme_python_examples_compile() -> None:
     assert len(blocks) >= 8
     for number, source in enumerate(blocks, start=1):
         try:
-            compile(source, f"README python block {number}", "exec")
+            compile(source, f"python block {number}", "exec")
         except SyntaxError as exc:
-            pytest.fail(f"README python block {number} does not compile: {exc}")
+            pytest.fail(f"python block {number} of the README and docs/ does not compile: {exc}")
 
 
 def test_readme_command_lines_use_real_commands_and_options() -> None:
@@ -93,10 +113,10 @@ def test_readme_command_lines_use_real_commands_and_options() -> None:
 def test_readme_shows_every_lousho_command() -> None:
     shown = {shlex.split(line, comments=True)[1] for line in _command_lines()}
     missing = set(_subcommands(cli.build_parser())) - shown
-    assert not missing, f"the README shows no example of: {sorted(missing)}"
+    assert not missing, f"neither the README nor docs/ shows an example of: {sorted(missing)}"
 
 
-#: What the README's examples call their handles; a method called on one must exist and take the keywords given.
+#: What the examples call their handles; a method called on one must exist and take the keywords given.
 _ROOTS: dict[str, type] = {"client": Client, "shop": AgentHandle, "run": Run}
 _PROPERTIES: dict[tuple[type, str], type] = {(Client, "schedules"): Schedules, (Client, "approvals"): Approvals,
                                              (AgentHandle, "approvals"): Approvals}
@@ -126,7 +146,7 @@ def test_readme_python_examples_use_real_names_and_keywords() -> None:
     for node in (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)):
         module = importlib.import_module(node.module or "")
         for alias in node.names:
-            assert hasattr(module, alias.name), f"README imports {alias.name} from {node.module}, which lacks it"
+            assert hasattr(module, alias.name), f"an example imports {alias.name} from {node.module}, which lacks it"
             namespace[alias.asname or alias.name] = getattr(module, alias.name)
     checked = 0
     for call in (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Call)):
@@ -139,3 +159,71 @@ def test_readme_python_examples_use_real_names_and_keywords() -> None:
             _check_keywords(method, call, f"{owner.__name__}.{call.func.attr}")
             checked += 1
     assert checked >= 20
+
+
+def test_readme_starts_with_the_two_set_up_commands() -> None:
+    text = _text(README)
+    first = _FENCE.search(text)
+    assert first is not None and first["lang"] == "sh", "the README's first block is not the set-up commands"
+    assert first.start() < text.index("\n## "), "the set-up commands come after the README's first section"
+    assert not text[:first.start()].strip().replace("# Lousho Worker", ""), "only the title precedes the commands"
+    commands = [shlex.split(line, comments=True) for line in first["body"].splitlines()]
+    assert commands == [["python3", "dev.py", "demo"], ["python3", "dev.py", "test"]]
+
+
+def test_readme_is_a_front_door_and_docs_hold_the_rest() -> None:
+    lines = len(_text(README).splitlines())
+    assert lines < README_MAX_LINES, f"the README has {lines} lines: move reference text into docs/"
+    for folder in ("guide", "operations", "reference"):
+        assert list((ROOT / "docs" / folder).glob("*.md")), f"docs/{folder}/ has no page"
+
+
+def _slug(title: str) -> str:
+    """The anchor a heading gets on the forge that renders these pages: lower case, punctuation dropped, spaces
+    as hyphens (inline code and link markup dropped first)."""
+    title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    anchors: set[str] = set()
+    for match in _HEADING.finditer(_prose(page)):
+        slug = base = _slug(match["title"])
+        count = 0
+        while slug in anchors:
+            count += 1
+            slug = f"{base}-{count}"
+        anchors.add(slug)
+    return anchors
+
+
+def _links(page: Path) -> list[str]:
+    """The targets of the page's Markdown links, outside fenced blocks and code spans."""
+    return [m["target"] for m in _LINK.finditer(_CODE_SPAN.sub("", _prose(page)))]
+
+
+def _is_relative(target: str) -> bool:
+    return re.match(r"^[a-z][a-z0-9+.-]*:", target) is None and not target.startswith("//")
+
+
+def test_every_relative_link_reaches_a_file_and_heading() -> None:
+    broken = []
+    checked = 0
+    for page in PAGES:
+        for target in filter(_is_relative, _links(page)):
+            path, _, anchor = target.partition("#")
+            destination = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not destination.exists():
+                broken.append(f"{_name(page)}: {target} (no such file)")
+            elif anchor and (destination.suffix != ".md" or anchor not in _anchors(destination)):
+                broken.append(f"{_name(page)}: {target} (no heading #{anchor})")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+    assert checked >= 40
+
+
+def test_every_docs_page_is_linked_from_another_page() -> None:
+    linked = {(page.parent / target.partition("#")[0]).resolve()
+              for page in PAGES for target in filter(_is_relative, _links(page)) if target.partition("#")[0]}
+    orphans = [_name(page) for page in PAGES[1:] if page.resolve() not in linked]
+    assert not orphans, f"pages no other page links to: {orphans}"

@@ -38,8 +38,17 @@ def _name(page: Path) -> str:
     return page.relative_to(ROOT).as_posix()
 
 
+def _placed_blocks(lang: str) -> list[tuple[str, str]]:
+    """Each ``lang`` block of every page, with where it is (``docs/guide/agents.md, python block 2``)."""
+    found = []
+    for page in PAGES:
+        bodies = [m["body"] for m in _FENCE.finditer(_text(page)) if m["lang"] == lang]
+        found += [(f"{_name(page)}, {lang} block {n}", body) for n, body in enumerate(bodies, start=1)]
+    return found
+
+
 def _blocks(lang: str) -> list[str]:
-    return [m["body"] for page in PAGES for m in _FENCE.finditer(_text(page)) if m["lang"] == lang]
+    return [body for _, body in _placed_blocks(lang)]
 
 
 def _prose(page: Path) -> str:
@@ -94,13 +103,13 @@ def _check_command(parser: argparse.ArgumentParser, line: str) -> None:
 
 
 def test_readme_python_examples_compile() -> None:
-    blocks = _blocks("python")
+    blocks = _placed_blocks("python")
     assert len(blocks) >= 8
-    for number, source in enumerate(blocks, start=1):
+    for where, source in blocks:
         try:
-            compile(source, f"python block {number}", "exec")
+            compile(source, where, "exec")
         except SyntaxError as exc:
-            pytest.fail(f"python block {number} of the README and docs/ does not compile: {exc}")
+            pytest.fail(f"{where} does not compile: {exc}")
 
 
 def test_readme_command_lines_use_real_commands_and_options() -> None:

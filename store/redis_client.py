@@ -109,9 +109,9 @@ def connect(settings: Settings, url: str | None = None, **options: Any) -> redis
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
     master, parsed = _sentinel(settings, url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel is not annotated
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # redis-py's Sentinel is not annotated
         list(parsed.nodes), sentinel_kwargs=sentinel_kwargs(settings, options), **options)
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         master, redis_class=redis.Redis, db=parsed.db, username=parsed.username,
         password=parsed.password)
     return client

@@ -60,6 +60,6 @@ class RedisSignals:
 
     def subscribe(self, session_id: str) -> redis.client.PubSub:
         """A subscription to the run's channel (the caller closes it)."""
-        pubsub: redis.client.PubSub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub: redis.client.PubSub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         pubsub.subscribe(keys.channel(records.validate_session_id(session_id)))
         return pubsub

@@ -164,7 +164,10 @@ def test_sign_in_with_a_good_key_sets_a_strict_http_only_session_and_a_bad_key_i
     assert good.status_code == 303 and good.headers["location"] == "/ui/approvals"
     cookie = next(c for c in good.headers.get_list("set-cookie") if c.startswith("lousho_session="))
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert "Max-Age=43200" in cookie  # LOUSHO_UI_SESSION_HOURS (12) in the browser too
     assert FULL not in cookie
+    login_cookie = next(c for c in form.headers.get_list("set-cookie") if c.startswith("lousho_login="))
+    assert "Max-Age=1800" in login_cookie and "HttpOnly" in login_cookie
     runs = site.http.get("/ui/runs")
     assert '<span id="who">ops</span>' in runs.text and 'id="logout"' in runs.text
     # A next path outside the pages is ignored; a forged cookie signs nobody in

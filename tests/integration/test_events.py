@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from producer.client import Client
-from store import errors
+from store import errors, keys
+from store.checkpoints import PostgresCheckpointStore
 from store.events import Event
 from store.records import Message
 from tests.support.driver import Driver
@@ -20,8 +22,12 @@ from worker.providers import MockModel
 from worker.steps import Outcome
 
 SLOW_S = 0.6
+#: Longest a test waits for the slow tool to start (a deadline, not a pause).
+START_TIMEOUT_S = 10.0
 started: list[str] = []
 finished: list[str] = []
+#: Notified each time ``slow`` starts, so a test waits on it instead of polling.
+_starts = threading.Condition()
 
 
 @tool
@@ -33,7 +39,9 @@ def lookup(key: str) -> str:
 @tool
 def slow(key: str, ctx: ToolContext) -> str:
     """Work for a while; stop early when the run is aborted."""
-    started.append(key)
+    with _starts:
+        started.append(key)
+        _starts.notify_all()
     if ctx.cancelled.wait(SLOW_S):
         return f"{key} stopped"
     finished.append(key)
@@ -58,6 +66,21 @@ def _calls(*names: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
 def _all(iterator: Iterator[Event]) -> list[Event]:
     return list(iterator)
+
+
+def _wait_started(count: int) -> None:
+    """Until ``count`` slow calls have started; fails after ``START_TIMEOUT_S``."""
+    with _starts:
+        assert _starts.wait_for(lambda: len(started) >= count, START_TIMEOUT_S), (
+            f"{count} slow call(s) did not start within {START_TIMEOUT_S} s: {started}")
+
+
+def _watching(redis_client: redis.Redis, session_id: str) -> None:
+    """Until a reader of the run is subscribed and watching (it sets the watch key once subscribed)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not redis_client.exists(keys.watch_key(session_id)):
+        assert time.monotonic() < deadline, f"no reader of {session_id} watched within {START_TIMEOUT_S} s"
+        time.sleep(0.01)
 
 
 def _in_thread(work: Callable[[], Any]) -> threading.Thread:
@@ -127,14 +150,15 @@ def test_inputs_merged_by_one_step_are_each_read_from_the_run_start_that_merged_
         assert seen[0].data["input_number"] == 3 and seen[-1].data["text"] == "both"
 
 
-def test_a_reader_blocks_until_the_events_are_saved(make_driver: Callable[..., Driver], client: Client) -> None:
+def test_a_reader_blocks_until_the_events_are_saved(make_driver: Callable[..., Driver], client: Client,
+                                                    redis_client: redis.Redis) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel([_calls(("lookup", {"key": "a"})), "done"]),
                                tools=[lookup]))
     run = client.agent("ev").send("look", session_id="ev-3")
     got: list[Event] = []
     reader = _in_thread(lambda: got.extend(run.events(timeout=10)))
-    time.sleep(0.3)
-    assert got == []  # nothing saved yet: the reader waits
+    _watching(redis_client, "ev-3")
+    assert got == [] and reader.is_alive()  # nothing saved yet: the reader waits
     driver.drain("ev-3")
     reader.join(10)
     assert [e.type for e in got][-1] == "run.done" and got[0].type == "run.start"
@@ -183,13 +207,13 @@ def test_failures_are_events_a_retry_and_a_parked_run(make_driver: Callable[...,
 
 
 def test_live_signals_reach_a_watching_reader_and_are_never_stored(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+        make_driver: Callable[..., Driver], client: Client, redis_client: redis.Redis) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel([
         {"text": "let me look", **_calls(("lookup", {"key": "a"}))}, "the answer is one"]), tools=[lookup]))
     stream = client.agent("ev").stream("look", session_id="ev-8", live=True, timeout=10)
     got: list[Event] = []
     reader = _in_thread(lambda: got.extend(stream))
-    time.sleep(0.3)  # the reader subscribed
+    _watching(redis_client, "ev-8")
     driver.drain("ev-8")
     reader.join(10)
     types = [e.type for e in got]
@@ -210,8 +234,7 @@ def test_abort_mid_batch_cancels_running_calls_starts_no_more_and_a_send_finishe
     run = client.agent("ev").send("work", session_id="ev-9")
     driver.step("ev-9")  # the model turn
     batch = _in_thread(lambda: driver.step())
-    while not started:
-        time.sleep(0.01)
+    _wait_started(1)
     asked = time.monotonic()
     assert client.agent("ev").abort("ev-9") is True
     batch.join(10)
@@ -227,7 +250,8 @@ def test_abort_mid_batch_cancels_running_calls_starts_no_more_and_a_send_finishe
     assert [json.loads(m.content)["kind"] for m in results] == ["cancelled"] * 3
     assert [p.state for p in client.agent("ev").pending()] == ["aborted"]
     # The sweep leaves it alone; nothing moves it without a person.
-    assert client.store.due_runs(0.0) == [] if hasattr(client.store, "due_runs") else True
+    assert isinstance(client.store, PostgresCheckpointStore)
+    assert "ev-9" not in [due.session_id for due in client.store.due_runs(0.0)]
     assert client.agent("ev").abort("ev-9") is False  # already stopped
     events = client.read_events("ev-9", -1)
     assert [e.type for e in events][-4:] == ["tool.error", "tool.error", "tool.error", "run.done"]
@@ -280,8 +304,7 @@ def test_steer_mid_batch_keeps_unstarted_calls_from_starting_and_the_model_sees_
     client.agent("ev").send("work", session_id="ev-12")
     driver.step("ev-12")
     batch = _in_thread(lambda: driver.step())
-    while not started:
-        time.sleep(0.01)
+    _wait_started(1)
     steered = client.agent("ev").steer("ev-12", "stop that, do something else")
     batch.join(10)
     assert started == ["a"] and finished == ["a"]  # the running call finished; the others never started
@@ -351,8 +374,7 @@ def test_abort_of_a_parallel_batch_cancels_every_running_call(
     run = client.agent("ev").send("work", session_id="ev-16")
     driver.step("ev-16")
     batch = _in_thread(lambda: driver.step())
-    while len(started) < 3:
-        time.sleep(0.01)
+    _wait_started(3)
     client.agent("ev").abort("ev-16")
     batch.join(10)
     assert driver.outcomes[-1] == Outcome.ABORTED

@@ -167,13 +167,23 @@ def test_a_claim_that_waited_for_the_previous_holders_save_sees_the_rows_of_that
                          (Jsonb(result),))
         waiting = threading.Thread(target=lambda: claimed.append(_claim_or_error(store, "takeover-1", 9)))
         waiting.start()
-        time.sleep(0.3)  # the claim is now waiting for the row lock
+        _until_blocked_by(previous.info.backend_pid)  # the claim now waits for the row lock
         previous.commit()
     waiting.join(10)
     outcome = claimed[0]
     print(f"\nclaim that waited for a save: {outcome!r}"[:200])
     assert not isinstance(outcome, Exception), outcome
     assert [m.dump() for m in outcome.messages][2] == result  # type: ignore[attr-defined]
+
+
+def _until_blocked_by(holder_pid: int, timeout: float = 10.0) -> None:
+    """Until some session waits for a lock the backend ``holder_pid`` holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(services.test_database_url(), autocommit=True) as observer:
+        while not observer.execute("SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                   (holder_pid,)).fetchone():
+            assert time.monotonic() < deadline, f"nothing waited for backend {holder_pid} within {timeout} s"
+            time.sleep(0.01)
 
 
 def _claim_or_error(store: PostgresCheckpointStore, session_id: str, token: int) -> object:

@@ -41,9 +41,11 @@ def bootstrap() -> None:
     STAMP.write_text(wanted)
 
 
-#: Debian packages some tests drive, by the program they install: the Flower and page tests' browser, and the
-#: connection pooler of the PgBouncer test. Playwright drives /usr/bin/chromium; it downloads no browser itself.
-SYSTEM_PACKAGES = {"/usr/bin/chromium": "chromium", "/usr/sbin/pgbouncer": "pgbouncer"}
+#: Debian packages some tests drive, by the program they install: the Flower and page tests' browser, the
+#: connection pooler of the PgBouncer test, and the private Redis servers and certificates of the Sentinel and TLS
+#: tests. Playwright drives /usr/bin/chromium; it downloads no browser itself.
+SYSTEM_PACKAGES = {"/usr/bin/chromium": "chromium", "/usr/sbin/pgbouncer": "pgbouncer",
+                   "/usr/bin/redis-server": "redis-server", "/usr/bin/openssl": "openssl"}
 
 
 def system_packages() -> None:

@@ -116,14 +116,19 @@ SELECT seq FROM saved
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
-# A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given.
+# A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given,
+# and so does a run waiting on children none of which can still move (settled, paused or gone: no wake-up comes).
 _RESET_ATTEMPTS = text(f"""
 UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL,
   aborted = false,
   document = CASE WHEN CAST(:limits AS jsonb) IS NULL THEN document
     ELSE document || jsonb_build_object('limits', CAST(:limits AS jsonb),
                                        'format', CASE WHEN document ? 'messages_count' THEN 3 ELSE 1 END) END
-WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')) RETURNING seq
+WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')
+  OR (waiting AND status = 'in-progress' AND NOT EXISTS (
+        SELECT 1 FROM runs c WHERE c.parent_id = runs.session_id
+          AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})))
+RETURNING seq
 """)
 # An abort of an unfinished run: kept until a step settles it (a paused run's approvals are withdrawn then).
 _REQUEST_ABORT = text("""
@@ -543,7 +548,11 @@ class PostgresCheckpointStore:
     def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
         """Clear a parked or waiting run's error and retry time so it runs now (under ``limits``, when given).
 
-        Returns its seq, None when it has nothing to do (finished with no new input, paused, unknown).
+        A run waiting on its children moves only when none of them can still move by itself (each settled,
+        paused or gone): its step then records what they came to.
+
+        Returns its seq, None when it has nothing to do (finished with no new input, paused, waiting on a child
+        that still runs, unknown).
         """
         params = {"sid": session_id, "limits": None if limits is None else payloads.dumps(limits)}
         with self._begin() as conn:

@@ -157,7 +157,8 @@ class ProducerStore(Protocol):
     def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
         """Clear a parked, waiting or stopped run's stop so it runs now; its seq, None when it has nothing to do.
 
-        ``limits`` (``Limits.stored()``) replace the agent's limits for the run from now on.
+        A run waiting on children moves only when none of them can still move by itself. ``limits``
+        (``Limits.stored()``) replace the agent's limits for the run from now on.
         """
 
     def request_abort(self, session_id: str) -> bool:

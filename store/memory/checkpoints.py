@@ -234,7 +234,9 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again (see ``PostgresCheckpointStore.reset_attempts``)."""
         with self.state.lock:
             run = self.state.runs.get(session_id)
-            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")):
+            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")
+                                   or (run.waiting and run.status == "in-progress"
+                                       and not listing.children_moving(self.state, session_id))):
                 return None
             run.clear_failures()
             run.aborted = False

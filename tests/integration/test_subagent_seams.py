@@ -189,3 +189,98 @@ def test_a_child_whose_lead_is_gone_stops_before_any_model_call(
     assert not parked.last_error.retryable
     driver.queue.clear()  # the wake-up of a lead that is gone
     assert driver.step(child) == Outcome.IDLE and researcher.calls == 0  # a later step leaves it
+
+
+# -- forks and resume ------------------------------------------------------------------------------------------
+
+
+def test_a_fork_of_a_waiting_lead_gets_a_child_of_its_own(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    researcher = Researcher()
+    driver = make_driver(_delegating("lead", researcher), researcher.agent)
+    lead = client.agent("lead")
+    lead.send("research", session_id="seam-fork")
+    driver.step("seam-fork")
+    assert driver.step() == Outcome.DELEGATED
+    (source_child,) = _runs_under(store.engine, "seam-fork")
+    driver.queue.clear()  # the source's child has not run yet
+
+    fork = lead.fork("seam-fork", from_step=1, new_session_id="seam-forked")
+    assert [p.state for p in lead.pending() if p.session_id == "seam-forked"] == ["running"]
+    run = lead.resume("seam-forked")
+    assert run is not None
+    driver.drain("seam-forked")
+
+    own = _runs_under(store.engine, "seam-forked")
+    assert len(own) == 1 and own[0] != source_child and records.lead_of(own[0]) == "seam-forked"
+    result = run.wait(timeout=5)
+    assert result.finish_reason == "stop" and str(result.text).startswith("lead: found: tides")
+    # The fork's usage: its own two turns and its own child's one, each once.
+    assert result.usage.input_tokens == 3 * 10
+    untouched = client.store.load(source_child)
+    assert untouched is not None and untouched.step == 0 and untouched.messages == []
+    assert not fork.checkpoint.waiting and not fork.checkpoint.delegated and not fork.checkpoint.background
+
+
+def test_a_forks_await_and_cancel_of_its_sources_task_find_no_task(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    researcher = Researcher()
+    awaiting = _delegating("bg", researcher, background=True, follow=("agent_cancel", "agent_await"))
+    driver = make_driver(awaiting, researcher.agent)
+    bg = client.agent("bg")
+    bg.send("go", session_id="seam-bg")
+    driver.step("seam-bg")
+    driver.step()  # the batch: the task's id at once
+    source = bg.load("seam-bg")
+    assert source is not None and source.background is not None
+    (task_id,) = source.background
+    driver.queue.clear()  # the source's task has not run yet
+
+    fork = bg.fork("seam-bg", from_step=1, new_session_id="seam-bg-fork")
+    bg.resume("seam-bg-fork")
+    driver.drain("seam-bg-fork")
+
+    _, *follow = _tool_results(client, "bg", "seam-bg-fork")
+    assert [json.loads(str(m.content)).get("error") if m.is_error else m.content for m in follow] == [
+        "TaskNotFound", "TaskNotFound"]
+    task = client.store.load(task_id)
+    assert task is not None and not task.aborted and task.finish_reason is None
+    assert client.store.progress(task_id) is not None
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT abort_requested FROM runs WHERE session_id = :s"),
+                            {"s": task_id}).scalar() is None
+    assert not fork.checkpoint.background
+
+
+def test_resume_moves_a_waiting_lead_whose_child_is_gone(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    researcher = Researcher()
+    driver = make_driver(_delegating("lead", researcher), researcher.agent)
+    lead = client.agent("lead")
+    run = lead.send("research", session_id="seam-gone")
+    driver.step("seam-gone")
+    assert driver.step() == Outcome.DELEGATED
+    (child,) = _runs_under(store.engine, "seam-gone")
+    driver.queue.clear()
+    assert client.agent("researcher").delete(child)  # nothing wakes the lead: it waits on a child that is gone
+
+    assert lead.resume("seam-gone") is not None
+    driver.drain("seam-gone")
+
+    result = run.wait(timeout=5)
+    assert result.finish_reason == "stop"
+    (answer,) = _tool_results(client, "lead", "seam-gone")
+    assert json.loads(str(answer.content))["error"] == "SubagentGone"
+
+
+def test_resume_leaves_a_lead_whose_child_still_runs_waiting(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = Researcher()
+    driver = make_driver(_delegating("lead", researcher), researcher.agent)
+    lead = client.agent("lead")
+    lead.send("research", session_id="seam-still")
+    driver.step("seam-still")
+    assert driver.step() == Outcome.DELEGATED
+    driver.queue.clear()
+
+    assert lead.resume("seam-still") is None

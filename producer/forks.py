@@ -82,7 +82,8 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
     Raises:
         CheckpointNotFoundError: the step is not kept (the message lists the kept steps).
         ConfigurationError: ``new_session_id`` already has a checkpoint, or the patch is malformed.
-        SessionIdInvalidError: an id breaks the id rules.
+        SessionIdInvalidError: an id breaks the id rules, or ``new_session_id`` has the form of a sub-agent's run
+            (``<run>.task-<16 hex>``); nothing is created.
     """
     records.validate_session_id(session_id)
     entries = store.history(session_id)
@@ -106,6 +107,9 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
         f"{session_id}.fork-{n}" for n in range(1, MAX_FORK_NUMBER)]
     for name in names:
         records.validate_session_id(name)
+        if records.is_child_id(name):
+            # Only a lead's step makes such a run: one made here would be deleted, aborted and woken with that lead.
+            raise errors.SessionIdInvalidError(name, "ends with .task-<16 hex>, the mark of sub-agent runs")
         candidate = base.model_copy(update={"session_id": name})
         if store.create_run(candidate, queued):
             return Fork(session_id=name, step=chosen.step, checkpoint=candidate)

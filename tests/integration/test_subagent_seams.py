@@ -284,3 +284,17 @@ def test_resume_leaves_a_lead_whose_child_still_runs_waiting(
     driver.queue.clear()
 
     assert lead.resume("seam-still") is None
+
+
+def test_a_fork_may_not_take_a_sub_agent_run_id(make_driver: Callable[..., Driver], client: Client) -> None:
+    researcher = Researcher()
+    driver = make_driver(_delegating("lead", researcher), researcher.agent)
+    lead = client.agent("lead")
+    lead.send("research", session_id="seam-id")
+    driver.drain("seam-id")
+    reserved = "someone.task-0123456789abcdef"
+
+    with pytest.raises(errors.SessionIdInvalidError):
+        lead.fork("seam-id", from_step=1, new_session_id=reserved)
+
+    assert client.store.load(reserved) is None

@@ -139,14 +139,16 @@ RETURNING session_id
 _HOLD_FOR_ABORT = text("SELECT 1 FROM runs WHERE session_id = :sid FOR NO KEY UPDATE")
 _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # Leads whose wake-up was lost: waiting, silent for ``stale`` seconds, no child that can still move, and a child
-# that changed since the lead's last save (a lead paused on a child's approval is not woken again and again).
+# that changed since the lead's last save (a lead paused on a child's approval is not woken again and again), or
+# no child left at all (deleted: nothing else would wake it).
 _WAITING_LEADS = text(f"""
 SELECT l.session_id, l.seq, l.agent FROM runs l
 WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
-  AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+       OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id))
 ORDER BY l.updated_at LIMIT :limit
 """)
 _SET_PARENT = text("""
@@ -482,7 +484,7 @@ class PostgresCheckpointStore:
         return [child_id for child_id in ids if child_id in taken]
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
-        """Leads waiting on children none of which can still move (a lost wake-up), oldest first."""
+        """Leads waiting on children none of which can still move (a lost wake-up, or none left), oldest first."""
         with self._single() as conn:
             rows = conn.execute(_WAITING_LEADS, {"stale": stale_after_s, "limit": limit}).all()
         return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST)

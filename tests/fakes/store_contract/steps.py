@@ -229,6 +229,22 @@ def check_children_are_started_under_the_leads_fence_and_never_adopted(make: Sto
     assert store.load(mine) is None
 
 
+def check_a_lead_waiting_on_children_that_are_all_gone_is_listed(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-bereft")
+    child = "ct-bereft.task-00000000000000d1"
+    assert store.start_children("ct-bereft", AGENT, [(child, AGENT, "look")], fence=lead.fence) == []
+    save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child})
+    subject.tick()
+    assert store.waiting_leads(0.0) == []  # its child can still move
+
+    store.delete(child)  # no child is left to wake it
+    subject.tick()
+
+    assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-bereft"]
+
+
 def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
     store = make(50).store
     checkpoint = new_run(store, "ct-doc")
@@ -337,6 +353,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note,
     check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed,
     check_children_are_started_under_the_leads_fence_and_never_adopted,
+    check_a_lead_waiting_on_children_that_are_all_gone_is_listed,
     check_save_round_trips_the_whole_document,
     check_save_trims_the_drained_inbox,
     check_save_refuses_an_oversized_checkpoint_and_writes_nothing,

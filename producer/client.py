@@ -581,6 +581,7 @@ class AgentHandle:
         Raises:
             CheckpointNotFoundError: the step is not in the run's history (the message lists those kept).
             ConfigurationError: ``new_session_id`` is taken, or the patch is malformed.
+            SessionIdInvalidError: ``new_session_id`` breaks the id rules or is a sub-agent run's id.
         """
         return forks.fork(self._client.store, session_id, from_step, patch, new_session_id, agent=self.name)
 

@@ -246,6 +246,15 @@ class StepAttemptsExceededError(LoushoError):
     code = "LOUSHO_STEP_ATTEMPTS_EXCEEDED"
 
 
+class LeadGoneError(LoushoError):
+    """Recorded when a sub-agent's run is claimed after its lead was deleted; the run is parked before any model call.
+
+    Nothing would read its result: it stops so that it spends nothing and no tool of it takes effect.
+    """
+
+    code = "LOUSHO_LEAD_GONE"
+
+
 class InputTooLargeError(LoushoError):
     """Raised when input passes a size or depth limit; it is refused before anything is written."""
 

@@ -532,18 +532,24 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
 
     At most ``tool_concurrency`` children run at once; the other calls wait for a free place (a settling child
     wakes the run). The run stays paused while a child waits on an approval or ``undecided`` (its own) are not
-    decided yet. Returns the children to send a step (the new ones), once the save that names them is durable.
+    decided yet. Children are started under the run's fence (``StepStore.start_children``): a batch that lost its
+    lease, or whose run was deleted meanwhile, starts none. Returns the children to send a step (the new ones),
+    once the save that names them is durable.
     """
-    if not calls:
+    if not calls or batch.fenced:
         return []
     lead = batch.checkpoint.session_id
-    delegated = dict(batch.checkpoint.delegated or {})
+    # Only the run's own children count: a child named by another run (a fork of a release that copied its
+    # source's) is not waited on, and its call gets a child of this run's.
+    own = {call_id: child for call_id, child in (batch.checkpoint.delegated or {}).items()
+           if records.lead_of(child) == lead}
+    delegated = dict(own)
     paused_on = _settle_delegated(batch, delegated, {call.id: call for call in calls})
-    new: list[tuple[str, str, str]] = []
+    new: list[tuple[ToolCall, str]] = []
     events: list[EventDraft] = []
     sent: list[tuple[str, str | None]] = []
     for call in calls:
-        if call.id in delegated or call.id in (batch.checkpoint.delegated or {}):
+        if call.id in delegated or call.id in own:
             continue
         if call.name != TASK:
             _follow_background(batch, call, delegated, sent)
@@ -559,20 +565,47 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
             batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
                                             "this run's id is too long to name a sub-agent's run"))
         elif background:
-            batch.deps.store.start_children(lead, batch.checkpoint.agent,
-                                            [(started, str(call.args["agent"]), str(call.args["prompt"]))])
-            batch.settle_background(call, machine.tool_message(call, {
-                "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
-                subagents.started(call, started))
-            sent.append((started, str(call.args["agent"])))
+            if _start(batch, [(call, started)]):
+                batch.settle_background(call, machine.tool_message(call, {
+                    "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
+                    subagents.started(call, started))
+                sent.append((started, str(call.args["agent"])))
         else:
             delegated[call.id] = started
-            new.append((started, str(call.args["agent"]), str(call.args["prompt"])))
-            events.append(subagents.started(call, started))
-    if new:
-        batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
+            new.append((call, started))
+    started_now = _start(batch, new)
+    for call, child in new:
+        if child in started_now:
+            events.append(subagents.started(call, child))
+        else:
+            del delegated[call.id]
     batch.delegate(delegated, events, undecided + paused_on)
-    return sent + [(child, agent_name) for child, agent_name, _ in new]
+    return sent + [(child, str(call.args["agent"])) for call, child in new if child in started_now]
+
+
+def _start(batch: _Batch, children: list[tuple[ToolCall, str]]) -> set[str]:
+    """Create the child runs of ``children`` (``task`` calls and the ids of their runs) under the batch's fence.
+
+    Returns the ids started (or found started by an earlier run of this step). A call whose id another run took
+    gets an error result; a batch fenced out starts none (and its lease is lost).
+    """
+    if not children or batch.fenced:
+        return set()
+    try:
+        refused = set(batch.deps.store.start_children(
+            batch.checkpoint.session_id, batch.checkpoint.agent,
+            [(child, str(call.args["agent"]), str(call.args["prompt"])) for call, child in children],
+            fence=batch.checkpoint.fence))
+    except errors.FencedOutError:
+        batch.fenced = True
+        batch.lease.lost.set()
+        return set()
+    for call, child in children:
+        if child in refused:
+            batch.settle(machine.tool_error(call, "execution", "SubagentIdTaken",
+                                            f"a run named {child!r} exists and is not this run's sub-agent;"
+                                            " the task did not start"))
+    return {child for _, child in children if child not in refused}
 
 
 def _settle_delegated(batch: _Batch, delegated: dict[str, str], calls: dict[str, ToolCall]) -> list[str]:
@@ -598,7 +631,7 @@ def _follow_background(batch: _Batch, call: ToolCall, delegated: dict[str, str],
                        sent: list[tuple[str, str | None]]) -> None:
     """``agent_status``, ``agent_cancel`` (answered now) or ``agent_await`` (delegated to the task's child)."""
     task_id = str(call.args.get("task_id", ""))
-    if task_id not in (batch.checkpoint.background or []):
+    if task_id not in (batch.checkpoint.background or []) or records.lead_of(task_id) != batch.checkpoint.session_id:
         batch.settle(machine.tool_error(call, "not-found", "TaskNotFound",
                                         f"no background task {task_id!r} in this run"))
     elif call.name == AGENT_AWAIT:

@@ -106,6 +106,12 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
     telemetry.note(agent=checkpoint.current_agent, kind=telemetry.kind_of(checkpoint), trace=checkpoint.trace,
                    checkpoint=checkpoint)
     _forget_stale_signals(deps, lease, claim)
+    if claim.lead_gone and checkpoint.status != "finished" and not (
+            checkpoint.last_error is not None and not checkpoint.last_error.retryable):
+        # A sub-agent whose lead was deleted: nothing would read its result, so it stops before any model call
+        # or tool (and retention prunes it once it is old enough).
+        gone = errors.LeadGoneError(f"the lead of run {session_id!r} is gone; this sub-agent run stops here")
+        return retry.park(deps, checkpoint, LastError(**gone.to_record()))
     base = deps.agents.get(checkpoint.agent)
     live.claimed(claim.now, base is not None and bool(hook_calls.having(base.hooks, "on_run_end")))
     if claim.abort_requested and checkpoint.status != "finished":

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, events, history, payloads, records, registry, runs, transcripts
+from store import errors, events, history, listing, payloads, records, registry, runs, transcripts
 from store.database import Direct, Transaction, driver_sql
 from store.records import Claim
 
@@ -648,6 +648,27 @@ class PostgresCheckpointStore:
                 found.append(records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc,
                                                     listed=True))
         return found
+
+    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
+                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
+                  cursor: str | None = None) -> records.RunsPage:
+        """A page of runs, newest first by creation, filtered and paged in one statement, without transcripts.
+
+        Args:
+            agents: only runs of these agents (None: any agent).
+            states: only runs standing in these ``records.ListedState`` (None: any).
+            id_contains: only runs whose id contains this text, whatever the case.
+            since: only runs created at or after this time.
+            limit: most runs on the page (1 to ``listing.MAX_LIMIT``).
+            cursor: a ``next_cursor`` or ``prev_cursor`` of an earlier page (None: the newest runs).
+
+        Raises:
+            ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
+        """
+        wanted = listing.RunFilter.of(agents, states, id_contains, since)
+        position = None if cursor is None else listing.parse_cursor(cursor)
+        with self._single() as conn:
+            return listing.read(conn, wanted, listing.check_limit(limit), position)
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run.

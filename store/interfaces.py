@@ -191,6 +191,18 @@ class ProducerStore(Protocol):
              limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints by creation, the last created first with ``newest``; unreadable ones as ``PendingRun``."""
 
+    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
+                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
+                  cursor: str | None = None) -> records.RunsPage:
+        """A page of runs, newest first by creation, filtered and paged by the store, without their transcripts.
+
+        ``cursor`` is a ``next_cursor`` or ``prev_cursor`` of an earlier page; runs created since do not move
+        the runs of the pages it leads to.
+
+        Raises:
+            ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
+        """
+
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""
 

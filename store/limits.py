@@ -19,10 +19,10 @@ class Limits(BaseModel):
     """What one input of a run may spend; checked before each model call.
 
     Counted per input, like ``steps`` and ``usage``: a follow-up to a finished run starts from zero. A run
-    past a limit stops with ``finish_reason="budget-exceeded"`` (in progress, left alone by the sweep) until
-    ``resume(..., limits=...)`` raises it. ``max_duration_s`` is wall time on Postgres's clock from the
-    input's first step, without the time the run waited on approvals or stood stopped. ``max_cost`` needs
-    ``Prices`` for the agent's model. None leaves a dimension unlimited.
+    that reached a limit (the limit itself included) stops with ``finish_reason="budget-exceeded"`` (in
+    progress, left alone by the sweep) until ``resume(..., limits=...)`` raises it. ``max_duration_s`` is wall
+    time on Postgres's clock from the input's first step, without the time the run waited on approvals or stood
+    stopped. ``max_cost`` needs ``Prices`` for the agent's model. None leaves a dimension unlimited.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -25,6 +25,10 @@ FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", 
                        "budget-exceeded"]
 #: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
 RunState = Literal["running", "retrying", "parked", "paused", "aborted", "budget-exceeded"]
+#: Where a listed run stands: a ``RunState``, or ``finished`` (see ``listed_state``).
+ListedState = Literal["running", "retrying", "parked", "paused", "aborted", "budget-exceeded", "finished"]
+LISTED_STATES: tuple[ListedState, ...] = ("running", "retrying", "parked", "paused", "aborted", "budget-exceeded",
+                                         "finished")
 
 #: The stored checkpoint format this release writes: 2, the transcript as append-only rows (``store.transcripts``)
 #: and the rest in the run's document; 1 held the whole transcript in the document. Formats change in two
@@ -433,8 +437,51 @@ class PendingRun(_Record):
 def checkpoint_state(checkpoint: Checkpoint) -> RunState:
     """Where an unfinished run saved as ``checkpoint`` stands: ``run_state``, or how it stopped (budget, abort)."""
     if checkpoint.aborted:
-        return "budget-exceeded" if checkpoint.finish_reason == "budget-exceeded" else "aborted"
+        return _stopped_state(checkpoint.finish_reason)
     return run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at)
+
+
+def _stopped_state(finish_reason: str | None) -> RunState:
+    """How a run stopped by an abort or a budget stands (its finish reason says which)."""
+    return "budget-exceeded" if finish_reason == "budget-exceeded" else "aborted"
+
+
+def listed_state(status: Status, aborted: bool, finish_reason: str | None, last_error: LastError | None,
+                 next_attempt_at: datetime | None) -> ListedState:
+    """Where a run stands in a listing, from its row's columns: ``finished``, or ``checkpoint_state``'s answer.
+
+    ``finish_reason`` is read only for a stopped (``aborted``) run; ``store.listing.STATE`` is this rule in SQL.
+    """
+    if status == "finished" and not aborted:
+        return "finished"
+    if aborted:
+        return _stopped_state(finish_reason)
+    return run_state(status, last_error, next_attempt_at)
+
+
+class ListedRun(_Record):
+    """A run as a listing shows it: where it stands and when, without its transcript or document."""
+
+    session_id: str
+    agent: str
+    state: ListedState
+    status: Status
+    #: The lead of a sub-agent run (None for a run of its own).
+    parent_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunsPage(_Record):
+    """A page of a runs listing, newest first, with the cursors of the pages on either side of it.
+
+    ``next_cursor`` continues toward older runs and ``prev_cursor`` back toward newer ones; None when there is
+    nothing that way (``prev_cursor`` is None on a first page, whatever was created since it was read).
+    """
+
+    items: list[ListedRun]
+    next_cursor: str | None = None
+    prev_cursor: str | None = None
 
 
 def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> PendingRun:

@@ -87,6 +87,8 @@ runs = Table(
     Index("runs_waiting_idx", "updated_at", postgresql_where=text("waiting")),
     #: Finished runs of their own by last save: what the retention sweep reads (``store.retention``).
     Index("runs_retention_idx", "updated_at", postgresql_where=text("status = 'finished' AND parent_id IS NULL")),
+    #: Runs by creation: the keyset a page of the runs listing is read by (``store.listing``).
+    Index("runs_created_idx", "created_at", "session_id"),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

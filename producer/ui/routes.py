@@ -34,8 +34,6 @@ _Sees = Callable[[str | None], bool]
 
 _STATIC_TYPES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 _AGENT = re.compile(r"[A-Za-z0-9_-]{1,100}")
-#: Runs the list reads at most (the newest by creation when there are more).
-LIST_LIMIT = 5000
 #: Durable events a run page reads at most (for durations, usage and drift).
 EVENTS_LIMIT = 2000
 
@@ -138,36 +136,48 @@ async def home(request: Request) -> Response:
 # -- runs ----------------------------------------------------------------------------------------------------
 
 
-def _runs(backend: Backend, agent: str | None) -> tuple[list[Checkpoint | records.PendingRun], list[str]]:
-    return backend.checkpoints.list(agent=agent, limit=LIST_LIMIT, newest=True), backend.known_agents()
+def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str,
+          cursor: str | None) -> tuple[records.RunsPage, list[str]]:
+    """One page of the runs list, filtered and paged by the store: no transcript is read."""
+    page = backend.checkpoints.list_runs(agents=agents, states=views.states_of(status), id_contains=query or None,
+                                         limit=views.PAGE_SIZE, cursor=cursor)
+    return page, backend.known_agents()
 
 
 @router.get("/runs")
 async def runs(request: Request) -> Response:
-    """The runs the viewer sees, newest first, filtered by agent, status and id, 50 a page."""
+    """The runs the viewer sees, newest first by creation, filtered by agent, status and id, 50 a page.
+
+    Pages follow each other by cursor (the last run shown), so runs created while the viewer reads do not push
+    the runs of the next page onto the one already seen.
+    """
     found = pages.signed_in(request)
     params = request.query_params
     agent = params.get("agent", "").strip()
     status = params.get("status", "").strip()
     query = params.get("q", "").strip()[:200]
-    page = int(params["page"]) if params.get("page", "").isdigit() and 0 < int(params["page"]) <= 100_000 else 1
+    cursor = params.get("cursor", "").strip()[:2000] or None
     if agent and not _AGENT.fullmatch(agent):
         agent = ""
     if status not in views.STATUSES:
         status = ""
     principal = found.principal
-    listed, known = await run_in_threadpool(_runs, pages.backend_of(request), agent or None)
-    visible = [run for run in listed if principal.sees(run.agent)] if not agent or principal.sees(agent) else []
-    rows, more = views.runs_page(visible, status=status, query=query, page=page)
-    agents = principal.visible(set(known) | {run.agent for run in listed} | ({agent} if agent else set()))
+    agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
+    try:
+        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor)
+    except errors.ConfigurationError:
+        raise pages.PageError(400, "That page of runs cannot be found: start from the first page") from None
+    listed = principal.visible(set(known) | {run.agent for run in page.items} | ({agent} if agent else set()))
 
-    def link(number: int) -> str:
+    def link(at: str | None) -> str | None:
+        if at is None:
+            return None
         kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query)) if v}
-        return "/ui/runs?" + urllib.parse.urlencode({**kept, "page": number})
+        return "/ui/runs?" + urllib.parse.urlencode({**kept, "cursor": at})
 
-    return pages.render("runs.html", request, found, rows=rows, agents=agents, statuses=views.STATUSES,
-                        agent=agent, status=status, query=query, page=page,
-                        next_link=link(page + 1) if more else None, prev_link=link(page - 1) if page > 1 else None)
+    return pages.render("runs.html", request, found, rows=views.run_rows(page), agents=listed,
+                        statuses=views.STATUSES, agent=agent, status=status, query=query,
+                        next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 
 def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history: bool) -> dict[str, Any]:

@@ -25,15 +25,22 @@ ABORTABLE = frozenset({"in-progress", "awaiting-approval", "retrying"})
 RESUMABLE = frozenset({"parked", "aborted", "budget-exceeded", "retrying"})
 PAGE_SIZE = 50
 _RUN_STATES = {"running": "in-progress", "paused": "awaiting-approval"}
+#: The listing states each status of ``STATUSES`` stands for.
+_LISTED: dict[str, tuple[records.ListedState, ...]] = {
+    "in-progress": ("running",), "awaiting-approval": ("paused",), "finished": ("finished",), "parked": ("parked",),
+    "retrying": ("retrying",), "aborted": ("aborted", "budget-exceeded")}
 
 
-def status_of(run: Checkpoint | PendingRun) -> str:
+def status_of(run: Checkpoint | PendingRun | records.ListedRun) -> str:
     """The status a page shows: finished, awaiting-approval, in-progress, parked, retrying, aborted, budget-exceeded."""
     if isinstance(run, PendingRun):  # a run whose checkpoint cannot be read
         return "parked"
-    if run.status == "finished" and not run.aborted:
+    if isinstance(run, records.ListedRun):
+        state: str = run.state
+    elif run.status == "finished" and not run.aborted:
         return "finished"
-    state = records.checkpoint_state(run)
+    else:
+        state = records.checkpoint_state(run)
     return _RUN_STATES.get(state, state)
 
 
@@ -67,24 +74,14 @@ class RunRow:
     updated: str | None
 
 
-def _matches(status: str, wanted: str) -> bool:
-    return not wanted or status == wanted or (wanted == "aborted" and status == "budget-exceeded")
+def states_of(status: str) -> tuple[records.ListedState, ...] | None:
+    """The listing states a status filter of the runs list keeps (None: any)."""
+    return _LISTED.get(status) if status else None
 
 
-def runs_page(runs: Sequence[Checkpoint | PendingRun], *, status: str, query: str,
-              page: int) -> tuple[list[RunRow], bool]:
-    """One page of the runs list (newest first) and whether there is a next one."""
-    rows = []
-    for run in runs:
-        shown = status_of(run)
-        if not _matches(shown, status) or (query and query.lower() not in run.session_id.lower()):
-            continue
-        updated = run.updated_at if isinstance(run, Checkpoint) else None
-        rows.append((updated or datetime.min.replace(tzinfo=UTC), RunRow(run.session_id, run.agent, shown,
-                                                                         iso(updated))))
-    rows.sort(key=lambda pair: (pair[0], pair[1].run_id), reverse=True)
-    start = (page - 1) * PAGE_SIZE
-    return [row for _, row in rows[start:start + PAGE_SIZE]], len(rows) > start + PAGE_SIZE
+def run_rows(page: records.RunsPage) -> list[RunRow]:
+    """The rows of a page of the runs list, as the store listed them (newest first)."""
+    return [RunRow(run.session_id, run.agent, status_of(run), iso(run.updated_at)) for run in page.items]
 
 
 @dataclass
@@ -208,4 +205,4 @@ def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], 
 
 __all__ = ["ABORTABLE", "PAGE_SIZE", "RESUMABLE", "SETTLED", "STATUSES", "ApprovalView", "CompareStep", "RunRow",
            "TimelineItem", "ToolCallView", "approval_view", "as_text", "compare_sides", "drift_notes", "iso",
-           "runs_page", "status_of", "timeline"]
+           "run_rows", "states_of", "status_of", "timeline"]

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from store import errors, events, history, payloads, records, runs
+from store import listing as run_listing
 from store.memory import approvals as approval_rows
 from store.memory import listing
 from store.memory import runs as run_rows
@@ -351,6 +352,19 @@ class MemoryCheckpointStore:
         """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a PendingRun."""
         with self.state.lock:
             return listing.latest(self.state, statuses, agent, limit, newest)
+
+    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
+                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
+                  cursor: str | None = None) -> records.RunsPage:
+        """A page of runs, newest first by creation (see ``PostgresCheckpointStore.list_runs``).
+
+        Raises:
+            ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
+        """
+        wanted = run_listing.RunFilter.of(agents, states, id_contains, since)
+        position = None if cursor is None else run_listing.parse_cursor(cursor)
+        with self.state.lock:
+            return listing.runs_page(self.state, wanted, run_listing.check_limit(limit), position)
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""

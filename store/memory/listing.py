@@ -1,14 +1,16 @@
-"""Listings over the in-memory runs: latest checkpoints, pending runs, and runs the recovery sweep may move.
+"""Listings over the in-memory runs: latest checkpoints, pages of runs, pending runs, and runs the sweep may move.
 
 The ``PostgresCheckpointStore`` queries of the same names, for a ``MemoryState`` whose lock the caller holds.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import timedelta
 
 from store import errors, records, runs
+from store import listing as run_listing
 from store.memory.state import MemoryState, RunRow, to_checkpoint
 
 
@@ -32,6 +34,45 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
             found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, listed=True))
     return found
+
+
+def _listed(session_id: str, run: RunRow) -> records.ListedRun:
+    """The run's row as a listing shows it (its document read only for a stopped run's finish reason)."""
+    finish_reason = None
+    if run.aborted:
+        try:
+            document = json.loads(run.document)
+        except ValueError:
+            document = None
+        finish_reason = document.get("finish_reason") if isinstance(document, dict) else None
+    last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
+    return records.ListedRun(
+        session_id=session_id, agent=run.agent, status=run.status, parent_id=run.parent_id,
+        state=records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at),
+        created_at=run.created_at, updated_at=run.updated_at)
+
+
+def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
+              position: run_listing.Position | None) -> records.RunsPage:
+    """A page of runs matching ``wanted`` from ``position`` (see ``PostgresCheckpointStore.list_runs``)."""
+    newer = position is not None and position.direction == "newer"
+    found = []
+    for sid, run in state.runs.items():
+        if wanted.agents is not None and run.agent not in wanted.agents:
+            continue
+        if wanted.id_contains is not None and wanted.id_contains.lower() not in sid.lower():
+            continue
+        if wanted.since is not None and run.created_at < wanted.since:
+            continue
+        if position is not None:
+            key, at = (run.created_at, sid), (position.created_at, position.session_id)
+            if (key <= at) if newer else (key >= at):
+                continue
+        listed = _listed(sid, run)
+        if wanted.states is None or listed.state in wanted.states:
+            found.append(listed)
+    found.sort(key=lambda r: (r.created_at, r.session_id), reverse=not newer)
+    return run_listing.page_of(found[:limit + 1], limit, position)
 
 
 def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.support import checker, services
 from tests.support.agents import run_input
@@ -39,32 +40,56 @@ def _free_port() -> int:
         return port
 
 
+def _quoted(value: str) -> str:
+    """``value`` as a quoted value of a PgBouncer connection string (a quote inside is doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _server_identity(url: str) -> tuple[int, str]:
+    """Which Postgres answers at ``url``: the port it listens on and its cluster's system identifier."""
+    with psycopg.connect(url, connect_timeout=2, prepare_threshold=None) as conn:
+        row = conn.execute("SELECT system_identifier::text, current_setting('port')::int FROM pg_control_system()"
+                           ).fetchone()
+    assert row is not None
+    return int(row[1]), str(row[0])
+
+
 @pytest.fixture
 def pgbouncer() -> Iterator[str]:
-    """A private PgBouncer in transaction mode in front of the test database; yields its database URL."""
+    """A private PgBouncer in transaction mode in front of the test database; yields its database URL.
+
+    It points at the server of the test database's own URL (the embedded one when no URL is set), never at a
+    fixed address: another server may hold a database of the same name.
+    """
     if not Path(PGBOUNCER).exists():
         if os.environ.get("CI"):
             pytest.fail("pgbouncer is not installed (Debian's pgbouncer package; .ci/run installs it)")
         pytest.skip("pgbouncer is not installed (Debian's pgbouncer package)")
+    server = make_url(services.test_database_url())
+    user, database = server.username or "postgres", server.database or services.TEST_DATABASE
     # Outside pytest's private temporary folders: started as root, it drops to the postgres user, who must
     # reach its files.
     home = Path(tempfile.mkdtemp(prefix="lousho-pgbouncer-"))
     home.chmod(0o777)
-    port, database = _free_port(), services.TEST_DATABASE
-    (home / "users.txt").write_text('"postgres" ""\n')
+    port = _free_port()
+    password = server.password or ""
+    (home / "users.txt").write_text(f'"{user}" "{str(password).replace(chr(34), chr(34) * 2)}"\n')
+    target = (f"host={server.host or '127.0.0.1'} port={server.port or 5432} dbname={_quoted(database)}"
+              f" user={_quoted(user)}" + (f" password={_quoted(str(password))}" if password else ""))
     (home / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"{database} = host=127.0.0.1 port=5432 dbname={database} user=postgres\n"
+        f"{database} = {target}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {home / 'users.txt'}\nadmin_users = postgres\n"
+        f"auth_type = trust\nauth_file = {home / 'users.txt'}\nadmin_users = {user}\n"
         f"pool_mode = transaction\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = 200\n"
         f"logfile = {home / 'pgbouncer.log'}\npidfile = {home / 'pgbouncer.pid'}\n")
     for path in home.iterdir():
         path.chmod(0o666)
-    process = subprocess.Popen([PGBOUNCER, "-u", "postgres", str(home / "pgbouncer.ini")],
+    as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    process = subprocess.Popen([PGBOUNCER, *as_user, str(home / "pgbouncer.ini")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"postgresql://postgres@127.0.0.1:{port}/{database}"
+    url = f"postgresql://{user}@127.0.0.1:{port}/{database}"
 
     def answers() -> bool:
         try:
@@ -76,6 +101,8 @@ def pgbouncer() -> Iterator[str]:
 
     try:
         wait_until(answers, 10, "pgbouncer accepting connections")
+        direct = server.set(drivername="postgresql").render_as_string(hide_password=False)
+        assert _server_identity(url) == _server_identity(direct), "the pooler reaches another server"
         yield url
     finally:
         process.terminate()

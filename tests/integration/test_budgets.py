@@ -76,11 +76,16 @@ def test_a_token_budget_stops_the_run_and_a_resume_with_a_raised_limit_finishes_
 
 
 def test_a_follow_up_starts_its_budget_from_zero(make_driver: Callable[..., Driver], client: Client) -> None:
-    script = [{"text": "one", "usage": USAGE}, {"text": "two", "usage": USAGE}]
-    driver = make_driver(Agent(name="per-input", model=MockModel(script), limits=Limits(max_input_tokens=150)))
-    assert _settle(client.agent("per-input").send("a", session_id="bud-2"), driver).finish_reason == "stop"
-    # 100 input tokens spent; a second input of the same run would pass 150 together, but counts alone.
-    assert _settle(client.agent("per-input").send("b", session_id="bud-2"), driver).finish_reason == "stop"
+    script = [{"tool_calls": [{"name": "step_tool", "args": {"n": 0}}], "usage": USAGE},
+              {"text": "one", "usage": USAGE}, {"text": "two", "usage": USAGE}]
+    driver = make_driver(Agent(name="per-input", model=MockModel(script), tools=[step_tool],
+                               limits=Limits(max_input_tokens=150)))
+    first = _settle(client.agent("per-input").send("a", session_id="bud-2"), driver)
+    # Checked before each call: 0, then 100, are under 150; the input ends having spent 200.
+    assert (first.finish_reason, first.steps, first.usage.input_tokens) == ("stop", 2, 200)
+    # Carried over, those 200 would stop the follow-up before its first call; counted alone, it spends 100.
+    second = _settle(client.agent("per-input").send("b", session_id="bud-2"), driver)
+    assert (second.finish_reason, second.text, second.steps, second.usage.input_tokens) == ("stop", "two", 1, 100)
 
 
 def test_max_cost_counts_with_the_agent_prices(make_driver: Callable[..., Driver], client: Client) -> None:

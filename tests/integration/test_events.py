@@ -113,6 +113,20 @@ def test_a_second_input_continues_the_numbering_and_its_handle_starts_at_its_own
     assert [e.seq for e in client.events("ev-2", timeout=5)] == [3, 4, 5]
 
 
+def test_inputs_merged_by_one_step_are_each_read_from_the_run_start_that_merged_them(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    driver = make_driver(Agent(name="ev", model=MockModel(["first", "both"])))
+    client.agent("ev").send("one", session_id="ev-2m")
+    driver.drain("ev-2m")
+    two = client.agent("ev").send("two", session_id="ev-2m")
+    three = client.agent("ev").send("three", session_id="ev-2m")
+    driver.drain("ev-2m")  # one step merges both
+    for handle in (two, three):
+        seen = _all(handle.events(timeout=3))
+        assert [(e.seq, e.type) for e in seen] == [(3, "run.start"), (4, "step.done"), (5, "run.done")]
+        assert seen[0].data["input_number"] == 3 and seen[-1].data["text"] == "both"
+
+
 def test_a_reader_blocks_until_the_events_are_saved(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel([_calls(("lookup", {"key": "a"})), "done"]),
                                tools=[lookup]))

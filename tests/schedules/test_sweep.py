@@ -15,6 +15,7 @@ from producer.cli import schedules as schedule_cli
 from producer.schedules import Schedules
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
+from store.schedule_records import Schedule, TickPlan
 from store.schedules import PostgresScheduleStore
 from worker.schedules import SweepResult, publish, sweep, sync_declared
 
@@ -85,6 +86,34 @@ def test_a_due_tick_fires_once_with_its_run_and_input(schedules: Schedules, sche
     fires = schedules.fires("tick")
     assert [f.session_id for f in reversed(fires)] == first.session_ids + again.session_ids
     assert schedule_store.get("tick").last_session_id == (first.session_ids + again.session_ids)[-1]
+
+
+def test_a_tick_claimed_before_never_fires_again_whatever_became_of_its_run(
+        schedules: Schedules, schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore) -> None:
+    made = schedules.create("again", "reporter", "Send the report", every=3600, overlap="allow")
+    tick = made.next_fire_at
+
+    def due_now() -> None:  # as a redefinition or a resume may set the next tick back
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE schedules SET next_fire_at = now() - interval '1 second' WHERE name = 'again'"))
+
+    def same_tick(schedule: Schedule, now: datetime, previous_busy: bool) -> TickPlan:
+        return TickPlan(fire=[tick], skip=[], next_fire_at=tick + timedelta(hours=2))
+
+    due_now()
+    first = schedule_store.fire_next_due(same_tick)
+    assert first is not None and [t for t, _ in first.fired] == [tick]
+    session_id = first.fired[0][1]
+    # When the same tick comes up again, with its run still there and then with its run gone (pruned, deleted)
+    due_now()
+    kept = schedule_store.fire_next_due(same_tick)
+    store.delete(session_id)
+    due_now()
+    gone = schedule_store.fire_next_due(same_tick)
+    # Then it starts nothing, and its claim still names the run it started
+    assert kept is not None and gone is not None and kept.fired == gone.fired == []
+    assert store.load(session_id) is None
+    assert [(f.fire_at, f.session_id, f.outcome) for f in schedules.fires("again")] == [(tick, session_id, "fired")]
 
 
 def test_overlap_skip_claims_ticks_without_runs_until_the_previous_run_finishes(

@@ -6,8 +6,10 @@ import json
 import threading
 from typing import Any
 
+from store.memory import MemoryLeaseManager
 from store.records import Checkpoint, InboxEntry, Lease, Message, ToolCall
-from tests.fakes.runtime import MemoryRuntime
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import TTL_MS, MemoryRuntime
 from worker import Agent, machine, tool
 from worker.live import Live
 from worker.providers import MockModel
@@ -109,3 +111,49 @@ def test_an_abort_keeps_input_queued_before_it_and_reports_every_cancelled_call(
     events = runtime.store.read_events("r-2", -1)
     assert [e.type for e in events][-4:] == ["run.start", "tool.error", "tool.error", "run.done"]
     assert runtime.checkpoint("r-2").messages[-1].content == "and tell me"
+
+
+class _KeptLeases(MemoryLeaseManager):
+    """In-memory leases that keep every lease they give, so a test can ring its doorbell mid-step."""
+
+    def __init__(self, ttl_ms: int, clock: FakeClock) -> None:
+        super().__init__(ttl_ms, clock)
+        self.given: list[Lease] = []
+
+    def acquire(self, session_id: str, floor: int = 0) -> Lease | None:
+        lease = super().acquire(session_id, floor)
+        if lease is not None:
+            self.given.append(lease)
+        return lease
+
+
+def test_a_doorbell_without_a_stored_abort_request_stops_nothing() -> None:
+    clock = FakeClock()
+    leases = _KeptLeases(TTL_MS, clock)
+
+    def ring() -> None:  # what the heartbeat does when it reads an abort signal in Redis
+        leases.given[-1].hear(watched=False, abort=True, steer=0)
+
+    @tool
+    def pack() -> str:
+        """Pack."""
+        ring()
+        return "packed"
+
+    def answer(messages: list[Message]) -> Any:
+        ring()
+        if not any(m.role == "assistant" for m in messages):
+            return {"tool_calls": [{"name": "pack"}, {"name": "pack"}]}
+        return "done"
+
+    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel(answer), tools=[pack])], leases=leases,
+                                  clock=clock)
+    runtime.send("r-3", "shop", "pack it")
+    # Given no abort stored for the run, when its doorbell rings during the model call and during each tool call
+    assert runtime.step("r-3") == Outcome.ADVANCED
+    assert runtime.step("r-3") == Outcome.ADVANCED
+    runtime.drain()
+    # Then the turn is kept, both calls run and the run finishes
+    done = runtime.checkpoint("r-3")
+    assert not done.aborted and done.finish_reason == "stop"
+    assert [m.content for m in done.messages if m.role == "tool"] == ["packed", "packed"]

@@ -189,6 +189,23 @@ def test_input_sent_during_a_tool_batch_lands_after_its_results(shop: Shop) -> N
     assert final.messages[5].content == "Also gift-wrap it." and final.status == "finished"
 
 
+def test_inputs_merged_by_one_step_start_at_the_run_start_that_merged_them(shop: Shop) -> None:
+    agent = shop_agent(shop, script=["First.", "Both."])
+    runtime = MemoryRuntime.build([agent])
+    runtime.send(SID, "shop", "one")
+    runtime.drain()
+    # Given two inputs sent before the next step, when that step merges both
+    runtime.send(SID, "shop", "two")
+    runtime.send(SID, "shop", "three")
+    runtime.drain()
+    # Then one run.start names the last input it merged, and both inputs' events start there
+    events = runtime.store.read_events(SID, -1)
+    assert [(e.seq, e.data["input_number"]) for e in events if e.type == "run.start"] == [(0, 1), (3, 3)]
+    assert [runtime.store.input_start(SID, n) for n in (1, 2, 3, 4)] == [0, 3, 3, None]
+    assert model_calls(agent) == 2 and [m.content for m in runtime.checkpoint(SID).messages[-3:]] == [
+        "two", "three", "Both."]
+
+
 def test_a_run_that_uses_its_steps_finishes_with_max_steps(shop: Shop) -> None:
     forever = lambda messages: {"tool_calls": [{"name": "ship", "args": {"order": len(messages)}}]}  # noqa: E731
     runtime = MemoryRuntime.build([shop_agent(shop, script=forever, max_steps=2)])

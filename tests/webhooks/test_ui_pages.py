@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from sqlalchemy import event
 
 from producer.client import Client
 from producer.server import create_app
@@ -162,7 +164,10 @@ def test_sign_in_with_a_good_key_sets_a_strict_http_only_session_and_a_bad_key_i
     assert good.status_code == 303 and good.headers["location"] == "/ui/approvals"
     cookie = next(c for c in good.headers.get_list("set-cookie") if c.startswith("lousho_session="))
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert "Max-Age=43200" in cookie  # LOUSHO_UI_SESSION_HOURS (12) in the browser too
     assert FULL not in cookie
+    login_cookie = next(c for c in form.headers.get_list("set-cookie") if c.startswith("lousho_login="))
+    assert "Max-Age=1800" in login_cookie and "HttpOnly" in login_cookie
     runs = site.http.get("/ui/runs")
     assert '<span id="who">ops</span>' in runs.text and 'id="logout"' in runs.text
     # A next path outside the pages is ignored; a forged cookie signs nobody in
@@ -366,7 +371,9 @@ def test_the_runs_list_pages_filters_and_searches(site: Site) -> None:
     first = site.http.get("/ui/runs").text
     assert first.count('class="run"') == 50 and 'rel="next"' in first and 'rel="prev"' not in first
     assert first.index('data-run-id="wait-1"') < first.index('data-run-id="many-52"')  # newest first
-    second = site.http.get("/ui/runs?page=2").text
+    older = re.search(r'rel="next" href="([^"]+)"', first)
+    assert older is not None
+    second = site.http.get(html.unescape(older.group(1))).text
     assert second.count('class="run"') == 4 and 'rel="prev"' in second and 'rel="next"' not in second
     waiting = site.http.get("/ui/runs?status=awaiting-approval").text
     assert waiting.count('class="run"') == 1 and '<td class="status"><span class="status-awaiting-approval">' in waiting
@@ -374,6 +381,53 @@ def test_the_runs_list_pages_filters_and_searches(site: Site) -> None:
     assert site.http.get("/ui/runs?q=ny-5").text.count('class="run"') == 3
     assert 'class="empty"' in site.http.get("/ui/runs?q=nothing-like-it").text
     assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ">', first)
+
+
+def test_the_runs_list_reads_no_transcript(site: Site) -> None:
+    site.start("hooks", "talk-1", "handle it")
+    _sign_in(site)
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        statements.append(statement)
+
+    event.listen(site.client.engine, "before_cursor_execute", seen)
+    try:
+        page = site.http.get("/ui/runs?status=finished")
+    finally:
+        event.remove(site.client.engine, "before_cursor_execute", seen)
+    assert 'data-run-id="talk-1"' in page.text
+    listing = [s for s in statements if re.search(r"\bFROM runs\b", s)]
+    assert listing, statements
+    assert [s for s in statements if "run_messages" in s] == []  # no transcript rows
+    # nor the document (a format-1 run keeps its transcript there): at most a stopped run's finish reason
+    assert [s for s in listing if re.search(r"\bdocument\b(?! ->> 'finish_reason')", s)] == []
+
+
+def test_the_runs_list_pages_by_keyset_while_runs_are_created(site: Site) -> None:
+    for n in range(120):
+        site.client.store.append_input(f"page-{n:03d}", "hooks", [Message(role="user", content="x")])
+    _sign_in(site)
+    listed: list[str] = []
+    page = site.http.get("/ui/runs").text
+    for pages in range(1, 10):
+        listed.extend(re.findall(r'data-run-id="([^"]+)"', page))
+        # A run created while the viewer reads moves nothing on the older pages.
+        site.client.store.append_input(f"late-{pages}", "hooks", [Message(role="user", content="x")])
+        older = re.search(r'rel="next" href="([^"]+)"', page)
+        if older is None:
+            break
+        assert "cursor=" in older.group(1) and "page=" not in older.group(1)
+        page = site.http.get(html.unescape(older.group(1))).text
+    assert listed == [f"page-{n:03d}" for n in reversed(range(120))]
+    assert 'rel="next"' not in page
+    # Back one page: the fifty runs just newer than the last page, and a way on to the runs created since.
+    newer = re.search(r'rel="prev" href="([^"]+)"', page)
+    assert newer is not None
+    back = site.http.get(html.unescape(newer.group(1))).text
+    assert re.findall(r'data-run-id="([^"]+)"', back) == listed[50:100]
+    assert 'rel="prev"' in back and 'rel="next"' in back
+    assert site.http.get("/ui/runs?cursor=not-a-cursor").status_code == 400
 
 
 def test_webhooks_can_be_turned_off_and_need_no_secret_then(

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.fakes.store_contract import approvals, events, maintenance, runs, steps
+from tests.fakes.store_contract import approvals, events, listing, maintenance, runs, steps
 from tests.fakes.store_contract.subject import AGENT, StoreFactory, StoreSubject
 
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
-    *steps.CHECKS, *runs.CHECKS, *maintenance.CHECKS, *approvals.CHECKS, *events.CHECKS)
+    *steps.CHECKS, *runs.CHECKS, *maintenance.CHECKS, *approvals.CHECKS, *events.CHECKS, *listing.CHECKS)
 
 __all__ = ["AGENT", "CHECKS", "StoreFactory", "StoreSubject"]

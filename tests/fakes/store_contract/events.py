@@ -41,6 +41,23 @@ def check_a_save_numbers_its_events_after_the_runs_last_one(make: StoreFactory) 
     assert progress is not None and progress.events_next == 3
 
 
+def check_input_start_is_the_run_start_that_merged_the_input(make: StoreFactory) -> None:
+    store = make(50).store
+    run = new_run(store, "ct-ev-f")
+    first = _evented(store, run, [EventDraft(type="run.start", data={"input_number": 1}),
+                                  EventDraft(type="run.done")], inbox_cursor=1, status="finished")
+    # Inputs 2 and 3 were sent before the next step, which merged both: one run.start, numbered by the last.
+    for text in ("two", "three"):
+        store.append_input("ct-ev-f", AGENT, [user_message(text)])
+    _evented(store, first, [EventDraft(type="run.start", data={"input_number": 3}), EventDraft(type="run.done")],
+             inbox_cursor=3, status="finished")
+    assert [(e.seq, e.type, e.data.get("input_number")) for e in store.read_events("ct-ev-f", -1)] == [
+        (0, "run.start", 1), (1, "run.done", None), (2, "run.start", 3), (3, "run.done", None)]
+    starts = [store.input_start("ct-ev-f", n) for n in (1, 2, 3, 4)]
+    assert starts == [0, 2, 2, None], f"input_start of inputs 1-4: {starts}"
+    assert store.latest_start("ct-ev-f") == 2
+
+
 def check_a_fenced_out_save_writes_no_events(make: StoreFactory) -> None:
     store = make(50).store
     run = new_run(store, "ct-ev-b")
@@ -108,6 +125,7 @@ def check_a_finished_run_cannot_be_aborted(make: StoreFactory) -> None:
 
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_a_save_numbers_its_events_after_the_runs_last_one,
+    check_input_start_is_the_run_start_that_merged_the_input,
     check_a_fenced_out_save_writes_no_events,
     check_failures_write_their_events_under_the_fence,
     check_events_go_with_their_run,

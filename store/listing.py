@@ -1,0 +1,181 @@
+"""The runs listing: runs filtered in SQL and paged by keyset, newest first by creation, without their transcripts.
+
+A page reads only the control columns of ``runs`` (never ``run_messages``; of the document, only a stopped run's
+finish reason), so it costs the same whatever the runs hold and however deep the reader pages. It owns the cursor
+format and the SQL of where a run stands (``STATE``, the rule of ``records.listed_state``); it must not write.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, text
+
+from store import errors, records, runs
+
+#: Most runs one page may hold.
+MAX_LIMIT = 500
+#: Most characters of a run id search (longer ones are refused).
+MAX_SEARCH = 200
+
+# ``records.listed_state`` in SQL. The document is read only in the branch of a stopped run: CASE evaluates the
+# branch it takes, so a listing of running or finished runs never detoasts a document.
+STATE = f"""CASE WHEN status = 'finished' AND NOT aborted THEN 'finished'
+  WHEN aborted THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
+                         ELSE 'aborted' END
+  WHEN status = 'awaiting-approval' THEN 'paused'
+  WHEN NOT COALESCE({runs.NOT_PARKED}, false) THEN 'parked'
+  WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
+  ELSE 'running' END"""
+_COLUMNS = f"session_id, agent, status, parent_id, created_at, updated_at, {STATE} AS state"
+
+#: Which way a cursor reads from its position: toward older runs, or back toward newer ones.
+Direction = Literal["older", "newer"]
+_MARKS: dict[Direction, str] = {"older": "o", "newer": "n"}
+#: Longest run id a cursor may carry (a child's id is its lead's and a suffix).
+_MAX_CURSOR_ID = 1000
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a cursor stands: a listed run's creation time and id (the keyset), and which way it reads."""
+
+    created_at: datetime
+    session_id: str
+    direction: Direction = "older"
+
+    def cursor(self) -> str:
+        """The opaque text a page hands out for this position (URL-safe)."""
+        raw = json.dumps([_MARKS[self.direction], self.created_at.isoformat(), self.session_id],
+                         separators=(",", ":"))
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def parse_cursor(cursor: str) -> Position:
+    """The position a page's cursor stands for.
+
+    Raises:
+        ConfigurationError: ``cursor`` is not one a page gave (``field="cursor"``).
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        mark, at, session_id = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        direction = next(name for name, sign in _MARKS.items() if sign == mark)
+    except (binascii.Error, ValueError, TypeError, StopIteration):
+        raise errors.ConfigurationError("the cursor is not one a runs page gave", field="cursor") from None
+    if when.tzinfo is None or not isinstance(session_id, str) or not 0 < len(session_id) <= _MAX_CURSOR_ID:
+        raise errors.ConfigurationError("the cursor is not one a runs page gave", field="cursor")
+    return Position(when, session_id, direction)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """What a listing keeps; each part None keeps every run.
+
+    Runs of ``agents``, standing in ``states``, whose id contains ``id_contains`` (whatever the case), created at
+    or after ``since``.
+    """
+
+    agents: frozenset[str] | None = None
+    states: frozenset[records.ListedState] | None = None
+    id_contains: str | None = None
+    since: datetime | None = None
+
+    @classmethod
+    def of(cls, agents: Iterable[str] | None, states: Iterable[str] | None, id_contains: str | None,
+           since: datetime | None) -> RunFilter:
+        """The filter of a listing's arguments, checked.
+
+        Raises:
+            ConfigurationError: an unknown state, a naive ``since``, or a search longer than ``MAX_SEARCH``.
+        """
+        wanted: frozenset[records.ListedState] | None = None
+        if states is not None:
+            given = frozenset(states)
+            unknown = sorted(given - set(records.LISTED_STATES))
+            if unknown:
+                raise errors.ConfigurationError(f"unknown run state {unknown[0]!r}; one of "
+                                                f"{', '.join(records.LISTED_STATES)}", field="state")
+            wanted = frozenset(state for state in records.LISTED_STATES if state in given)
+        if since is not None and since.tzinfo is None:
+            raise errors.ConfigurationError("since must be a timezone-aware datetime", field="since")
+        if id_contains is not None and len(id_contains) > MAX_SEARCH:
+            raise errors.ConfigurationError(f"a run id search takes at most {MAX_SEARCH} characters",
+                                            field="id_contains")
+        return cls(None if agents is None else frozenset(agents), wanted, id_contains or None, since)
+
+
+def check_limit(limit: int) -> int:
+    """``limit`` when a page may hold that many runs.
+
+    Raises:
+        ConfigurationError: ``limit`` is below 1 or above ``MAX_LIMIT``.
+    """
+    if not 1 <= limit <= MAX_LIMIT:
+        raise errors.ConfigurationError(f"a runs page holds 1 to {MAX_LIMIT} runs, not {limit}", field="limit")
+    return limit
+
+
+def page_of(rows: Sequence[records.ListedRun], limit: int, position: Position | None) -> records.RunsPage:
+    """The page of ``rows``, read from ``position`` (None: the newest runs) in its direction, one row past ``limit``.
+
+    Rows read toward newer runs come oldest first and are turned around, so every page is newest first.
+    """
+    more = len(rows) > limit
+    items = list(rows[:limit])
+    if position is not None and position.direction == "newer":
+        items.reverse()
+
+    def at(run: records.ListedRun, direction: Direction) -> str:
+        return Position(run.created_at, run.session_id, direction).cursor()
+
+    if position is None or position.direction == "older":
+        older = at(items[-1], "older") if more else None
+        # Reading on from a cursor, the run it stands on (or the newer runs that came before it) lies behind.
+        newer = None if position is None else (at(items[0], "newer") if items else
+                                               Position(position.created_at, position.session_id, "newer").cursor())
+    else:
+        newer = at(items[0], "newer") if more else None
+        older = at(items[-1], "older") if items else Position(position.created_at, position.session_id).cursor()
+    return records.RunsPage(items=items, next_cursor=older, prev_cursor=newer)
+
+
+def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None) -> records.RunsPage:
+    """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone."""
+    clauses: list[str] = []
+    params: dict[str, Any] = {"limit": limit + 1}
+    if wanted.agents is not None:
+        clauses.append("agent = ANY(:agents)")
+        params["agents"] = sorted(wanted.agents)
+    if wanted.states is not None:
+        clauses.append(f"({STATE}) = ANY(:states)")
+        params["states"] = sorted(wanted.states)
+    if wanted.id_contains is not None:
+        clauses.append("strpos(lower(session_id), lower(:search)) > 0")
+        params["search"] = wanted.id_contains
+    if wanted.since is not None:
+        clauses.append("created_at >= :since")
+        params["since"] = wanted.since
+    order = "DESC"
+    if position is not None:
+        newer = position.direction == "newer"
+        clauses.append(f"(created_at, session_id) {'>' if newer else '<'} (:at, :sid)")
+        params.update(at=position.created_at, sid=position.session_id)
+        order = "ASC" if newer else "DESC"
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = conn.execute(text(f"SELECT {_COLUMNS} FROM runs {where}"
+                             f" ORDER BY created_at {order}, session_id {order} LIMIT :limit"), params).all()
+    found = [records.ListedRun(session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
+                               parent_id=row.parent_id, created_at=row.created_at, updated_at=row.updated_at)
+             for row in rows]
+    return page_of(found, limit, position)
+
+
+__all__ = ["MAX_LIMIT", "STATE", "Position", "RunFilter", "check_limit", "page_of", "parse_cursor", "read"]

@@ -1,0 +1,123 @@
+"""Contract checks of the runs listing: newest first by creation, paged by cursor, filtered by the store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from store import errors, interfaces
+from store.records import LastError, RunsPage
+from tests.fakes.store_contract.subject import AGENT, StoreFactory, claimed_run, new_run, save_next, user_message
+
+
+def _ids(page: RunsPage) -> list[str]:
+    return [run.session_id for run in page.items]
+
+
+def _walk(store: interfaces.CheckpointStore, cursor: str | None, way: str, **filters: Any) -> list[list[str]]:
+    """The pages from ``cursor`` on, following ``next_cursor`` (``way="next"``) or ``prev_cursor``."""
+    pages: list[list[str]] = []
+    for _ in range(20):
+        page = store.list_runs(cursor=cursor, **filters)
+        pages.append(_ids(page))
+        cursor = page.next_cursor if way == "next" else page.prev_cursor
+        if cursor is None:
+            return pages
+    raise AssertionError(f"the pages never ended: {pages}")
+
+
+def check_list_runs_pages_newest_first_by_cursor(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    for n in range(7):
+        store.append_input(f"ct-lr-{n}", AGENT, [user_message("hi")])
+        subject.tick()
+
+    first = store.list_runs(limit=3)
+    assert _ids(first) == ["ct-lr-6", "ct-lr-5", "ct-lr-4"] and first.prev_cursor is None
+    assert first.next_cursor is not None
+    # A run created while pages are read comes before the first page; the pages after it do not move.
+    store.append_input("ct-lr-late", AGENT, [user_message("hi")])
+    assert _walk(store, first.next_cursor, "next", limit=3) == [["ct-lr-3", "ct-lr-2", "ct-lr-1"], ["ct-lr-0"]]
+    last = store.list_runs(limit=3, cursor=store.list_runs(limit=3, cursor=first.next_cursor).next_cursor)
+    assert _ids(last) == ["ct-lr-0"] and last.next_cursor is None and last.prev_cursor is not None
+    # Back toward the newer runs: the same pages, each newest first, then the run created since.
+    assert _walk(store, last.prev_cursor, "prev", limit=3) == [
+        ["ct-lr-3", "ct-lr-2", "ct-lr-1"], ["ct-lr-6", "ct-lr-5", "ct-lr-4"], ["ct-lr-late"]]
+    assert _ids(store.list_runs(limit=500)) == ["ct-lr-late", *[f"ct-lr-{n}" for n in range(6, -1, -1)]]
+    # A run deleted under a cursor: the pages go on from where it stood.
+    page = store.list_runs(limit=2, cursor=first.next_cursor)
+    store.delete("ct-lr-2")
+    assert _ids(store.list_runs(limit=2, cursor=page.next_cursor)) == ["ct-lr-1", "ct-lr-0"]
+
+
+def _in_state(store: interfaces.CheckpointStore, session_id: str, state: str) -> None:
+    """A run standing in ``state`` (a ``ListedState``)."""
+    checkpoint = new_run(store, session_id)
+    if state == "finished":
+        save_next(store, checkpoint, status="finished", finish_reason="stop", inbox_cursor=1)
+    elif state == "paused":
+        save_next(store, checkpoint, status="awaiting-approval", inbox_cursor=1)
+    elif state in ("aborted", "budget-exceeded"):
+        save_next(store, checkpoint, aborted=True, finish_reason=state, inbox_cursor=1)
+    elif state in ("parked", "retrying"):
+        store.record_failure(session_id, checkpoint.fence, LastError(code="X", retryable=state == "retrying"))
+
+
+STATES = ("running", "finished", "paused", "aborted", "budget-exceeded", "parked", "retrying")
+
+
+def check_list_runs_shows_where_each_run_stands_and_filters_in_the_store(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    for state in STATES:
+        _in_state(store, f"ct-ls-{state}", state)
+        subject.tick()
+    store.append_input("ct-ls-Other", "other-agent", [user_message("hi")])
+
+    everything = store.list_runs(limit=100).items
+    assert {run.session_id: run.state for run in everything} == {
+        **{f"ct-ls-{state}": state for state in STATES}, "ct-ls-Other": "running"}
+    assert all(run.agent == (AGENT if run.session_id != "ct-ls-Other" else "other-agent") for run in everything)
+    assert all(run.created_at <= run.updated_at and run.parent_id is None for run in everything)
+    paused = next(run for run in everything if run.session_id == "ct-ls-paused")
+    assert paused.status == "awaiting-approval"
+
+    assert _ids(store.list_runs(states=["aborted", "budget-exceeded"])) == ["ct-ls-budget-exceeded", "ct-ls-aborted"]
+    assert _ids(store.list_runs(states=["running"], agents=[AGENT])) == ["ct-ls-running"]
+    assert _ids(store.list_runs(agents=["other-agent"])) == ["ct-ls-Other"]
+    assert _ids(store.list_runs(agents=[])) == [] and _ids(store.list_runs(states=[])) == []
+    assert _ids(store.list_runs(id_contains="OTHER")) == ["ct-ls-Other"]
+    assert _ids(store.list_runs(id_contains="r%ng")) == []  # searched as text, not as a pattern
+    since = next(run.created_at for run in everything if run.session_id == "ct-ls-parked")
+    assert _ids(store.list_runs(since=since)) == ["ct-ls-Other", "ct-ls-retrying", "ct-ls-parked"]
+    # Filters hold across pages.
+    assert _walk(store, None, "next", limit=2, agents=[AGENT], states=["running", "parked", "retrying", "paused"]) \
+        == [["ct-ls-retrying", "ct-ls-parked"], ["ct-ls-paused", "ct-ls-running"]]
+
+    # A run that moves on shows where it stands now.
+    claimed = claimed_run(store, "ct-ls-running", 9)
+    save_next(store, claimed, status="finished", finish_reason="stop", inbox_cursor=1)
+    assert [run.state for run in store.list_runs(id_contains="ct-ls-running").items] == ["finished"]
+
+
+def check_list_runs_refuses_what_it_cannot_use(make: StoreFactory) -> None:
+    store = make(50).store
+    store.append_input("ct-lx-1", AGENT, [user_message("hi")])
+    refused: list[dict[str, Any]] = [
+        {"cursor": "not-a-cursor"}, {"cursor": ""}, {"cursor": "W10"}, {"limit": 0}, {"limit": 501},
+        {"states": ["paused", "sleeping"]}, {"since": datetime(2024, 1, 1)}, {"id_contains": "x" * 201}]
+    for arguments in refused:
+        with pytest.raises(errors.ConfigurationError):
+            store.list_runs(**arguments)
+    assert _ids(store.list_runs(limit=500)) == ["ct-lx-1"]
+
+
+CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
+    check_list_runs_pages_newest_first_by_cursor,
+    check_list_runs_shows_where_each_run_stands_and_filters_in_the_store,
+    check_list_runs_refuses_what_it_cannot_use,
+)

@@ -5,7 +5,8 @@ soon as it settles, fitted first into what the batch may append (``payloads.MAX_
 what the checkpoint has room for), so a save never fails on size after its tool ran. Calls that
 need a human decision pause the run, one approval each. Once all are decided, approved calls are
 marked started (saved) before they run, so a crash mid-call gives them an ``interrupted`` result
-instead of a second execution.
+instead of a second execution. A handoff of a turn that pauses is made after the last decision, once
+the decided calls ran as the agent that asked for them.
 
 An abort heard meanwhile (``Lease.abort``, confirmed in Postgres) starts no more calls, sets every running
 call's ``ctx.cancelled`` and, once they returned, gives each call without a result a ``cancelled`` one. A
@@ -657,7 +658,10 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
-        _hand_off(batch, agent, plan.handoffs)
+        if not (plan.gated or plan.undecided):
+            # While a person still decides a call of this turn the handoff waits, as the calls a steer held back
+            # do: the calls decided later run as the agent that asked for them, and the run moves after them.
+            _hand_off(batch, agent, plan.handoffs)
         children = _delegate(batch, agent, plan.tasks, plan.undecided)
         batch.hear()
         if batch.aborting and not batch.fenced:

@@ -256,9 +256,20 @@ class LeadGoneError(LoushoError):
 
 
 class InputTooLargeError(LoushoError):
-    """Raised when input passes a size or depth limit; it is refused before anything is written."""
+    """Raised when input passes a size or depth limit; it is refused before anything is written.
+
+    Also when a run has no room left for input: ``send`` refuses it, and a step that finds input queued
+    earlier too large to merge parks the run with it before any model call. ``session_id`` names that run
+    and ``size`` the bytes its checkpoint would hold with the input (both None for the other limits).
+    """
 
     code = "LOUSHO_INPUT_TOO_LARGE"
+    field_names = ("session_id", "size")
+
+    def __init__(self, message: str, *, session_id: str | None = None, size: int | None = None) -> None:
+        super().__init__(message)
+        self.session_id: str | None = session_id
+        self.size: int | None = size
 
 
 class StorageError(LoushoError):

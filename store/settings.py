@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     #: Starts of one step in a row that never finished (the worker died) before the run is parked: the
     #: poison-pill guard. Failures a step records (a provider outage) do not count here.
     max_attempts: int = 5
+    #: Tool calls given up on past their timeout that still run (Python cannot stop a thread) that a prefork pool
+    #: process keeps before it exits after its step, for Celery to start a fresh one; their threads are replaced
+    #: meanwhile, so calls never wait on them.
+    hung_tool_calls_max: int = 16
     #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
     #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
@@ -124,6 +128,13 @@ class Settings(BaseSettings):
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be >= 1 (0 would park every run at its first step)")
+        return value
+
+    @field_validator("hung_tool_calls_max")
+    @classmethod
+    def _hung_calls(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1 (0 would end a pool process at its first hung call)")
         return value
 
     @field_validator("log_format")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import redis
+from billiard.pool import EX_RECYCLE
 from celery import shared_task, signals
 from celery.exceptions import Retry
 from celery.worker import state as worker_state
@@ -36,7 +37,7 @@ from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
-from worker import probes, starts, tracing
+from worker import probes, starts, tool_threads, tracing
 from worker import schedules as schedule_sweep
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
@@ -198,11 +199,12 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _warm_process(**_: Any) -> None:
-    """Build this pool process's connections before its first task.
+    """Build this pool process's connections before its first task, and note that it is a pool process.
 
     A replacement for a killed process then recovers runs without first paying for its setup. In a
     thread: process start must stay fast (Celery gives it a few seconds) even when a service answers slowly.
     """
+    _state["pool_process"] = os.getpid()  # it may end itself to shed hung tool calls (``_recycle_if_hung``)
 
     def warm() -> None:
         try:
@@ -255,11 +257,34 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
         report.outcome = outcome.value
         log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
     summary = report.summary()
+    _recycle_if_hung()
     if outcome is Outcome.PARKED:
         raise StepFailed(summary)
     if outcome in (Outcome.FAILED, Outcome.HANDED_BACK):
         raise Retry(summary, StepFailed(summary), report.retry_in)
     return summary
+
+
+def _recycle_if_hung() -> None:
+    """End this pool process once its step is done when more than ``LOUSHO_HUNG_TOOL_CALLS_MAX`` calls hung in it.
+
+    Python cannot stop a thread: calls given up on past their timeout keep their threads (and whatever they hold)
+    until the process ends. Only a prefork pool process ends itself, after its step saved, sent its next message
+    and released its lease; Celery starts a fresh one, and the message of the step, taken for lost, comes back
+    once and is dropped as stale (harmless, as any duplicate). A solo or threads pool is the worker itself: there
+    the count is only logged.
+    """
+    hung = tool_threads.process_threads().hung
+    if hung <= settings.hung_tool_calls_max:
+        return
+    if _state.get("pool_process") != os.getpid():
+        log.warning("%d tool calls hung in this worker (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); only a prefork pool"
+                    " process is recycled", hung, settings.hung_tool_calls_max)
+        return
+    log.warning("%d tool calls hung in this pool process (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); it exits after this"
+                " step and Celery starts a fresh one", hung, settings.hung_tool_calls_max)
+    signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=EX_RECYCLE)
+    os._exit(EX_RECYCLE)
 
 
 #: Runs the sweep sends at most per pass; the rest wait for the next pass, most overdue first.

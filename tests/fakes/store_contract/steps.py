@@ -99,6 +99,32 @@ def check_append_input_refuses_metadata_that_is_not_a_small_json_object(make: St
     assert store.load("ct-meta-new") is None and store.inbox("ct-meta-new", 0) == []
 
 
+def check_append_input_refuses_input_that_leaves_no_room_for_a_reply(make: StoreFactory) -> None:
+    store = make(50).store
+
+    def megabytes(letters: str) -> list[Message]:
+        return [user_message(letter * payloads.MAX_INPUT_STRING) for letter in letters]
+
+    # Queued input counts: two sends of 3 MiB fit, a third would leave less than a reply's room.
+    assert store.append_input("ct-room", AGENT, megabytes("abc")) == 1
+    assert store.append_input("ct-room", AGENT, megabytes("def")) == 2
+    with pytest.raises(errors.InputTooLargeError) as refused:
+        store.append_input("ct-room", AGENT, megabytes("ghi"))
+    assert refused.value.fields["session_id"] == "ct-room"
+    size = refused.value.fields["size"]
+    assert isinstance(size, int) and size + payloads.REPLY_ROOM > payloads.MAX_CHECKPOINT
+    assert "fork" in refused.value.message
+    assert [e.n for e in store.inbox("ct-room", 0)] == [1, 2]
+
+    # So does the stored transcript, once the input is merged.
+    checkpoint = claimed_run(store, "ct-room", 1)
+    merged = [m for e in store.inbox("ct-room", 0) for m in e.messages]
+    save_next(store, checkpoint, messages=merged, inbox_cursor=2)
+    with pytest.raises(errors.InputTooLargeError):
+        store.append_input("ct-room", AGENT, megabytes("gh"))
+    assert store.append_input("ct-room", AGENT, [user_message("a short question")]) == 3
+
+
 # -- claim -------------------------------------------------------------------------------------
 
 
@@ -345,6 +371,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_append_input_refuses_a_run_awaiting_approval,
     check_append_input_keeps_metadata_with_its_input,
     check_append_input_refuses_metadata_that_is_not_a_small_json_object,
+    check_append_input_refuses_input_that_leaves_no_room_for_a_reply,
     check_claim_of_an_unknown_run_loads_nothing,
     check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one,
     check_claim_counts_an_attempt_only_when_the_step_has_work,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
+from celery.utils.imports import import_from_cwd
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from store import errors, logs, redaction, redis_client, telemetry
@@ -316,6 +317,7 @@ def _connect_hooks() -> None:
     """Connect the worker and beat hooks, once per process (by the first ``install``, never at import)."""
     signals.worker_init.connect(_prepare_worker, weak=False, dispatch_uid="lousho.prepare_worker")
     signals.before_task_publish.connect(_stamp_start, weak=False, dispatch_uid="lousho.stamp_start")
+    signals.beat_init.connect(_prepare_beat, weak=False, dispatch_uid="lousho.prepare_beat")
     signals.after_setup_logger.connect(_redact_logs, weak=False, dispatch_uid="lousho.redact_logs")
     signals.after_setup_task_logger.connect(_redact_logs, weak=False, dispatch_uid="lousho.redact_task_logs")
 
@@ -373,6 +375,53 @@ def _quiet_sweeps(app: Celery) -> None:
     app.amqp.create_task_message = create_quiet
 
 
+def _prepare_beat(sender: Any = None, **_: Any) -> None:
+    """A beat of an app with Lousho installed adds the entries of ``LOUSHO_BEAT_MODULES`` before its first tick.
+
+    Beat built its schedule from the configuration already (this signal comes after): the entries go to both.
+    A module that cannot be read stops the beat, rather than letting it run without the entries.
+    """
+    settings = installed_settings(sender.app) if sender is not None else None
+    if settings is None:
+        return
+    try:
+        entries = beat_module_entries(settings)
+    except errors.ConfigurationError as exc:
+        log.critical("beat cannot start: %s", exc)
+        raise SystemExit(1) from exc
+    if entries:
+        sender.app.conf.beat_schedule = {**(sender.app.conf.beat_schedule or {}), **entries}
+        sender.scheduler.update_from_dict(entries)
+        log.info("beat entries from LOUSHO_BEAT_MODULES: %s", ", ".join(sorted(entries)))
+
+
+def beat_module_entries(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The ``beat_schedule`` dicts of the modules in ``LOUSHO_BEAT_MODULES``, merged in the order named.
+
+    Like ``celery -A``, modules next to where the beat was started are importable.
+
+    Raises:
+        ConfigurationError: a module cannot be imported, has no ``beat_schedule`` dict, or two define one name.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for name in settings.beat_module_names:
+        try:
+            module = import_from_cwd(name)
+        except ImportError as exc:
+            raise errors.ConfigurationError(f"LOUSHO_BEAT_MODULES names {name!r}, which cannot be imported: {exc}",
+                                            variable="LOUSHO_BEAT_MODULES") from exc
+        entries = getattr(module, "beat_schedule", None)
+        if not isinstance(entries, Mapping):
+            raise errors.ConfigurationError(f"module {name!r} of LOUSHO_BEAT_MODULES has no beat_schedule dict",
+                                            variable="LOUSHO_BEAT_MODULES")
+        for entry_name, entry in entries.items():
+            if entry_name in merged:
+                raise errors.ConfigurationError(f"beat entry {entry_name!r} is defined twice in LOUSHO_BEAT_MODULES",
+                                                variable="LOUSHO_BEAT_MODULES")
+            merged[entry_name] = dict(entry)
+    return merged
+
+
 def _redact_logs(logger: Any = None, **_: Any) -> None:
     """Mask secret-shaped text in every worker and beat log line; JSON lines when ``LOUSHO_LOG_FORMAT=json``."""
     redaction.install(logger)
@@ -380,6 +429,6 @@ def _redact_logs(logger: Any = None, **_: Any) -> None:
         logs.use_json(logger)
 
 
-__all__ = ["TASKS", "beat_schedule", "broker_options", "check_configuration", "configure",
+__all__ = ["TASKS", "beat_module_entries", "beat_schedule", "broker_options", "check_configuration", "configure",
            "control_queue", "create_app", "install", "installed_settings", "queue_names", "serves_lousho",
            "worker_options"]

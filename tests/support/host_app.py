@@ -13,6 +13,7 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
 from worker.celery import install
+from worker.starts import beat_entry
 
 #: Where the app's broker and backend are (the test Redis db); the test sets it.
 URL_ENV = "HOST_APP_REDIS_URL"
@@ -24,7 +25,9 @@ app.conf.update(
     task_default_queue="billing",
     task_queues=[Queue("billing"), Queue("billing-slow")],
     task_routes={"billing.slow_*": {"queue": "billing-slow"}},
-    beat_schedule={"invoices": {"task": "billing.invoice", "schedule": 3600.0, "args": ("nightly",)}},
+    beat_schedule={"invoices": {"task": "billing.invoice", "schedule": 3600.0, "args": ("nightly",)},
+                   # A run of the start tests' agent every 2 s, however many of the app's beats run.
+                   "host-ticks": beat_entry("host-ticks", "starter", "from the team's beat", 2.0)},
     timezone="Europe/Paris",
     task_time_limit=900,
     task_soft_time_limit=600,

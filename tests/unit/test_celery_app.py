@@ -171,3 +171,21 @@ def test_an_unsafe_configuration_is_refused() -> None:
 
     with pytest.raises(errors.ConfigurationError, match="only JSON"):
         lousho_celery.check_configuration(mine)
+
+
+def test_beat_modules_give_their_entries_in_order_and_refuse_what_cannot_be_read() -> None:
+    entries = lousho_celery.beat_module_entries(Settings(beat_modules="tests.support.start_agents"))
+    assert set(entries) == {"ticks", "plain"} and entries["ticks"]["task"] == "lousho.start"
+
+    for modules, problem in [("tests.support.nowhere", "cannot be imported"), ("tests.support", "no beat_schedule"),
+                             ("tests.support.start_agents,tests.support.start_agents", "defined twice")]:
+        with pytest.raises(errors.ConfigurationError, match=problem) as raised:
+            lousho_celery.beat_module_entries(Settings(beat_modules=modules))
+        assert raised.value.variable == "LOUSHO_BEAT_MODULES"
+
+
+def test_a_beat_whose_beat_modules_cannot_be_read_stops() -> None:
+    host = lousho_celery.install(_host_app(), Settings(broker_url=HOST_BROKER, beat_modules="tests.support.nowhere"))
+
+    with pytest.raises(SystemExit):
+        lousho_celery._prepare_beat(sender=SimpleNamespace(app=host))

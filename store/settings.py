@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     #: The Sentinel nodes' own password, when they have one (the URL's password is the master's).
     redis_sentinel_password: SecretStr | None = None
     agents: str = ""
+    #: Comma-separated modules whose ``beat_schedule`` dict (entries made by ``worker.starts.beat_entry``, or any
+    #: Celery beat entry) a beat of Lousho's app, or of an app given to ``install``, adds to its own at start.
+    beat_modules: str = ""
     lease_ttl_ms: int = 30_000
     lease_renew_ms: int = 10_000
     recover_interval_s: float = 30.0
@@ -207,6 +210,11 @@ class Settings(BaseSettings):
     def agent_modules(self) -> list[str]:
         """Modules named in ``LOUSHO_AGENTS``."""
         return [name.strip() for name in self.agents.split(",") if name.strip()]
+
+    @property
+    def beat_module_names(self) -> list[str]:
+        """Modules named in ``LOUSHO_BEAT_MODULES``."""
+        return [name.strip() for name in self.beat_modules.split(",") if name.strip()]
 
 
 def load_settings(**overrides: object) -> Settings:

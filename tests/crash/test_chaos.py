@@ -2,13 +2,13 @@
 
 Two workers (``-c 3`` each) and a beat. Every 1.5-3 s a worker loses one pool child (50%), its whole
 process group (40%) or its main process only (10%); killed workers come back after 0.5-2 s; five
-kills in CI (about 15-20 s), ``LOUSHO_CHAOS_KILLS`` kills in a soak by hand. A kill waits until the cluster is whole again (no worker down or
-starting), so each recovery figure measures the product recovering from one fault, as I11 states
-it, not an empty cluster. A run hit again while it recovers (the re-sent step killed too) is timed
-from the last fault that touched it and listed apart (``checker.Episode``). The budget comes from
-the settings the workers run with (``_recovery_budget``). Three pool processes per worker rather
-than two keep the step queue short enough that queueing does not dominate the recovery time.
-``LOUSHO_CHAOS_SEED`` replays a run.
+kills in CI (about 15-20 s), ``LOUSHO_CHAOS_KILLS`` kills in a soak by hand. A kill waits until the
+cluster is whole again (no worker down or starting), so each recovery figure measures the product
+recovering from one fault, as I11 states it, not an empty cluster. A run hit again while it recovers
+(the re-sent step killed too) is timed from the last fault that touched it and listed apart
+(``checker.Episode``). The budget comes from the settings the workers run with (``_recovery_budget``).
+Three pool processes per worker rather than two keep the step queue short enough that queueing does
+not dominate the recovery time. ``LOUSHO_CHAOS_SEED`` replays a run.
 """
 
 from __future__ import annotations

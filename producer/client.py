@@ -460,7 +460,10 @@ class AgentHandle:
 
         Raises:
             SessionIdInvalidError: the id breaks the id rules (nothing is written).
-            InputTooLargeError: the input or the metadata is too large or too deep (nothing is written).
+            InputTooLargeError: the input or the metadata is too large or too deep, or the run has no room left
+                for it: with its transcript and its queued input, this input would leave less than a reply's room
+                under the checkpoint limit (nothing is written; the message names the way out, a fork with
+                trimmed messages).
             AgentNotFoundError: workers registered agents and this name is not among them.
             SessionAwaitingApprovalError: the run waits on an approval.
             ConfigurationError: the idempotency key is not 1-200 printable characters, or the metadata is
@@ -581,6 +584,7 @@ class AgentHandle:
         Raises:
             CheckpointNotFoundError: the step is not in the run's history (the message lists those kept).
             ConfigurationError: ``new_session_id`` is taken, or the patch is malformed.
+            SessionIdInvalidError: ``new_session_id`` breaks the id rules or is a sub-agent run's id.
         """
         return forks.fork(self._client.store, session_id, from_step, patch, new_session_id, agent=self.name)
 

@@ -82,7 +82,8 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
     Raises:
         CheckpointNotFoundError: the step is not kept (the message lists the kept steps).
         ConfigurationError: ``new_session_id`` already has a checkpoint, or the patch is malformed.
-        SessionIdInvalidError: an id breaks the id rules.
+        SessionIdInvalidError: an id breaks the id rules, or ``new_session_id`` has the form of a sub-agent's run
+            (``<run>.task-<16 hex>``); nothing is created.
     """
     records.validate_session_id(session_id)
     entries = store.history(session_id)
@@ -95,13 +96,20 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
         raise errors.CheckpointNotFoundError(
             f"step {from_step} of run {session_id!r} is not in its history; steps kept: {listed}")
     patched, queued = apply_patch(chosen.checkpoint, patch or {})
+    # A fork never shares a child with its source: what the source delegated, its background tasks and its
+    # waiting on them stay the source's. A ``task`` call without a result goes through the gates again and starts
+    # a child of the fork's own; a task id the copied transcript names is not one of the fork's (``TaskNotFound``).
     base = patched.model_copy(update={
         "status": "in-progress", "approval_ids": [], "started_tool_call_ids": [], "last_error": None,
-        "attempts": 0, "finish_reason": None, "seq": 0, "fence": 0, "inbox_cursor": 0, "updated_at": None})
+        "attempts": 0, "finish_reason": None, "seq": 0, "fence": 0, "inbox_cursor": 0, "updated_at": None,
+        "delegated": None, "background": None, "waiting": False})
     names: list[str] = [records.validate_session_id(new_session_id)] if new_session_id else [
         f"{session_id}.fork-{n}" for n in range(1, MAX_FORK_NUMBER)]
     for name in names:
         records.validate_session_id(name)
+        if records.is_child_id(name):
+            # Only a lead's step makes such a run: one made here would be deleted, aborted and woken with that lead.
+            raise errors.SessionIdInvalidError(name, "ends with .task-<16 hex>, the mark of sub-agent runs")
         candidate = base.model_copy(update={"session_id": name})
         if store.create_run(candidate, queued):
             return Fork(session_id=name, step=chosen.step, checkpoint=candidate)

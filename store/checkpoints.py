@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, TextClause, text
+from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
@@ -47,7 +47,9 @@ UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence < :token
-RETURNING {_COLUMNS}, now() AS db_now, abort_requested IS NOT NULL AS abort_pending, {_TAIL_ROWS}
+RETURNING {_COLUMNS}, now() AS db_now, abort_requested IS NOT NULL AS abort_pending, {_TAIL_ROWS},
+  CASE WHEN parent_id IS NULL THEN false
+       ELSE NOT EXISTS (SELECT 1 FROM runs l WHERE l.session_id = runs.parent_id) END AS lead_gone
 """)
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
@@ -114,14 +116,19 @@ SELECT seq FROM saved
 """)
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
-# A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given.
+# A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given,
+# and so does a run waiting on children none of which can still move (settled, paused or gone: no wake-up comes).
 _RESET_ATTEMPTS = text(f"""
 UPDATE runs SET attempts = 0, last_error = NULL, failures = 0, retry_since = NULL, next_attempt_at = NULL,
   aborted = false,
   document = CASE WHEN CAST(:limits AS jsonb) IS NULL THEN document
     ELSE document || jsonb_build_object('limits', CAST(:limits AS jsonb),
                                        'format', CASE WHEN document ? 'messages_count' THEN 3 ELSE 1 END) END
-WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')) RETURNING seq
+WHERE session_id = :sid AND ({runs.HAS_WORK} OR (aborted AND status = 'in-progress')
+  OR (waiting AND status = 'in-progress' AND NOT EXISTS (
+        SELECT 1 FROM runs c WHERE c.parent_id = runs.session_id
+          AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})))
+RETURNING seq
 """)
 # An abort of an unfinished run: kept until a step settles it (a paused run's approvals are withdrawn then).
 _REQUEST_ABORT = text("""
@@ -129,16 +136,19 @@ UPDATE runs SET abort_requested = COALESCE(abort_requested, now())
 WHERE (session_id = :sid OR left(session_id, :prefix_len) = :prefix) AND status <> 'finished' AND NOT aborted
 RETURNING session_id
 """)
+_HOLD_FOR_ABORT = text("SELECT 1 FROM runs WHERE session_id = :sid FOR NO KEY UPDATE")
 _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # Leads whose wake-up was lost: waiting, silent for ``stale`` seconds, no child that can still move, and a child
-# that changed since the lead's last save (a lead paused on a child's approval is not woken again and again).
+# that changed since the lead's last save (a lead paused on a child's approval is not woken again and again), or
+# no child left at all (deleted: nothing else would wake it).
 _WAITING_LEADS = text(f"""
 SELECT l.session_id, l.seq, l.agent FROM runs l
 WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
-  AND EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+       OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id))
 ORDER BY l.updated_at LIMIT :limit
 """)
 _SET_PARENT = text("""
@@ -146,6 +156,13 @@ UPDATE runs SET parent_id = :lead,
   document = document || jsonb_build_object('lead_agent', CAST(:lead_agent AS text), 'format', 3)
 WHERE session_id = ANY(:ids) AND parent_id IS NULL
 """)
+# The lead's row, held against a delete (which takes it FOR UPDATE) until its children are written, with its fence.
+_HOLD_LEAD = text("SELECT fence FROM runs WHERE session_id = :lead FOR KEY SHARE")
+# Ids among a step's children that name a run which is not that lead's child.
+_NOT_ITS_OWN = text("SELECT session_id FROM runs WHERE session_id = ANY(:ids) AND parent_id IS DISTINCT FROM :lead")
+# A delete holds the run's row, then the rows of the runs under it (by id, deepest first is the order of deletion).
+_HOLD_RUN = text("SELECT 1 FROM runs WHERE session_id = :sid FOR UPDATE")
+_UNDER = text("SELECT session_id FROM runs WHERE left(session_id, :n) = :prefix ORDER BY session_id FOR UPDATE")
 _END_SETTLED = text(
     "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1")
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
@@ -224,6 +241,23 @@ def _pending(row: Row[Any]) -> records.PendingRun:
     return records.pending_run(checkpoint, row.approval_kind)
 
 
+def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:
+    """Delete one run and every row kept under its id, in the caller's transaction; 1 if the run was stored."""
+    # The run row first, then its approvals: the order approvals.resolve takes them in.
+    deleted = int(conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount)
+    approval_rows.withdraw_for_run(conn, session_id)
+    conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
+    conn.execute(text("DELETE FROM sends WHERE session_id = :sid"), {"sid": session_id})
+    if keep_history:
+        # Kept entries must outlive the message rows they point at: they take their transcripts along.
+        history.make_standalone(conn, session_id)
+    else:
+        conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
+    conn.execute(text("DELETE FROM run_messages WHERE session_id = :sid"), {"sid": session_id})
+    conn.execute(events.DELETE, {"sid": session_id})
+    return deleted
+
+
 class PostgresCheckpointStore:
     """Checkpoints, history and inbox of runs in Postgres."""
 
@@ -271,7 +305,7 @@ class PostgresCheckpointStore:
             messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
         checkpoint = runs.row_checkpoint(row, session_id, messages)
         return Claim(checkpoint, inbox_head=int(row["inbox_head"]), now=row["db_now"],
-                     abort_requested=bool(row["abort_pending"]))
+                     abort_requested=bool(row["abort_pending"]), lead_gone=bool(row["lead_gone"]))
 
     def _messages_of(self, session_id: str, row: Any, known: transcripts.Known | None) -> list[records.Message] | None:
         """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
@@ -422,19 +456,35 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
+                       fence: int) -> builtins.list[str]:
         """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input.
 
-        One transaction; a child that exists (the lead's step ran before and crashed) is left as it is.
+        A step write like any other: one transaction that holds the lead's row and checks its fence first, so a
+        step that lost its lease, or whose lead was deleted meanwhile, creates nothing (and a ``delete`` waiting
+        for the lead's row sees the children once it has it). A child that exists as the lead's (its step ran
+        before and crashed) is left as it is; an id taken by a run that is not the lead's child is never adopted.
+
+        Returns:
+            The ids refused because another run holds them (nothing is written for those).
+
+        Raises:
+            FencedOutError: the lead is gone or its fence moved past ``fence`` (nothing is written).
         """
+        ids = [child_id for child_id, _, _ in children]
         with self._begin() as conn:
-            for child_id, agent, prompt in children:
-                runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])
-            conn.execute(_SET_PARENT, {"lead": lead, "lead_agent": lead_agent,
-                                       "ids": [child_id for child_id, _, _ in children]})
+            stored = conn.execute(_HOLD_LEAD, {"lead": lead}).scalar()
+            if stored is None or int(stored) != fence:
+                raise errors.FencedOutError(lead, fence)
+            taken = set(conn.execute(_NOT_ITS_OWN, {"ids": ids, "lead": lead}).scalars())
+            created = [child_id for child_id, agent, prompt in children if child_id not in taken
+                       and runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])]
+            if created:
+                conn.execute(_SET_PARENT, {"lead": lead, "lead_agent": lead_agent, "ids": created})
+        return [child_id for child_id in ids if child_id in taken]
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
-        """Leads waiting on children none of which can still move (a lost wake-up), oldest first."""
+        """Leads waiting on children none of which can still move (a lost wake-up, or none left), oldest first."""
         with self._single() as conn:
             rows = conn.execute(_WAITING_LEADS, {"stale": stale_after_s, "limit": limit}).all()
         return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST)
@@ -500,7 +550,11 @@ class PostgresCheckpointStore:
     def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
         """Clear a parked or waiting run's error and retry time so it runs now (under ``limits``, when given).
 
-        Returns its seq, None when it has nothing to do (finished with no new input, paused, unknown).
+        A run waiting on its children moves only when none of them can still move by itself (each settled,
+        paused or gone): its step then records what they came to.
+
+        Returns its seq, None when it has nothing to do (finished with no new input, paused, waiting on a child
+        that still runs, unknown).
         """
         params = {"sid": session_id, "limits": None if limits is None else payloads.dumps(limits)}
         with self._begin() as conn:
@@ -513,7 +567,9 @@ class PostgresCheckpointStore:
         Raises:
             CheckpointNotFoundError: no such run.
         """
-        with self._single() as conn:
+        with self._begin() as conn:
+            # The run's row before those under it, as ``delete`` takes them: the two never wait on each other.
+            conn.execute(_HOLD_FOR_ABORT, {"sid": session_id})
             prefix = session_id + records.CHILD_MARK
             requested = {row.session_id for row in conn.execute(
                 _REQUEST_ABORT, {"sid": session_id, "prefix": prefix, "prefix_len": len(prefix)})}
@@ -669,27 +725,22 @@ class PostgresCheckpointStore:
     # -- maintenance -------------------------------------------------------------------------
 
     def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
-        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``), its child runs with it."""
-        with self._single() as conn:
-            prefix = session_id + records.CHILD_MARK
-            children = conn.execute(text("SELECT session_id FROM runs WHERE left(session_id, :n) = :prefix"),
-                                    {"n": len(prefix), "prefix": prefix}).scalars().all()
-        for child in sorted(children, key=len, reverse=True):
-            self.delete(child, keep_history=keep_history)
+        """Drop a run's checkpoint and inbox (and its history unless ``keep_history``), its child runs with it.
+
+        One transaction that holds the run's row before it lists the runs under it: a step starting children
+        holds that row too (``start_children``), so children it commits while the delete waits are listed and go,
+        and a step that comes after finds its lead gone and starts none. Rows are taken in one order (the run,
+        then the runs under it by id, then approvals), the order ``approvals.resolve`` and ``request_abort`` use.
+        """
+        prefix = session_id + records.CHILD_MARK
         with self._begin() as conn:
-            # The run row first, then its approvals: the order approvals.resolve takes them in.
-            deleted = conn.execute(text("DELETE FROM runs WHERE session_id = :sid"), {"sid": session_id}).rowcount
-            approval_rows.withdraw_for_run(conn, session_id)
-            conn.execute(text("DELETE FROM inbox WHERE session_id = :sid"), {"sid": session_id})
-            conn.execute(text("DELETE FROM sends WHERE session_id = :sid"), {"sid": session_id})
-            if keep_history:
-                # Kept entries must outlive the message rows they point at: they take their transcripts along.
-                history.make_standalone(conn, session_id)
-            else:
-                conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
-            conn.execute(text("DELETE FROM run_messages WHERE session_id = :sid"), {"sid": session_id})
-            conn.execute(events.DELETE, {"sid": session_id})
-        self._transcripts.forget(session_id)
+            conn.execute(_HOLD_RUN, {"sid": session_id})
+            under = conn.execute(_UNDER, {"n": len(prefix), "prefix": prefix}).scalars().all()
+            for run_id in sorted(under, key=len, reverse=True):
+                _delete_run(conn, run_id, keep_history)
+            deleted = _delete_run(conn, session_id, keep_history)
+        for run_id in (*under, session_id):
+            self._transcripts.forget(run_id)
         return bool(deleted)
 
     def prune(self, older_than: datetime) -> int:

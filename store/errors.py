@@ -246,10 +246,30 @@ class StepAttemptsExceededError(LoushoError):
     code = "LOUSHO_STEP_ATTEMPTS_EXCEEDED"
 
 
+class LeadGoneError(LoushoError):
+    """Recorded when a sub-agent's run is claimed after its lead was deleted; the run is parked before any model call.
+
+    Nothing would read its result: it stops so that it spends nothing and no tool of it takes effect.
+    """
+
+    code = "LOUSHO_LEAD_GONE"
+
+
 class InputTooLargeError(LoushoError):
-    """Raised when input passes a size or depth limit; it is refused before anything is written."""
+    """Raised when input passes a size or depth limit; it is refused before anything is written.
+
+    Also when a run has no room left for input: ``send`` refuses it, and a step that finds input queued
+    earlier too large to merge parks the run with it before any model call. ``session_id`` names that run
+    and ``size`` the bytes its checkpoint would hold with the input (both None for the other limits).
+    """
 
     code = "LOUSHO_INPUT_TOO_LARGE"
+    field_names = ("session_id", "size")
+
+    def __init__(self, message: str, *, session_id: str | None = None, size: int | None = None) -> None:
+        super().__init__(message)
+        self.session_id: str | None = session_id
+        self.size: int | None = size
 
 
 class StorageError(LoushoError):

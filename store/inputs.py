@@ -57,6 +57,30 @@ def normalize_input(input: Input) -> list[Message]:
     return messages
 
 
+def leaves_room(size: int) -> bool:
+    """Whether a run whose checkpoint holds ``size`` bytes still has room for a model's reply under the limit."""
+    return size + payloads.REPLY_ROOM <= payloads.MAX_CHECKPOINT
+
+
+def no_room(session_id: str, size: int, *, queued: bool) -> errors.InputTooLargeError:
+    """The refusal of input that leaves run ``session_id`` no room for a reply; it names the way out.
+
+    ``size``: the bytes the run's checkpoint would hold with its queued input and this one. ``queued``: the
+    input was queued before (a step found it too large to merge), rather than refused by ``send``.
+    """
+    what = ("the input queued for run {sid!r} does not fit: merged, the run would hold {size:,} bytes"
+            if queued else "run {sid!r} has no room for this input: with its transcript and queued input it would"
+            " hold {size:,} bytes")
+    then = ("the model was not called and the input stays queued" if queued else "nothing was queued")
+    return errors.InputTooLargeError(
+        what.format(sid=session_id, size=size)
+        + f", and a checkpoint keeps {payloads.REPLY_ROOM:,} of its {payloads.MAX_CHECKPOINT:,} bytes free for a"
+        f" reply; {then}. To go on, fork the run with trimmed messages and continue there:"
+        f" fork({session_id!r}, from_step=<its step>, patch={{'messages': <a shorter transcript>,"
+        " 'append_input': <the input>}), then resume the fork",
+        session_id=session_id, size=size)
+
+
 def check_agent(name: str, known: list[str]) -> None:
     """Refuse input for an agent the workers did not register; any name passes while none registered.
 

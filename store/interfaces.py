@@ -74,8 +74,16 @@ class StepStore(Protocol):
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note (fenced) that the ``on_run_end`` hooks owed since save ``seq`` ran; False when none were owed."""
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
-        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` (run by ``lead_agent``) not there yet."""
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
+                       fence: int) -> builtins.list[str]:
+        """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` (run by ``lead_agent``) not there yet.
+
+        Fenced like a save: the lead must be stored with ``fence``. Returns the ids refused because a run that is
+        not the lead's child holds them.
+
+        Raises:
+            FencedOutError: the lead is gone or its fence moved on (nothing is written).
+        """
 
     def load(self, session_id: str) -> records.Checkpoint | None:
         """The run's latest checkpoint (a child's, read by its lead's step), or None."""
@@ -149,7 +157,8 @@ class ProducerStore(Protocol):
     def reset_attempts(self, session_id: str, limits: dict[str, Any] | None = None) -> int | None:
         """Clear a parked, waiting or stopped run's stop so it runs now; its seq, None when it has nothing to do.
 
-        ``limits`` (``Limits.stored()``) replace the agent's limits for the run from now on.
+        A run waiting on children moves only when none of them can still move by itself. ``limits``
+        (``Limits.stored()``) replace the agent's limits for the run from now on.
         """
 
     def request_abort(self, session_id: str) -> bool:

@@ -564,6 +564,8 @@ class Claim:
     now: datetime | None = None
     #: An abort was requested and no step has settled it yet.
     abort_requested: bool = False
+    #: The run is a sub-agent's whose lead is no longer stored (deleted or pruned): nothing will read its result.
+    lead_gone: bool = False
 
 
 class EventDraft(_Record):

@@ -2,10 +2,13 @@
 
 A run is due when it is finished with nothing left to do (no unread input, no ``on_run_end`` hooks owed), is a
 run of its own (a sub-agent's run goes with its lead's, never before it) whose every sub-agent run is settled
-too, and its last save is older than the cutoff. Runs in progress, awaiting approval, retrying, aborted,
-stopped by a budget or parked are never due: each can still be continued by a send, a resume or a decision.
-A batch deletes, in one statement, the due runs with their sub-agent runs, history, message rows, events,
-inbox, send idempotency keys and approvals.
+too, and its last save is older than the cutoff. Runs of their own in progress, awaiting approval, retrying,
+aborted, stopped by a budget or parked are never due: each can still be continued by a send, a resume or a
+decision. A sub-agent run is settled when it finished or was stopped (an abort, a budget) with nothing left to
+do, or is parked: its lead will not read it again, so it does not hold a finished lead back. A sub-agent run
+whose lead is gone (an earlier release's delete could miss one) is due on its own once settled and older than
+the cutoff. A batch deletes, in one statement, the due runs with their sub-agent runs, history, message rows,
+events, inbox, send idempotency keys and approvals.
 
 Webhook delivery ids, GitHub body hashes and claimed schedule ticks are not run state: they are what stops a
 redelivery, a replayed body or a second beat from starting a run again, so they outlive their runs with an age
@@ -33,7 +36,8 @@ __all__ = ["BATCH", "KEYS_MIN_AGE", "KEYS_RUNS_FACTOR", "SWEEP_BATCHES", "SWEEP_
            "Retention", "batch_plans", "count_due", "keys_age", "parse_age", "prune", "prune_keys",
            "prune_runs", "sweep"]
 
-#: Runs of their own (each with its sub-agent runs) a batch deletes at most, and rows of each kind of key.
+#: Runs of their own (each with its sub-agent runs) a batch deletes at most (and as many sub-agent runs whose lead
+#: is gone), and rows of each kind of key.
 BATCH = 500
 #: Batches one pass of the beat's sweep runs at most, so a backlog of millions is worked off over many passes.
 SWEEP_BATCHES = 10
@@ -43,31 +47,57 @@ SWEEP_BUDGET_S = 5.0
 KEYS_RUNS_FACTOR = 4
 KEYS_MIN_AGE = timedelta(days=30)
 
-# A sub-agent run with nothing left to do: finished, no unread input, no hooks owed (the has-work rule), no children
-# pending. Only the columns the rule reads are carried down the tree.
-_SETTLED_C = f"c.status = 'finished' AND NOT c.waiting AND NOT {runs.has_work_sql('c')}"
+
+
+def _settled(t: str) -> str:
+    """SQL true for a sub-agent run (aliased ``t``) that will not move again by itself.
+
+    Finished, or stopped by an abort or a budget, with nothing left to do (no unread input, no hooks owed: the
+    has-work rule) and no children pending; or parked. A person could still resume it, but its lead will not
+    read it again: once the lead itself is done, or gone, it is not a reason to keep the lead.
+    """
+    return (f"((({t}.status = 'finished' OR {t}.aborted) AND NOT {t}.waiting AND NOT {runs.has_work_sql(t)})"
+            f" OR NOT {runs.not_parked_sql(t)})")
+
+
+_SETTLED_C = _settled("c")
+# Only the columns the rule reads are carried down the tree.
 _RULE_COLUMNS = ", ".join(f"c.{column}" for column in ("session_id", "status", "waiting", "aborted", "inbox_head",
-                                                      "inbox_cursor", "abort_requested", "end_due"))
-# Due runs of their own, oldest first: the predicate of ``runs_retention_idx`` (migration 0011), then the rest.
-_DUE_LEADS = f"""
-SELECT r.session_id FROM runs r
-WHERE r.status = 'finished' AND r.parent_id IS NULL AND r.updated_at < now() - make_interval(secs => :age)
-  AND NOT r.waiting AND NOT {runs.has_work_sql('r')}
-  AND NOT EXISTS (
+                                                      "inbox_cursor", "abort_requested", "end_due", "last_error"))
+# No run under ``r`` (its children, theirs, ...) that is not settled.
+_ALL_BELOW_SETTLED = f"""NOT EXISTS (
     WITH RECURSIVE below AS (
       SELECT {_RULE_COLUMNS} FROM runs c WHERE c.parent_id = r.session_id
       UNION
       SELECT c.* FROM below b CROSS JOIN LATERAL (
         SELECT {_RULE_COLUMNS} FROM runs c WHERE c.parent_id = b.session_id OFFSET 0) c
     )
-    SELECT 1 FROM below c WHERE NOT ({_SETTLED_C}))
+    SELECT 1 FROM below c WHERE NOT ({_SETTLED_C}))"""
+# Due runs of their own, oldest first: the predicate of ``runs_retention_idx`` (migration 0011), then the rest.
+_DUE_LEADS = f"""
+SELECT r.session_id FROM runs r
+WHERE r.status = 'finished' AND r.parent_id IS NULL AND r.updated_at < now() - make_interval(secs => :age)
+  AND NOT r.waiting AND NOT {runs.has_work_sql('r')}
+  AND {_ALL_BELOW_SETTLED}
 ORDER BY r.updated_at"""
-# The due runs' trees: each lead (locked, so a concurrent send or claim waits or is skipped) and its descendants.
-# Down a tree, ``LATERAL (... OFFSET 0)`` keeps each level a lookup of ``runs_parent_idx`` per run: joined whole,
-# the planner may read the whole index at every level instead. UNION, not UNION ALL: a loop of parent ids ends.
+# Due sub-agent runs whose lead is gone (deleted before deletes took every child along): settled, each pruned with
+# the runs under it. Read from ``runs_parent_idx`` in its order, so a batch stops at its limit; ``OFFSET 0`` keeps
+# the check of the lead a lookup per candidate.
+_DUE_ORPHANS = f"""
+SELECT r.session_id FROM runs r
+WHERE r.parent_id IS NOT NULL AND r.updated_at < now() - make_interval(secs => :age)
+  AND {_settled('r')}
+  AND NOT EXISTS (SELECT 1 FROM runs l WHERE l.session_id = r.parent_id OFFSET 0)
+  AND {_ALL_BELOW_SETTLED}
+ORDER BY r.parent_id"""
+# The due runs' trees: each lead or orphan (locked, so a concurrent send or claim waits or is skipped) and its
+# descendants. Down a tree, ``LATERAL (... OFFSET 0)`` keeps each level a lookup of ``runs_parent_idx`` per run:
+# joined whole, the planner may read the whole index at every level instead. UNION, not UNION ALL: a loop of
+# parent ids ends.
 _TREE = """
+roots AS (SELECT session_id FROM leads UNION ALL SELECT session_id FROM orphans),
 tree AS (
-  SELECT session_id FROM leads
+  SELECT session_id FROM roots
   UNION
   SELECT c.session_id FROM tree t CROSS JOIN LATERAL (
     SELECT c.session_id FROM runs c WHERE c.parent_id = t.session_id OFFSET 0) c
@@ -84,6 +114,9 @@ def _gone(name: str, table: str) -> str:
 _PRUNE_RUNS = text(f"""
 WITH RECURSIVE leads AS ({_DUE_LEADS}
   LIMIT :limit FOR UPDATE OF r SKIP LOCKED
+),
+orphans AS ({_DUE_ORPHANS}
+  LIMIT :limit FOR UPDATE OF r SKIP LOCKED
 ),{_TREE},
 gone AS (DELETE FROM runs WHERE session_id = ANY(ARRAY(SELECT session_id FROM tree)) RETURNING session_id),
 {_gone("history_gone", "checkpoint_history")},
@@ -92,7 +125,8 @@ gone AS (DELETE FROM runs WHERE session_id = ANY(ARRAY(SELECT session_id FROM tr
 {_gone("inputs_gone", "inbox")},
 {_gone("sends_gone", "sends")},
 {_gone("approvals_gone", "approvals")}
-SELECT (SELECT count(*) FROM leads) AS leads, (SELECT count(*) FROM gone) AS runs,
+SELECT (SELECT count(*) FROM leads) AS leads, (SELECT count(*) FROM orphans) AS orphans,
+  (SELECT count(*) FROM gone) AS runs,
   (SELECT count(*) FROM history_gone) AS history, (SELECT count(*) FROM messages_gone) AS messages,
   (SELECT count(*) FROM events_gone) AS events, (SELECT count(*) FROM inputs_gone) AS inputs,
   (SELECT count(*) FROM sends_gone) AS sends, (SELECT count(*) FROM approvals_gone) AS approvals
@@ -131,7 +165,7 @@ def _unordered(selection: str) -> str:
 
 
 _COUNT_RUNS = text(f"""
-WITH RECURSIVE leads AS ({_unordered(_DUE_LEADS)}),{_TREE}
+WITH RECURSIVE leads AS ({_unordered(_DUE_LEADS)}), orphans AS ({_unordered(_DUE_ORPHANS)}),{_TREE}
 SELECT count(*) AS runs FROM tree
 """)
 _COUNT_KEYS = text(f"""
@@ -143,7 +177,8 @@ SELECT (SELECT count(*) FROM ({_unordered(_DUE_DELIVERIES)}) d) AS deliveries,
 # price that high has Postgres compile the statement first (JIT): some 300 ms of CPU for a batch that takes 50.
 _NO_JIT = text("SET LOCAL jit = off")
 #: The selections of the batches, by what they select (for ``batch_plans``).
-_SELECTIONS = {"runs": _DUE_LEADS, "deliveries": _DUE_DELIVERIES, "bodies": _DUE_BODIES, "ticks": _DUE_TICKS}
+_SELECTIONS = {"runs": _DUE_LEADS, "orphans": _DUE_ORPHANS, "deliveries": _DUE_DELIVERIES, "bodies": _DUE_BODIES,
+               "ticks": _DUE_TICKS}
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 
@@ -280,8 +315,8 @@ def prune_runs(engine: Engine, older_than: timedelta, limit: int = BATCH) -> Pru
         StorageError: the database failed; nothing of the batch was deleted.
     """
     counts = _run(engine, _PRUNE_RUNS, _check(older_than, limit))
-    leads = counts.pop("leads")
-    return PruneResult.model_validate({**counts, "more": leads >= limit})
+    roots = max(counts.pop("leads"), counts.pop("orphans"))
+    return PruneResult.model_validate({**counts, "more": roots >= limit})
 
 
 def prune_keys(engine: Engine, older_than: timedelta, limit: int = BATCH) -> PruneResult:
@@ -362,7 +397,7 @@ def batch_plans(engine: Engine, older_than: timedelta, *, keys_older_than: timed
     with Transaction(engine) as conn:
         conn.execute(_NO_JIT)
         for name, selection in _SELECTIONS.items():
-            params = _check(ages["runs" if name == "runs" else "keys"], limit)
+            params = _check(ages["runs" if name in ("runs", "orphans") else "keys"], limit)
             explain = text(f"EXPLAIN {selection}\n  LIMIT :limit FOR UPDATE SKIP LOCKED")
             plans[name] = [str(line) for line in conn.execute(explain, params).scalars()]
     return plans

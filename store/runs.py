@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import Row, RowMapping
 
-from store import errors, payloads, records, transcripts
+from store import errors, inputs, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
@@ -89,8 +89,15 @@ WITH made AS (
 SELECT seq FROM made
 """)
 _ADD_MESSAGES = text(ADD_MESSAGES)
-_LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals FROM runs WHERE session_id = :sid"
-                 " FOR UPDATE")
+#: Bytes the run holds as JSON text: its document, its transcript's rows (format 2) and its input not merged yet.
+#: Postgres writes JSON with a space after each separator, so this counts a little more than the save does.
+_HELD_BYTES = """(octet_length(runs.document::text)
+  + COALESCE((SELECT sum(octet_length(m.message::text)) FROM run_messages m
+              WHERE m.session_id = runs.session_id AND runs.document -> 'messages_count' IS NOT NULL), 0)
+  + COALESCE((SELECT sum(octet_length(i.messages::text)) FROM inbox i
+              WHERE i.session_id = runs.session_id AND i.n > runs.inbox_cursor), 0))::bigint AS held_bytes"""
+_LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals, {_HELD_BYTES} FROM runs"
+                 " WHERE session_id = :sid FOR UPDATE")
 # New input is a person acting on the run: a parked or waiting run tries again with it.
 _BUMP_INBOX = text("""
 UPDATE runs SET inbox_head = inbox_head + 1, last_error = NULL, attempts = 0, failures = 0, retry_since = NULL,
@@ -212,12 +219,15 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
     used on this run queues nothing and returns the first send's number (the first send's ``metadata``
-    stays). New input clears a parked or waiting run's error: the run tries again with it.
+    stays). New input clears a parked or waiting run's error: the run tries again with it. Input that
+    would leave the run less than a reply's room under the checkpoint limit, with its transcript and the
+    input queued before, is refused: a step could never save it (``inputs.leaves_room``).
 
     Raises:
         SessionAwaitingApprovalError: the run waits on an approval.
         ConfigurationError: the run belongs to another agent, or ``metadata`` is not a JSON object.
-        InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
+        InputTooLargeError: ``metadata`` is too large or too deep, or the run has no room for the input (nothing
+            is written).
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
@@ -235,8 +245,12 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
     if row.status == "awaiting-approval":
         waiting = row.approvals or []
         raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
+    body = _dump(messages)
+    held = int(row.held_bytes) + len(body.encode("utf-8"))
+    if not inputs.leaves_room(held):
+        raise inputs.no_room(session_id, held, queued=False)
     number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
-    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": _dump(messages),
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body,
                               "metadata": _dump_metadata(metadata)})
     if idempotency_key is not None:
         conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     #: The Sentinel nodes' own password, when they have one (the URL's password is the master's).
     redis_sentinel_password: SecretStr | None = None
     agents: str = ""
+    #: Comma-separated modules whose ``beat_schedule`` dict (entries made by ``worker.starts.beat_entry``, or any
+    #: Celery beat entry) a beat of Lousho's app, or of an app given to ``install``, adds to its own at start.
+    beat_modules: str = ""
     lease_ttl_ms: int = 30_000
     lease_renew_ms: int = 10_000
     recover_interval_s: float = 30.0
@@ -35,6 +38,10 @@ class Settings(BaseSettings):
     #: Starts of one step in a row that never finished (the worker died) before the run is parked: the
     #: poison-pill guard. Failures a step records (a provider outage) do not count here.
     max_attempts: int = 5
+    #: Tool calls given up on past their timeout that still run (Python cannot stop a thread) that a prefork pool
+    #: process keeps before it exits after its step, for Celery to start a fresh one; their threads are replaced
+    #: meanwhile, so calls never wait on them.
+    hung_tool_calls_max: int = 16
     #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
     #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
@@ -126,6 +133,13 @@ class Settings(BaseSettings):
             raise ValueError("must be >= 1 (0 would park every run at its first step)")
         return value
 
+    @field_validator("hung_tool_calls_max")
+    @classmethod
+    def _hung_calls(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1 (0 would end a pool process at its first hung call)")
+        return value
+
     @field_validator("log_format")
     @classmethod
     def _log_format(cls, value: str) -> str:
@@ -196,6 +210,11 @@ class Settings(BaseSettings):
     def agent_modules(self) -> list[str]:
         """Modules named in ``LOUSHO_AGENTS``."""
         return [name.strip() for name in self.agents.split(",") if name.strip()]
+
+    @property
+    def beat_module_names(self) -> list[str]:
+        """Modules named in ``LOUSHO_BEAT_MODULES``."""
+        return [name.strip() for name in self.beat_modules.split(",") if name.strip()]
 
 
 def load_settings(**overrides: object) -> Settings:

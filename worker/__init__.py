@@ -3,10 +3,13 @@
 ``celery -A worker`` finds the app in ``worker.celery``; importing this package does not start
 or configure Celery, so agent modules can ``from worker import Agent, tool`` cheaply. The error
 family of ``store.errors`` is re-exported here as well (every class but the step machine's internal
-``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``).
+``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``) and
+``install`` (``worker.celery.install``, which imports Celery only when called).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from store.errors import (
     AgentDriftError,
@@ -21,6 +24,7 @@ from store.errors import (
     ConfigurationError,
     HookFailedError,
     InputTooLargeError,
+    LeadGoneError,
     LoushoError,
     PropagatingToolError,
     ProviderError,
@@ -41,6 +45,23 @@ from worker.agents import Agent, Tool, ToolContext, tool
 from worker.dynamic import ResolveContext, RunConfig
 from worker.hooks import Deny, HookContext, Input, ModelRequest, Result, RunEnd
 
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from store.settings import Settings
+
+
+def install(app: Celery, settings: Settings | None = None) -> Celery:
+    """Add Lousho to a team's own Celery ``app``, keeping everything the app had (``worker.celery.install``).
+
+    Raises:
+        ConfigurationError: the app's configuration breaks a guarantee that cannot be scoped to Lousho's tasks.
+    """
+    from worker import celery
+
+    return celery.install(app, settings)
+
+
 __all__ = [
     "Agent",
     "AgentDriftError",
@@ -58,6 +79,7 @@ __all__ = [
     "HookFailedError",
     "Input",
     "InputTooLargeError",
+    "LeadGoneError",
     "Limits",
     "LoushoError",
     "ModelRequest",
@@ -81,5 +103,6 @@ __all__ = [
     "StorageError",
     "Tool",
     "ToolContext",
+    "install",
     "tool",
 ]

@@ -5,7 +5,8 @@ soon as it settles, fitted first into what the batch may append (``payloads.MAX_
 what the checkpoint has room for), so a save never fails on size after its tool ran. Calls that
 need a human decision pause the run, one approval each. Once all are decided, approved calls are
 marked started (saved) before they run, so a crash mid-call gives them an ``interrupted`` result
-instead of a second execution.
+instead of a second execution. A handoff of a turn that pauses is made after the last decision, once
+the decided calls ran as the agent that asked for them.
 
 An abort heard meanwhile (``Lease.abort``, confirmed in Postgres) starts no more calls, sets every running
 call's ``ctx.cancelled`` and, once they returned, gives each call without a result a ``cancelled`` one. A
@@ -19,19 +20,17 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from store import errors, payloads, records, telemetry
 from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
-from worker import abort, handoffs, machine, subagents
+from worker import abort, handoffs, machine, subagents, tool_threads
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import (
@@ -384,6 +383,37 @@ class _CallCancelled(threading.Event):
         return True
 
 
+def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: threading.Event,
+                   timeout: float) -> Message:
+    """Run a call that has a timeout on the process's tool threads; its result, whatever happens.
+
+    A call that found no free thread within ``timeout`` is cancelled: it never runs, and its result says so
+    (``not-run``), so the model may ask again without anything happening twice. A call that started gets its
+    whole ``timeout`` from its start; past it, it is told through ``ctx.cancelled``, its answer (if one comes)
+    is dropped, its result says it may still take effect, and its thread is replaced.
+    """
+    threads = tool_threads.process_threads()
+    cancelled = _CallCancelled(abort)
+    running = threads.submit(_invoke, agent, checkpoint, call, cancelled)
+    try:
+        outcome = threads.wait(running, timeout)
+    except BaseException:
+        # The step is going away (its time limit): a call that did not start must never start later.
+        if not running.cancel():
+            cancelled.set()
+            threads.abandon(running)
+        raise
+    if outcome == "done":
+        return running.result()
+    if outcome == "not-started":
+        return machine.tool_error(call, "not-run", "ToolNotStarted",
+                                  f"no worker thread was free for this call within its {timeout:g} s timeout;"
+                                  " it did not run and never will")
+    cancelled.set()
+    return machine.tool_error(call, "timeout", "ToolTimedOut",
+                              f"the call ran longer than {timeout:g} s and was given up; it may still take effect")
+
+
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
                   resumed: bool = False) -> tuple[Message, float]:
     batch.live.tool_start(call)
@@ -392,15 +422,7 @@ def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: Too
     if tool is None or tool.timeout is None:
         result = _invoke(agent, checkpoint, call, batch.cancelled)
     else:
-        cancelled = _CallCancelled(batch.cancelled)
-        running = _tool_pool().submit(_invoke, agent, checkpoint, call, cancelled)
-        try:
-            result = running.result(timeout=tool.timeout)
-        except futures.TimeoutError:
-            cancelled.set()  # its answer, if one comes, is dropped
-            result = machine.tool_error(call, "timeout", "ToolTimedOut",
-                                        f"the call ran longer than {tool.timeout:g} s and was given up; it may"
-                                        " still take effect")
+        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout)
     result = _after(agent, checkpoint, call, result, resumed)
     telemetry.tool_call(call.name, call.id, _outcome(result), started_ns)
     return result, (time.perf_counter() - started) * 1000
@@ -432,26 +454,13 @@ def _after(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message
     return machine.tool_message(call, replaced.value, replaced_by_hook=True)
 
 
-_tool_threads: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _tool_pool() -> ThreadPoolExecutor:
-    """The process's threads for tool calls, made once per process (a pool does not survive a fork).
-
-    Kept across batches: starting threads for every batch cost more than a small step does. A batch never
-    has more than its ``tool_concurrency`` calls in it at once (``_in_pool`` feeds them).
-    """
-    global _tool_threads
-    if _tool_threads is None or _tool_threads[0] != os.getpid():
-        _tool_threads = (os.getpid(), ThreadPoolExecutor(max_workers=64, thread_name_prefix="lousho-tool"))
-    return _tool_threads[1]
-
-
 def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> None:
     """Run ``jobs`` in call order, ``workers`` at a time, the step's thread acting on the lease's signals meanwhile.
 
     An abort heard while calls run sets their ``ctx.cancelled`` (``_Batch.hear``); jobs not started yet see
-    ``may_start`` refuse them. Returns once every job returned; the first job error is raised then.
+    ``may_start`` refuse them. Returns once every job returned; the first job error is raised then. The jobs run
+    on the process's tool threads (``worker.tool_threads``: kept across batches, since starting threads for
+    every batch cost more than a small step does), where calls given up on hold no place.
     """
     if workers <= 1:
         # One at a time: in the step's own thread (no hand-over), the signals heard between calls; a running
@@ -460,9 +469,10 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
             batch.hear()
             job()
         return
-    pool, waiting = _tool_pool(), list(jobs)
+    pool, waiting = tool_threads.process_threads(), list(jobs)
     running: list[futures.Future[None]] = []
     wake = batch.lease.wake
+    finished_normally = False
     try:
         while waiting or running:
             while waiting and len(running) < workers:
@@ -476,10 +486,13 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
                 wake.wait()
                 wake.clear()
                 continue
-            for future in finished:
-                running.remove(future)
-                future.result()
+            for done in finished:
+                running.remove(done)
+                done.result()
+        finished_normally = True
     finally:
+        if not finished_normally:
+            pool.cancel_waiting(running)  # jobs that have not started never start once the batch gave up
         futures.wait(running)
 
 
@@ -532,18 +545,24 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
 
     At most ``tool_concurrency`` children run at once; the other calls wait for a free place (a settling child
     wakes the run). The run stays paused while a child waits on an approval or ``undecided`` (its own) are not
-    decided yet. Returns the children to send a step (the new ones), once the save that names them is durable.
+    decided yet. Children are started under the run's fence (``StepStore.start_children``): a batch that lost its
+    lease, or whose run was deleted meanwhile, starts none. Returns the children to send a step (the new ones),
+    once the save that names them is durable.
     """
-    if not calls:
+    if not calls or batch.fenced:
         return []
     lead = batch.checkpoint.session_id
-    delegated = dict(batch.checkpoint.delegated or {})
+    # Only the run's own children count: a child named by another run (a fork of a release that copied its
+    # source's) is not waited on, and its call gets a child of this run's.
+    own = {call_id: child for call_id, child in (batch.checkpoint.delegated or {}).items()
+           if records.lead_of(child) == lead}
+    delegated = dict(own)
     paused_on = _settle_delegated(batch, delegated, {call.id: call for call in calls})
-    new: list[tuple[str, str, str]] = []
+    new: list[tuple[ToolCall, str]] = []
     events: list[EventDraft] = []
     sent: list[tuple[str, str | None]] = []
     for call in calls:
-        if call.id in delegated or call.id in (batch.checkpoint.delegated or {}):
+        if call.id in delegated or call.id in own:
             continue
         if call.name != TASK:
             _follow_background(batch, call, delegated, sent)
@@ -559,20 +578,47 @@ def _delegate(batch: _Batch, agent: Agent, calls: list[ToolCall], undecided: lis
             batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
                                             "this run's id is too long to name a sub-agent's run"))
         elif background:
-            batch.deps.store.start_children(lead, batch.checkpoint.agent,
-                                            [(started, str(call.args["agent"]), str(call.args["prompt"]))])
-            batch.settle_background(call, machine.tool_message(call, {
-                "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
-                subagents.started(call, started))
-            sent.append((started, str(call.args["agent"])))
+            if _start(batch, [(call, started)]):
+                batch.settle_background(call, machine.tool_message(call, {
+                    "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
+                    subagents.started(call, started))
+                sent.append((started, str(call.args["agent"])))
         else:
             delegated[call.id] = started
-            new.append((started, str(call.args["agent"]), str(call.args["prompt"])))
-            events.append(subagents.started(call, started))
-    if new:
-        batch.deps.store.start_children(lead, batch.checkpoint.agent, new)
+            new.append((call, started))
+    started_now = _start(batch, new)
+    for call, child in new:
+        if child in started_now:
+            events.append(subagents.started(call, child))
+        else:
+            del delegated[call.id]
     batch.delegate(delegated, events, undecided + paused_on)
-    return sent + [(child, agent_name) for child, agent_name, _ in new]
+    return sent + [(child, str(call.args["agent"])) for call, child in new if child in started_now]
+
+
+def _start(batch: _Batch, children: list[tuple[ToolCall, str]]) -> set[str]:
+    """Create the child runs of ``children`` (``task`` calls and the ids of their runs) under the batch's fence.
+
+    Returns the ids started (or found started by an earlier run of this step). A call whose id another run took
+    gets an error result; a batch fenced out starts none (and its lease is lost).
+    """
+    if not children or batch.fenced:
+        return set()
+    try:
+        refused = set(batch.deps.store.start_children(
+            batch.checkpoint.session_id, batch.checkpoint.agent,
+            [(child, str(call.args["agent"]), str(call.args["prompt"])) for call, child in children],
+            fence=batch.checkpoint.fence))
+    except errors.FencedOutError:
+        batch.fenced = True
+        batch.lease.lost.set()
+        return set()
+    for call, child in children:
+        if child in refused:
+            batch.settle(machine.tool_error(call, "execution", "SubagentIdTaken",
+                                            f"a run named {child!r} exists and is not this run's sub-agent;"
+                                            " the task did not start"))
+    return {child for _, child in children if child not in refused}
 
 
 def _settle_delegated(batch: _Batch, delegated: dict[str, str], calls: dict[str, ToolCall]) -> list[str]:
@@ -598,7 +644,7 @@ def _follow_background(batch: _Batch, call: ToolCall, delegated: dict[str, str],
                        sent: list[tuple[str, str | None]]) -> None:
     """``agent_status``, ``agent_cancel`` (answered now) or ``agent_await`` (delegated to the task's child)."""
     task_id = str(call.args.get("task_id", ""))
-    if task_id not in (batch.checkpoint.background or []):
+    if task_id not in (batch.checkpoint.background or []) or records.lead_of(task_id) != batch.checkpoint.session_id:
         batch.settle(machine.tool_error(call, "not-found", "TaskNotFound",
                                         f"no background task {task_id!r} in this run"))
     elif call.name == AGENT_AWAIT:
@@ -657,7 +703,10 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
         _run_approved(batch, agent, checkpoint, plan.approved)
-        _hand_off(batch, agent, plan.handoffs)
+        if not (plan.gated or plan.undecided):
+            # While a person still decides a call of this turn the handoff waits, as the calls a steer held back
+            # do: the calls decided later run as the agent that asked for them, and the run moves after them.
+            _hand_off(batch, agent, plan.handoffs)
         children = _delegate(batch, agent, plan.tasks, plan.undecided)
         batch.hear()
         if batch.aborting and not batch.fenced:

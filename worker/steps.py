@@ -17,7 +17,7 @@ from datetime import datetime
 
 import redis
 
-from store import errors, payloads, records, telemetry
+from store import errors, inputs, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
 from worker import abort, budgets, drift, dynamic, handoffs, machine, retry, subagents
 from worker import hooks as hook_calls
@@ -106,6 +106,12 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
     telemetry.note(agent=checkpoint.current_agent, kind=telemetry.kind_of(checkpoint), trace=checkpoint.trace,
                    checkpoint=checkpoint)
     _forget_stale_signals(deps, lease, claim)
+    if claim.lead_gone and checkpoint.status != "finished" and not (
+            checkpoint.last_error is not None and not checkpoint.last_error.retryable):
+        # A sub-agent whose lead was deleted: nothing would read its result, so it stops before any model call
+        # or tool (and retention prunes it once it is old enough).
+        gone = errors.LeadGoneError(f"the lead of run {session_id!r} is gone; this sub-agent run stops here")
+        return retry.park(deps, checkpoint, LastError(**gone.to_record()))
     base = deps.agents.get(checkpoint.agent)
     live.claimed(claim.now, base is not None and bool(hook_calls.having(base.hooks, "on_run_end")))
     if claim.abort_requested and checkpoint.status != "finished":
@@ -195,7 +201,7 @@ def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int,
           live: Live) -> tuple[Agent, machine.ModelTurn | machine.ToolBatch | machine.Save] | StepResult:
     """The agent that runs the step (a dynamic agent's choice) and what it does, or the step's result already.
 
-    ``on_run_end`` hooks an earlier save owes run first.
+    ``on_run_end`` hooks an earlier save owes run first; input that would not fit once merged parks the run.
     """
     if checkpoint.end_due:
         checkpoint = _end_hooks(deps, agent, checkpoint, now)
@@ -218,7 +224,22 @@ def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int,
         action = dataclasses.replace(action, checkpoint=dynamic.chosen(action.checkpoint, agent))
     if limits is not None and limits.max_duration_s is not None and not isinstance(action, machine.Save):
         action = dataclasses.replace(action, checkpoint=budgets.clock_running(action.checkpoint, live.db_now()))
+    if isinstance(action, machine.ModelTurn | machine.Save) and action.drained_inbox:
+        unmergeable = _too_large_to_merge(action.checkpoint)
+        if unmergeable is not None:
+            # Before the model call: a turn on input that cannot be saved is paid for and then lost, on every
+            # resume and every later send alike. Parked, the input stays queued for a fork to take over.
+            return retry.park(deps, checkpoint, LastError(**unmergeable.to_record()))
     return agent, action
+
+
+def _too_large_to_merge(merged: Checkpoint) -> errors.InputTooLargeError | None:
+    """The refusal of the input merged into ``merged`` when it leaves no room for a reply; None when it fits.
+
+    Measured once per merged input (a step that merges nothing pays nothing here).
+    """
+    size = len(payloads.dumps(merged.document()).encode("utf-8"))
+    return None if inputs.leaves_room(size) else inputs.no_room(merged.session_id, size, queued=True)
 
 
 def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import redis
+from billiard.pool import EX_RECYCLE
 from celery import shared_task, signals
 from celery.exceptions import Retry
 from celery.worker import state as worker_state
@@ -36,7 +37,8 @@ from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
-from worker import probes, starts, tracing
+from worker import celery as lousho_celery
+from worker import probes, starts, tool_threads, tracing
 from worker import schedules as schedule_sweep
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
@@ -48,6 +50,14 @@ _state: dict[str, Any] = {"pid": None, "deps": None, "worker_id": ""}
 _state_lock = threading.Lock()
 #: Agents defined in code rather than in LOUSHO_AGENTS modules (tests, embedding apps).
 extra_agents: dict[str, agent_registry.Agent] = {}
+#: What each of Lousho's tasks carries itself, whatever the app's own defaults: JSON, late acks that requeue a
+#: step whose process died (celery#1628; the attempts cap stops message loops), acks on failure and timeout
+#: (failures are retried by our bounded logic, not by broker loops), and the step time limits.
+TASK_OPTIONS: dict[str, Any] = {
+    "serializer": "json", "acks_late": True, "reject_on_worker_lost": True, "acks_on_failure": True,
+    "acks_on_timeout": True, "soft_time_limit": settings.step_soft_time_limit_s,
+    "time_limit": settings.step_time_limit_s,
+}
 
 
 def deps() -> StepDeps:
@@ -115,13 +125,15 @@ def registration_window_s() -> float:
 
 
 @signals.worker_init.connect
-def _start_metrics(**_: Any) -> None:
+def _start_metrics(sender: Any = None, **_: Any) -> None:
     """In the worker's parent, before the pool forks and before any agent module is imported: metrics on.
 
     Connected before ``_register_worker`` (which imports the agent modules): prometheus-client must be set
-    to multiprocess mode before anything imports it. Off without ``LOUSHO_METRICS_PORT``; a problem is logged.
+    to multiprocess mode before anything imports it. Off without ``LOUSHO_METRICS_PORT``, or in a worker that
+    does not consume Lousho's queues; a problem is logged.
     """
-    metrics.enable_worker(settings)
+    if sender is not None and lousho_celery.serves_lousho(sender):
+        metrics.enable_worker(settings)
 
 
 @signals.worker_process_shutdown.connect
@@ -137,16 +149,19 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
 
     The agent modules are imported here so the children inherit them warm; the agents are registered
     with the checkpoint formats this release reads, so steps for them are routed here and handed-back
-    steps know we exist.
+    steps know we exist. Only in a worker that consumes Lousho's queues (``worker.celery.serves_lousho``): a
+    worker of a team's app started on the team's queues alone neither serves nor registers agents.
     """
+    if sender is None or not lousho_celery.serves_lousho(sender):
+        return
+    _state["serving"] = True
     try:
         agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     except errors.ConfigurationError as exc:
         log.error("agent modules could not be loaded: %s", exc)
         return
-    if sender is not None:
-        for name in sorted(agents):
-            sender.app.amqp.queues.select_add(Queue(settings.agent_queue(name)))
+    for name in sorted(agents):
+        sender.app.amqp.queues.select_add(Queue(settings.agent_queue(name)))
     worker_id = _state["worker_id"] = f"{socket.gethostname()}:{os.getpid()}"
     # No pooled connection may outlive this call in a process that forks pool children (RELIABILITY P10).
     registry = PostgresAgentRegistry(make_engine(settings, pooled=False))
@@ -189,7 +204,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     The ticks run on the consumer's event loop (``worker.probes.watch``); a received task message counts as
     consuming. Off without the setting.
     """
-    if not settings.heartbeat_file or sender is None:
+    if not settings.heartbeat_file or sender is None or not _state.get("serving"):
         return
     heartbeat = probes.Heartbeat(Path(settings.heartbeat_file))
     signals.task_received.connect(lambda **_: heartbeat.received(), weak=False)
@@ -198,11 +213,15 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
 
 @signals.worker_process_init.connect
 def _warm_process(**_: Any) -> None:
-    """Build this pool process's connections before its first task.
+    """Build this pool process's connections before its first task, and note that it is a pool process.
 
     A replacement for a killed process then recovers runs without first paying for its setup. In a
     thread: process start must stay fast (Celery gives it a few seconds) even when a service answers slowly.
+    Only in a worker that runs Lousho's steps.
     """
+    if not _state.get("serving"):
+        return
+    _state["pool_process"] = os.getpid()  # it may end itself to shed hung tool calls (``_recycle_if_hung``)
 
     def warm() -> None:
         try:
@@ -223,7 +242,8 @@ class StepFailed(Exception):
     """A step that parked its run (the run waits for ``resume()``): the task fails with the step's summary."""
 
 
-@shared_task(name="lousho.advance", bind=True, ignore_result=True, throws=(StepFailed,))
+@shared_task(name="lousho.advance", bind=True, ignore_result=True, throws=(StepFailed,), queue=settings.queue,
+             **TASK_OPTIONS)
 def advance(self: Any, session_id: str, seq: int | None = None) -> str:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates.
 
@@ -255,6 +275,7 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
         report.outcome = outcome.value
         log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
     summary = report.summary()
+    _recycle_if_hung()
     if outcome is Outcome.PARKED:
         raise StepFailed(summary)
     if outcome in (Outcome.FAILED, Outcome.HANDED_BACK):
@@ -262,11 +283,34 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
     return summary
 
 
+def _recycle_if_hung() -> None:
+    """End this pool process once its step is done when more than ``LOUSHO_HUNG_TOOL_CALLS_MAX`` calls hung in it.
+
+    Python cannot stop a thread: calls given up on past their timeout keep their threads (and whatever they hold)
+    until the process ends. Only a prefork pool process ends itself, after its step saved, sent its next message
+    and released its lease; Celery starts a fresh one, and the message of the step, taken for lost, comes back
+    once and is dropped as stale (harmless, as any duplicate). A solo or threads pool is the worker itself: there
+    the count is only logged.
+    """
+    hung = tool_threads.process_threads().hung
+    if hung <= settings.hung_tool_calls_max:
+        return
+    if _state.get("pool_process") != os.getpid():
+        log.warning("%d tool calls hung in this worker (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); only a prefork pool"
+                    " process is recycled", hung, settings.hung_tool_calls_max)
+        return
+    log.warning("%d tool calls hung in this pool process (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); it exits after this"
+                " step and Celery starts a fresh one", hung, settings.hung_tool_calls_max)
+    signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=EX_RECYCLE)
+    os._exit(EX_RECYCLE)
+
+
 #: Runs the sweep sends at most per pass; the rest wait for the next pass, most overdue first.
 SWEEP_LIMIT = 500
 
 
-@shared_task(name=starts.START_TASK, bind=True, ignore_result=True)
+@shared_task(name=starts.START_TASK, bind=True, ignore_result=True, queue=starts.start_queue(settings.queue),
+             **TASK_OPTIONS)
 def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
           beat_entry: str | None = None, every_s: float | None = None) -> None:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
@@ -306,7 +350,8 @@ def _served() -> set[str]:
 
 # The sweeps send no task events (nor does beat a task-sent event for them, ``worker.celery``): run every few
 # seconds, they would bury the steps in Flower's task list. Their work shows in the metrics and the log.
-@shared_task(name="lousho.recover", ignore_result=True, send_events=False)
+@shared_task(name="lousho.recover", ignore_result=True, send_events=False,
+             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
 def recover() -> int:
     """Send a step for each run that can move and is not moving.
 
@@ -371,7 +416,8 @@ def _wake_leads(built: StepDeps, stale_after: float) -> int:
     return len(woken)
 
 
-@shared_task(name="lousho.schedules", ignore_result=True, send_events=False)
+@shared_task(name="lousho.schedules", ignore_result=True, send_events=False,
+             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
     result = schedule_sweep.sweep(PostgresScheduleStore(_engine()),
@@ -388,7 +434,8 @@ def fire_schedules() -> None:
                  " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
-@shared_task(name="lousho.prune", ignore_result=True, send_events=False)
+@shared_task(name="lousho.prune", ignore_result=True, send_events=False,
+             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
 def prune() -> int:
     """One pass of the retention sweep: finished runs past ``LOUSHO_RETENTION_DAYS``, then keys past their age.
 

@@ -121,7 +121,8 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
 
     Raises:
         Rejected: 400 for a body that is not acceptable JSON, 404 for an agent no worker serves, 422 for a
-            body without usable input, 409 when the delivery's run id belongs to another run.
+            body without usable input, 409 when the delivery's run id belongs to another run, 413 when that run
+            has no room left for the input.
     """
     document = bodies.parse_json(delivery.body)
     try:
@@ -135,6 +136,8 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
     except (errors.ConfigurationError, errors.SessionAwaitingApprovalError, errors.CheckpointCorruptError,
             errors.CheckpointFormatError):
         raise Rejected(409, "LOUSHO_WEBHOOK_CONFLICT", "the delivery's run id is used by another run") from None
+    except errors.InputTooLargeError as exc:  # a run made under the delivery's id has no room left for it
+        raise Rejected(413, exc.code, "the delivery's run has no room for this input") from None
     session_id = intake.delivery.session_id
     if not intake.created:
         if intake.replay_of is not None:

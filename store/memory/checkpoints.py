@@ -54,7 +54,8 @@ class MemoryCheckpointStore:
                 run.attempts += 1
             run.fence = token
             return records.Claim(to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=state.clock(),
-                                 abort_requested=run.abort_requested)
+                                 abort_requested=run.abort_requested,
+                                 lead_gone=run.parent_id is not None and run.parent_id not in state.runs)
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -234,7 +235,9 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again (see ``PostgresCheckpointStore.reset_attempts``)."""
         with self.state.lock:
             run = self.state.runs.get(session_id)
-            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")):
+            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")
+                                   or (run.waiting and run.status == "in-progress"
+                                       and not listing.children_moving(self.state, session_id))):
                 return None
             run.clear_failures()
             run.aborted = False
@@ -245,19 +248,31 @@ class MemoryCheckpointStore:
                 run.document = payloads.dumps(document)
             return run.seq
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]]) -> None:
-        """Create the child runs of ``lead`` that do not exist yet (see ``PostgresCheckpointStore.start_children``)."""
-        for child_id, agent, prompt in children:
-            with self.state.lock:
-                exists = child_id in self.state.runs
-            if not exists:
-                self.append_input(child_id, agent, [records.Message(role="user", content=prompt)])
-            with self.state.lock:
+    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
+                       fence: int) -> builtins.list[str]:
+        """Create the child runs of ``lead`` that do not exist yet (see ``PostgresCheckpointStore.start_children``).
+
+        Raises:
+            FencedOutError: the lead is gone or its fence moved on (nothing is written).
+        """
+        refused: builtins.list[str] = []
+        with self.state.lock:
+            held = self.state.runs.get(lead)
+            if held is None or held.fence != fence:
+                raise errors.FencedOutError(lead, fence)
+            for child_id, agent, prompt in children:
+                child = self.state.runs.get(child_id)
+                if child is not None:
+                    if child.parent_id != lead:
+                        refused.append(child_id)
+                    continue
+                run_rows.queue_input(self.state, child_id, agent,
+                                     run_rows.dump_messages([records.Message(role="user", content=prompt)]), None)
                 child = self.state.runs[child_id]
-                if child.parent_id is None:
-                    child.parent_id = lead
-                    document = json.loads(child.document)
-                    child.document = payloads.dumps({**document, "lead_agent": lead_agent, "format": 3})
+                child.parent_id = lead
+                document = json.loads(child.document)
+                child.document = payloads.dumps({**document, "lead_agent": lead_agent, "format": 3})
+        return refused
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
         """Leads waiting on children none of which can still move (see ``PostgresCheckpointStore.waiting_leads``)."""
@@ -397,19 +412,17 @@ class MemoryCheckpointStore:
         """Drop a run's checkpoint and inbox (and its history unless ``keep_history``), its child runs with it."""
         state = self.state
         prefix = session_id + records.CHILD_MARK
-        with state.lock:
-            children = [child for child in state.runs if child.startswith(prefix)]
-        for child in children:
-            self.delete(child, keep_history=keep_history)
-        with state.lock:
-            deleted = state.runs.pop(session_id, None) is not None
-            approval_rows.withdraw_for_run(state, session_id, state.clock())
-            state.inbox.pop(session_id, None)
-            state.events.pop(session_id, None)
-            for key in [k for k in state.sends if k[0] == session_id]:
-                del state.sends[key]
-            if not keep_history:
-                state.history.pop(session_id, None)
+        with state.lock:  # one hold, as Postgres lists the runs under the run only once it holds the run's row
+            deleted = False
+            for run_id in [*(child for child in state.runs if child.startswith(prefix)), session_id]:
+                deleted = state.runs.pop(run_id, None) is not None
+                approval_rows.withdraw_for_run(state, run_id, state.clock())
+                state.inbox.pop(run_id, None)
+                state.events.pop(run_id, None)
+                for key in [k for k in state.sends if k[0] == run_id]:
+                    del state.sends[key]
+                if not keep_history:
+                    state.history.pop(run_id, None)
             return deleted
 
     def prune(self, older_than: datetime) -> int:

@@ -121,7 +121,13 @@ def waiting_leads(state: MemoryState, stale_after_s: float, limit: int) -> list[
         if not run.waiting or run.updated_at >= cutoff or (run.swept_at is not None and run.swept_at >= cutoff):
             continue
         children = [child for child in state.runs.values() if child.parent_id == sid]
-        moving = any(runs.has_work(child) and not runs.is_parked(child.last_error) for child in children)
-        if not moving and any(child.updated_at > run.updated_at for child in children):
+        if not children_moving(state, sid) and (
+                not children or any(child.updated_at > run.updated_at for child in children)):
             found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent, due=run.updated_at))
     return found[:limit]
+
+
+def children_moving(state: MemoryState, session_id: str) -> bool:
+    """Whether a child of the run can still move by itself (has work and is not parked)."""
+    return any(child.parent_id == session_id and runs.has_work(child) and not runs.is_parked(child.last_error)
+               for child in state.runs.values())

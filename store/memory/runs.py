@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from store import errors, payloads, records
+from store import errors, inputs, payloads, records
 from store.memory.state import MemoryState, RunRow, refuse_nul, to_checkpoint
 
 
@@ -32,6 +32,7 @@ def queue_input(state: MemoryState, session_id: str, agent: str, body: str, idem
         SessionAwaitingApprovalError: the run waits on an approval.
         ConfigurationError: the run belongs to another agent.
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
+        InputTooLargeError: the run has no room for the input (``store.runs.queue_input``); nothing is written.
     """
     earlier = state.sends.get((session_id, idempotency_key)) if idempotency_key is not None else None
     run = state.runs.get(session_id)
@@ -50,6 +51,11 @@ def queue_input(state: MemoryState, session_id: str, agent: str, body: str, idem
         if run.status == "awaiting-approval":
             waiting = run.waiting_on()
             raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
+        queued = state.inbox.get(session_id, {})
+        held = sum(len(text.encode("utf-8")) for text in
+                   (run.document, body, *(queued[n] for n in queued if n > run.inbox_cursor)))
+        if not inputs.leaves_room(held):
+            raise inputs.no_room(session_id, held, queued=False)
         run.inbox_head += 1
         run.clear_failures()
         number = run.inbox_head

@@ -233,7 +233,8 @@ def test_compare_with_an_unknown_run_prints_not_found(lousho: Lousho, finished: 
 def test_pending_lists_a_sub_agents_run_under_its_lead(lousho: Lousho, store: PostgresCheckpointStore) -> None:
     assert lousho("send", "weather", "plan a trip", "--session", "w-1").code == 0
     assert lousho("send", "weather", "other", "--session", "w-2").code == 0
-    store.start_children("w-1", "weather", [("w-1.task-0123456789abcdef", "weather", "check the tides")])
+    store.start_children("w-1", "weather", [("w-1.task-0123456789abcdef", "weather", "check the tides")],
+                         fence=0)  # no step claimed the lead yet
 
     listed = lousho("pending").out.splitlines()
     as_json = lousho("pending", "--json").json()

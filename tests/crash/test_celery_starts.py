@@ -1,6 +1,8 @@
 """Starting runs from Celery with real ``celery worker`` and ``celery beat`` processes: two beats sending an entry
-made by ``beat_entry`` start one run per tick; a plain ``beat_schedule`` entry starts one run per message; a second
-Celery app that knows only the task's name starts a run, and a message delivered twice starts it once."""
+made by ``beat_entry`` start one run per tick; a plain ``beat_schedule`` entry starts one run per message; the
+entries reach ``celery -A worker beat`` through ``LOUSHO_BEAT_MODULES`` and a team's beat from its own app after
+``install(app)``; a second Celery app that knows only the task's name starts a run, and a message delivered twice
+starts it once."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from datetime import datetime
 import psycopg
 from celery import Celery
 
+from tests.support import services
 from tests.support.cluster import Cluster, wait_until
 from tests.support.start_agents import AGENT, PLAIN_S, TICK_S
 from worker.starts import START_TASK, start_queue
@@ -37,12 +40,12 @@ def _sent(cluster: Cluster, entry: str) -> int:
 
 def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
         make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE})
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_BEAT_MODULES": MODULE})
     cluster.start_worker(concurrency=2)
     began = time.time()
-    cluster.start_beat(app=MODULE)
+    cluster.start_beat()
     time.sleep(TICK_S / 2 + 0.3)  # the second beat runs on another phase: its own timer, the same grid
-    cluster.start_beat(app=MODULE)
+    cluster.start_beat()
     time.sleep(WINDOW_S)
     for beat in cluster.beats:
         beat.kill()
@@ -66,6 +69,26 @@ def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
     assert _sent(cluster, "ticks") >= 2 * (len(ticks) - 2)  # both beats sent (almost) every tick
     assert len(plain) == _sent(cluster, "plain") >= 2 * int(WINDOW_S // PLAIN_S) - 2
     assert all(inputs == 1 for _, inputs in plain.values())
+
+
+def test_lousho_s_beat_reads_the_beat_modules_and_a_team_s_beat_keeps_its_own_entries(
+        make_cluster: Callable[..., Cluster]) -> None:
+    url = services.test_redis_url()
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_BEAT_MODULES": MODULE,
+                                      "HOST_APP_REDIS_URL": url, "LOUSHO_BROKER_URL": url})
+    cluster.start_worker(concurrency=2)
+
+    cluster.start_beat()  # celery -A worker beat
+    cluster.start_beat(app="tests.support.host_app")  # the team's beat, after install(app)
+
+    wait_until(lambda: any(status == "finished" for status, _ in _runs(cluster, "ticks-").values())
+               and any(status == "finished" for status, _ in _runs(cluster, "host-ticks-").values()), 30,
+               "a run of the beat module's entry and one of the team's own entry")
+    lousho_beat = (cluster.workdir / "beat-1.log").read_text(errors="replace")
+    team_beat = (cluster.workdir / "beat-2.log").read_text(errors="replace")
+    assert "Sending due task ticks " in lousho_beat and "Sending due task host-ticks " not in lousho_beat
+    assert "Sending due task host-ticks " in team_beat
+    assert "Sending due task lousho-recover " in team_beat  # the sweeps next to the team's entries
 
 
 def test_a_second_celery_app_that_knows_only_the_task_name_starts_a_run_once_per_message(

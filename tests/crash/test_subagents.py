@@ -1,6 +1,7 @@
 """Sub-agents as child runs on real ``celery worker`` processes: a worker killed while two children run repeats
 nothing they recorded, an approval inside a child decided from another process after a restart finishes child and
-lead, and the fan-out figure (a lead's eight children against as many independent runs on two workers)."""
+lead, a lead deleted while its tool runs starts no child, and the fan-out figure (a lead's eight children against
+as many independent runs on two workers)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.support.subagent_agents import (
     FAN_LEAD,
     LEAD,
     LEAD_USAGE,
+    SLOW_LEAD,
 )
 
 MODULE = "tests.support.subagent_agents"
@@ -207,6 +209,30 @@ def test_an_approval_inside_a_child_decided_from_another_process_after_a_restart
     assert child.final_text is not None and lead.final_text is not None
     assert child.final_text.split(" [resp:")[0] in lead.final_text
     _assert_checked(cluster, [lead_id, child_id], "sub-agents: an approval inside a child, decided after a restart")
+
+
+def _steps_logged(cluster: Cluster, session_id: str) -> int:
+    """How many steps of the run the workers ended (their ``advance <id> seq=... -> outcome`` lines)."""
+    return cluster.worker_logs().count(f"advance {session_id} seq=")
+
+
+def test_a_lead_deleted_while_its_tool_runs_starts_no_child(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = _cluster(make_cluster, workers=1)
+    lead_id = fresh_id("slow")
+    cluster.send(SLOW_LEAD, lead_id, run_input(lead_id))
+    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "start",
+                       timeout=20)
+    steps_before = _steps_logged(cluster, lead_id)
+
+    # Deleted by this process while a worker runs its ``work`` call; the ``task`` call comes after it in the batch.
+    assert cluster.client.agent(SLOW_LEAD).delete(lead_id)
+    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "end",
+                       timeout=20)
+    wait_until(lambda: _steps_logged(cluster, lead_id) > steps_before, 20, "the lead's batch to end")
+
+    assert _runs_under(cluster, lead_id) == []
+    assert [e for e in cluster.events() if e.get("kind") == "model" and e["run_id"].startswith(lead_id + ".")] == []
+    assert cluster.statuses([lead_id]) == {}
 
 
 @pytest.mark.timeout(40)

@@ -90,3 +90,70 @@ def test_max_handoffs_refuses_one_more(make_driver: Callable[..., Driver], clien
     assert checkpoint is not None and checkpoint.active_agent is None
     first = next(m for m in checkpoint.messages if m.role == "tool")
     assert json.loads(str(first.content))["error"] == "TooManyHandoffs"
+
+
+ran_refunds: list[str] = []
+
+
+@tool(needs_approval=True)
+def gated_refund(order: str) -> str:
+    """Refund an order once a person agreed."""
+    ran_refunds.append(order)
+    return f"refunded {order}"
+
+
+def _gated_desk(first: list[dict[str, Any]]) -> tuple[Agent, Agent]:
+    """A desk whose first turn asks for ``first``: a gated refund and a handoff to a desk without that tool."""
+    after = Agent(name="aftercare", model=MockModel(["(never asked)", "aftercare: all settled"]),
+                  instructions="You follow up.")
+    desk = Agent(name="desk", model=MockModel([{"tool_calls": first}, "(desk never asked again)"]),
+                 tools=[gated_refund], handoffs=[after])
+    return desk, after
+
+
+REFUND_THEN_HANDOFF = [{"name": "gated_refund", "args": {"order": "o7"}},
+                       {"name": "transfer_to_aftercare", "args": {"reason": "follow up"}}]
+
+
+def test_a_handoff_in_a_turn_with_a_gated_call_waits_for_the_decision_and_the_call_runs_as_its_asker(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    ran_refunds.clear()
+    desk, after = _gated_desk(REFUND_THEN_HANDOFF)
+    driver = make_driver(desk, after)
+    paused = client.agent("desk").send("refund o7 and hand me over", session_id="ho-gated")
+    driver.drain("ho-gated")
+    assert paused.wait(timeout=5).finish_reason == "awaiting-approval"
+    held = client.agent("desk").load("ho-gated")
+    assert held is not None and held.active_agent is None  # not handed off while a decision is owed
+    assert [c.name for c in held.pending_tool_calls] == ["gated_refund", "transfer_to_aftercare"]
+
+    (approval,) = client.agent("desk").approvals.list()
+    resumed = client.agent("desk").approvals.resolve(approval.approval_id, approved=True)
+    driver.drain("ho-gated")
+    result = resumed.wait(timeout=5)
+    assert result.finish_reason == "stop" and result.text == "aftercare: all settled"
+    assert ran_refunds == ["o7"]  # the approved call ran once, as the desk that asked for it
+    done = client.agent("desk").load("ho-gated")
+    assert done is not None and done.active_agent == "aftercare" and done.last_error is None
+    refunded, handed = [m for m in done.messages if m.role == "tool"]
+    assert refunded.content == "refunded o7" and not refunded.is_error
+    assert json.loads(str(handed.content)) == {"transferred_to": "aftercare", "from": "desk"}
+
+
+def test_a_handoff_before_a_rejected_gated_call_is_made_after_the_rejection(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    ran_refunds.clear()
+    desk, after = _gated_desk(list(reversed(REFUND_THEN_HANDOFF)))
+    driver = make_driver(desk, after)
+    client.agent("desk").send("hand me over, then refund o7", session_id="ho-gated-2")
+    driver.drain("ho-gated-2")
+    (approval,) = client.agent("desk").approvals.list()
+    resumed = client.agent("desk").approvals.resolve(approval.approval_id, approved=False, note="no refunds today")
+    driver.drain("ho-gated-2")
+    assert resumed.wait(timeout=5).text == "aftercare: all settled"
+    assert ran_refunds == []
+    done = client.agent("desk").load("ho-gated-2")
+    assert done is not None and done.active_agent == "aftercare"
+    handed, rejected = [m for m in done.messages if m.role == "tool"]
+    assert json.loads(str(handed.content))["transferred_to"] == "aftercare"
+    assert rejected.is_error and "no refunds today" in str(rejected.content)

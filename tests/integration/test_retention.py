@@ -229,6 +229,49 @@ def test_a_lead_whose_sub_agent_run_is_unfinished_stays(store: PostgresCheckpoin
     assert retention.prune(store.engine, MONTH).runs == 3
 
 
+def test_a_finished_lead_goes_with_its_parked_aborted_and_stopped_children(store: PostgresCheckpointStore) -> None:
+    lead = _insert_run(store.engine, "ret-ended")
+    parked = _insert_run(store.engine, f"{lead}.task-00000000000000d1", parent_id=lead, status="in-progress",
+                         last_error='{"code": "LOUSHO_TOOL_PROPAGATED", "retryable": false}')
+    aborted = _insert_run(store.engine, f"{lead}.task-00000000000000d2", parent_id=lead, status="in-progress",
+                          aborted=True, document='{"finish_reason": "aborted"}')
+    stopped = _insert_run(store.engine, f"{lead}.task-00000000000000d3", parent_id=lead, status="in-progress",
+                          aborted=True, document='{"finish_reason": "budget-exceeded"}')
+    below = _insert_run(store.engine, f"{parked}.task-00000000000000d4", parent_id=parked)
+
+    due = retention.count_due(store.engine, MONTH)
+    pruned = retention.prune(store.engine, MONTH)
+
+    assert (due.runs, pruned.runs) == (5, 5)
+    assert all(store.load(run) is None for run in (lead, parked, aborted, stopped, below))
+
+
+def test_a_child_that_can_still_move_keeps_its_finished_lead(store: PostgresCheckpointStore) -> None:
+    lead = _insert_run(store.engine, "ret-moving")
+    _insert_run(store.engine, f"{lead}.task-00000000000000e1", parent_id=lead, status="in-progress",
+                last_error='{"code": "LOUSHO_PROVIDER_REQUEST_FAILED", "retryable": true}')
+    _insert_run(store.engine, f"{lead}.task-00000000000000e2", parent_id=lead, status="in-progress",
+                aborted=True, inbox_head=1)  # stopped, with input a step has not applied yet
+
+    assert retention.prune(store.engine, MONTH).runs == 0
+
+
+def test_a_settled_child_whose_lead_is_gone_is_pruned_on_its_own(store: PostgresCheckpointStore) -> None:
+    parked = _insert_run(store.engine, "ret-gone.task-00000000000000f1", parent_id="ret-gone", status="in-progress",
+                         last_error='{"code": "LOUSHO_LEAD_GONE", "retryable": false}')
+    finished = _insert_run(store.engine, "ret-gone.task-00000000000000f2", parent_id="ret-gone")
+    below = _insert_run(store.engine, f"{finished}.task-00000000000000f3", parent_id=finished)
+    moving = _insert_run(store.engine, "ret-gone.task-00000000000000f4", parent_id="ret-gone", status="in-progress")
+    young = _insert_run(store.engine, "ret-gone.task-00000000000000f5", parent_id="ret-gone", days=1)
+
+    due = retention.count_due(store.engine, MONTH)
+    pruned = retention.prune(store.engine, MONTH)
+
+    assert (due.runs, pruned.runs) == (3, 3)
+    assert all(store.load(run) is None for run in (parked, finished, below))
+    assert store.load(moving) is not None and store.load(young) is not None
+
+
 def test_a_webhook_redelivery_after_its_run_was_pruned_starts_nothing(receiver: Receiver) -> None:  # noqa: F811
     client = TestClient(receiver.app)
     body = json.dumps({"event": "order.paid", "order": 7}).encode()
@@ -344,6 +387,12 @@ def test_the_batches_read_indexes_not_whole_tables(store: PostgresCheckpointStor
                              SELECT 'ret-plan-' || g, 'shop',
                                     CASE WHEN g % 3 = 0 THEN 'in-progress' ELSE 'finished' END,
                                     now() - make_interval(days => g % 400) FROM generate_series(1, 3000) g"""))
+        # A sub-agent run under every tenth of them (and a few whose lead is gone).
+        conn.execute(text("""INSERT INTO runs (session_id, agent, status, parent_id, updated_at)
+                             SELECT 'ret-plan-' || g || '.task-' || lpad(to_hex(g), 16, '0'), 'shop', 'finished',
+                                    CASE WHEN g % 100 = 0 THEN 'ret-gone-' || g ELSE 'ret-plan-' || g END,
+                                    now() - make_interval(days => g % 400)
+                             FROM generate_series(10, 3000, 10) g"""))
         for table, column in (("deliveries", "received_at"), ("delivery_bodies", "received_at")):
             extra = ("session_id, source, body_sha256", "'ret-plan-' || g, 'standard', md5(g::text)") \
                 if table == "deliveries" else ("body_sha256", "md5(g::text)")
@@ -360,7 +409,7 @@ def test_the_batches_read_indexes_not_whole_tables(store: PostgresCheckpointStor
 
     plans = retention.batch_plans(store.engine, MONTH)
 
-    indexes = {"runs": "runs_retention_idx", "deliveries": "deliveries_received_idx",
+    indexes = {"runs": "runs_retention_idx", "orphans": "runs_parent_idx", "deliveries": "deliveries_received_idx",
                "bodies": "delivery_bodies_received_idx", "ticks": "schedule_fires_claimed_idx"}
     for name, index in indexes.items():
         plan = "\n".join(plans[name])

@@ -235,12 +235,13 @@ class Cluster:
             return subprocess.Popen(args, cwd=ROOT, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_worker(self, name: str = "w1", concurrency: int = 2, *, wait: bool = True) -> Worker:
-        """Start ``celery -A worker worker`` (prefork) as a new process group."""
+    def start_worker(self, name: str = "w1", concurrency: int = 2, *, wait: bool = True, app: str = "worker",
+                     queues: str | None = None) -> Worker:
+        """Start ``celery -A <app> worker`` (prefork) as a new process group, on ``queues`` (``-Q``) when given."""
         self._starts[name] += 1
         log_path = self.workdir / f"{name}.{self._starts[name]}.log"
-        args = [_celery(), "-A", "worker", "worker", "-P", "prefork", "-c", str(concurrency),
-                "-n", f"{name}-{self._starts[name]}@%h", "--without-gossip", "--without-mingle",
+        args = [_celery(), "-A", app, "worker", *(["-Q", queues] if queues else []), "-P", "prefork",
+                "-c", str(concurrency), "-n", f"{name}-{self._starts[name]}@%h", "--without-gossip", "--without-mingle",
                 "--without-heartbeat", "-l", "info"]
         worker = Worker(name, self._spawn(args, log_path), log_path, concurrency)
         self.workers.append(worker)

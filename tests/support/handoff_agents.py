@@ -6,6 +6,8 @@ execution id in its result), so the checker can judge these runs. A run's first 
 
 - ``front`` answers turn 0 with ``transfer_to_refunds``; asked anything later it says ``front answered``.
 - ``refunds`` answers turn 1 with a slow ``work`` call (``WORK_MS``) and turn 2 with ``refunds answered``.
+- ``gated_front`` answers turn 0 with a slow approval-gated call (``approved_work``) and ``transfer_to_refunds`` in the
+  same turn; asked anything later it says ``gated front answered``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import uuid
 from typing import Any
 
 from store.records import Message
-from tests.support.agents import LoggedModel, work
-from tests.support.checker import response_tag
+from tests.support.agents import LoggedModel, approved_work, work
+from tests.support.checker import APPROVED_TOOL, response_tag
 from worker import Agent
 
 FRONT = "front"
 REFUNDS = "refunds"
+GATED_FRONT = "gated_front"
 #: How long the refund desk's call works: long enough to kill its worker in the middle of it.
 WORK_MS = 2500
 
@@ -48,3 +51,17 @@ refunds = Agent(name=REFUNDS, model=LoggedModel(_refunds, model_id="refunds-mode
                 instructions="You are the refund desk.")
 front = Agent(name=FRONT, model=LoggedModel(_front, model_id="front-model"), instructions="You are the front desk.",
               handoffs=[refunds])
+
+
+def _gated_front(messages: list[Message]) -> dict[str, Any]:
+    nonce = uuid.uuid4().hex[:12]
+    if _turn(messages) == 0:
+        return {"text": f"refunding, then handing over {response_tag(nonce)}", "tool_calls": [
+            {"id": f"g-{nonce}", "name": APPROVED_TOOL, "args": {"ms": WORK_MS}},
+            {"id": f"h-{nonce}", "name": f"transfer_to_{REFUNDS}", "args": {"reason": "after the refund"}}]}
+    return {"text": f"gated front answered {response_tag(nonce)}"}
+
+
+gated_front = Agent(name=GATED_FRONT, model=LoggedModel(_gated_front, model_id="gated-front-model"),
+                    tools=[approved_work], instructions="You are the front desk; refunds need a person.",
+                    handoffs=[refunds])

@@ -13,6 +13,8 @@ its own run.
 - ``lead``: two children at once (``PAIR``), each ``work`` call of 0.9-1.3 s, run one after the other.
 - ``editor``: one child whose first turn is a ``work`` call and an ``approved_work`` call (``GATED``).
 - ``fan_lead``: eight children of five 200 ms tool steps each (``FAN``).
+- ``slow_lead``: a ``work`` call of ``SLOW_WORK_MS`` and one child's ``task`` call in its first turn (a lead deleted
+  while the call runs must start no child).
 
 Each lead's second turn ends its run with ``<lead> read: <each result's first line, untagged>``. Usage is scripted
 per turn (``LEAD_USAGE``, ``CHILD_USAGE``) so a test can add it up.
@@ -33,6 +35,9 @@ CHILD = "researcher"
 LEAD = "lead"
 EDITOR = "editor"
 FAN_LEAD = "fan_lead"
+SLOW_LEAD = "slow_lead"
+#: The ``work`` call before ``slow_lead``'s ``task`` call: the window in which a test deletes the lead.
+SLOW_WORK_MS = 3000
 #: What each model turn of a lead, and of a child, reports it used.
 LEAD_USAGE = {"input_tokens": 1000, "output_tokens": 100}
 CHILD_USAGE = {"input_tokens": 10, "output_tokens": 1}
@@ -84,6 +89,21 @@ def delegating(children: int, shape: Mapping[str, object]) -> Callable[[list[Mes
     return lead
 
 
+def _slow_then_delegate(messages: list[Message]) -> dict[str, Any]:
+    """``slow_lead``'s script: a long ``work`` call and a ``task`` call, then an answer."""
+    lead_id = parse_shape(str(next(m.content for m in messages if m.role == "user"))).run_id
+    turn, nonce = _turn(messages), uuid.uuid4().hex[:12]
+    if turn > 0:
+        return {"text": f"{lead_id} done {response_tag(nonce)}", "usage": LEAD_USAGE}
+    call_id = f"t0-{nonce}"
+    child = subagents.child_id(lead_id, turn + 1, call_id)
+    assert child is not None, "the lead's id is too long for a child's"
+    return {"text": f"working {response_tag(nonce)}", "usage": LEAD_USAGE, "tool_calls": [
+        {"id": f"w0-{nonce}", "name": "work", "args": {"ms": SLOW_WORK_MS}},
+        {"id": call_id, "name": "task", "args": {"agent": CHILD, "prompt": run_input(child, turns=2, calls=1,
+                                                                                     sleep=50)}}]}
+
+
 researcher = Agent(name=CHILD, model=LoggedModel(_research, model_id="child-mock"),
                    instructions="Sub-agent crash-test agent.", tools=[work, approved_work], max_steps=20,
                    tool_concurrency=1)
@@ -93,3 +113,5 @@ editor = Agent(name=EDITOR, model=LoggedModel(delegating(1, GATED), model_id="le
                instructions="Lead crash-test agent.", subagents=[researcher])
 fan_lead = Agent(name=FAN_LEAD, model=LoggedModel(delegating(FAN_CHILDREN, FAN), model_id="lead-mock"),
                  instructions="Lead crash-test agent.", subagents=[researcher], tool_concurrency=FAN_CHILDREN)
+slow_lead = Agent(name=SLOW_LEAD, model=LoggedModel(_slow_then_delegate, model_id="lead-mock"),
+                  instructions="Lead crash-test agent.", tools=[work], subagents=[researcher], tool_concurrency=1)

@@ -96,6 +96,23 @@ def check_reset_attempts_clears_a_parked_run_only_while_in_progress(make: StoreF
     assert store.reset_attempts("ct-nobody") is None
 
 
+def check_reset_attempts_moves_a_waiting_run_once_no_child_can_move(make: StoreFactory) -> None:
+    store = make(50).store
+    lead = new_run(store, "ct-wait")
+    child, gone = "ct-wait.task-00000000000000c1", "ct-wait.task-00000000000000c2"
+    assert store.start_children("ct-wait", AGENT, [(child, AGENT, "a"), (gone, AGENT, "b")], fence=lead.fence) == []
+    waiting = save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child, "call-2": gone})
+    assert store.reset_attempts("ct-wait") is None  # both children can still move
+    store.delete(gone)
+    assert store.reset_attempts("ct-wait") is None  # one still can
+    settled = claimed_run(store, child, 5)
+    save_next(store, settled, status="finished", finish_reason="stop", inbox_cursor=1)
+
+    assert store.reset_attempts("ct-wait") == waiting.seq
+    loaded = store.load("ct-wait")
+    assert loaded is not None and loaded.waiting  # its step records what the children came to
+
+
 def check_reset_attempts_with_limits_writes_them_into_the_run(make: StoreFactory) -> None:
     store = make(50).store
     parked = new_run(store, "ct-limits")
@@ -253,6 +270,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_history_limit_zero_keeps_no_history,
     check_record_failure_is_fenced,
     check_reset_attempts_clears_a_parked_run_only_while_in_progress,
+    check_reset_attempts_moves_a_waiting_run_once_no_child_can_move,
     check_reset_attempts_with_limits_writes_them_into_the_run,
     check_a_checkpoint_with_limits_and_a_run_config_reads_back,
     check_retry_later_is_fenced_and_sets_when_to_try_again,

@@ -99,6 +99,32 @@ def check_append_input_refuses_metadata_that_is_not_a_small_json_object(make: St
     assert store.load("ct-meta-new") is None and store.inbox("ct-meta-new", 0) == []
 
 
+def check_append_input_refuses_input_that_leaves_no_room_for_a_reply(make: StoreFactory) -> None:
+    store = make(50).store
+
+    def megabytes(letters: str) -> list[Message]:
+        return [user_message(letter * payloads.MAX_INPUT_STRING) for letter in letters]
+
+    # Queued input counts: two sends of 3 MiB fit, a third would leave less than a reply's room.
+    assert store.append_input("ct-room", AGENT, megabytes("abc")) == 1
+    assert store.append_input("ct-room", AGENT, megabytes("def")) == 2
+    with pytest.raises(errors.InputTooLargeError) as refused:
+        store.append_input("ct-room", AGENT, megabytes("ghi"))
+    assert refused.value.fields["session_id"] == "ct-room"
+    size = refused.value.fields["size"]
+    assert isinstance(size, int) and size + payloads.REPLY_ROOM > payloads.MAX_CHECKPOINT
+    assert "fork" in refused.value.message
+    assert [e.n for e in store.inbox("ct-room", 0)] == [1, 2]
+
+    # So does the stored transcript, once the input is merged.
+    checkpoint = claimed_run(store, "ct-room", 1)
+    merged = [m for e in store.inbox("ct-room", 0) for m in e.messages]
+    save_next(store, checkpoint, messages=merged, inbox_cursor=2)
+    with pytest.raises(errors.InputTooLargeError):
+        store.append_input("ct-room", AGENT, megabytes("gh"))
+    assert store.append_input("ct-room", AGENT, [user_message("a short question")]) == 3
+
+
 # -- claim -------------------------------------------------------------------------------------
 
 
@@ -187,8 +213,9 @@ def check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed
     store = subject.store
     lead = new_run(store, "ct-lead")
     child = "ct-lead.task-0123456789abcdef"
-    store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")])
-    store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")])  # a step that ran again
+    assert store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")], fence=lead.fence) == []
+    # A step that ran again finds its child as it left it.
+    assert store.start_children("ct-lead", AGENT, [(child, AGENT, "look it up")], fence=lead.fence) == []
     assert [e.n for e in store.inbox(child, 0)] == [1]
     started = store.load(child)
     assert started is not None and started.lead_agent == AGENT and started.agent == AGENT
@@ -203,6 +230,45 @@ def check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed
     assert [lead.session_id for lead in store.waiting_leads(0.0)] == ["ct-lead"]
     loaded = store.load("ct-lead")
     assert loaded is not None and loaded.waiting and loaded.seq == waiting.seq
+
+
+def check_children_are_started_under_the_leads_fence_and_never_adopted(make: StoreFactory) -> None:
+    store = make(50).store
+    lead = new_run(store, "ct-fenced")
+    mine, taken = "ct-fenced.task-00000000000000a1", "ct-fenced.task-00000000000000a2"
+    store.append_input(taken, AGENT, [user_message("not the lead's")])  # a run that took a child's id
+
+    with pytest.raises(errors.FencedOutError):
+        store.start_children("ct-fenced", AGENT, [(mine, AGENT, "look")], fence=lead.fence - 1)
+    assert store.load(mine) is None
+    assert store.start_children("ct-fenced", AGENT, [(mine, AGENT, "look"), (taken, AGENT, "look")],
+                                fence=lead.fence) == [taken]
+    started, other = store.load(mine), store.load(taken)
+    assert started is not None and started.lead_agent == AGENT
+    assert other is not None and other.lead_agent is None and [e.n for e in store.inbox(taken, 0)] == [1]
+
+    assert store.claim(mine, 3, None).lead_gone is False
+    store.delete("ct-fenced")  # every run under its id goes with it
+    assert store.load(mine) is None and store.load(taken) is None
+    with pytest.raises(errors.FencedOutError):
+        store.start_children("ct-fenced", AGENT, [(mine, AGENT, "look")], fence=lead.fence)
+    assert store.load(mine) is None
+
+
+def check_a_lead_waiting_on_children_that_are_all_gone_is_listed(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-bereft")
+    child = "ct-bereft.task-00000000000000d1"
+    assert store.start_children("ct-bereft", AGENT, [(child, AGENT, "look")], fence=lead.fence) == []
+    save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child})
+    subject.tick()
+    assert store.waiting_leads(0.0) == []  # its child can still move
+
+    store.delete(child)  # no child is left to wake it
+    subject.tick()
+
+    assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-bereft"]
 
 
 def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
@@ -305,6 +371,7 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_append_input_refuses_a_run_awaiting_approval,
     check_append_input_keeps_metadata_with_its_input,
     check_append_input_refuses_metadata_that_is_not_a_small_json_object,
+    check_append_input_refuses_input_that_leaves_no_room_for_a_reply,
     check_claim_of_an_unknown_run_loads_nothing,
     check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one,
     check_claim_counts_an_attempt_only_when_the_step_has_work,
@@ -312,6 +379,8 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_save_clears_attempts_and_the_last_error,
     check_owed_run_end_hooks_give_a_finished_run_work_until_a_fenced_note,
     check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed,
+    check_children_are_started_under_the_leads_fence_and_never_adopted,
+    check_a_lead_waiting_on_children_that_are_all_gone_is_listed,
     check_save_round_trips_the_whole_document,
     check_save_trims_the_drained_inbox,
     check_save_refuses_an_oversized_checkpoint_and_writes_nothing,

@@ -460,7 +460,7 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
     An abort heard while calls run sets their ``ctx.cancelled`` (``_Batch.hear``); jobs not started yet see
     ``may_start`` refuse them. Returns once every job returned; the first job error is raised then. The jobs run
     on the process's tool threads (``worker.tool_threads``: kept across batches, since starting threads for
-    every batch cost more than a small step does), where calls given up on hold no place.
+    every batch cost more than a small step does) and never wait for one: a busy set gives them their own.
     """
     if workers <= 1:
         # One at a time: in the step's own thread (no hand-over), the signals heard between calls; a running
@@ -477,7 +477,7 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
         while waiting or running:
             while waiting and len(running) < workers:
                 # In a copy of the step's context: what the calls record lands in the step's report.
-                future = pool.submit(contextvars.copy_context().run, waiting.pop(0))
+                future = pool.submit(contextvars.copy_context().run, waiting.pop(0), at_once=True)
                 future.add_done_callback(lambda _: wake.set())
                 running.append(future)
             batch.hear()

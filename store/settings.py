@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     #: Starts of one step in a row that never finished (the worker died) before the run is parked: the
     #: poison-pill guard. Failures a step records (a provider outage) do not count here.
     max_attempts: int = 5
+    #: Seconds after its input a run whose agent name no worker has ever registered (a typo) is parked with
+    #: ``LOUSHO_AGENT_NOT_FOUND``; an agent some worker registered waits for a worker within ``retry_for_s``.
+    agent_grace_s: float = 600.0
     #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
     #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
@@ -151,7 +154,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",
-                     "retention_interval_s")
+                     "retention_interval_s", "agent_grace_s")
     @classmethod
     def _positive(cls, value: float) -> float:
         if not value > 0:

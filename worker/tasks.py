@@ -90,7 +90,7 @@ def _build() -> StepDeps:
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
                      registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
                      signals=RedisSignals(client),
-                     registry_window_s=registration_window_s())
+                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s)
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:

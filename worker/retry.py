@@ -104,13 +104,15 @@ def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None
     unknown = errors.AgentNotFoundError(agent, list(deps.agents))
     unregistered_for = None if served else deps.unregistered_for(agent, checkpoint.session_id)
     if unregistered_for is not None and unregistered_for >= deps.agent_grace_s:
-        message = (f"{unknown.message}; no worker has ever registered it (waited {unregistered_for:.0f} s,"
+        message = (f"{unknown.message}; no live worker has registered it, and no worker ever has (waited"
+                   f" {unregistered_for:.0f} s,"
                    f" LOUSHO_AGENT_GRACE_S is {deps.agent_grace_s:g}): check the agent's name, then resume the run"
                    " or send again")
         return park(deps, checkpoint, LastError(code=unknown.code, message=payloads.clean_error(message)))
     if unregistered_for is not None:
         reason = f"no worker has registered agent {agent!r}; parked after LOUSHO_AGENT_GRACE_S unless one does"
-        message = f"{unknown.message}; no worker has ever registered it"
+        message = (f"{unknown.message}; this worker cannot run it; no live worker has registered it, and no worker"
+                   " ever has")
     elif not served:
         reason = f"no live worker serves agent {agent!r}; waiting for one"
         message = f"{unknown.message}; this worker cannot run it; no live worker has registered it"

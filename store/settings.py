@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     database_prepared_statements: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None
+    #: A Celery result backend URL for ``lousho.start``'s answers (the run id, or the error that refused the start)
+    #: on Lousho's own app (``celery -A worker``): callers read them with the same backend. Unset: none are
+    #: stored. Lousho's other tasks never store results; an app given to ``install`` keeps its own backend.
+    result_backend: str | None = None
     #: With a ``sentinel://`` Redis or broker URL: the name Sentinel knows the master by (``store.redis_client``).
     redis_sentinel_master: str | None = None
     #: The Sentinel nodes' own password, when they have one (the URL's password is the master's).

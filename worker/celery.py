@@ -133,9 +133,10 @@ def configure(app: Celery, settings: Settings) -> None:
         task_publish_retry=True,
         task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
                                    "interval_max": 2},
-        # State lives in Postgres; tasks return None and store no results.
+        # State lives in Postgres; tasks store no results, but for ``lousho.start``'s run id where
+        # LOUSHO_RESULT_BACKEND names a backend for its callers.
         task_ignore_result=True,
-        result_backend=None,
+        result_backend=settings.result_backend,
         enable_utc=True,
         timezone="UTC",
         task_default_queue=settings.queue,

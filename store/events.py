@@ -98,9 +98,19 @@ INPUT_START = text("SELECT min(seq) FROM run_events WHERE session_id = :sid AND 
 DELETE = text("DELETE FROM run_events WHERE session_id = :sid")
 
 
+#: Event types about a transcript entry (their data points at a ``run_messages`` row, or holds it whole).
+_ABOUT_A_MESSAGE = frozenset({"step.done", "tool.done", "tool.error"})
+
+
 def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] | None) -> dict[str, Any]:
-    """An event's data with the transcript entry it points at folded in."""
-    message = message if message is not None else data.pop("message", None)
+    """An event's data with the transcript entry it points at folded in.
+
+    Only events about a transcript entry have one: an ``error`` event's ``message`` is its text, kept as it is.
+    """
+    if event_type not in _ABOUT_A_MESSAGE:
+        return data
+    if message is None and isinstance(data.get("message"), dict):
+        message = data.pop("message")  # kept whole by ``encode`` when its row could not be found
     if message is None:
         return data
     if event_type == "step.done":

@@ -336,6 +336,9 @@ class AgentRegistry(ServingRegistry, Protocol):
     def live_agents(self, within_s: float) -> set[str]:
         """Agents at least one live worker (seen in the last ``within_s`` seconds) serves."""
 
+    def unregistered_for(self, agent: str, session_id: str) -> float | None:
+        """Seconds since run ``session_id``'s first input, when no worker ever registered ``agent``; else None."""
+
 
 class DeliveryStore(Protocol):
     """Webhook deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""

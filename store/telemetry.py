@@ -119,6 +119,8 @@ class StepReport:
     error_code: str | None = None
     #: Seconds until the run's retry, when the step recorded a retryable failure.
     retry_in: float | None = None
+    #: Why a handed-back step was handed back, when it is not a worker of another release that runs it.
+    hand_back: str | None = None
     #: The run input's trace context (``worker.tracing``), read from the run or made by this step.
     trace: str | None = None
     #: Child runs this step started.
@@ -134,6 +136,8 @@ class StepReport:
     def summary(self) -> str:
         """A short line about the step with no content in it (the task's result in Flower and in logs)."""
         outcome = self.outcome or "unknown"
+        if outcome == "handed-back" and self.hand_back:
+            return f"handed back: {self.hand_back}"
         if outcome in _DROPPED:
             return _DROPPED[outcome]
         if outcome == "parked":

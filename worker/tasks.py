@@ -91,7 +91,7 @@ def _build() -> StepDeps:
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
                      registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
                      signals=RedisSignals(client),
-                     registry_window_s=registration_window_s())
+                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s)
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
@@ -309,15 +309,20 @@ def _recycle_if_hung() -> None:
 SWEEP_LIMIT = 500
 
 
-@shared_task(name=starts.START_TASK, bind=True, ignore_result=True, queue=starts.start_queue(settings.queue),
+# The one task whose result is stored (where the app has a result backend): its caller learns the run id.
+@shared_task(name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue),
              **TASK_OPTIONS)
 def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-          beat_entry: str | None = None, every_s: float | None = None) -> None:
+          beat_entry: str | None = None, every_s: float | None = None) -> str:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
 
     For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
     "session_id": ..., "metadata": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and ``every_s`` come
     from entries made by ``worker.starts.beat_entry``.
+
+    Returns:
+        The run's id (``session_id``, or the one made from the task id or the beat entry's tick): the task's
+        result, for a caller whose app shares the worker's result backend.
 
     Raises:
         SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError: the message
@@ -337,6 +342,7 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
     enqueue(run_id, None, 0.0, agent if agent in served else None,
             name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)
+    return run_id
 
 
 def _served() -> set[str]:

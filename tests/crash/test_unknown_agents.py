@@ -47,5 +47,8 @@ def test_a_run_of_an_agent_no_worker_ever_registered_is_parked_once_the_grace_ha
     waiting = _error(cluster, "deploy-1")
     assert waiting.get("code") == "LOUSHO_AGENT_NOT_FOUND" and waiting.get("retryable") is True
     logs = cluster.worker_logs()
-    assert "handed back: no worker has registered agent 'chaoz'" in logs
+    # The first step hands the run back naming the cause, unless a loaded machine ran it after the grace had passed:
+    # then that step parks it at once.
+    assert ("handed back: no worker has registered agent 'chaoz'" in logs
+            or "parked: LOUSHO_AGENT_NOT_FOUND" in logs)
     assert "handed back: no live worker serves agent 'departed'" in logs

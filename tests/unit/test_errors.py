@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 from celery.backends.base import BaseBackend
 
+from devkit.errors import EmbeddedError
 from store import errors
 
 #: One instance of every error class, as the code raises it.
@@ -34,12 +35,14 @@ SAMPLES: list[errors.LoushoError] = [
     errors.HookFailedError("hook raised"),
     errors.ConfigResolverError("resolve raised"),
     errors.StepAttemptsExceededError("step started 6 times"),
+    errors.LeadGoneError("the lead of 'order-7.task-0123456789abcdef' was deleted"),
     errors.InputTooLargeError("input over 1 MiB"),
     errors.StorageError("broker unavailable: OSError"),
     errors.RunTimeoutError("run 'order-7' did not settle within 3 s"),
     errors.RunFailedError("LOUSHO_SOMETHING_NEW", "a newer release's error", True),
     errors.ScheduleNotFoundError("daily"),
     errors.ScheduleBrokenError("daily", "cron-invalid", "bad minute"),
+    EmbeddedError("redis-server did not start: see .lousho/redis.log"),
 ]
 
 

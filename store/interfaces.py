@@ -297,6 +297,9 @@ class Leases(Protocol):
     def held(self, session_ids: builtins.list[str]) -> set[str]:
         """Which of these runs have a live lease."""
 
+    def release_gone(self, session_ids: builtins.list[str]) -> builtins.list[str]:
+        """Release the leases on these runs whose holder is provably gone (``store.owners``); the runs freed."""
+
 
 class Heartbeat(Protocol):
     """Keeps the leases a process holds renewed while its steps run."""

@@ -94,6 +94,12 @@ def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _described(holder: str) -> str:
+    """A gone holder as a log line names it (its pid; the rest of the id only says "this host")."""
+    parsed = owners.parse(holder)
+    return f"pid {parsed.pid} on this host" if parsed is not None else "unknown"
+
+
 def _signal_keys(session_id: str) -> list[str]:
     """The keys of a run's signals, in the order the scripts read them."""
     return [keys.watch_key(session_id), keys.abort_key(session_id), keys.steer_key(session_id)]
@@ -141,7 +147,7 @@ class LeaseManager:
                 keys=run_keys, args=[holder, owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS])
             if not token:
                 return None
-            log.info("lease of %s taken over at once: its holder %s is gone", session_id, holder)
+            log.info("lease of %s taken over at once: its holder (%s) is gone", session_id, _described(holder))
         lease = Lease(session_id, owner, int(token))
         lease.hear(bool(watched), bool(abort), int(steer))
         return lease
@@ -204,7 +210,7 @@ class LeaseManager:
         freed = [sid for (sid, _, _), done in zip(gone, pipe.execute(), strict=True) if done]
         for sid, _, holder in gone:
             if sid in freed:
-                log.info("lease of %s released: its holder %s is gone", sid, holder)
+                log.info("lease of %s released: its holder (%s) is gone", sid, _described(holder))
         return freed
 
     def held(self, session_ids: list[str]) -> set[str]:

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Owner", "is_gone", "new_owner", "parse", "process_start", "this_process"]
+__all__ = ["Owner", "is_gone", "is_running", "new_owner", "parse", "process_start", "this_process"]
 
 _PROC = Path("/proc")
 #: What stands for a part this system does not provide (no ``/proc``): such an owner is never judged gone.
@@ -118,6 +118,14 @@ def _exists(pid: int) -> bool:
     except OSError as exc:
         return exc.errno != errno.ESRCH
     return True
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` of this PID namespace runs (an exited one not yet reaped does not)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return pid > 0 and _exists(pid)
+    return fields[0] not in ("Z", "X")
 
 
 def is_gone(owner: str) -> bool:

@@ -28,12 +28,16 @@ START_PAGES = 20
 
 @dataclass(frozen=True)
 class PoolStep:
-    """A step a pool process accepted: the message's task id, the process, the run and where to send it again."""
+    """A step a pool process accepted: the message's task id, the process, the run and where to send it again.
+
+    The step is sent again without the message's seq: the dead process may have saved before it died (the seq moved
+    on, and a copy with the old one would be dropped as stale), and no one else works on the run once its lease is
+    released.
+    """
 
     task_id: str
     pid: int
     session_id: str
-    seq: int | None
     #: The queue the message came from (None: the agent's queue, as the sender would choose it).
     queue: str | None = None
     #: The name the step was sent under (Flower's task name).

@@ -242,17 +242,15 @@ def _pool_steps() -> list[orphans.PoolStep]:
         if request.type != advance.name or not isinstance(pid, int) or pid == os.getpid() or not isinstance(
                 kwargs, dict) or not isinstance(kwargs.get("session_id"), str):
             continue
-        seq = kwargs.get("seq")
         info = request.delivery_info or {}
-        steps.append(orphans.PoolStep(str(request.id), pid, kwargs["session_id"],
-                                      seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
-                                      info.get("routing_key") or None, request.name))
+        steps.append(orphans.PoolStep(str(request.id), pid, kwargs["session_id"], info.get("routing_key") or None,
+                                      request.name))
     return steps
 
 
 def _resend_step(step: orphans.PoolStep) -> None:
     """Send a dead pool process's step again, to the queue it came from under the name it had."""
-    advance.apply_async(kwargs={"session_id": step.session_id, "seq": step.seq},
+    advance.apply_async(kwargs={"session_id": step.session_id, "seq": None},
                         queue=step.queue or settings.agent_queue(None),
                         shadow=step.name or telemetry.step_name(None, telemetry.RECOVERY))
 

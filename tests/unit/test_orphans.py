@@ -13,8 +13,8 @@ from worker import orphans
 TTL_MS = 30_000
 
 
-def _step(task_id: str, pid: int, session_id: str, seq: int | None = 3) -> orphans.PoolStep:
-    return orphans.PoolStep(task_id, pid, session_id, seq, "lousho.shop", "shop: tool batch")
+def _step(task_id: str, pid: int, session_id: str) -> orphans.PoolStep:
+    return orphans.PoolStep(task_id, pid, session_id, "lousho.shop", "shop: tool batch")
 
 
 def test_the_step_of_a_pool_process_that_died_is_sent_again_once_with_its_lease_released() -> None:

@@ -46,6 +46,10 @@ class ToolContext:
     #: Set when the run is aborted while the call runs: stop early if you can (the call then gets a
     #: ``cancelled`` result, whatever it returns). Wait on it like any ``threading.Event``.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    #: The approval a person decided to let this call run (a ``needs_approval`` call once approved), else None: tie
+    #: the effect to the decision with it. Like ``tool_call_id`` it names one call of the model; a call the model
+    #: asks again is a new call with a new approval, so an effect due once per business event needs a key of its own.
+    approval_id: str | None = None
 
 
 class ToolArgsInvalid(Exception):

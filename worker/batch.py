@@ -215,13 +215,15 @@ class _Plan:
     handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
     tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
     undecided: list[str] = field(default_factory=list)        # approvals of calls still waiting for a person
+    approval_of: dict[str, str] = field(default_factory=dict)  # approved call id -> the approval that let it run
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-             cancelled: threading.Event | None = None) -> ToolContext:
+             cancelled: threading.Event | None = None, approval_id: str | None = None) -> ToolContext:
     return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
                        step=checkpoint.step, business_state=checkpoint.business_state,
-                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event())
+                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event(),
+                       approval_id=approval_id)
 
 
 def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False) -> HookContext:
@@ -339,6 +341,8 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
                 plan.results.append(outcome)
             else:
                 plan.approved.append(outcome)
+                if decision is not None:  # always: only a decision makes an approved call
+                    plan.approval_of[outcome.id] = decision.approval_id
             continue
         cleared, where = _cleared(agent, checkpoint, call)
         if isinstance(cleared, Message):
@@ -348,11 +352,12 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
     return plan
 
 
-def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event) -> Message:
+def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event,
+            approval_id: str | None = None) -> Message:
     """Run one cleared call and turn whatever happens into its result message."""
     tool = agent.tools[call.name]
     try:
-        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
+        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled, approval_id))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
     except (errors.PropagatingToolError, errors.HookFailedError):
@@ -385,15 +390,15 @@ class _CallCancelled(threading.Event):
 
 
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-                  resumed: bool = False) -> tuple[Message, float]:
+                  resumed: bool = False, approval_id: str | None = None) -> tuple[Message, float]:
     batch.live.tool_start(call)
     started, started_ns = time.perf_counter(), time.time_ns()
     tool = agent.tools.get(call.name)
     if tool is None or tool.timeout is None:
-        result = _invoke(agent, checkpoint, call, batch.cancelled)
+        result = _invoke(agent, checkpoint, call, batch.cancelled, approval_id)
     else:
         cancelled = _CallCancelled(batch.cancelled)
-        running = _tool_pool().submit(_invoke, agent, checkpoint, call, cancelled)
+        running = _tool_pool().submit(_invoke, agent, checkpoint, call, cancelled, approval_id)
         try:
             result = running.result(timeout=tool.timeout)
         except futures.TimeoutError:
@@ -495,13 +500,15 @@ def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: lis
     _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
 
-def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
+def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
+                  approval_of: dict[str, str]) -> None:
     """Run the approved calls one by one, each marked started (saved) before its effect."""
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:
         crash_point("after_started_marker_before_approved_call", sid)
-        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True)
+        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True,
+                                         approval_id=approval_of.get(call.id))
         crash_point("after_approved_effect_before_result_save", sid)
         batch.settle(result, duration)
 
@@ -689,7 +696,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         for result in plan.results:
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
-        _run_approved(batch, agent, checkpoint, plan.approved)
+        _run_approved(batch, agent, checkpoint, plan.approved, plan.approval_of)
         _hand_off(batch, agent, plan.handoffs)
         children = _delegate(batch, agent, plan.tasks, plan.undecided)
         batch.hear()

@@ -423,10 +423,14 @@ class PendingRun(_Record):
     approval_kind: str | None = None
     step: int
     last_error: LastError | None = None
+    #: Steps of the run that started and never ended (a crash, a kill) in a row; ``LOUSHO_MAX_ATTEMPTS`` parks it.
     attempts: int = 0
     agent: str
     state: RunState = "running"
+    #: When a run that failed transiently is tried again (``state`` ``retrying``); None otherwise.
     next_attempt_at: datetime | None = None
+    #: Transient failures in a row (a provider 5xx or 429, a timeout) since the run last saved progress.
+    failures: int = 0
 
     @property
     def lead(self) -> str | None:
@@ -493,7 +497,7 @@ def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> Pen
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
         state=checkpoint_state(checkpoint),
-        next_attempt_at=checkpoint.next_attempt_at)
+        next_attempt_at=checkpoint.next_attempt_at, failures=checkpoint.failures)
 
 
 def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,

@@ -375,6 +375,24 @@ def test_a_provider_retry_after_is_honoured_in_full_by_the_sweep_not_a_long_coun
     assert runtime.sweep() == 1 and runtime.drain() == [FINISHED] and model.calls == 2
 
 
+def test_pending_shows_the_failure_streak_and_the_next_attempt_apart_from_crash_restarts(shop: Shop) -> None:
+    # Given a run whose model call failed transiently twice in a row (no crash)
+    runtime, _ = _flaky_runtime(shop, [errors.ProviderError("503", retryable=True) for _ in range(2)])
+    runtime.queue.pop()
+    assert runtime.step(SID) == Outcome.FAILED
+    runtime.clock.advance(seconds=runtime.deps.retry_backoff_max_s + 1)
+    assert runtime.step(SID) == Outcome.FAILED
+    # When it is listed, then it shows two failures in a row, when it is tried next, and no crash restart
+    (listed,) = runtime.store.pending()
+    stored = runtime.checkpoint(SID)
+    assert (listed.state, listed.failures, listed.attempts) == ("retrying", 2, 0)
+    assert listed.next_attempt_at == stored.next_attempt_at is not None
+    # And once a step succeeds, the streak is gone
+    runtime.clock.advance(seconds=runtime.deps.retry_backoff_max_s + 1)
+    assert runtime.step(SID) == FINISHED
+    assert runtime.checkpoint(SID).failures == 0 and runtime.checkpoint(SID).next_attempt_at is None
+
+
 def test_backoff_grows_with_each_failure_in_a_row_up_to_the_cap() -> None:
     for failures, low, high in [(1, 0.25, 0.5), (2, 0.5, 1.0), (3, 1.0, 2.0), (6, 8.0, 16.0), (20, 15.0, 30.0)]:
         delays = [retry_delay(failures, None, 30.0) for _ in range(200)]

@@ -554,6 +554,23 @@ class DueRun(_Record):
     due: datetime
 
 
+class SweptRun(_Record):
+    """A run the recovery sweep sent on, as it came out: its input ended (recovered) or it failed again.
+
+    Handed to an agent's ``on_recovered`` (``last_error`` None) or ``on_error`` (``last_error`` set) once per
+    recovery (``store.checkpoints.PostgresCheckpointStore.settle_recoveries``).
+    """
+
+    session_id: str
+    agent: str
+    status: Status
+    finish_reason: str | None = None
+    #: Stopped by an abort or a budget (``finish_reason`` says which).
+    aborted: bool = False
+    #: Why the run failed after the sweep sent it on (None: it recovered).
+    last_error: LastError | None = None
+
+
 # -- what the stores exchange with their callers -------------------------------------------------
 
 

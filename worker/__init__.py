@@ -3,7 +3,8 @@
 ``celery -A worker`` finds the app in ``worker.celery``; importing this package does not start
 or configure Celery, so agent modules can ``from worker import Agent, tool`` cheaply. The error
 family of ``store.errors`` is re-exported here as well (every class but the step machine's internal
-``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``).
+``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``), and ``SweptRun`` and
+``LastError``, what ``Agent(on_recovered=..., on_error=...)`` are called with.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from store.errors import (
     StorageError,
 )
 from store.limits import Limits, Prices
+from store.records import LastError, SweptRun
 from worker.agents import Agent, Tool, ToolContext, tool
 from worker.dynamic import ResolveContext, RunConfig
 from worker.hooks import Deny, HookContext, Input, ModelRequest, Result, RunEnd
@@ -59,6 +61,7 @@ __all__ = [
     "HookFailedError",
     "Input",
     "InputTooLargeError",
+    "LastError",
     "LeadGoneError",
     "Limits",
     "LoushoError",
@@ -81,6 +84,7 @@ __all__ = [
     "SessionIdInvalidError",
     "StepAttemptsExceededError",
     "StorageError",
+    "SweptRun",
     "Tool",
     "ToolContext",
     "tool",

@@ -36,7 +36,7 @@ from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
-from worker import orphans, probes, starts, tracing
+from worker import orphans, probes, recovery, starts, tracing
 from worker import schedules as schedule_sweep
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
@@ -392,12 +392,18 @@ def recover() -> int:
 
     Such a run was silent for a lease TTL with no live lease, or is due for a retry. Parked, paused
     and waiting runs are never sent. Approvals past their expiry are rejected first, so a run that
-    expiry lets continue is sent in the same pass (once its pause is a lease TTL old).
+    expiry lets continue is sent in the same pass (once its pause is a lease TTL old). Each run sent is marked
+    recovering: a later pass tells its agent how it came out (``on_recovered``/``on_error``, ``worker.recovery``).
 
     Returns:
         How many runs were sent.
     """
     built = deps()
+    try:
+        # First the report on the runs earlier passes sent on (each once), then this pass's sends.
+        recovery.report(built.store, built.agents, SWEEP_LIMIT)
+    except errors.StorageError as exc:
+        log.warning("recover: could not read which recovered runs to report (%s); the next pass does", exc.code)
     # Bounded per pass like the sends; the rest expire at the next pass.
     expired = built.store.expire_approvals(SWEEP_LIMIT)
     if expired:

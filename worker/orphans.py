@@ -47,16 +47,21 @@ class PoolStep:
 class DeadSteps:
     """Notices pool processes that died mid-step and sends their steps again, once per accepted message."""
 
-    def __init__(self, leases: interfaces.Leases, send: Callable[[PoolStep], None]) -> None:
+    def __init__(self, leases: interfaces.Leases, send: Callable[[PoolStep], None],
+                 store: interfaces.RecoveryStore | None = None) -> None:
         self._leases = leases
         self._send = send
+        #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
+        self._store = store
         self._handled: set[str] = set()
 
     def check(self, steps: Iterable[PoolStep]) -> list[str]:
         """Release the leases of the steps whose process is no longer running, and send those steps again.
 
         Returns the runs sent again. A step is handled once (its task id is kept while the pool still lists it);
-        a run whose lease is held by a live process (a redelivered copy got there first) is not sent.
+        a run whose lease is held by a live process (a redelivered copy got there first) is not sent. The runs sent
+        are marked swept, as the sweep marks the runs it sends (best effort: a store that cannot be reached only
+        costs the report of that recovery).
 
         Raises:
             redis.RedisError: the leases could not be read or released (the next check tries again).
@@ -74,6 +79,11 @@ class DeadSteps:
                 log.info("pool process %d died in a step of %s; step sent again", step.pid, step.session_id)
                 self._send(step)
                 sent.append(step.session_id)
+        if sent and self._store is not None:
+            try:
+                self._store.mark_swept(sent)
+            except errors.StorageError as exc:
+                log.warning("could not mark the runs sent again as recovering (%s)", exc.code)
         return sent
 
 

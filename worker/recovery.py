@@ -1,7 +1,8 @@
 """The recovery sweep's report to agents: ``on_recovered`` and ``on_error`` for the runs it sent on, once each.
 
 The sweep (``worker.tasks.recover``) sends a step for a run that stopped moving and marks it recovering
-(``store.checkpoints``: ``mark_swept``). Each later pass asks the store which of those runs came out since, for
+(``store.checkpoints``: ``mark_swept``), as a worker's main process does for a run whose process died
+(``worker.orphans``). Each later pass asks the store which of those runs came out since, for
 the agents this worker loads, and clears their marks in the same statement, so no other sweep reports them again;
 then it calls the agent's callbacks. At most once per recovery: a worker that dies between the two loses that
 report. Runs of agents this worker does not load wait for a sweep on a worker that does.

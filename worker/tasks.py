@@ -207,23 +207,24 @@ def _watch_dead_steps(**_: Any) -> None:
 def _dead_steps_loop(stop: threading.Event) -> None:
     client = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
-    # No pooled connection in a process that forks pool children (RELIABILITY P10): none outlives this pass.
+    # No pooled connection in a process that forks pool children (RELIABILITY P10): each use connects anew.
     engine = make_engine(settings, pooled=False)
+    store = PostgresCheckpointStore(engine, settings.history_limit)
     try:
-        orphans.resend_at_start(PostgresCheckpointStore(engine, settings.history_limit), leases, _resend_run,
-                                SWEEP_LIMIT)
+        orphans.resend_at_start(store, leases, _resend_run, SWEEP_LIMIT)
     except (errors.StorageError, redis.RedisError) as exc:
         log.warning("could not look for runs left by dead processes at start (%s); the sweep recovers them",
                     type(exc).__name__)
+    watch = orphans.DeadSteps(leases, _resend_step, store)
+    try:
+        while not stop.wait(DEAD_STEP_CHECK_S):
+            try:
+                watch.check(_pool_steps())
+            except redis.RedisError as exc:
+                # Celery requeues the message itself once its pool notices; the step takes a dead holder's lease.
+                log.warning("could not release the lease of a dead pool process: %s", type(exc).__name__)
     finally:
         engine.dispose()
-    watch = orphans.DeadSteps(leases, _resend_step)
-    while not stop.wait(DEAD_STEP_CHECK_S):
-        try:
-            watch.check(_pool_steps())
-        except redis.RedisError as exc:
-            # Celery requeues the message itself once its pool notices; the step takes a dead holder's lease over.
-            log.warning("could not release the lease of a dead pool process: %s", type(exc).__name__)
 
 
 def _pool_steps() -> list[orphans.PoolStep]:

@@ -19,9 +19,14 @@ def _step(task_id: str, pid: int, session_id: str) -> orphans.PoolStep:
 
 def test_the_step_of_a_pool_process_that_died_is_sent_again_once_with_its_lease_released() -> None:
     # Given a pool process that died holding the lease of run-1, and a live one holding run-2's
-    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    clock = FakeClock()
+    leases = MemoryLeaseManager(TTL_MS, clock)
+    store = MemoryCheckpointStore(clock=clock)
+    for sid in ("run-1", "run-2"):
+        store.append_input(sid, "shop", normalize_input("go"))
+    clock.advance(ms=TTL_MS + 1)
     sent: list[orphans.PoolStep] = []
-    watch = orphans.DeadSteps(leases, sent.append)
+    watch = orphans.DeadSteps(leases, sent.append, store)
     dead_owner = processes.exited_owner()
     dead_pid = int(dead_owner.split(":")[1])
     leases.hold_as("run-1", dead_owner)
@@ -35,6 +40,8 @@ def test_the_step_of_a_pool_process_that_died_is_sent_again_once_with_its_lease_
     assert first == ["run-1"] and again == []
     assert sent == [steps[0]]
     assert leases.holder("run-1") is None and leases.holder("run-2") is not None
+    # And the run is marked as the sweep marks the runs it sends: not sent again for a while, its recovery reported
+    assert [run.session_id for run in store.due_runs(TTL_MS / 1000)] == ["run-2"]
 
 
 def test_a_dead_step_whose_run_another_process_holds_now_is_not_sent_again() -> None:

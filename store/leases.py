@@ -199,7 +199,10 @@ class LeaseManager:
         if not session_ids:
             return []
         lease_keys = [keys.lease_key(records.validate_session_id(sid)) for sid in session_ids]
-        holders = [_text(value) for value in self._client.mget(lease_keys)]
+        reads = self._client.pipeline(transaction=False)
+        for key in lease_keys:
+            reads.get(key)
+        holders = [_text(value) for value in reads.execute()]
         gone = [(sid, key, holder) for sid, key, holder in zip(session_ids, lease_keys, holders, strict=True)
                 if holder is not None and owners.is_gone(holder)]
         if not gone:

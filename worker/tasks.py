@@ -199,6 +199,8 @@ def _watch_dead_steps(**_: Any) -> None:
     requeues that message only when its pool notices, seconds later). Celery has no signal for a pool process's
     death in the main process: its accepted requests say which process runs which step (``worker.orphans``).
     """
+    if _state.get("dead_steps_stop") is not None:
+        return  # one watch per main process
     stop = threading.Event()
     _state["dead_steps_stop"] = stop
     threading.Thread(target=_dead_steps_loop, args=(stop,), name="lousho-dead-steps", daemon=True).start()
@@ -212,7 +214,7 @@ def _dead_steps_loop(stop: threading.Event) -> None:
     store = PostgresCheckpointStore(engine, settings.history_limit)
     try:
         orphans.resend_at_start(store, leases, _resend_run, SWEEP_LIMIT)
-    except (errors.StorageError, redis.RedisError) as exc:
+    except Exception as exc:  # Postgres, Redis or the broker down at start: the sweep recovers those runs later
         log.warning("could not look for runs left by dead processes at start (%s); the sweep recovers them",
                     type(exc).__name__)
     watch = orphans.DeadSteps(leases, _resend_step, store)
@@ -220,9 +222,9 @@ def _dead_steps_loop(stop: threading.Event) -> None:
         while not stop.wait(DEAD_STEP_CHECK_S):
             try:
                 watch.check(_pool_steps())
-            except redis.RedisError as exc:
+            except Exception as exc:  # Redis or the broker down: the watch must outlive it; logged, tried again
                 # Celery requeues the message itself once its pool notices; the step takes a dead holder's lease.
-                log.warning("could not release the lease of a dead pool process: %s", type(exc).__name__)
+                log.warning("could not send on the step of a dead pool process: %s", type(exc).__name__)
     finally:
         engine.dispose()
 

@@ -423,10 +423,14 @@ class PendingRun(_Record):
     approval_kind: str | None = None
     step: int
     last_error: LastError | None = None
+    #: Steps of the run that started and never ended (a crash, a kill) in a row; ``LOUSHO_MAX_ATTEMPTS`` parks it.
     attempts: int = 0
     agent: str
     state: RunState = "running"
+    #: When a run that failed transiently is tried again (``state`` ``retrying``); None otherwise.
     next_attempt_at: datetime | None = None
+    #: Transient failures in a row (a provider 5xx or 429, a timeout) since the run last saved progress.
+    failures: int = 0
 
     @property
     def lead(self) -> str | None:
@@ -493,7 +497,7 @@ def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> Pen
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
         state=checkpoint_state(checkpoint),
-        next_attempt_at=checkpoint.next_attempt_at)
+        next_attempt_at=checkpoint.next_attempt_at, failures=checkpoint.failures)
 
 
 def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,
@@ -548,6 +552,23 @@ class DueRun(_Record):
     #: True when the run waits for a retry after a transient failure (not a lost message).
     retrying: bool = False
     due: datetime
+
+
+class SweptRun(_Record):
+    """A run the recovery sweep sent on, as it came out: its input ended (recovered) or it failed again.
+
+    Handed to an agent's ``on_recovered`` (``last_error`` None) or ``on_error`` (``last_error`` set) once per
+    recovery (``store.checkpoints.PostgresCheckpointStore.settle_recoveries``).
+    """
+
+    session_id: str
+    agent: str
+    status: Status
+    finish_reason: str | None = None
+    #: Stopped by an abort or a budget (``finish_reason`` says which).
+    aborted: bool = False
+    #: Why the run failed after the sweep sent it on (None: it recovered).
+    last_error: LastError | None = None
 
 
 # -- what the stores exchange with their callers -------------------------------------------------

@@ -46,6 +46,10 @@ class ToolContext:
     #: Set when the run is aborted while the call runs: stop early if you can (the call then gets a
     #: ``cancelled`` result, whatever it returns). Wait on it like any ``threading.Event``.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    #: The approval a person decided to let this call run (a ``needs_approval`` call once approved), else None: tie
+    #: the effect to the decision with it. Like ``tool_call_id`` it names one call of the model; a call the model
+    #: asks again is a new call with a new approval, so an effect due once per business event needs a key of its own.
+    approval_id: str | None = None
 
 
 class ToolArgsInvalid(Exception):
@@ -228,6 +232,13 @@ def _ask_question(question: str, options: list[str] | None = None) -> str:
     raise errors.ConfigurationError("ask_question is answered by a person; it never runs")
 
 
+def _check_callables(agent: str, **given: Any) -> None:
+    """Refuse an agent option that must be a function and is not (None leaves it out)."""
+    for what, value in given.items():
+        if value is not None and not callable(value):
+            raise errors.ConfigurationError(f"agent {agent!r}: {what} must be callable")
+
+
 class Agent:
     """A model, instructions and tools, under a name the workers and producers share.
 
@@ -250,6 +261,10 @@ class Agent:
       chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
       default for ``RunConfig`` fields left None, and ``models`` lists the models a saved choice may name that
       cannot be rebuilt from their spec alone (a ``MockModel``, a model with custom client options).
+    - ``on_recovered(run)`` and ``on_error(error, run)``: the recovery sweep's report on a run of this agent that it
+      sent on (one that stopped moving, or was due for a retry). ``on_recovered`` once the run's input ended
+      (finished, paused on a person, stopped), ``on_error`` once it failed again (``run.last_error``); each at most
+      once per recovery, from a sweep on a worker that loads this agent (``worker.recovery``).
     """
 
     def __init__(self, name: str, model: Model | None = None, instructions: str = "", tools: Iterable[Tool] = (),
@@ -258,7 +273,9 @@ class Agent:
                  prices: Prices | None = None, approval_expires_in: float | None = None,
                  resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
                  handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
-                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel") -> None:
+                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel",
+                 on_recovered: Callable[[records.SweptRun], Any] | None = None,
+                 on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -268,8 +285,7 @@ class Agent:
             raise errors.ConfigurationError("on_agent_drift must be 'warn', 'error' or 'ignore'")
         if model is None and resolve is None:
             raise errors.ConfigurationError(f"agent {name!r} needs a model, or a resolve function that chooses one")
-        if resolve is not None and not callable(resolve):
-            raise errors.ConfigurationError(f"agent {name!r}: resolve must be callable")
+        _check_callables(name, resolve=resolve, on_recovered=on_recovered, on_error=on_error)
         _positive_seconds(approval_expires_in, f"agent {name!r}: approval_expires_in")
         _check_spend(name, limits, prices)
         listed = list(tools)
@@ -280,7 +296,8 @@ class Agent:
             "ask_question": ask_question, "hooks": tuple(hooks), "limits": limits, "prices": prices,
             "approval_expires_in": approval_expires_in, "resolve": resolve, "models": tuple(models),
             "handoffs": tuple(handoffs), "max_handoffs": max_handoffs, "subagents": tuple(subagents),
-            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish}
+            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish,
+            "on_recovered": on_recovered, "on_error": on_error}
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -316,6 +333,9 @@ class Agent:
             raise errors.ConfigurationError("background_on_finish must be 'cancel' or 'await'")
         #: What happens to background tasks still running when the run's answer comes: stop them, or wait.
         self.background_on_finish = background_on_finish
+        #: The recovery sweep's report on a run it sent on: its input ended since, or it failed again.
+        self.on_recovered = on_recovered
+        self.on_error = on_error
 
     def _add_subagents(self, children: list[Agent]) -> None:
         for child in children:

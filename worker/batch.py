@@ -214,13 +214,15 @@ class _Plan:
     handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
     tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
     undecided: list[str] = field(default_factory=list)        # approvals of calls still waiting for a person
+    approval_of: dict[str, str] = field(default_factory=dict)  # approved call id -> the approval that let it run
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-             cancelled: threading.Event | None = None) -> ToolContext:
+             cancelled: threading.Event | None = None, approval_id: str | None = None) -> ToolContext:
     return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
                        step=checkpoint.step, business_state=checkpoint.business_state,
-                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event())
+                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event(),
+                       approval_id=approval_id)
 
 
 def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False) -> HookContext:
@@ -338,6 +340,8 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
                 plan.results.append(outcome)
             else:
                 plan.approved.append(outcome)
+                if decision is not None:  # always: only a decision makes an approved call
+                    plan.approval_of[outcome.id] = decision.approval_id
             continue
         cleared, where = _cleared(agent, checkpoint, call)
         if isinstance(cleared, Message):
@@ -347,11 +351,12 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
     return plan
 
 
-def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event) -> Message:
+def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event,
+            approval_id: str | None = None) -> Message:
     """Run one cleared call and turn whatever happens into its result message."""
     tool = agent.tools[call.name]
     try:
-        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
+        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled, approval_id))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
     except (errors.PropagatingToolError, errors.HookFailedError):
@@ -384,7 +389,7 @@ class _CallCancelled(threading.Event):
 
 
 def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: threading.Event,
-                   timeout: float) -> Message:
+                   timeout: float, approval_id: str | None = None) -> Message:
     """Run a call that has a timeout on the process's tool threads; its result, whatever happens.
 
     A call that found no free thread within ``timeout`` is cancelled: it never runs, and its result says so
@@ -394,7 +399,7 @@ def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: 
     """
     threads = tool_threads.process_threads()
     cancelled = _CallCancelled(abort)
-    running = threads.submit(_invoke, agent, checkpoint, call, cancelled)
+    running = threads.submit(_invoke, agent, checkpoint, call, cancelled, approval_id)
     try:
         outcome = threads.wait(running, timeout)
     except BaseException:
@@ -415,14 +420,14 @@ def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: 
 
 
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-                  resumed: bool = False) -> tuple[Message, float]:
+                  resumed: bool = False, approval_id: str | None = None) -> tuple[Message, float]:
     batch.live.tool_start(call)
     started, started_ns = time.perf_counter(), time.time_ns()
     tool = agent.tools.get(call.name)
     if tool is None or tool.timeout is None:
-        result = _invoke(agent, checkpoint, call, batch.cancelled)
+        result = _invoke(agent, checkpoint, call, batch.cancelled, approval_id)
     else:
-        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout)
+        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout, approval_id)
     result = _after(agent, checkpoint, call, result, resumed)
     telemetry.tool_call(call.name, call.id, _outcome(result), started_ns)
     return result, (time.perf_counter() - started) * 1000
@@ -508,13 +513,15 @@ def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: lis
     _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
 
-def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
+def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
+                  approval_of: dict[str, str]) -> None:
     """Run the approved calls one by one, each marked started (saved) before its effect."""
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:
         crash_point("after_started_marker_before_approved_call", sid)
-        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True)
+        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True,
+                                         approval_id=approval_of.get(call.id))
         crash_point("after_approved_effect_before_result_save", sid)
         batch.settle(result, duration)
 

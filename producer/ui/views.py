@@ -184,7 +184,7 @@ def approval_view(approval: Approval) -> ApprovalView:
 
 @dataclass
 class CompareStep:
-    """One step of a side of a comparison (``index`` from 0, as ``compare_trajectories`` counts)."""
+    """One step of a side of a comparison (``index`` from 1, as ``compare_trajectories`` and history count)."""
 
     index: int
     text: str
@@ -193,13 +193,13 @@ class CompareStep:
 
 
 def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], list[CompareStep]]:
-    """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 0; pages show it + 1)."""
+    """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 1, as history does)."""
     def side(steps: list[TrajectoryStep]) -> list[CompareStep]:
         at = comparison.diverged_at
         return [CompareStep(index, step.text or "", [
             {"name": str(c["name"]), "args": json.dumps(c["args"], ensure_ascii=False, default=str),
              "result": as_text(c["result"])} for c in step.tool_calls], at is not None and index == at)
-            for index, step in enumerate(steps)]
+            for index, step in enumerate(steps, start=1)]
     return side(comparison.a), side(comparison.b)
 
 

@@ -30,7 +30,7 @@ import redis
 from psycopg import sql
 
 from producer.client import Client
-from store import keys
+from store import keys, owners
 from store.inputs import normalize_input
 from store.records import Checkpoint
 from store.settings import Settings
@@ -280,13 +280,15 @@ class Cluster:
         return self._redis
 
     def lease_holders(self) -> dict[str, int]:
-        """Run id -> pid of the process whose live lease names it (``host:pid:nonce``)."""
+        """Run id -> pid of the process whose live lease names it (``store.owners``)."""
         holders = {}
         for key in self.redis.scan_iter(match=keys.LEASE_PREFIX + "*", count=500):
             value = self.redis.get(key)
             if not isinstance(value, bytes):
                 continue
-            holders[key.decode()[len(keys.LEASE_PREFIX):]] = int(value.decode().rsplit(":", 2)[1])
+            owner = owners.parse(value.decode())
+            if owner is not None:
+                holders[key.decode()[len(keys.LEASE_PREFIX):]] = owner.pid
         return holders
 
     def holder_pid(self, session_id: str) -> int | None:

@@ -709,7 +709,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         for result in plan.results:
             batch.settle(result)
         _run_cleared(batch, agent, checkpoint, plan.run)
-        _run_approved(batch, agent, checkpoint, plan.approved)
+        _run_approved(batch, agent, checkpoint, plan.approved, plan.approval_of)
         if not (plan.gated or plan.undecided):
             # While a person still decides a call of this turn the handoff waits, as the calls a steer held back
             # do: the calls decided later run as the agent that asked for them, and the run moves after them.

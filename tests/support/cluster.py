@@ -553,7 +553,8 @@ def fresh_id(prefix: str) -> str:
 
 def _split_marker(name: str) -> tuple[str, str]:
     rest = name[len("crash-"):]
-    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len, reverse=True):
+    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len,
+                        reverse=True):
         if rest.startswith(point + "-"):
             return point, rest[len(point) + 1:]
     raise ValueError(f"unknown crash marker {name!r}")

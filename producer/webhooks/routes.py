@@ -124,7 +124,8 @@ def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
     if checkpoint is None:
         raise Rejected(404, "LOUSHO_RUN_NOT_FOUND", "no such run")
     approvals = backend.approvals.by_ids(checkpoint.approval_ids)
-    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at"})
+    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at",
+                                                  "kind", "question"})
                for a in approvals.values() if a.status == "pending"]
     return {"session_id": session_id, "agent": checkpoint.agent, "status": checkpoint.status,
             "finish_reason": checkpoint.finish_reason, "text": checkpoint.final_text, "steps": checkpoint.step,

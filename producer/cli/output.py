@@ -88,6 +88,12 @@ def _duration(ms: Any) -> str:
     return f" in {ms:.0f} ms" if ms < 10_000 else f" in {ms / 1000:.1f} s"
 
 
+#: What each outcome of a ``tool.reconcile`` event means, as ``lousho watch`` says it.
+_RECONCILED = {"happened": "it took effect", "not-happened": "it did not take effect; it runs again",
+               "not-done": "recorded as not done", "failed": "reconcile failed; it is retried",
+               "asked": "a person decides"}
+
+
 class EventPrinter:
     """Prints events as lines for a person: model text as it streams, tool calls with their durations."""
 
@@ -167,9 +173,20 @@ class EventPrinter:
         self.line(f"tool {call} failed ({data.get('kind') or 'error'}){_duration(data.get('duration_ms'))}: "
                   f"{_one_line(data.get('result'), _RESULT_CHARS)}")
 
+    def _on_tool_reconcile(self, data: dict[str, Any]) -> None:
+        call = self._call(data.get("tool_call_id"), data.get("tool_name"))
+        found = _RECONCILED.get(str(data.get("outcome")), str(data.get("outcome")))
+        self.line(f"tool {call} was interrupted by a crash: {found} (found by {data.get('by')},"
+                  f" attempt {data.get('attempt')})")
+
     def _on_approval_requested(self, data: dict[str, Any]) -> None:
         approval_id = data.get("approval_id")
         call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
+        if data.get("kind") == "reconcile":
+            self.line(f"reconciliation {approval_id} needed for {call}: {_one_line(data.get('question'), 200)}")
+            self.line(f"  decide with: lousho approvals answer {approval_id} RESULT  (it took effect), approve"
+                      f" {approval_id}  (run it again) or reject {approval_id}  (not done)")
+            return
         self.line(f"approval {approval_id} needed for {call}")
         self.line(f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject "
                   f"{approval_id})")

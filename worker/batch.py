@@ -603,7 +603,6 @@ def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: li
     An approved call runs at most once (I5), so it is always attempt 1.
     """
     for call in calls:
-        batch.hear()
         if not batch.may_start() or not _run_marked(batch, agent, checkpoint, call, 1, approved=True):
             break
 

@@ -384,3 +384,16 @@ def test_once_calls_run_beside_other_calls_of_a_parallel_batch() -> None:
     assert sorted(ran) == ["A1", "B2"] and sorted(payments.charges) == ["7", "8"]
     assert [m.tool_call_id for m in final.messages if m.role == "tool"] == [f"call_0_{k}" for k in range(4)]
     assert final.started_tool_call_ids == []
+
+
+def test_an_abort_of_a_run_waiting_on_a_reconciliation_withdraws_it_and_cancels_the_call() -> None:
+    payments = Payments()
+    runtime, approvals, approval_id = _paused_on_reconcile(payments)
+    runtime.store.request_abort(SID)
+    runtime.queue(SID, None)
+    assert runtime.drain() == [Outcome.ABORTED]
+    stopped = runtime.checkpoint(SID)
+    assert (stopped.finish_reason, stopped.started_tool_call_ids, stopped.approval_ids) == ("aborted", [], [])
+    assert json.loads(_result(stopped).content)["kind"] == "cancelled"
+    assert approvals.by_ids([approval_id])[approval_id].status == "withdrawn"
+    assert payments.executions == [(CALL, 1)]

@@ -24,4 +24,4 @@ def _blind(agent: Agent, call: ToolCall, context: ToolContext,
 
 
 if os.environ.get(ENV):
-    once.reconcile = _blind  # type: ignore[assignment]  # the broken build, on purpose
+    once.reconcile = _blind  # the broken build, on purpose

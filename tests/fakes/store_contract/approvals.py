@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -269,8 +270,8 @@ def check_two_concurrent_expiry_passes_decide_each_approval_once(make: StoreFact
 def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_or_rejected(
         make: StoreFactory) -> None:
     subject = make(50)
-    decisions = {"ct-rec-a": {"answer": "charged as ch_7"}, "ct-rec-b": {"approved": True},
-                 "ct-rec-c": {"approved": False, "note": "refunded"}}
+    decisions: dict[str, dict[str, Any]] = {"ct-rec-a": {"answer": "charged as ch_7"}, "ct-rec-b": {"approved": True},
+                                            "ct-rec-c": {"approved": False, "note": "refunded"}}
     for session_id in decisions:
         checkpoint = new_run(subject.store, session_id)
         call = ToolCall(id=f"{session_id}-c0", name="charge", args={"order": "7"})

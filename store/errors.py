@@ -263,6 +263,22 @@ class StepAttemptsExceededError(LoushoError):
     code = "LOUSHO_STEP_ATTEMPTS_EXCEEDED"
 
 
+class ReconcileFailedError(LoushoError):
+    """Recorded when a ``once`` tool's ``reconcile`` raised while reconciling a call its worker died in.
+
+    Retried like any transient failure; once the retry budget (``LOUSHO_RETRY_FOR_S``) is spent, the run waits on
+    an approval of kind ``reconcile`` instead of being parked. ``tool_call_id`` names the call.
+    """
+
+    code = "LOUSHO_RECONCILE_FAILED"
+    retryable = True
+    field_names = ("tool_call_id",)
+
+    def __init__(self, message: str, *, tool_call_id: str = "") -> None:
+        super().__init__(message)
+        self.tool_call_id: str = tool_call_id
+
+
 class LeadGoneError(LoushoError):
     """Recorded when a sub-agent's run is claimed after its lead was deleted; the run is parked before any model call.
 

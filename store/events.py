@@ -28,8 +28,8 @@ __all__ = ["DURABLE", "EVENT_VERSION", "LIVE", "Event", "encode"]
 #: Version of the event envelope; new types and fields are additive, a breaking change bumps it.
 EVENT_VERSION = 1
 #: Types a save writes (numbered, kept as long as the run).
-DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "approval.requested", "agent.drift",
-                     "provider.retry", "error", "run.done"})
+DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "tool.reconcile", "approval.requested",
+                     "agent.drift", "provider.retry", "error", "run.done"})
 #: Types published only while a consumer listens (no seq, lost on a crash).
 LIVE = frozenset({"step.start", "tool.start", "text.delta", "tool.partial"})
 

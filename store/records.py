@@ -326,7 +326,7 @@ class Checkpoint(_Record):
 
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "withdrawn"]
-ApprovalKind = Literal["tool", "question"]
+ApprovalKind = Literal["tool", "question", "reconcile"]
 
 
 class Approval(_Record):
@@ -343,11 +343,13 @@ class Approval(_Record):
     fingerprint: dict[str, Any] | None = None
     created_at: datetime | None = None
     decided_at: datetime | None = None
-    #: ``tool``: a gated call, approved or rejected; ``question``: ``ask_question``, answered or declined.
+    #: ``tool``: a gated call, approved or rejected; ``question``: ``ask_question``, answered or declined;
+    #: ``reconcile``: a ``once`` call its worker died in, run again (approved), not done (rejected) or answered.
     kind: ApprovalKind = "tool"
+    #: What a person is asked: a question's text, or why a reconciliation needs a person.
     question: str | None = None
     options: list[str] | None = None
-    #: A question's answer (the call's result is ``{"answer": answer}``).
+    #: A question's answer (the call's result is ``{"answer": answer}``), or a reconciled call's result.
     answer: str | None = None
     #: Past this time (Postgres's clock) the approval counts as rejected; None: it never expires.
     expires_at: datetime | None = None

@@ -125,6 +125,8 @@ class StepReport:
     trace: str | None = None
     #: Child runs this step started.
     children: int = 0
+    #: ``(tool, outcome)`` of each reconciliation of a ``once`` call the step made (``worker.once``).
+    reconciliations: list[tuple[str, str]] = field(default_factory=list)
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
     checkpoint: Checkpoint | None = None
 
@@ -263,6 +265,13 @@ def tool_call(tool: str, call_id: str, outcome: str, started_ns: int) -> None:
     report = _current.get()
     if report is not None:
         report.tool_calls.append(ToolCallRecord(tool, call_id, outcome, started_ns, time.time_ns()))
+
+
+def reconciled(tool: str, outcome: str) -> None:
+    """Record what a reconciliation of a ``once`` call of ``tool`` found (``happened``, ``asked``, ...)."""
+    report = _current.get()
+    if report is not None:
+        report.reconciliations.append((tool, outcome))
 
 
 def count(event: str, amount: int = 1, **labels: str) -> None:

@@ -33,7 +33,9 @@ class ToolContext:
     """What a tool learns about the call it serves.
 
     ``tool_call_id`` is stable across re-runs of the same call: use it as the idempotency key
-    of side effects.
+    of side effects. ``attempt`` is 1 on a call's first execution and 2 or more when an earlier start of its
+    step may have run it already (a worker died, a step failed after saving some results); it is derived from
+    the step's start count, so it costs no write per call.
     """
 
     tool_call_id: str
@@ -50,6 +52,8 @@ class ToolContext:
     #: the effect to the decision with it. Like ``tool_call_id`` it names one call of the model; a call the model
     #: asks again is a new call with a new approval, so an effect due once per business event needs a key of its own.
     approval_id: str | None = None
+    #: 1 on the call's first execution; 2+ when an earlier start of its step may have run it (see above).
+    attempt: int = 1
 
 
 class ToolArgsInvalid(Exception):
@@ -57,6 +61,8 @@ class ToolArgsInvalid(Exception):
 
 
 ApprovalRule = bool | Callable[[dict[str, Any], ToolContext], bool]
+#: ``reconcile(args, ctx)`` of a ``once`` tool: the call's result if its effect happened, None if it did not.
+Reconcile = Callable[[dict[str, Any], ToolContext], Any]
 
 
 class Tool:
@@ -64,9 +70,17 @@ class Tool:
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  needs_approval: ApprovalRule = False, timeout: float | None = None,
-                 expires_in: float | None = None) -> None:
+                 expires_in: float | None = None, once: bool = False, reconcile: Reconcile | None = None) -> None:
         _positive_seconds(timeout, f"tool {name or fn.__name__!r}: timeout")
         _positive_seconds(expires_in, f"tool {name or fn.__name__!r}: expires_in")
+        if reconcile is not None and not once:
+            raise errors.ConfigurationError(f"tool {name or fn.__name__!r}: reconcile= needs once=True")
+        if reconcile is not None and not callable(reconcile):
+            raise errors.ConfigurationError(f"tool {name or fn.__name__!r}: reconcile must be callable")
+        #: Each call is marked started (saved) before it runs; one its worker died in is reconciled, never re-run.
+        self.once = bool(once)
+        #: ``reconcile(args, ctx)``: the result of a call whose effect happened, None if it did not (reads only).
+        self.reconcile = reconcile
         #: Seconds an approval of a call may wait for a decision; then it counts as rejected (None: the agent's).
         self.expires_in = expires_in
         self.fn = fn
@@ -109,6 +123,19 @@ class Tool:
         if self.is_async:
             return asyncio.run(self.fn(**kwargs))
         return self.fn(**kwargs)
+
+    def reconciled(self, args: dict[str, Any], context: ToolContext) -> Any:
+        """What ``reconcile`` says of a call its worker died in: its result, or None when the effect did not happen.
+
+        ``reconcile`` gets the arguments as the tool got them (validated against its input schema). It is called at
+        least once per interrupted call, so it must only read. Raises whatever ``reconcile`` raises, and
+        ``ToolArgsInvalid`` when the arguments no longer fit the tool's schema.
+        """
+        assert self.reconcile is not None
+        outcome = self.reconcile(self.validate(args), context)
+        if inspect.iscoroutine(outcome):  # an ``async def`` reconcile
+            outcome = asyncio.run(outcome)
+        return outcome
 
     def requires_approval(self, args: dict[str, Any], context: ToolContext) -> bool:
         """Whether this call must wait for a human decision."""
@@ -158,17 +185,26 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None) -> Any:
+         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
+         once: bool = False, reconcile: Reconcile | None = None) -> Any:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
     ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of
     holding the step until its time limit; the call is told through ``ctx.cancelled`` and its late answer is
     dropped (it may still take effect: make it idempotent). ``expires_in`` (seconds): an approval of a call
     left undecided that long counts as rejected (default: the agent's ``approval_expires_in``).
+
+    ``once=True``: the call's effect must not happen twice. It is marked started in Postgres before it runs, and a
+    call its worker died in is not run again blindly: ``reconcile(args, ctx)`` says whether its effect happened
+    (returning the call's result) or not (None: the call runs again); without ``reconcile``, or while it keeps
+    failing past the retry budget, the run waits on an approval of kind ``reconcile`` that a person resolves.
+
+    Raises:
+        ConfigurationError: an option has a value that cannot be used (``reconcile`` without ``once``, say).
     """
     def wrap(target: Callable[..., Any]) -> Tool:
         return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout,
-                    expires_in=expires_in)
+                    expires_in=expires_in, once=once, reconcile=reconcile)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from store import errors, payloads, telemetry
@@ -55,20 +55,27 @@ def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: 
     return retry_later(deps, checkpoint, error, getattr(exc, "retry_after", None), now)
 
 
+def retried_for(checkpoint: Checkpoint, now: datetime | None) -> float:
+    """Seconds the run's current streak of transient failures has lasted (0 without one)."""
+    if checkpoint.retry_since is None or now is None:
+        return 0.0
+    return (now - checkpoint.retry_since).total_seconds()
+
+
 def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_after: float | None,
                 now: datetime | None, *, handing_back: bool = False,
-                served_elsewhere: Callable[[], bool] | None = None, max_delay: float | None = None) -> StepResult:
+                served_elsewhere: Callable[[], bool] | None = None, max_delay: float | None = None,
+                events: Sequence[EventDraft] = ()) -> StepResult:
     """Record a transient failure and when to try again, or park the run once the retry budget is spent.
 
     Waits up to ``COUNTDOWN_MAX_S`` go out as a countdown message; longer ones wait in Postgres
     for the sweep. While ``served_elsewhere`` says a live worker can run the step, the budget
-    does not park the run. ``max_delay`` caps the wait (a deadline of the caller's own).
+    does not park the run. ``max_delay`` caps the wait (a deadline of the caller's own). ``events`` are
+    written with the failure, after its own.
     """
     sid = checkpoint.session_id
     error = error.model_copy(update={"retryable": True})
-    elapsed = 0.0
-    if checkpoint.retry_since is not None and now is not None:
-        elapsed = (now - checkpoint.retry_since).total_seconds()
+    elapsed = retried_for(checkpoint, now)
     if elapsed >= deps.retry_for_s and (served_elsewhere is None or not served_elsewhere()):
         spent = error.model_copy(update={"retryable": False, "message": payloads.clean_error(
             f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
@@ -80,6 +87,7 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
     if not handing_back:  # a deploy under way is not the run's failure
         drafts.append(live.provider_retry(error, checkpoint.failures + 1, delay)
                       if error.code == errors.ProviderError.code else live.error(error))
+    drafts.extend(events)
     seq = deps.store.retry_later(sid, checkpoint.fence, error, delay, drafts)
     if seq is None:
         return StepResult(Outcome.FENCED)

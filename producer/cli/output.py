@@ -91,6 +91,11 @@ def _duration(ms: Any) -> str:
 #: Reads which of some approvals were decided: approval id -> status, the undecided ones left out.
 Decided = Callable[[Sequence[str]], dict[str, str]]
 
+#: What each outcome of a ``tool.reconcile`` event means, as ``lousho watch`` says it.
+_RECONCILED = {"happened": "it took effect", "not-happened": "it did not take effect; it runs again",
+               "not-done": "recorded as not done", "failed": "reconcile failed; it is retried",
+               "asked": "a person decides"}
+
 
 class EventPrinter:
     """Prints events as lines for a person: model text as it streams, tool calls with their durations.
@@ -180,9 +185,20 @@ class EventPrinter:
         ids = [str(approval_id) for approval_id in approval_ids if approval_id]
         return self.decided(ids) if self.decided is not None and ids else {}
 
+    def _on_tool_reconcile(self, data: dict[str, Any]) -> None:
+        call = self._call(data.get("tool_call_id"), data.get("tool_name"))
+        found = _RECONCILED.get(str(data.get("outcome")), str(data.get("outcome")))
+        self.line(f"tool {call} was interrupted by a crash: {found} (found by {data.get('by')},"
+                  f" attempt {data.get('attempt')})")
+
     def _on_approval_requested(self, data: dict[str, Any]) -> None:
         approval_id = data.get("approval_id")
         call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
+        if data.get("kind") == "reconcile":
+            self.line(f"reconciliation {approval_id} needed for {call}: {_one_line(data.get('question'), 200)}")
+            self.line(f"  decide with: lousho approvals answer {approval_id} RESULT  (it took effect), approve"
+                      f" {approval_id}  (run it again) or reject {approval_id}  (not done)")
+            return
         decision = self._decisions([approval_id]).get(str(approval_id))
         if decision is not None:
             self.line(f"approval {approval_id} for {call}: {decision}")

@@ -350,7 +350,10 @@ def _decide(backend: Backend, found: pages.Viewer, approval_id: str, decision: s
 
 @router.post("/approvals/{approval_id}")
 async def approval(approval_id: str, request: Request) -> Response:
-    """Approve or reject a gated call (with a note), or answer or decline a question; back to ``next``."""
+    """Approve or reject a gated call (with a note), answer or decline a question, or decide a reconciliation.
+
+    A reconciliation is answered (its result), approved (run again) or rejected (not done). Back to ``next``.
+    """
     found, form = await pages.acting(request)
     decision = form.get("decision", "")
     if decision not in ("approve", "reject", "answer", "decline"):

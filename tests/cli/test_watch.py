@@ -135,6 +135,29 @@ def test_the_printer_shows_streamed_text_once_and_each_kind_of_event_on_its_line
     ]
 
 
+def test_the_printer_says_what_a_reconciliation_found_and_how_to_decide_one() -> None:
+    out = io.StringIO()
+    printer = output.EventPrinter(out)
+    at = datetime.now(UTC)
+
+    def show(event_type: str, seq: int | None = None, **data: Any) -> None:
+        printer.show(Event(run_id="r-1", seq=seq, type=event_type, at=at, data=data))
+
+    show("step.done", 1, step=1, text=None, tool_calls=[{"id": "c1", "name": "charge", "args": {"order": "7"}}])
+    show("tool.reconcile", 2, tool_call_id="c1", tool_name="charge", outcome="happened", by="reconcile", attempt=2)
+    show("tool.reconcile", 3, tool_call_id="c1", tool_name="charge", outcome="asked", by="reconcile", attempt=2)
+    show("approval.requested", 3, approval_id="ap-2", tool_call_id="c1", tool_name="charge", args={"order": "7"},
+         kind="reconcile", question="Did it take effect?")
+
+    assert out.getvalue().splitlines() == [
+        'tool charge({"order": "7"}) was interrupted by a crash: it took effect (found by reconcile, attempt 2)',
+        'tool charge({"order": "7"}) was interrupted by a crash: a person decides (found by reconcile, attempt 2)',
+        'reconciliation ap-2 needed for charge({"order": "7"}): Did it take effect?',
+        "  decide with: lousho approvals answer ap-2 RESULT  (it took effect), approve ap-2  (run it again) or"
+        " reject ap-2  (not done)",
+    ]
+
+
 def test_the_printer_prints_the_whole_text_of_a_step_it_saw_only_part_of() -> None:
     out = io.StringIO()
     printer = output.EventPrinter(out)

@@ -191,7 +191,8 @@ SELECT session_id FROM pruned
 _MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
 # With the kind of the approval a paused run waits on first (a tool call or a question).
 _PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
-            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind"
+            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
+            f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS} AS children_only"
             f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})")
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
@@ -238,7 +239,8 @@ def _pending(row: Row[Any]) -> records.PendingRun:
         checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
         return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
-    return records.pending_run(checkpoint, row.approval_kind)
+    return records.pending_run(checkpoint, row.approval_kind, queued=row.inbox_head > row.inbox_cursor,
+                               own_approvals=not row.children_only)
 
 
 def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,14 +25,22 @@ MAX_LIMIT = 500
 #: Most characters of a run id search (longer ones are refused).
 MAX_SEARCH = 200
 
-# ``records.listed_state`` in SQL. The document is read only in the branch of a stopped run: CASE evaluates the
-# branch it takes, so a listing of running or finished runs never detoasts a document.
-STATE = f"""CASE WHEN status = 'finished' AND NOT aborted THEN 'finished'
-  WHEN aborted THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
-                         ELSE 'aborted' END
-  WHEN status = 'awaiting-approval' THEN 'paused'
+# ``records.listed_state`` in SQL. The document is read only in the branch of a stopped run, the approvals only for
+# a lead paused while it waits on children: CASE evaluates the branch it takes, so a listing never detoasts the
+# document of a run that is not stopped.
+_IDLE = "inbox_head <= inbox_cursor AND NOT end_due"
+#: Whether the run (unaliased ``runs``) has an undecided approval of its own: a lead paused only on its children's
+#: approvals has none (an approval row names the run that asked for it).
+OWN_APPROVALS = ("EXISTS (SELECT 1 FROM approvals a WHERE a.session_id = runs.session_id"
+                 " AND a.status = 'pending')")
+STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'finished'
+  WHEN aborted AND {_IDLE} THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
+                                     ELSE 'aborted' END
+  WHEN status = 'awaiting-approval' THEN CASE WHEN waiting AND NOT {OWN_APPROVALS} THEN 'waiting'
+                                              ELSE 'awaiting-approval' END
   WHEN NOT COALESCE({runs.NOT_PARKED}, false) THEN 'parked'
   WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
+  WHEN waiting THEN 'waiting'
   ELSE 'running' END"""
 _COLUMNS = f"session_id, agent, status, parent_id, created_at, updated_at, {STATE} AS state"
 
@@ -93,12 +102,18 @@ class RunFilter:
            since: datetime | None) -> RunFilter:
         """The filter of a listing's arguments, checked.
 
+        ``paused``, the word of an earlier release, is taken for ``awaiting-approval`` (``records.STATE_ALIASES``).
+
         Raises:
             ConfigurationError: an unknown state, a naive ``since``, or a search longer than ``MAX_SEARCH``.
         """
         wanted: frozenset[records.ListedState] | None = None
         if states is not None:
-            given = frozenset(states)
+            states = list(states)
+            for old in sorted(set(states) & set(records.STATE_ALIASES)):
+                warnings.warn(f"the run state {old!r} is called {records.STATE_ALIASES[old]!r} now; the old word is"
+                              " accepted for one release", DeprecationWarning, stacklevel=3)
+            given = frozenset(records.canonical_states(states))
             unknown = sorted(given - set(records.LISTED_STATES))
             if unknown:
                 raise errors.ConfigurationError(f"unknown run state {unknown[0]!r}; one of "
@@ -178,4 +193,5 @@ def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | N
     return page_of(found, limit, position)
 
 
-__all__ = ["MAX_LIMIT", "STATE", "Position", "RunFilter", "check_limit", "page_of", "parse_cursor", "read"]
+__all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "page_of", "parse_cursor",
+           "read"]

@@ -8,7 +8,8 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 
 - ``lousho_runs_started_total{agent}``: run inputs a step started (merged from the inbox).
 - ``lousho_runs_finished_total{agent,finish_reason}``: inputs that ended finished (``budget-exceeded`` included).
-- ``lousho_runs_paused_total{agent}``: inputs that stopped to wait for approvals or answers.
+- ``lousho_runs_awaiting_approval_total{agent}``: inputs that stopped to wait for a person's decisions (named
+  ``lousho_runs_paused_total`` before the runs' states were one vocabulary).
 - ``lousho_runs_parked_total{agent,code}``: steps that parked their run on a non-retryable ``LOUSHO_*`` error.
 - ``lousho_runs_aborted_total{agent}``: inputs that ended on an abort request.
 - ``lousho_steps_total{agent,kind,outcome}``: every ``lousho.advance``; ``outcome`` is ``worker.context.Outcome``
@@ -59,7 +60,7 @@ log = logging.getLogger("lousho.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Every family, by the name a query uses (``_bucket`` and the like follow a histogram's name).
 FAMILIES = (
-    "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_paused_total",
+    "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_awaiting_approval_total",
     "lousho_runs_parked_total", "lousho_runs_aborted_total", "lousho_steps_total", "lousho_step_duration_seconds",
     "lousho_model_calls_total", "lousho_model_tokens_total", "lousho_model_errors_total", "lousho_tool_calls_total",
     "lousho_tool_duration_seconds", "lousho_fenced_saves_total", "lousho_busy_drops_total",
@@ -117,7 +118,8 @@ class Metrics:
 
         self.runs_started = counter("runs_started", "Run inputs a step started.", "agent")
         self.runs_finished = counter("runs_finished", "Run inputs that ended finished.", "agent", "finish_reason")
-        self.runs_paused = counter("runs_paused", "Run inputs that stopped to wait for a person.", "agent")
+        self.runs_awaiting_approval = counter("runs_awaiting_approval", "Run inputs that stopped to wait for a person.",
+                                              "agent")
         self.runs_parked = counter("runs_parked", "Steps that parked their run on a non-retryable error.",
                                    "agent", "code")
         self.runs_aborted = counter("runs_aborted", "Run inputs that ended on an abort request.", "agent")
@@ -186,8 +188,8 @@ class Metrics:
         if report.ended_as in ("finished", "budget-exceeded"):
             fallback = report.ended_as if report.ended_as == "budget-exceeded" else "unknown"
             self.runs_finished.labels(agent, _label(report.finish_reason, fallback)).inc()
-        elif report.ended_as == "paused":
-            self.runs_paused.labels(agent).inc()
+        elif report.ended_as == "awaiting-approval":
+            self.runs_awaiting_approval.labels(agent).inc()
         if report.ended_as == "aborted" or outcome == "aborted":
             self.runs_aborted.labels(agent).inc()
         if outcome == "parked":

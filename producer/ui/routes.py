@@ -159,8 +159,7 @@ async def runs(request: Request) -> Response:
     cursor = params.get("cursor", "").strip()[:2000] or None
     if agent and not _AGENT.fullmatch(agent):
         agent = ""
-    if status not in views.STATUSES:
-        status = ""
+    status = views.status_filter(status)
     principal = found.principal
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
     try:

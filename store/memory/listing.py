@@ -36,7 +36,7 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
     return found
 
 
-def _listed(session_id: str, run: RunRow) -> records.ListedRun:
+def _listed(state: MemoryState, session_id: str, run: RunRow) -> records.ListedRun:
     """The run's row as a listing shows it (its document read only for a stopped run's finish reason)."""
     finish_reason = None
     if run.aborted:
@@ -48,8 +48,22 @@ def _listed(session_id: str, run: RunRow) -> records.ListedRun:
     last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
     return records.ListedRun(
         session_id=session_id, agent=run.agent, status=run.status, parent_id=run.parent_id,
-        state=records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at),
+        state=state_of(state, session_id, run, finish_reason, last_error),
         created_at=run.created_at, updated_at=run.updated_at)
+
+
+def state_of(state: MemoryState, session_id: str, run: RunRow, finish_reason: str | None,
+             last_error: records.LastError | None) -> records.ListedState:
+    """Where the run stands (``records.listed_state`` on the row, as ``store.listing.STATE`` reads it)."""
+    return records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at,
+                                waiting=run.waiting, queued=run.inbox_head > run.inbox_cursor, end_due=run.end_due,
+                                own_approvals=own_approvals(state, session_id))
+
+
+def own_approvals(state: MemoryState, session_id: str) -> bool:
+    """Whether the run has an undecided approval of its own (``store.listing.OWN_APPROVALS``)."""
+    return any(approval.session_id == session_id and approval.status == "pending"
+               for approval in state.approvals.values())
 
 
 def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
@@ -68,7 +82,7 @@ def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
             key, at = (run.created_at, sid), (position.created_at, position.session_id)
             if (key <= at) if newer else (key >= at):
                 continue
-        listed = _listed(sid, run)
+        listed = _listed(state, sid, run)
         if wanted.states is None or listed.state in wanted.states:
             found.append(listed)
     found.sort(key=lambda r: (r.created_at, r.session_id), reverse=not newer)
@@ -85,7 +99,9 @@ def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.P
         try:
             checkpoint = to_checkpoint(sid, run)
             first = state.approvals.get(checkpoint.approval_ids[0]) if checkpoint.approval_ids else None
-            found.append(records.pending_run(checkpoint, first.kind if first is not None else None))
+            found.append(records.pending_run(checkpoint, first.kind if first is not None else None,
+                                             queued=run.inbox_head > run.inbox_cursor,
+                                             own_approvals=own_approvals(state, sid)))
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
             found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, run.next_attempt_at))
     return found

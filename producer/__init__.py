@@ -41,6 +41,7 @@ from store.errors import (
 )
 from store.limits import Limits, Prices
 from store.records import HistoryEntry, PendingRun
+from store.summaries import RunPage, RunSummary, WaitingOn
 
 __all__ = [
     "AgentDriftError",
@@ -71,7 +72,9 @@ __all__ = [
     "ResumeToolMissingError",
     "Run",
     "RunFailedError",
+    "RunPage",
     "RunResult",
+    "RunSummary",
     "RunTimeoutError",
     "ScheduleBrokenError",
     "ScheduleNotFoundError",
@@ -82,5 +85,6 @@ __all__ = [
     "StepAttemptsExceededError",
     "StorageError",
     "TrajectoryComparison",
+    "WaitingOn",
     "compare_trajectories",
 ]

@@ -42,7 +42,11 @@ STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'fini
   WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
   WHEN waiting THEN 'waiting'
   ELSE 'running' END"""
-_COLUMNS = f"session_id, agent, status, parent_id, created_at, updated_at, {STATE} AS state"
+_COLUMNS = (f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
+            f" next_attempt_at, {STATE} AS state")
+#: What ``details`` adds to a page's rows, from their documents (read for those rows only, after the LIMIT).
+_DETAILS = ("r.document ->> 'finish_reason' AS finish_reason, (r.document ->> 'step')::int AS step,"
+            " r.document -> 'usage' AS usage")
 
 #: Which way a cursor reads from its position: toward older runs, or back toward newer ones.
 Direction = Literal["older", "newer"]
@@ -162,10 +166,49 @@ def page_of(rows: Sequence[records.ListedRun], limit: int, position: Position | 
     return records.RunsPage(items=items, next_cursor=older, prev_cursor=newer)
 
 
-def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None) -> records.RunsPage:
-    """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone."""
+def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None,
+         details: bool = False) -> records.RunsPage:
+    """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone.
+
+    ``details`` adds each listed run's finish reason, step and usage, read from the documents of the page's rows
+    only (one lookup each, after the page is chosen).
+    """
+    where, params = _where(wanted)
+    params["limit"] = limit + 1
+    order = "DESC"
+    if position is not None:
+        newer = position.direction == "newer"
+        where.append(f"(created_at, session_id) {'>' if newer else '<'} (:at, :sid)")
+        params.update(at=position.created_at, sid=position.session_id)
+        order = "ASC" if newer else "DESC"
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    page = f"SELECT {_COLUMNS} FROM runs {clause} ORDER BY created_at {order}, session_id {order} LIMIT :limit"
+    if details:
+        page = (f"SELECT p.*, {_DETAILS} FROM ({page}) p JOIN runs r ON r.session_id = p.session_id"
+                f" ORDER BY p.created_at {order}, p.session_id {order}")
+    rows = conn.execute(text(page), params).all()
+    found = [records.ListedRun(
+        session_id=row.session_id, agent=row.agent, state=row.state, status=row.status, parent_id=row.parent_id,
+        created_at=row.created_at, updated_at=row.updated_at, last_error=row.last_error, attempts=row.attempts,
+        failures=row.failures, next_attempt_at=row.next_attempt_at,
+        **({"finish_reason": row.finish_reason, "step": row.step or 0, "usage": row.usage or {}} if details else {}))
+        for row in rows]
+    return page_of(found, limit, position)
+
+
+def count(conn: Connection, wanted: RunFilter) -> dict[records.ListedState, int]:
+    """How many runs matching ``wanted`` stand in each state (states with none left out): one statement."""
+    where, params = _where(wanted)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = conn.execute(text(f"SELECT {STATE} AS state, count(*) AS n FROM runs {clause} GROUP BY 1"), params).all()
+    counted = {row.state: int(row.n) for row in rows}
+    return {state: counted[state] for state in records.LISTED_STATES if state in counted}
+
+
+def _where(wanted: RunFilter) -> tuple[list[str], dict[str, Any]]:
+    """The SQL conditions and parameters of ``wanted``."""
     clauses: list[str] = []
-    params: dict[str, Any] = {"limit": limit + 1}
+    params: dict[str, Any] = {}
     if wanted.agents is not None:
         clauses.append("agent = ANY(:agents)")
         params["agents"] = sorted(wanted.agents)
@@ -178,20 +221,8 @@ def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | N
     if wanted.since is not None:
         clauses.append("created_at >= :since")
         params["since"] = wanted.since
-    order = "DESC"
-    if position is not None:
-        newer = position.direction == "newer"
-        clauses.append(f"(created_at, session_id) {'>' if newer else '<'} (:at, :sid)")
-        params.update(at=position.created_at, sid=position.session_id)
-        order = "ASC" if newer else "DESC"
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = conn.execute(text(f"SELECT {_COLUMNS} FROM runs {where}"
-                             f" ORDER BY created_at {order}, session_id {order} LIMIT :limit"), params).all()
-    found = [records.ListedRun(session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
-                               parent_id=row.parent_id, created_at=row.created_at, updated_at=row.updated_at)
-             for row in rows]
-    return page_of(found, limit, position)
+    return clauses, params
 
 
-__all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "page_of", "parse_cursor",
-           "read"]
+__all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "count", "page_of",
+           "parse_cursor", "read"]

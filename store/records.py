@@ -376,6 +376,8 @@ class Progress(_Record):
 
     status: Status
     inbox_cursor: int
+    #: The number of the latest input sent to the run (``inbox_cursor`` reaches it once every input is merged).
+    inbox_head: int = 0
     last_error: LastError | None = None
     #: The run stopped on an abort (it is in progress, waiting for a send or a resume).
     aborted: bool = False
@@ -499,6 +501,15 @@ class ListedRun(_Record):
     parent_id: str | None = None
     created_at: datetime
     updated_at: datetime
+    last_error: LastError | None = None
+    #: Crash restarts of the current step (the poison-pill count), and transient failures in a row.
+    attempts: int = 0
+    failures: int = 0
+    next_attempt_at: datetime | None = None
+    #: From the run's document: read only when a listing asks for details (``list_runs(details=True)``).
+    finish_reason: str | None = None
+    step: int | None = None
+    usage: Usage | None = None
 
 
 class RunsPage(_Record):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from store import errors, interfaces
-from store.records import LastError, RunsPage
+from store.records import LastError, RunsPage, Usage
 from tests.fakes.store_contract.subject import AGENT, StoreFactory, claimed_run, new_run, save_next, user_message
 
 
@@ -119,6 +119,37 @@ def check_list_runs_shows_where_each_run_stands_and_filters_in_the_store(make: S
                                                   "waiting")}}
 
 
+def check_list_runs_details_and_counts_by_state(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    for state in STATES:
+        _in_state(store, f"ct-lc-{state}", state)
+        subject.tick()
+    claimed = claimed_run(store, "ct-lc-running", 7)
+    save_next(store, claimed, step=3, usage=Usage(input_tokens=5, output_tokens=2, total_tokens=7))
+    store.append_input("ct-lc-Other", "other-agent", [user_message("hi")])
+
+    # Without details a page reads no document: step, usage and finish reason are left out.
+    plain = {run.session_id: run for run in store.list_runs(limit=100).items}
+    assert all(run.step is None and run.usage is None for run in plain.values())
+    assert plain["ct-lc-parked"].last_error is not None and plain["ct-lc-parked"].last_error.code == "X"
+    assert plain["ct-lc-retrying"].failures == 0 and plain["ct-lc-retrying"].state == "retrying"
+    detailed = {run.session_id: run for run in store.list_runs(limit=100, details=True).items}
+    assert detailed["ct-lc-running"].step == 3 and detailed["ct-lc-running"].usage == Usage(
+        input_tokens=5, output_tokens=2, total_tokens=7)
+    assert detailed["ct-lc-finished"].finish_reason == "stop"
+    assert detailed["ct-lc-budget-exceeded"].finish_reason == "budget-exceeded"
+    assert [run.session_id for run in store.list_runs(limit=3, details=True).items] == _ids(store.list_runs(limit=3))
+
+    assert store.count_runs() == {**{state: 1 for state in STATES}, "running": 2}
+    assert store.count_runs(agents=[AGENT]) == {state: 1 for state in STATES}
+    assert store.count_runs(agents=["other-agent"]) == {"running": 1}
+    since = plain["ct-lc-retrying"].created_at
+    assert store.count_runs(since=since) == {"retrying": 1, "waiting": 1, "running": 1}
+    with pytest.raises(errors.ConfigurationError):
+        store.count_runs(since=datetime(2024, 1, 1))
+
+
 def check_list_runs_refuses_what_it_cannot_use(make: StoreFactory) -> None:
     store = make(50).store
     store.append_input("ct-lx-1", AGENT, [user_message("hi")])
@@ -134,5 +165,6 @@ def check_list_runs_refuses_what_it_cannot_use(make: StoreFactory) -> None:
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_list_runs_pages_newest_first_by_cursor,
     check_list_runs_shows_where_each_run_stands_and_filters_in_the_store,
+    check_list_runs_details_and_counts_by_state,
     check_list_runs_refuses_what_it_cannot_use,
 )

@@ -1,0 +1,82 @@
+"""What ``Client.runs`` and ``Client.describe`` answer: pages of run summaries, and one run explained.
+
+Reads only: the listing comes from the store (``list_runs``, filtered and paged in SQL, no transcript read);
+``describe`` adds what the run waits on and what moves it next, from ``store.observed`` and ``store.explain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+import redis
+from sqlalchemy import Engine
+
+from store import errors, explain, interfaces, observed, records
+from store.database import Transaction
+from store.settings import Settings
+from store.summaries import RunPage, RunSummary
+
+#: Most runs a page holds (the store's limit).
+MAX_LIMIT = 500
+
+
+def since_of(since: datetime | timedelta | None, now: datetime | None = None) -> datetime | None:
+    """``since`` as a time: a ``timedelta`` counts back from now.
+
+    Raises:
+        ConfigurationError: a naive datetime, or a negative timedelta.
+    """
+    if isinstance(since, timedelta):
+        if since < timedelta(0):
+            raise errors.ConfigurationError("since must be a time or a positive timedelta", field="since")
+        return (now or datetime.now(UTC)) - since
+    if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
+        raise errors.ConfigurationError("since must be a timezone-aware datetime or a timedelta", field="since")
+    return since
+
+
+def _names(value: str | Iterable[str] | None, field: str) -> list[str] | None:
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(name, str) for name in names):
+        raise errors.ConfigurationError(f"{field} takes a name or a list of names", field=field)
+    return names
+
+
+def runs(store: interfaces.ProducerStore, agent: str | Iterable[str] | None, state: str | Iterable[str] | None,
+         since: datetime | timedelta | None, limit: int, cursor: str | None) -> RunPage:
+    """A page of run summaries, newest first (see ``Client.runs``).
+
+    Raises:
+        ConfigurationError: an unknown state, a limit out of range, a cursor no page gave, a naive ``since``.
+    """
+    page = store.list_runs(agents=_names(agent, "agent"), states=_names(state, "state"), since=since_of(since),
+                           limit=limit, cursor=cursor, details=True)
+    return RunPage(items=[RunSummary.listed(run) for run in page.items], next_cursor=page.next_cursor,
+                   prev_cursor=page.prev_cursor)
+
+
+def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,
+             session_id: str) -> RunSummary | None:
+    """Run ``session_id``'s summary with what it waits on and what moves it next; None for an unknown run.
+
+    Raises:
+        SessionIdInvalidError: the id breaks the id rules.
+        StorageError: Postgres, Redis or the broker could not be read.
+    """
+    records.validate_session_id(session_id)
+    with Transaction(engine) as conn:
+        rows = observed.one(conn, session_id, settings)
+    if not rows:
+        return None
+    try:
+        seen = observed.look(rows, leases, broker_client, settings)
+    except redis.RedisError as exc:
+        raise errors.StorageError(f"Redis unavailable: {type(exc).__name__}") from exc
+    told = explain.explain(seen.observed[0], observed.grace(settings))
+    return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action})
+
+
+__all__ = ["MAX_LIMIT", "describe", "runs", "since_of"]

@@ -114,6 +114,8 @@ class Settings(BaseSettings):
     ui_proxy_addresses: str = ""
     #: Flower's address (``http://flower.internal:5555``): a run's steps link to their tasks there.
     flower_url: str | None = None
+    #: The address the run pages are served at (``https://lousho.internal``): ``lousho show`` links to a run's page.
+    ui_url: str | None = None
     #: Largest webhook body accepted, in bytes (413 beyond).
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.

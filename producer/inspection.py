@@ -6,6 +6,7 @@ Reads only: the listing comes from the store (``list_runs``, filtered and paged 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,31 @@ from store.summaries import RunPage, RunSummary
 
 #: Most runs a page holds (the store's limit).
 MAX_LIMIT = 500
+#: A ``since`` given as text: a number and a unit (seconds, minutes, hours, days, weeks).
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: str | None) -> datetime | timedelta | None:
+    """A ``since`` given as text (``lousho runs --since``, ``GET /runs?since=``), as a duration or a time.
+
+    A duration counts back from now (``90s``, ``30m``, ``6h``, ``2d``, ``1w``); a time is ISO-8601 (UTC when it
+    has no offset).
+
+    Raises:
+        ConfigurationError: neither a duration nor a time.
+    """
+    if value is None:
+        return None
+    found = _DURATION.fullmatch(value.strip())
+    if found:
+        return timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise errors.ConfigurationError("since takes a duration (30m, 6h, 2d) or an ISO-8601 time",
+                                        field="since") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def since_of(since: datetime | timedelta | None, now: datetime | None = None) -> datetime | None:
@@ -79,4 +105,4 @@ def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, se
     return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action})
 
 
-__all__ = ["MAX_LIMIT", "describe", "runs", "since_of"]
+__all__ = ["MAX_LIMIT", "describe", "parse_since", "runs", "since_of"]

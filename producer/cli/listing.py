@@ -7,42 +7,18 @@ Each command calls the client (``Client.runs``, ``Client.describe``, ``Client.de
 from __future__ import annotations
 
 import argparse
-import re
 import urllib.parse
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from producer.cli.output import accept_json, print_json
 from producer.client import Client
+from producer.inspection import parse_since
 from store import errors, records
 from store.summaries import RunSummary
 
-#: ``--since`` as a duration: a number and a unit (seconds, minutes, hours, days, weeks).
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Saved states ``show`` prints, newest first.
 SHOW_STEPS = 5
-
-
-def parse_since(value: str | None) -> datetime | timedelta | None:
-    """``--since``: a duration back from now (``90s``, ``30m``, ``6h``, ``2d``, ``1w``) or an ISO-8601 time.
-
-    A time without an offset is UTC.
-
-    Raises:
-        ConfigurationError: neither a duration nor a time.
-    """
-    if value is None:
-        return None
-    found = _DURATION.fullmatch(value.strip())
-    if found:
-        return timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
-    try:
-        when = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise errors.ConfigurationError("--since takes a duration (30m, 6h, 2d) or an ISO-8601 time",
-                                        field="since") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _names(values: list[str] | None) -> list[str] | None:
@@ -180,4 +156,4 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     delete.set_defaults(fn=cmd_delete)
 
 
-__all__ = ["SHOW_STEPS", "add_commands", "cmd_delete", "cmd_runs", "cmd_show", "parse_since"]
+__all__ = ["SHOW_STEPS", "add_commands", "cmd_delete", "cmd_runs", "cmd_show"]

@@ -400,7 +400,7 @@ async def compare(request: Request) -> Response:
 
 def mount(app: FastAPI) -> None:
     """Add the run pages under ``/ui`` to ``app`` (each answers 404 while the pages are off or no key is set)."""
-    app.include_router(router)
+    app.include_router(router, include_in_schema=False)  # pages, not JSON routes: not in /openapi.json
     pages.add_handlers(app)
 
 

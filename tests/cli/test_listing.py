@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producer.cli.listing import parse_since
 from producer.client import Client
+from producer.inspection import parse_since
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
 from store.records import LastError, Message

@@ -22,6 +22,7 @@ from producer import forks, inspection, streams
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
+from store import doctor as doctor_report
 from store import errors, inputs, interfaces, records, redis_client, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
@@ -293,6 +294,19 @@ class Client:
         """
         return inspection.describe(self.engine, self._redis_client(), self._broker_client(), self.settings,
                                    session_id)
+
+    def doctor(self, wait: bool = True) -> doctor_report.Report:
+        """Check invariant I19: every unfinished run has an owner, a timer or a waiter (``lousho doctor``).
+
+        Looks at every unfinished run nothing changed for a lease TTL plus a sweep interval. A run nothing
+        explains is a suspect; with ``wait`` the check looks again a sweep interval later and reports the runs
+        still unexplained, nothing having changed, in ``unexplained`` (each with what ``describe`` says of it).
+        The verdict is kept in Postgres, where ``/metrics`` reads ``lousho_runs_unexplained``.
+
+        Raises:
+            StorageError: Postgres, Redis or the broker could not be read.
+        """
+        return inspection.check(self.engine, self._redis_client(), self._broker_client(), self.settings, wait)
 
     def run(self, session_id: str) -> Run | None:
         """A handle on run ``session_id``, wherever it was started (a send, a webhook, beat, ``lousho.start``).

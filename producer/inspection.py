@@ -7,17 +7,20 @@ Reads only: the listing comes from the store (``list_runs``, filtered and paged 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import redis
 from sqlalchemy import Engine
 
-from store import errors, explain, interfaces, observed, records
+from store import doctor, errors, explain, interfaces, observed, records
 from store.database import Transaction
 from store.settings import Settings
 from store.summaries import RunPage, RunSummary
 
+#: Added to the wait before a second look, so the look comes after the time a suspect can be confirmed.
+_CONFIRM_SLACK_S = 0.2
 #: Most runs a page holds (the store's limit).
 MAX_LIMIT = 500
 #: A ``since`` given as text: a number and a unit (seconds, minutes, hours, days, weeks).
@@ -105,4 +108,23 @@ def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, se
     return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action})
 
 
-__all__ = ["MAX_LIMIT", "describe", "parse_since", "runs", "since_of"]
+def check(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,
+          wait: bool = True) -> doctor.Report:
+    """Look for unexplained runs (``store.doctor``); with ``wait``, look again once suspects can be confirmed.
+
+    A run nothing explains at a first look is only a suspect: the second look, a sweep interval later, tells
+    whether anything moved it. Without suspects (or without ``wait``) one look is all.
+
+    Raises:
+        StorageError: Postgres, Redis or the broker could not be read.
+    """
+    report = doctor.look(engine, leases, broker_client, settings)
+    if wait and report.suspects and report.confirm_at is not None:
+        pause = (report.confirm_at - report.looked_at).total_seconds()
+        # One wait, bounded by a sweep interval: the second look confirms or clears every suspect of the first.
+        time.sleep(min(max(pause, 0.0), settings.recover_interval_s) + _CONFIRM_SLACK_S)
+        report = doctor.look(engine, leases, broker_client, settings)
+    return report
+
+
+__all__ = ["MAX_LIMIT", "check", "describe", "parse_since", "runs", "since_of"]

@@ -30,6 +30,9 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
   the sender wrote, and a refused delivery's source is not known for sure); a label not given is empty.
 - ``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``: undecided, unexpired approvals and the
   age of the oldest, read from Postgres at scrape time (no per-process state).
+- ``lousho_runs_unexplained`` and ``lousho_doctor_look_age_seconds``: unfinished runs with no owner, timer or
+  waiter past the grace (invariant I19; 0 when all is well) at the latest look of the checker (``store.doctor``),
+  and how long ago that look was; read from Postgres at scrape time, absent until a first look.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ FAMILIES = (
     "lousho_tool_duration_seconds", "lousho_fenced_saves_total", "lousho_busy_drops_total",
     "lousho_sweep_resends_total", "lousho_schedule_fires_total", "lousho_schedule_skips_total",
     "lousho_schedule_misses_total", "lousho_webhook_deliveries_total", "lousho_approvals_waiting",
-    "lousho_approval_oldest_age_seconds",
+    "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained", "lousho_doctor_look_age_seconds",
 )
 #: From a mock model turn (milliseconds) to a long tool batch (minutes).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -81,6 +84,8 @@ _WAITING = text("""
 SELECT count(*) AS waiting, COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) AS oldest_s
 FROM approvals WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
 """)
+_LATEST_LOOK = text("SELECT unexplained, EXTRACT(EPOCH FROM now() - looked_at) AS age_s FROM doctor_looks"
+                    " WHERE name = 'i19'")
 
 
 def available() -> bool:
@@ -210,10 +215,12 @@ class Metrics:
 
 
 class ApprovalsCollector:
-    """``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``, queried at each scrape.
+    """The gauges read from Postgres at each scrape: approvals waiting, and the I19 checker's latest look.
 
-    Read from Postgres with its clock, so every worker and server reports the same figures whatever
-    process opened the approvals. A failed query leaves the two gauges out of that scrape (logged).
+    ``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``; ``lousho_runs_unexplained`` and
+    ``lousho_doctor_look_age_seconds`` once the checker (``store.doctor``) has looked. Read with Postgres's clock,
+    so every worker and server reports the same figures whatever process wrote them. A failed query leaves the
+    gauges out of that scrape (logged).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -231,9 +238,16 @@ class ApprovalsCollector:
             with Transaction(self.engine) as conn:
                 conn.execute(_APPROVALS_TIMEOUT)
                 row = conn.execute(_WAITING).one()
+                look = conn.execute(_LATEST_LOOK).first()
         except (errors.StorageError, SQLAlchemyError) as exc:
             log.warning("approvals gauges left out of this scrape: %s", type(exc).__name__)
             return
+        if look is not None:
+            yield GaugeMetricFamily("lousho_runs_unexplained",
+                                    "Unfinished runs with no owner, timer or waiter past the grace, at the latest"
+                                    " look (invariant I19; 0 when all is well).", value=float(look.unexplained))
+            yield GaugeMetricFamily("lousho_doctor_look_age_seconds", "Seconds since the latest look of the checker.",
+                                    value=float(look.age_s))
         yield GaugeMetricFamily("lousho_approvals_waiting", "Approvals and questions waiting for a person.",
                                 value=float(row.waiting))
         yield GaugeMetricFamily("lousho_approval_oldest_age_seconds",

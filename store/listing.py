@@ -45,7 +45,7 @@ STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'fini
 _COLUMNS = (f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
             f" next_attempt_at, {STATE} AS state")
 #: What ``details`` adds to a page's rows, from their documents (read for those rows only, after the LIMIT).
-_DETAILS = ("r.document ->> 'finish_reason' AS finish_reason, (r.document ->> 'step')::int AS step,"
+_DETAILS = ("r.document ->> 'finish_reason' AS finish_reason, r.document -> 'step' AS step,"
             " r.document -> 'usage' AS usage")
 
 #: Which way a cursor reads from its position: toward older runs, or back toward newer ones.
@@ -191,9 +191,31 @@ def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | N
         session_id=row.session_id, agent=row.agent, state=row.state, status=row.status, parent_id=row.parent_id,
         created_at=row.created_at, updated_at=row.updated_at, last_error=row.last_error, attempts=row.attempts,
         failures=row.failures, next_attempt_at=row.next_attempt_at,
-        **({"finish_reason": row.finish_reason, "step": row.step or 0, "usage": row.usage or {}} if details else {}))
+        **(_details(row.finish_reason, row.step, row.usage) if details else {}))
         for row in rows]
     return page_of(found, limit, position)
+
+
+def step_of(stored: Any) -> int | None:
+    """A document's ``step`` as a listing shows it: None when it is not a whole number (a page never fails on one)."""
+    return stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+
+
+def usage_of(stored: Any) -> records.Usage | None:
+    """A document's ``usage`` as a listing shows it: the token counts it knows, None when it is not an object.
+
+    Counts this release does not know (written by another) are left out rather than failing the page.
+    """
+    if not isinstance(stored, dict):
+        return None
+    known = {name: value for name, value in stored.items()
+             if name in records.Usage.model_fields and isinstance(value, int) and not isinstance(value, bool)}
+    return records.Usage(**known)
+
+
+def _details(finish_reason: Any, step: Any, usage: Any) -> dict[str, Any]:
+    return {"finish_reason": finish_reason if isinstance(finish_reason, str) else None, "step": step_of(step),
+            "usage": usage_of(usage)}
 
 
 def count(conn: Connection, wanted: RunFilter) -> dict[records.ListedState, int]:
@@ -225,4 +247,4 @@ def _where(wanted: RunFilter) -> tuple[list[str], dict[str, Any]]:
 
 
 __all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "count", "page_of",
-           "parse_cursor", "read"]
+           "parse_cursor", "read", "step_of", "usage_of"]

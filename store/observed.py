@@ -30,7 +30,7 @@ _SINCE = """GREATEST(updated_at, next_attempt_at, abort_requested, swept_at,
   (SELECT max(a.decided_at) FROM approvals a WHERE a.session_id = runs.session_id),
   (SELECT max(c.updated_at) FROM runs c WHERE c.parent_id = runs.session_id))"""
 _FACTS = f"""SELECT session_id, agent, status, seq, parent_id, created_at, updated_at, last_error, attempts, failures,
-  next_attempt_at, document ->> 'finish_reason' AS finish_reason, (document ->> 'step')::int AS step,
+  next_attempt_at, document ->> 'finish_reason' AS finish_reason, document -> 'step' AS step,
   document -> 'usage' AS usage, ({listing.STATE}) AS state,
   ARRAY(SELECT a.approval_id FROM approvals a WHERE a.status = 'pending'
         AND (a.session_id = runs.session_id
@@ -119,8 +119,8 @@ def _observed(row: Any) -> Observed:
 def _summary(row: Any) -> summaries.RunSummary:
     return summaries.RunSummary(
         session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
-        finish_reason=summaries.finish_reason(row.status, row.finish_reason), step=row.step or 0,
-        usage=records.Usage.model_validate(row.usage or {}), last_error=row.last_error, attempts=row.attempts,
+        finish_reason=summaries.finish_reason(row.status, row.finish_reason), step=listing.step_of(row.step) or 0,
+        usage=listing.usage_of(row.usage) or records.Usage(), last_error=row.last_error, attempts=row.attempts,
         failures=row.failures, next_attempt_at=row.next_attempt_at, parent_id=row.parent_id,
         created_at=row.created_at, updated_at=row.updated_at)
 

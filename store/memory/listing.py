@@ -51,8 +51,8 @@ def _listed(state: MemoryState, session_id: str, run: RunRow, details: bool = Fa
     last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
     more: dict[str, Any] = {}
     if details:
-        more = {"finish_reason": finish_reason, "step": int(document.get("step") or 0),
-                "usage": records.Usage.model_validate(document.get("usage") or {})}
+        more = {"finish_reason": finish_reason, "step": run_listing.step_of(document.get("step")),
+                "usage": run_listing.usage_of(document.get("usage"))}
     return records.ListedRun(
         session_id=session_id, agent=run.agent, status=run.status, parent_id=run.parent_id,
         state=state_of(state, session_id, run, finish_reason, last_error),

@@ -42,6 +42,7 @@ from store.errors import (
 )
 from store.limits import Limits, Prices
 from store.records import HistoryEntry, PendingRun
+from store.summaries import RunPage, RunSummary, WaitingOn
 
 __all__ = [
     "AgentDriftError",
@@ -73,7 +74,9 @@ __all__ = [
     "ResumeToolMissingError",
     "Run",
     "RunFailedError",
+    "RunPage",
     "RunResult",
+    "RunSummary",
     "RunTimeoutError",
     "ScheduleBrokenError",
     "ScheduleNotFoundError",
@@ -84,5 +87,6 @@ __all__ = [
     "StepAttemptsExceededError",
     "StorageError",
     "TrajectoryComparison",
+    "WaitingOn",
     "compare_trajectories",
 ]

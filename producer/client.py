@@ -9,18 +9,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import Executor
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
-from producer import forks, streams
+from producer import forks, inspection, streams
 from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
+from store import doctor as doctor_report
 from store import errors, inputs, interfaces, records, redis_client, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
@@ -33,6 +35,7 @@ from store.limits import Limits
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings, load_settings
 from store.signals import RedisSignals
+from store.summaries import RunPage, RunSummary
 
 log = logging.getLogger("lousho.client")
 _KNOWN_AGENTS_TTL_S = 5.0
@@ -171,6 +174,7 @@ class Client:
         self._owns_engine = engine is None
         self._store: interfaces.ProducerStore | None = None
         self._redis: redis.Redis | None = None
+        self._broker: redis.Redis | None = None
         self._leases: interfaces.Leases | None = None
         self._enqueuer: Enqueuer | None = None
         self._signals: RedisSignals | None = None
@@ -209,6 +213,15 @@ class Client:
             self._redis = redis_client.connect(self.settings, socket_timeout=5, socket_connect_timeout=5)
         return self._redis
 
+    def _broker_client(self) -> redis.Redis:
+        """A Redis connection to the broker (the Redis of leases when the broker is the same URL)."""
+        if self.settings.broker == self.settings.redis_url:
+            return self._redis_client()
+        if self._broker is None:
+            self._broker = redis_client.connect(self.settings, url=self.settings.broker, socket_timeout=5,
+                                                socket_connect_timeout=5)
+        return self._broker
+
     @property
     def enqueuer(self) -> Enqueuer:
         """The step-message publisher."""
@@ -241,10 +254,83 @@ class Client:
     def pending(self, agent: str | None = None) -> list[PendingRun]:
         """Runs that are not finished, of one agent or all.
 
-        Each comes with its ``state``: running, retrying (with ``next_attempt_at``), parked on an error
-        (``last_error``), or paused.
+        Each comes with its ``state`` (``records.RunState``): running, retrying (with ``next_attempt_at``), waiting
+        on its children, awaiting-approval, parked on an error (``last_error``), aborted or budget-exceeded.
         """
         return self.store.pending(agent)
+
+    def runs(self, agent: str | Iterable[str] | None = None, state: str | Iterable[str] | None = None,
+             since: datetime | timedelta | None = None, limit: int = 50, cursor: str | None = None) -> RunPage:
+        """A page of runs, finished ones included, newest first by creation, as ``RunSummary`` items.
+
+        Filtered and paged by the store (keyset paging: runs created while pages are read do not move the pages
+        that follow), reading no transcript. ``waiting_on`` and ``next_action`` are left None: ``describe`` says
+        them for one run.
+
+        Args:
+            agent: only runs of this agent (or of these agents).
+            state: only runs in this state (or these), ``records.ListedState``; ``paused`` still means
+                ``awaiting-approval`` for one release.
+            since: only runs created at or after this time (a ``timedelta``: this long ago).
+            limit: most runs on the page, 1 to 500.
+            cursor: the ``next_cursor`` (or ``prev_cursor``) of an earlier page.
+
+        Raises:
+            ConfigurationError: an unknown state, a limit out of range, a cursor no page gave, or a naive ``since``.
+        """
+        return inspection.runs(self.store, agent, state, since, limit, cursor)
+
+    def describe(self, session_id: str) -> RunSummary | None:
+        """Where run ``session_id`` stands and why it is not finished; None for an unknown run.
+
+        The summary's ``waiting_on`` says what it waits on, as seen now: the worker holding its lease and how long
+        ago it renewed it, a step message in the broker, its retry time, the approvals (its own, or its
+        children's), its unsettled children, or that no live worker serves its agent. ``next_action`` says in words
+        what will move it and when, or that a person must act and how.
+
+        Raises:
+            SessionIdInvalidError: the id breaks the id rules.
+            StorageError: Postgres, Redis or the broker could not be read.
+        """
+        return inspection.describe(self.engine, self._redis_client(), self._broker_client(), self.settings,
+                                   session_id)
+
+    def doctor(self, wait: bool = True) -> doctor_report.Report:
+        """Check invariant I19: every unfinished run has an owner, a timer or a waiter (``lousho doctor``).
+
+        Looks at every unfinished run nothing changed for a lease TTL plus a sweep interval. A run nothing
+        explains is a suspect; with ``wait`` the check looks again a sweep interval later and reports the runs
+        still unexplained, nothing having changed, in ``unexplained`` (each with what ``describe`` says of it).
+        The verdict is kept in Postgres, where ``/metrics`` reads ``lousho_runs_unexplained``.
+
+        Raises:
+            StorageError: Postgres, Redis or the broker could not be read.
+        """
+        return inspection.check(self.engine, self._redis_client(), self._broker_client(), self.settings, wait)
+
+    def run(self, session_id: str) -> Run | None:
+        """A handle on run ``session_id``, wherever it was started (a send, a webhook, beat, ``lousho.start``).
+
+        Its ``wait()`` waits until the latest input sent so far is answered; ``events()`` follows that input's
+        events. None for an unknown run.
+
+        Raises:
+            SessionIdInvalidError: the id breaks the id rules.
+        """
+        progress = self.store.progress(records.validate_session_id(session_id))
+        if progress is None:
+            return None
+        return Run(self, session_id, progress.inbox_head)
+
+    def delete(self, session_id: str, keep_history: bool = False) -> bool:
+        """Drop run ``session_id`` with its children, as ``AgentHandle.delete`` without naming its agent.
+
+        Returns False when no such run is stored.
+
+        Raises:
+            SessionIdInvalidError: the id breaks the id rules.
+        """
+        return self.store.delete(records.validate_session_id(session_id), keep_history=keep_history)
 
     def events(self, session_id: str, after: int | None = None, *, live: bool = False,
                timeout: float | None = None, include_children: bool = False) -> Iterator[Event]:
@@ -365,6 +451,8 @@ class Client:
             self._enqueuer.close()
         if self._redis is not None:
             self._redis.close()
+        if self._broker is not None:
+            self._broker.close()
         if self._owns_engine and self._engine is not None:
             self._engine.dispose()
 

@@ -56,7 +56,8 @@ _TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
 _STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
                f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
-_PROGRESS = text("SELECT status, inbox_cursor, last_error, aborted, events_next, document ->> 'finish_reason'"
+_PROGRESS = text("SELECT status, inbox_cursor, inbox_head, last_error, aborted, events_next,"
+                 " document ->> 'finish_reason'"
                  " AS finish_reason, agent FROM runs WHERE session_id = :sid")
 _INBOX = text("SELECT n, messages, metadata FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
@@ -201,7 +202,8 @@ RETURNING session_id, agent, status, aborted, last_error, document ->> 'finish_r
 """)
 # With the kind of the approval a paused run waits on first (a tool call or a question).
 _PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
-            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind"
+            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
+            f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS} AS children_only"
             f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})")
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
@@ -248,7 +250,8 @@ def _pending(row: Row[Any]) -> records.PendingRun:
         checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
         return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
-    return records.pending_run(checkpoint, row.approval_kind)
+    return records.pending_run(checkpoint, row.approval_kind, queued=row.inbox_head > row.inbox_cursor,
+                               own_approvals=not row.children_only)
 
 
 def _swept(row: Any) -> records.SweptRun:
@@ -642,7 +645,8 @@ class PostgresCheckpointStore:
             row = conn.execute(_PROGRESS, {"sid": session_id}).first()
         if row is None:
             return None
-        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, last_error=row.last_error,
+        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, inbox_head=row.inbox_head,
+                                last_error=row.last_error,
                                 aborted=row.aborted, events_next=row.events_next, finish_reason=row.finish_reason,
                                 agent=row.agent)
 
@@ -672,7 +676,7 @@ class PostgresCheckpointStore:
 
     def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
                   id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None) -> records.RunsPage:
+                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
         """A page of runs, newest first by creation, filtered and paged in one statement, without transcripts.
 
         Args:
@@ -682,6 +686,7 @@ class PostgresCheckpointStore:
             since: only runs created at or after this time.
             limit: most runs on the page (1 to ``listing.MAX_LIMIT``).
             cursor: a ``next_cursor`` or ``prev_cursor`` of an earlier page (None: the newest runs).
+            details: also read each listed run's finish reason, step and usage (from the page's documents only).
 
         Raises:
             ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
@@ -689,7 +694,17 @@ class PostgresCheckpointStore:
         wanted = listing.RunFilter.of(agents, states, id_contains, since)
         position = None if cursor is None else listing.parse_cursor(cursor)
         with self._single() as conn:
-            return listing.read(conn, wanted, listing.check_limit(limit), position)
+            return listing.read(conn, wanted, listing.check_limit(limit), position, details)
+
+    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+                   ) -> dict[records.ListedState, int]:
+        """How many runs (of ``agents``, created at or after ``since``) stand in each state; states with none left out.
+
+        Raises:
+            ConfigurationError: a naive ``since``.
+        """
+        with self._single() as conn:
+            return listing.count(conn, listing.RunFilter.of(agents, None, None, since))
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run.
@@ -748,7 +763,7 @@ class PostgresCheckpointStore:
         return [_swept(row) for row in rows]
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
-        """Runs that are not finished (running, retrying, parked or paused), oldest first.
+        """Runs that are not finished (every state but ``finished``), oldest first.
 
         A finished run with input it has not applied (queued, or whose step failed) is listed too.
         """

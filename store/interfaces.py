@@ -199,21 +199,29 @@ class ProducerStore(Protocol):
 
     def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
                   id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None) -> records.RunsPage:
+                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
         """A page of runs, newest first by creation, filtered and paged by the store, without their transcripts.
 
         ``cursor`` is a ``next_cursor`` or ``prev_cursor`` of an earlier page; runs created since do not move
-        the runs of the pages it leads to.
+        the runs of the pages it leads to. ``details`` adds each listed run's finish reason, step and usage.
 
         Raises:
             ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
+        """
+
+    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+                   ) -> dict[records.ListedState, int]:
+        """How many runs (of ``agents``, created at or after ``since``) stand in each state; states with none left out.
+
+        Raises:
+            ConfigurationError: a naive ``since``.
         """
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
-        """Runs that are not finished (running, retrying, parked or paused), oldest first."""
+        """Runs that are not finished (every state but ``finished``), oldest first."""
 
     def delete(self, session_id: str, *, keep_history: bool = False) -> bool:
         """Drop a run's checkpoint and inbox (and its history unless ``keep_history``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,16 +25,28 @@ MAX_LIMIT = 500
 #: Most characters of a run id search (longer ones are refused).
 MAX_SEARCH = 200
 
-# ``records.listed_state`` in SQL. The document is read only in the branch of a stopped run: CASE evaluates the
-# branch it takes, so a listing of running or finished runs never detoasts a document.
-STATE = f"""CASE WHEN status = 'finished' AND NOT aborted THEN 'finished'
-  WHEN aborted THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
-                         ELSE 'aborted' END
-  WHEN status = 'awaiting-approval' THEN 'paused'
+# ``records.listed_state`` in SQL. The document is read only in the branch of a stopped run, the approvals only for
+# a lead paused while it waits on children: CASE evaluates the branch it takes, so a listing never detoasts the
+# document of a run that is not stopped.
+_IDLE = "inbox_head <= inbox_cursor AND NOT end_due"
+#: Whether the run (unaliased ``runs``) has an undecided approval of its own: a lead paused only on its children's
+#: approvals has none (an approval row names the run that asked for it).
+OWN_APPROVALS = ("EXISTS (SELECT 1 FROM approvals a WHERE a.session_id = runs.session_id"
+                 " AND a.status = 'pending')")
+STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'finished'
+  WHEN aborted AND {_IDLE} THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
+                                     ELSE 'aborted' END
+  WHEN status = 'awaiting-approval' THEN CASE WHEN waiting AND NOT {OWN_APPROVALS} THEN 'waiting'
+                                              ELSE 'awaiting-approval' END
   WHEN NOT COALESCE({runs.NOT_PARKED}, false) THEN 'parked'
   WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
+  WHEN waiting THEN 'waiting'
   ELSE 'running' END"""
-_COLUMNS = f"session_id, agent, status, parent_id, created_at, updated_at, {STATE} AS state"
+_COLUMNS = (f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
+            f" next_attempt_at, {STATE} AS state")
+#: What ``details`` adds to a page's rows, from their documents (read for those rows only, after the LIMIT).
+_DETAILS = ("r.document ->> 'finish_reason' AS finish_reason, r.document -> 'step' AS step,"
+            " r.document -> 'usage' AS usage")
 
 #: Which way a cursor reads from its position: toward older runs, or back toward newer ones.
 Direction = Literal["older", "newer"]
@@ -93,12 +106,18 @@ class RunFilter:
            since: datetime | None) -> RunFilter:
         """The filter of a listing's arguments, checked.
 
+        ``paused``, the word of an earlier release, is taken for ``awaiting-approval`` (``records.STATE_ALIASES``).
+
         Raises:
             ConfigurationError: an unknown state, a naive ``since``, or a search longer than ``MAX_SEARCH``.
         """
         wanted: frozenset[records.ListedState] | None = None
         if states is not None:
-            given = frozenset(states)
+            states = list(states)
+            for old in sorted(set(states) & set(records.STATE_ALIASES)):
+                warnings.warn(f"the run state {old!r} is called {records.STATE_ALIASES[old]!r} now; the old word is"
+                              " accepted for one release", DeprecationWarning, stacklevel=3)
+            given = frozenset(records.canonical_states(states))
             unknown = sorted(given - set(records.LISTED_STATES))
             if unknown:
                 raise errors.ConfigurationError(f"unknown run state {unknown[0]!r}; one of "
@@ -147,10 +166,71 @@ def page_of(rows: Sequence[records.ListedRun], limit: int, position: Position | 
     return records.RunsPage(items=items, next_cursor=older, prev_cursor=newer)
 
 
-def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None) -> records.RunsPage:
-    """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone."""
+def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None,
+         details: bool = False) -> records.RunsPage:
+    """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone.
+
+    ``details`` adds each listed run's finish reason, step and usage, read from the documents of the page's rows
+    only (one lookup each, after the page is chosen).
+    """
+    where, params = _where(wanted)
+    params["limit"] = limit + 1
+    order = "DESC"
+    if position is not None:
+        newer = position.direction == "newer"
+        where.append(f"(created_at, session_id) {'>' if newer else '<'} (:at, :sid)")
+        params.update(at=position.created_at, sid=position.session_id)
+        order = "ASC" if newer else "DESC"
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    page = f"SELECT {_COLUMNS} FROM runs {clause} ORDER BY created_at {order}, session_id {order} LIMIT :limit"
+    if details:
+        page = (f"SELECT p.*, {_DETAILS} FROM ({page}) p JOIN runs r ON r.session_id = p.session_id"
+                f" ORDER BY p.created_at {order}, p.session_id {order}")
+    rows = conn.execute(text(page), params).all()
+    found = [records.ListedRun(
+        session_id=row.session_id, agent=row.agent, state=row.state, status=row.status, parent_id=row.parent_id,
+        created_at=row.created_at, updated_at=row.updated_at, last_error=row.last_error, attempts=row.attempts,
+        failures=row.failures, next_attempt_at=row.next_attempt_at,
+        **(_details(row.finish_reason, row.step, row.usage) if details else {}))
+        for row in rows]
+    return page_of(found, limit, position)
+
+
+def step_of(stored: Any) -> int | None:
+    """A document's ``step`` as a listing shows it: None when it is not a whole number (a page never fails on one)."""
+    return stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+
+
+def usage_of(stored: Any) -> records.Usage | None:
+    """A document's ``usage`` as a listing shows it: the token counts it knows, None when it is not an object.
+
+    Counts this release does not know (written by another) are left out rather than failing the page.
+    """
+    if not isinstance(stored, dict):
+        return None
+    known = {name: value for name, value in stored.items()
+             if name in records.Usage.model_fields and isinstance(value, int) and not isinstance(value, bool)}
+    return records.Usage(**known)
+
+
+def _details(finish_reason: Any, step: Any, usage: Any) -> dict[str, Any]:
+    return {"finish_reason": finish_reason if isinstance(finish_reason, str) else None, "step": step_of(step),
+            "usage": usage_of(usage)}
+
+
+def count(conn: Connection, wanted: RunFilter) -> dict[records.ListedState, int]:
+    """How many runs matching ``wanted`` stand in each state (states with none left out): one statement."""
+    where, params = _where(wanted)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = conn.execute(text(f"SELECT {STATE} AS state, count(*) AS n FROM runs {clause} GROUP BY 1"), params).all()
+    counted = {row.state: int(row.n) for row in rows}
+    return {state: counted[state] for state in records.LISTED_STATES if state in counted}
+
+
+def _where(wanted: RunFilter) -> tuple[list[str], dict[str, Any]]:
+    """The SQL conditions and parameters of ``wanted``."""
     clauses: list[str] = []
-    params: dict[str, Any] = {"limit": limit + 1}
+    params: dict[str, Any] = {}
     if wanted.agents is not None:
         clauses.append("agent = ANY(:agents)")
         params["agents"] = sorted(wanted.agents)
@@ -163,19 +243,8 @@ def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | N
     if wanted.since is not None:
         clauses.append("created_at >= :since")
         params["since"] = wanted.since
-    order = "DESC"
-    if position is not None:
-        newer = position.direction == "newer"
-        clauses.append(f"(created_at, session_id) {'>' if newer else '<'} (:at, :sid)")
-        params.update(at=position.created_at, sid=position.session_id)
-        order = "ASC" if newer else "DESC"
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = conn.execute(text(f"SELECT {_COLUMNS} FROM runs {where}"
-                             f" ORDER BY created_at {order}, session_id {order} LIMIT :limit"), params).all()
-    found = [records.ListedRun(session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
-                               parent_id=row.parent_id, created_at=row.created_at, updated_at=row.updated_at)
-             for row in rows]
-    return page_of(found, limit, position)
+    return clauses, params
 
 
-__all__ = ["MAX_LIMIT", "STATE", "Position", "RunFilter", "check_limit", "page_of", "parse_cursor", "read"]
+__all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "count", "page_of",
+           "parse_cursor", "read", "step_of", "usage_of"]

@@ -8,7 +8,8 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 
 - ``lousho_runs_started_total{agent}``: run inputs a step started (merged from the inbox).
 - ``lousho_runs_finished_total{agent,finish_reason}``: inputs that ended finished (``budget-exceeded`` included).
-- ``lousho_runs_paused_total{agent}``: inputs that stopped to wait for approvals or answers.
+- ``lousho_runs_awaiting_approval_total{agent}``: inputs that stopped to wait for a person's decisions (named
+  ``lousho_runs_paused_total`` before the runs' states were one vocabulary).
 - ``lousho_runs_parked_total{agent,code}``: steps that parked their run on a non-retryable ``LOUSHO_*`` error.
 - ``lousho_runs_aborted_total{agent}``: inputs that ended on an abort request.
 - ``lousho_steps_total{agent,kind,outcome}``: every ``lousho.advance``; ``outcome`` is ``worker.context.Outcome``
@@ -32,6 +33,9 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
   the sender wrote, and a refused delivery's source is not known for sure); a label not given is empty.
 - ``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``: undecided, unexpired approvals and the
   age of the oldest, read from Postgres at scrape time (no per-process state).
+- ``lousho_runs_unexplained`` and ``lousho_doctor_look_age_seconds``: unfinished runs with no owner, timer or
+  waiter past the grace (invariant I19; 0 when all is well) at the latest look of the checker (``store.doctor``),
+  and how long ago that look was; read from Postgres at scrape time, absent until a first look.
 """
 
 from __future__ import annotations
@@ -62,13 +66,14 @@ log = logging.getLogger("lousho.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Every family, by the name a query uses (``_bucket`` and the like follow a histogram's name).
 FAMILIES = (
-    "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_paused_total",
+    "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_awaiting_approval_total",
     "lousho_runs_parked_total", "lousho_runs_aborted_total", "lousho_steps_total", "lousho_step_duration_seconds",
     "lousho_model_calls_total", "lousho_model_tokens_total", "lousho_model_errors_total", "lousho_tool_calls_total",
     "lousho_tool_duration_seconds", "lousho_tool_reconciliations_total", "lousho_fenced_saves_total",
     "lousho_busy_drops_total", "lousho_sweep_resends_total", "lousho_schedule_fires_total",
     "lousho_schedule_skips_total", "lousho_schedule_misses_total", "lousho_webhook_deliveries_total",
-    "lousho_approvals_waiting", "lousho_approval_oldest_age_seconds",
+    "lousho_approvals_waiting", "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained",
+    "lousho_doctor_look_age_seconds",
 )
 #: From a mock model turn (milliseconds) to a long tool batch (minutes).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -83,6 +88,8 @@ _WAITING = text("""
 SELECT count(*) AS waiting, COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) AS oldest_s
 FROM approvals WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
 """)
+_LATEST_LOOK = text("SELECT unexplained, EXTRACT(EPOCH FROM now() - looked_at) AS age_s FROM doctor_looks"
+                    " WHERE name = 'i19'")
 
 
 def available() -> bool:
@@ -120,7 +127,8 @@ class Metrics:
 
         self.runs_started = counter("runs_started", "Run inputs a step started.", "agent")
         self.runs_finished = counter("runs_finished", "Run inputs that ended finished.", "agent", "finish_reason")
-        self.runs_paused = counter("runs_paused", "Run inputs that stopped to wait for a person.", "agent")
+        self.runs_awaiting_approval = counter("runs_awaiting_approval", "Run inputs that stopped to wait for a person.",
+                                              "agent")
         self.runs_parked = counter("runs_parked", "Steps that parked their run on a non-retryable error.",
                                    "agent", "code")
         self.runs_aborted = counter("runs_aborted", "Run inputs that ended on an abort request.", "agent")
@@ -193,8 +201,8 @@ class Metrics:
         if report.ended_as in ("finished", "budget-exceeded"):
             fallback = report.ended_as if report.ended_as == "budget-exceeded" else "unknown"
             self.runs_finished.labels(agent, _label(report.finish_reason, fallback)).inc()
-        elif report.ended_as == "paused":
-            self.runs_paused.labels(agent).inc()
+        elif report.ended_as == "awaiting-approval":
+            self.runs_awaiting_approval.labels(agent).inc()
         if report.ended_as == "aborted" or outcome == "aborted":
             self.runs_aborted.labels(agent).inc()
         if outcome == "parked":
@@ -215,10 +223,12 @@ class Metrics:
 
 
 class ApprovalsCollector:
-    """``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``, queried at each scrape.
+    """The gauges read from Postgres at each scrape: approvals waiting, and the I19 checker's latest look.
 
-    Read from Postgres with its clock, so every worker and server reports the same figures whatever
-    process opened the approvals. A failed query leaves the two gauges out of that scrape (logged).
+    ``lousho_approvals_waiting`` and ``lousho_approval_oldest_age_seconds``; ``lousho_runs_unexplained`` and
+    ``lousho_doctor_look_age_seconds`` once the checker (``store.doctor``) has looked. Read with Postgres's clock,
+    so every worker and server reports the same figures whatever process wrote them. A failed query leaves the
+    gauges out of that scrape (logged).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -236,9 +246,16 @@ class ApprovalsCollector:
             with Transaction(self.engine) as conn:
                 conn.execute(_APPROVALS_TIMEOUT)
                 row = conn.execute(_WAITING).one()
+                look = conn.execute(_LATEST_LOOK).first()
         except (errors.StorageError, SQLAlchemyError) as exc:
             log.warning("approvals gauges left out of this scrape: %s", type(exc).__name__)
             return
+        if look is not None:
+            yield GaugeMetricFamily("lousho_runs_unexplained",
+                                    "Unfinished runs with no owner, timer or waiter past the grace, at the latest"
+                                    " look (invariant I19; 0 when all is well).", value=float(look.unexplained))
+            yield GaugeMetricFamily("lousho_doctor_look_age_seconds", "Seconds since the latest look of the checker.",
+                                    value=float(look.age_s))
         yield GaugeMetricFamily("lousho_approvals_waiting", "Approvals and questions waiting for a person.",
                                 value=float(row.waiting))
         yield GaugeMetricFamily("lousho_approval_oldest_age_seconds",

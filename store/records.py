@@ -23,12 +23,23 @@ Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["in-progress", "awaiting-approval", "finished"]
 FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted",
                        "budget-exceeded"]
-#: Where an unfinished run stands, derived from its status and last error (see ``run_state``).
-RunState = Literal["running", "retrying", "parked", "paused", "aborted", "budget-exceeded"]
+#: Where an unfinished run stands, the one vocabulary of the API, the CLI, HTTP, the pages and metric labels
+#: (see ``run_state`` and ``listed_state``):
+#:
+#: - ``running``: it has work (a worker holds it, or a step message is on its way);
+#: - ``retrying``: a step failed transiently and the next attempt is due at ``next_attempt_at``;
+#: - ``waiting``: on its sub-agents' runs (one of them may itself wait on a person);
+#: - ``awaiting-approval``: on a decision of a person (tool approvals, questions, reconciliations);
+#: - ``parked``: stopped by an error that will not heal by itself;
+#: - ``aborted`` and ``budget-exceeded``: stopped by ``abort()`` or at a limit, until a send or a resume.
+RunState = Literal["running", "retrying", "waiting", "awaiting-approval", "parked", "aborted", "budget-exceeded"]
 #: Where a listed run stands: a ``RunState``, or ``finished`` (see ``listed_state``).
-ListedState = Literal["running", "retrying", "parked", "paused", "aborted", "budget-exceeded", "finished"]
-LISTED_STATES: tuple[ListedState, ...] = ("running", "retrying", "parked", "paused", "aborted", "budget-exceeded",
-                                         "finished")
+ListedState = Literal["running", "retrying", "waiting", "awaiting-approval", "parked", "aborted", "budget-exceeded",
+                      "finished"]
+LISTED_STATES: tuple[ListedState, ...] = ("running", "retrying", "waiting", "awaiting-approval", "parked", "aborted",
+                                         "budget-exceeded", "finished")
+#: Words of an earlier release a state filter still takes, and the state each stands for (kept for one release).
+STATE_ALIASES: dict[str, ListedState] = {"paused": "awaiting-approval"}
 
 #: The stored checkpoint format this release writes: 2, the transcript as append-only rows (``store.transcripts``)
 #: and the rest in the run's document; 1 held the whole transcript in the document. Formats change in two
@@ -367,6 +378,8 @@ class Progress(_Record):
 
     status: Status
     inbox_cursor: int
+    #: The number of the latest input sent to the run (``inbox_cursor`` reaches it once every input is merged).
+    inbox_head: int = 0
     last_error: LastError | None = None
     #: The run stopped on an abort (it is in progress, waiting for a send or a resume).
     aborted: bool = False
@@ -396,23 +409,26 @@ class HistoryEntry(_Record):
     checkpoint: Checkpoint
 
 
-def run_state(status: Status, last_error: LastError | None, next_attempt_at: datetime | None = None) -> RunState:
-    """Where an unfinished run stands.
+def run_state(status: Status, last_error: LastError | None, next_attempt_at: datetime | None = None, *,
+              waiting: bool = False, own_approvals: bool = True) -> RunState:
+    """Where an unfinished run stands (one that was not stopped by an abort or a budget).
 
-    ``paused`` on approvals, ``parked`` by an error that needs a person, ``retrying`` after a transient
-    failure, else ``running`` (moving, or about to).
+    ``awaiting-approval`` on decisions of a person, except a lead whose pause is only its children's
+    (``waiting`` and no approval of its ``own_approvals``): it is ``waiting``, as while its children run. Then
+    ``parked`` by an error that needs a person, ``retrying`` after a transient failure, ``waiting`` on children,
+    else ``running`` (moving, or about to).
     """
     if status == "awaiting-approval":
-        return "paused"
+        return "waiting" if waiting and not own_approvals else "awaiting-approval"
     if last_error is not None and not last_error.retryable:
         return "parked"
     if last_error is not None or next_attempt_at is not None:
         return "retrying"
-    return "running"
+    return "waiting" if waiting else "running"
 
 
 class PendingRun(_Record):
-    """A run that is not finished: running, retrying, parked on an error, or paused on an approval.
+    """A run that is not finished, with where it stands (``state``, a ``RunState``).
 
     A finished run whose follow-up input has not been applied (still queued, or failed) is listed too.
     """
@@ -440,11 +456,16 @@ class PendingRun(_Record):
         return lead_of(self.session_id)
 
 
-def checkpoint_state(checkpoint: Checkpoint) -> RunState:
-    """Where an unfinished run saved as ``checkpoint`` stands: ``run_state``, or how it stopped (budget, abort)."""
-    if checkpoint.aborted:
+def checkpoint_state(checkpoint: Checkpoint, *, queued: bool = False, own_approvals: bool = True) -> RunState:
+    """Where an unfinished run saved as ``checkpoint`` stands: ``run_state``, or how it stopped (budget, abort).
+
+    ``queued``: input sent to the run waits to be merged (a stopped run with input has work again);
+    ``own_approvals``: some approval the run pauses on is its own, not a child's.
+    """
+    if checkpoint.aborted and not queued and not checkpoint.end_due:
         return _stopped_state(checkpoint.finish_reason)
-    return run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at)
+    return run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at,
+                     waiting=checkpoint.waiting, own_approvals=own_approvals)
 
 
 def _stopped_state(finish_reason: str | None) -> RunState:
@@ -453,16 +474,26 @@ def _stopped_state(finish_reason: str | None) -> RunState:
 
 
 def listed_state(status: Status, aborted: bool, finish_reason: str | None, last_error: LastError | None,
-                 next_attempt_at: datetime | None) -> ListedState:
-    """Where a run stands in a listing, from its row's columns: ``finished``, or ``checkpoint_state``'s answer.
+                 next_attempt_at: datetime | None, *, waiting: bool = False, queued: bool = False,
+                 end_due: bool = False, own_approvals: bool = True) -> ListedState:
+    """Where a run stands, from its row's columns: the one rule of every listing, ``pending()`` and ``describe``.
 
-    ``finish_reason`` is read only for a stopped (``aborted``) run; ``store.listing.STATE`` is this rule in SQL.
+    ``finished`` and the stopped states (``aborted``, ``budget-exceeded``) only while the run has no work: input
+    ``queued`` after it, or ``on_run_end`` hooks owed (``end_due``), make it ``running`` again. ``finish_reason``
+    is read only for a stopped run, ``own_approvals`` only for a lead paused while it waits on children;
+    ``store.listing.STATE`` is this rule in SQL.
     """
-    if status == "finished" and not aborted:
+    idle = not queued and not end_due
+    if status == "finished" and not aborted and idle:
         return "finished"
-    if aborted:
+    if aborted and idle:
         return _stopped_state(finish_reason)
-    return run_state(status, last_error, next_attempt_at)
+    return run_state(status, last_error, next_attempt_at, waiting=waiting, own_approvals=own_approvals)
+
+
+def canonical_states(states: Iterable[str]) -> set[str]:
+    """``states`` with the words of an earlier release (``STATE_ALIASES``) read as the states they stand for."""
+    return {STATE_ALIASES.get(state, state) for state in states}
 
 
 class ListedRun(_Record):
@@ -476,6 +507,15 @@ class ListedRun(_Record):
     parent_id: str | None = None
     created_at: datetime
     updated_at: datetime
+    last_error: LastError | None = None
+    #: Crash restarts of the current step (the poison-pill count), and transient failures in a row.
+    attempts: int = 0
+    failures: int = 0
+    next_attempt_at: datetime | None = None
+    #: From the run's document: read only when a listing asks for details (``list_runs(details=True)``).
+    finish_reason: str | None = None
+    step: int | None = None
+    usage: Usage | None = None
 
 
 class RunsPage(_Record):
@@ -490,15 +530,19 @@ class RunsPage(_Record):
     prev_cursor: str | None = None
 
 
-def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None) -> PendingRun:
-    """How ``pending()`` shows an unfinished run; ``approval_kind`` is the kind of its first approval, if known."""
+def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None, *, queued: bool = False,
+                own_approvals: bool = True) -> PendingRun:
+    """How ``pending()`` shows an unfinished run; ``approval_kind`` is the kind of its first approval, if known.
+
+    ``queued`` and ``own_approvals`` as for ``checkpoint_state``.
+    """
     paused = checkpoint.status == "awaiting-approval" and bool(checkpoint.approval_ids)
     return PendingRun(
         session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
         approval_id=checkpoint.approval_ids[0] if paused else None,
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
-        state=checkpoint_state(checkpoint),
+        state=checkpoint_state(checkpoint, queued=queued, own_approvals=own_approvals),
         next_attempt_at=checkpoint.next_attempt_at, failures=checkpoint.failures)
 
 

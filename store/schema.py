@@ -279,3 +279,24 @@ schedule_fires = Table(
     PrimaryKeyConstraint("schedule_id", "fire_at"),
     Index("schedule_fires_claimed_idx", "claimed_at"),
 )
+
+#: Runs the latest look of the I19 checker (``store.doctor``) found with nothing to explain them past the grace, and
+#: when a look first saw each so: a run counts as unexplained once a later look still sees it so, unchanged.
+doctor_runs = Table(
+    "doctor_runs",
+    metadata,
+    Column("session_id", Text, primary_key=True),
+    Column("first_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("since", DateTime(timezone=True), nullable=False),
+)
+
+#: The latest look's figures, by checker (``lousho_runs_unexplained`` is read from here at each scrape).
+doctor_looks = Table(
+    "doctor_looks",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("looked_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("unexplained", Integer, nullable=False),
+    Column("checked", Integer, nullable=False),
+    Column("complete", Boolean, nullable=False),
+)

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     lease_ttl_ms: int = 30_000
     lease_renew_ms: int = 10_000
     recover_interval_s: float = 30.0
+    #: How often beat sends the I19 checker (``lousho.doctor``, ``store.doctor``), which publishes
+    #: ``lousho_runs_unexplained``; 0 sends none (``lousho doctor`` still looks when asked).
+    doctor_interval_s: float = 60.0
     history_limit: int = 50
     #: Whether saves write the runs' durable events (``run.events()``, the SSE route, ``lousho watch``). Turn
     #: off only to measure what they cost: without them a consumer waits for nothing.
@@ -121,6 +124,8 @@ class Settings(BaseSettings):
     ui_proxy_addresses: str = ""
     #: Flower's address (``http://flower.internal:5555``): a run's steps link to their tasks there.
     flower_url: str | None = None
+    #: The address the run pages are served at (``https://lousho.internal``): ``lousho show`` links to a run's page.
+    ui_url: str | None = None
     #: Largest webhook body accepted, in bytes (413 beyond).
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
@@ -166,6 +171,13 @@ class Settings(BaseSettings):
     def _positive_days(cls, value: float | None) -> float | None:
         if value is not None and not value > 0:
             raise ValueError("must be > 0 (unset keeps everything)")
+        return value
+
+    @field_validator("doctor_interval_s")
+    @classmethod
+    def _not_negative(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError("must be >= 0 (0 turns the beat's looks off)")
         return value
 
     @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",

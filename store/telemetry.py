@@ -112,7 +112,8 @@ class StepReport:
     approvals: int = 0
     #: The step merged new input: a run input started.
     input_started: bool = False
-    #: The step's save ended the run's input: ``ended_as`` says how (finished, paused, aborted, budget-exceeded).
+    #: The step's save ended the run's input: ``ended_as`` says how (finished, awaiting-approval, aborted,
+    #: budget-exceeded).
     ended_as: str | None = None
     finish_reason: str | None = None
     #: The error the step recorded (a retry or a parked run).
@@ -149,8 +150,8 @@ class StepReport:
         head = self._did()
         if outcome == "finished":
             return f"{head}; finished: {self.finish_reason or 'stop'}"
-        if outcome == "paused":
-            return f"{head}; paused: {self.approvals} waiting for a person"
+        if outcome == "awaiting-approval":
+            return f"{head}; awaiting-approval: {self.approvals} waiting for a person"
         if outcome in _ENDED:
             return f"{head}; {_ENDED[outcome]}"
         if self.ended_as is not None:

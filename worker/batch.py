@@ -759,7 +759,7 @@ def _settle_delegated(batch: _Batch, delegated: dict[str, str], calls: dict[str,
         if result is not None:
             batch.settle_child(calls[call_id], result, child, state)
             del delegated[call_id]
-        elif state is not None and subagents.state_of(state) == "paused":
+        elif state is not None and subagents.state_of(state) == "awaiting-approval":
             paused_on.extend(state.approval_ids)
     return paused_on
 

@@ -26,9 +26,9 @@ from worker import starts
 log = logging.getLogger("lousho.celery")
 
 #: Lousho's tasks; what a task can carry (serializer, acks, time limits, queue) is set on each in ``worker.tasks``.
-TASKS = ("lousho.advance", "lousho.recover", "lousho.schedules", "lousho.prune", starts.START_TASK)
+TASKS = ("lousho.advance", "lousho.recover", "lousho.schedules", "lousho.prune", "lousho.doctor", starts.START_TASK)
 #: The sweeps beat sends.
-SWEEPS = frozenset({"lousho.recover", "lousho.schedules", "lousho.prune"})
+SWEEPS = frozenset({"lousho.recover", "lousho.schedules", "lousho.prune", "lousho.doctor"})
 #: The module ``install`` adds to an app's ``include``: it defines the tasks.
 TASKS_MODULE = "worker.tasks"
 
@@ -144,7 +144,8 @@ def configure(app: Celery, settings: Settings) -> None:
         # backlog of steps (exactly when workers were lost) must not delay the sweep that recovers runs.
         task_queues=[Queue(name) for name in queue_names(settings)],
         task_routes={"lousho.recover": {"queue": control}, "lousho.schedules": {"queue": control},
-                     "lousho.prune": {"queue": control}, starts.START_TASK: {"queue": start}},
+                     "lousho.prune": {"queue": control}, "lousho.doctor": {"queue": control},
+                     starts.START_TASK: {"queue": start}},
         # Task events, from workers and senders: Flower lists every step, including the ones that waited in a
         # queue or ran before it started (it turns worker events on by itself only while it runs).
         worker_send_task_events=settings.task_events,
@@ -159,7 +160,7 @@ def configure(app: Celery, settings: Settings) -> None:
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The sweeps beat sends: recovery, schedules, and retention once ``LOUSHO_RETENTION_DAYS`` is set.
+    """The sweeps beat sends: recovery, schedules, the I19 checker, and retention once ``LOUSHO_RETENTION_DAYS`` is set.
 
     Each names its queue, so a beat of an app whose routes do not know Lousho's tasks sends them where workers
     consume them.
@@ -173,6 +174,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
                              "options": {"queue": control,
                                          "expires": max(settings.schedule_interval_s * 2, 2.0)}},
     }
+    if settings.doctor_interval_s > 0:
+        # Only reads and keeps its verdict in Postgres: two beats' looks agree.
+        entries["lousho-doctor"] = {"task": "lousho.doctor", "schedule": settings.doctor_interval_s,
+                                    "options": {"queue": control, "expires": max(settings.doctor_interval_s, 2.0)}}
     if settings.retention_days is not None:
         # Bounded passes (store.retention.sweep); the passes of two beats share the work.
         entries["lousho-prune"] = {"task": "lousho.prune", "schedule": settings.retention_interval_s,

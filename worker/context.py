@@ -37,7 +37,8 @@ class Outcome(enum.StrEnum):
     STALE = "stale"          #: the message's seq is behind the run; a duplicate, dropped
     IDLE = "idle"            #: nothing to do (paused, finished, parked)
     ADVANCED = "advanced"    #: progress saved, next step enqueued
-    PAUSED = "paused"        #: the run now waits on approvals
+    AWAITING_APPROVAL = "awaiting-approval"  #: the run now waits on a person's decisions
+    PAUSED = "awaiting-approval"  #: the name ``AWAITING_APPROVAL`` had before the runs' states were one vocabulary
     FINISHED = "finished"    #: the run finished
     FENCED = "fenced"        #: our save was refused: another holder took over
     FAILED = "failed"        #: the step failed; error recorded, retry scheduled
@@ -186,9 +187,9 @@ def _noted(saved: Checkpoint, drained_inbox: bool, ending: bool, approvals: Sequ
 
 
 def _ended_as(saved: Checkpoint) -> str:
-    """How a save that ended the run's input left it: finished, paused, aborted or budget-exceeded."""
+    """How a save that ended the run's input left it: finished, awaiting-approval, aborted or budget-exceeded."""
     if saved.finish_reason == "budget-exceeded":
         return "budget-exceeded"
     if saved.aborted:
         return "aborted"
-    return "paused" if saved.status == "awaiting-approval" else saved.status
+    return saved.status

@@ -39,7 +39,8 @@ def _footer(name: str, child: Checkpoint) -> str:
 def state_of(child: Checkpoint | None) -> str:
     """Where a child stands: ``gone``, ``finished``, ``stopped`` (an abort or a budget), or its run state.
 
-    A run state is ``paused``, ``parked``, ``retrying`` or ``running`` (``records.run_state``).
+    A run state is ``awaiting-approval``, ``parked``, ``retrying`` or ``running`` (``records.run_state``; a child
+    waiting on its own children is ``running`` here: it still moves by itself).
     """
     if child is None:
         return "gone"
@@ -101,8 +102,8 @@ def status_of(task_id: str, child: Checkpoint | None) -> dict[str, object]:
     body: dict[str, object] = {"task_id": task_id, "agent": child.agent, "steps": child.step}
     if state == "finished":
         body.update(status="finished", finish_reason=child.finish_reason, result=child.final_text)
-    elif state == "paused":
-        body.update(status="paused", waiting_on="a person's decision")
+    elif state == "awaiting-approval":
+        body.update(status="awaiting-approval", waiting_on="a person's decision")
     elif state == "parked" and child.last_error is not None:
         body.update(status="failed", error=child.last_error.code)
     elif state == "stopped":

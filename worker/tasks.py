@@ -28,7 +28,7 @@ from celery.worker import state as worker_state
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import errors, interfaces, metrics, records, redis_client, retention, telemetry
+from store import doctor, errors, interfaces, metrics, observed, records, redis_client, retention, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -83,7 +83,8 @@ def _build() -> StepDeps:
     tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
     store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
-    client = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
+    client = _state["redis"] = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5,
+                                                    health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
@@ -121,7 +122,7 @@ def registration_refresh_s() -> float:
 
 def registration_window_s() -> float:
     """How recent a registration must be to count as a live worker (several missed refreshes)."""
-    return 4 * registration_refresh_s()
+    return observed.registration_window_s(settings)
 
 
 @signals.worker_init.connect
@@ -529,6 +530,42 @@ def fire_schedules() -> None:
                  " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
+def _redis_clients() -> tuple[redis.Redis, redis.Redis]:
+    """This process's Redis connections: the leases', and the broker's for reading step messages.
+
+    One connection when the broker is the same URL.
+    """
+    deps()  # the leases' connection is made with the process's step dependencies
+    leases: redis.Redis = _state["redis"]
+    if settings.broker == settings.redis_url:
+        return leases, leases
+    if "broker" not in _state:
+        _state["broker"] = redis_client.connect(settings, url=settings.broker, socket_timeout=5,
+                                                socket_connect_timeout=5)
+    return leases, _state["broker"]
+
+
+@shared_task(name="lousho.doctor", ignore_result=True, send_events=False,
+             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
+def doctor_look() -> int:
+    """One look of the I19 checker: every unfinished run has an owner, a timer or a waiter (``store.doctor``).
+
+    Keeps its verdict in Postgres, where ``/metrics`` reads ``lousho_runs_unexplained``; logs each run it finds
+    unexplained (ids and states only). It moves no run.
+
+    Returns:
+        How many runs it found unexplained.
+    """
+    leases, broker_client = _redis_clients()
+    found = doctor.look(_engine(), leases, broker_client, settings)
+    for finding in found.unexplained:
+        log.warning("doctor: run %s (%s, agent %s) has no owner, timer or waiter since %s", finding.summary.session_id,
+                    finding.summary.state, finding.summary.agent, finding.first_seen.isoformat())
+    if not found.complete:
+        log.warning("doctor: the look stopped at %d runs or at the broker's message limit", found.checked)
+    return len(found.unexplained)
+
+
 @shared_task(name="lousho.prune", ignore_result=True, send_events=False,
              queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
 def prune() -> int:
@@ -551,5 +588,5 @@ def prune() -> int:
     return done.runs
 
 
-__all__ = ["Outcome", "StepFailed", "advance", "deps", "enqueue", "extra_agents", "fire_schedules", "prune",
-           "recover"]
+__all__ = ["Outcome", "StepFailed", "advance", "deps", "doctor_look", "enqueue", "extra_agents", "fire_schedules",
+           "prune", "recover"]

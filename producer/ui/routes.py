@@ -159,8 +159,7 @@ async def runs(request: Request) -> Response:
     cursor = params.get("cursor", "").strip()[:2000] or None
     if agent and not _AGENT.fullmatch(agent):
         agent = ""
-    if status not in views.STATUSES:
-        status = ""
+    status = views.status_filter(status)
     principal = found.principal
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
     try:
@@ -404,7 +403,7 @@ async def compare(request: Request) -> Response:
 
 def mount(app: FastAPI) -> None:
     """Add the run pages under ``/ui`` to ``app`` (each answers 404 while the pages are off or no key is set)."""
-    app.include_router(router)
+    app.include_router(router, include_in_schema=False)  # pages, not JSON routes: not in /openapi.json
     pages.add_handlers(app)
 
 

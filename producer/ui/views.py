@@ -16,32 +16,33 @@ from store import records
 from store.events import Event
 from store.records import Approval, Checkpoint, PendingRun
 
-#: The statuses the runs list filters by (``""``: any); ``aborted`` also matches runs stopped at a budget.
-STATUSES = ("", "in-progress", "awaiting-approval", "finished", "parked", "retrying", "aborted")
-#: Statuses after which a run does not move by itself: its page stops following it.
+#: The states the runs list filters by (``""``: any): the runs' one vocabulary (``records.LISTED_STATES``).
+STATUSES: tuple[str, ...] = ("", *records.LISTED_STATES)
+#: States after which a run does not move by itself: its page stops following it.
 SETTLED = frozenset({"finished", "parked", "aborted", "budget-exceeded"})
-#: Statuses in which a run can be aborted, and resumed.
-ABORTABLE = frozenset({"in-progress", "awaiting-approval", "retrying"})
+#: States in which a run can be aborted, and resumed.
+ABORTABLE = frozenset({"running", "waiting", "awaiting-approval", "retrying"})
 RESUMABLE = frozenset({"parked", "aborted", "budget-exceeded", "retrying"})
 PAGE_SIZE = 50
-_RUN_STATES = {"running": "in-progress", "paused": "awaiting-approval"}
-#: The listing states each status of ``STATUSES`` stands for.
-_LISTED: dict[str, tuple[records.ListedState, ...]] = {
-    "in-progress": ("running",), "awaiting-approval": ("paused",), "finished": ("finished",), "parked": ("parked",),
-    "retrying": ("retrying",), "aborted": ("aborted", "budget-exceeded")}
+#: Filter words of earlier releases (links kept from them), and the state each stands for.
+_ALIASES = {**records.STATE_ALIASES, "in-progress": "running"}
 
 
 def status_of(run: Checkpoint | PendingRun | records.ListedRun) -> str:
-    """The status a page shows: finished, awaiting-approval, in-progress, parked, retrying, aborted, budget-exceeded."""
+    """The state a page shows (``records.ListedState``): where the run stands, in the runs' one vocabulary."""
     if isinstance(run, PendingRun):  # a run whose checkpoint cannot be read
         return "parked"
     if isinstance(run, records.ListedRun):
-        state: str = run.state
-    elif run.status == "finished" and not run.aborted:
+        return run.state
+    if run.status == "finished" and not run.aborted:
         return "finished"
-    else:
-        state = records.checkpoint_state(run)
-    return _RUN_STATES.get(state, state)
+    return records.checkpoint_state(run)
+
+
+def status_filter(given: str) -> str:
+    """The state filter of the runs list a ``status`` query stands for (``""``: any, also for an unknown word)."""
+    status = _ALIASES.get(given, given)
+    return status if status in STATUSES else ""
 
 
 def iso(when: datetime | None) -> str | None:
@@ -74,9 +75,9 @@ class RunRow:
     updated: str | None
 
 
-def states_of(status: str) -> tuple[records.ListedState, ...] | None:
+def states_of(status: str) -> tuple[str, ...] | None:
     """The listing states a status filter of the runs list keeps (None: any)."""
-    return _LISTED.get(status) if status else None
+    return (status,) if status else None
 
 
 def run_rows(page: records.RunsPage) -> list[RunRow]:
@@ -205,4 +206,4 @@ def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], 
 
 __all__ = ["ABORTABLE", "PAGE_SIZE", "RESUMABLE", "SETTLED", "STATUSES", "ApprovalView", "CompareStep", "RunRow",
            "TimelineItem", "ToolCallView", "approval_view", "as_text", "compare_sides", "drift_notes", "iso",
-           "run_rows", "states_of", "status_of", "timeline"]
+           "run_rows", "states_of", "status_filter", "status_of", "timeline"]

@@ -11,14 +11,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from importlib import metadata
 
 import redis
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from producer.webhooks import events, routes
+from producer.webhooks import events, listing, openapi, routes
 from producer.webhooks.backend import Backend
 from producer.webhooks.config import WebhookConfig
 from producer.webhooks.rejections import Rejected
@@ -40,6 +42,26 @@ async def _on_rejected(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_invalid(request: Request, exc: Exception) -> JSONResponse:
     return _error(400, "LOUSHO_BAD_REQUEST", "the request is malformed")
+
+
+#: The codes of the refusals the router itself makes (no route, or not this method), in the one error body.
+_HTTP_CODES = {404: ("LOUSHO_NOT_FOUND", "no such route"), 405: ("LOUSHO_METHOD_NOT_ALLOWED", "method not allowed")}
+
+
+async def _on_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)  # registered for HTTPException only
+    code, message = _HTTP_CODES.get(exc.status_code, (f"LOUSHO_HTTP_{exc.status_code}", "the request was refused"))
+    response = _error(exc.status_code, code, message)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+def _version() -> str:
+    try:
+        return metadata.version("lousho-worker")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _metrics(request: Request) -> Response:
@@ -92,10 +114,12 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
                clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
     """The receiver. What is not given is built at startup from ``settings`` (read from the environment if None).
 
-    Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``:
-    ``GET /runs/{session_id}``, ``GET /runs/{session_id}/events`` (Server-Sent Events),
-    ``POST /runs/{session_id}/abort``, ``POST /runs/{session_id}/steer`` and ``POST /approvals/{approval_id}``;
-    ``GET /healthz``; ``GET /metrics`` (Prometheus, unauthenticated) when prometheus-client is installed. Intake is
+    Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``: ``GET /runs``,
+    ``GET /runs/{session_id}``, ``DELETE /runs/{session_id}``, ``GET /runs/{session_id}/events`` (Server-Sent
+    Events), ``POST /runs/{session_id}/abort``, ``POST /runs/{session_id}/steer``, ``GET /approvals`` and
+    ``POST /approvals/{approval_id}``; ``GET /healthz``; ``GET /openapi.json`` (the JSON routes' OpenAPI 3
+    document); ``GET /metrics`` (Prometheus, unauthenticated) when prometheus-client is installed. Every 4xx
+    answers ``{"error": {"code", "message"}}``. Intake is
     left out when the configuration turns it off (``LOUSHO_WEBHOOKS_ENABLED=false``); ``producer.server.create_app``
     adds the run pages.
 
@@ -104,23 +128,52 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     """
     if config is not None:
         config.check()
-    app = FastAPI(title="Lousho webhooks", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
+    app = FastAPI(title="Lousho Worker", version=_version(), docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", lifespan=_lifespan,
+                  description="Webhook intake and the JSON routes of runs, their events and approvals.")
     app.state.config, app.state.backend, app.state.clock, app.state.settings = config, backend, clock, settings
     app.state.metrics = metrics.make_sink()
     # The threads that pull run events for ``GET /runs/{id}/events``; a stream holds one while it waits.
     app.state.event_threads = ThreadPoolExecutor(max_workers=events.STREAM_THREADS, thread_name_prefix="lousho-events")
     app.add_exception_handler(Rejected, _on_rejected)
     app.add_exception_handler(RequestValidationError, _on_invalid)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(errors.StorageError, _on_storage)
     app.add_exception_handler(redis.RedisError, _on_storage)
+    keyed, unavailable = openapi.keyed(), openapi.errors(503)
     if config is None or config.intake:
-        app.add_api_route("/webhooks/{agent}", _receive, methods=["POST"], status_code=202)
-    app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status")
-    app.add_api_route("/runs/{session_id}/events", routes.run_events, methods=["GET"])
-    app.add_api_route("/runs/{session_id}/abort", routes.abort, methods=["POST"])
-    app.add_api_route("/runs/{session_id}/steer", routes.steer, methods=["POST"])
-    app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"])
-    app.add_api_route("/healthz", routes.healthz, methods=["GET"])
+        app.add_api_route("/webhooks/{agent}", _receive, methods=["POST"], status_code=202, tags=["intake"],
+                          summary="Take a signed webhook delivery as one run (exactly once per delivery id)",
+                          responses={**openapi.errors(400, 401, 404, 409, 413), **unavailable})
+    app.add_api_route("/runs", listing.list_runs, methods=["GET"], tags=["runs"], openapi_extra=keyed,
+                      summary="List runs, finished ones included, newest first, in their state",
+                      response_model=listing.RunsBody, responses={**openapi.errors(400, 401), **unavailable})
+    app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status", tags=["runs"],
+                      summary="How a run stands and its pending approvals", openapi_extra=keyed,
+                      responses={**openapi.errors(401, 404), **unavailable})
+    app.add_api_route("/runs/{session_id}", listing.delete_run, methods=["DELETE"], tags=["runs"],
+                      summary="Delete a run and its sub-agents' runs (an acting key)", openapi_extra=keyed,
+                      response_model=listing.DeletedBody, responses={**openapi.errors(401, 403, 404), **unavailable})
+    app.add_api_route("/runs/{session_id}/events", routes.run_events, methods=["GET"], tags=["runs"],
+                      summary="The run's events as Server-Sent Events (Last-Event-ID or ?after= resumes)",
+                      openapi_extra=keyed, responses={200: {"content": {events.MEDIA_TYPE: {}},
+                                                            "description": "the event stream"},
+                                                      **openapi.errors(400, 401, 404), **unavailable})
+    app.add_api_route("/runs/{session_id}/abort", routes.abort, methods=["POST"], tags=["runs"],
+                      summary="Stop a run at its next safe point (an acting key)", openapi_extra=keyed,
+                      responses={**openapi.errors(401, 403, 404), **unavailable})
+    app.add_api_route("/runs/{session_id}/steer", routes.steer, methods=["POST"], tags=["runs"],
+                      summary="Give a run a message it takes at its next safe point (an acting key)",
+                      openapi_extra=keyed, responses={**openapi.errors(400, 401, 403, 404, 409, 413), **unavailable})
+    app.add_api_route("/approvals", listing.list_approvals, methods=["GET"], tags=["approvals"],
+                      summary="Undecided approvals of the runs the key sees, oldest first", openapi_extra=keyed,
+                      response_model=listing.ApprovalsBody, responses={**openapi.errors(400, 401), **unavailable})
+    app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"], tags=["approvals"],
+                      summary="Approve, reject or answer an approval (an acting key)", openapi_extra=keyed,
+                      responses={**openapi.errors(400, 401, 403, 404, 409, 410), **unavailable})
+    app.add_api_route("/healthz", routes.healthz, methods=["GET"], tags=["health"],
+                      summary="200 when Postgres answers, else 503")
     if app.state.metrics is not None:
         app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
+    openapi.install(app)
     return app

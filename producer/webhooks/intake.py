@@ -107,7 +107,7 @@ def settled_status(backend: Backend, session_id: str) -> str:
     if checkpoint.status == "finished":
         return "done"
     if checkpoint.status == "awaiting-approval":
-        return "paused"
+        return "awaiting-approval"
     if backend.lease_holder(session_id) is not None:
         return "running"
     backend.publish(session_id, checkpoint.agent)

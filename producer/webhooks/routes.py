@@ -25,7 +25,8 @@ from store.database import Transaction
 from store.records import Approval
 
 _MAX_DECISION_BYTES = 64 * 1024
-_NOT_FOUND = ("LOUSHO_RUN_NOT_FOUND", "no such run")
+#: The refusal of a run that is unknown, or that the key does not see.
+NOT_FOUND = ("LOUSHO_RUN_NOT_FOUND", "no such run")
 
 
 class _DecisionBody(BaseModel):
@@ -43,13 +44,14 @@ class _SteerBody(BaseModel):
     message: str = Field(min_length=1)
 
 
-def _state(request: Request) -> tuple[WebhookConfig, Backend]:
+def state_of(request: Request) -> tuple[WebhookConfig, Backend]:
+    """The app's webhook configuration and backend."""
     config: WebhookConfig = request.app.state.config
     backend: Backend = request.app.state.backend
     return config, backend
 
 
-def _authorize(request: Request, config: WebhookConfig) -> Principal:
+def authorize(request: Request, config: WebhookConfig) -> Principal:
     """The principal of the request's bearer key.
 
     Raises:
@@ -73,11 +75,15 @@ def _agent_of(backend: Backend, session_id: str) -> str | None:
     return progress.agent if progress is not None else None
 
 
-def _check_access(backend: Backend, principal: Principal, session_id: str, *, act: bool = False) -> None:
-    """Refuse a run the principal does not see as unknown (404), and an act by a read-only key (403)."""
+def check_access(backend: Backend, principal: Principal, session_id: str, *, act: bool = False) -> None:
+    """Refuse a run the principal does not see as unknown (404), and an act by a read-only key (403).
+
+    Raises:
+        Rejected: 404 for a run unknown or not seen, 403 for an act by a read-only key.
+    """
     agent = _agent_of(backend, session_id)
     if agent is None or not principal.sees(agent):
-        raise Rejected(404, *_NOT_FOUND)
+        raise Rejected(404, *NOT_FOUND)
     if act and not principal.acts_on(agent):
         raise Rejected(403, "LOUSHO_API_KEY_READ_ONLY", "this key may read runs, not act on them")
 
@@ -93,7 +99,7 @@ def _abort(client: Client, session_id: str) -> bool:
         records.validate_session_id(session_id)
         return client.abort(session_id)
     except (errors.SessionIdInvalidError, errors.CheckpointNotFoundError):
-        raise Rejected(404, *_NOT_FOUND) from None
+        raise Rejected(404, *NOT_FOUND) from None
 
 
 def _steer(backend: Backend, client: Client, session_id: str, message: str) -> int:
@@ -101,10 +107,10 @@ def _steer(backend: Backend, client: Client, session_id: str, message: str) -> i
         records.validate_session_id(session_id)
         checkpoint = backend.checkpoints.load(session_id)
         if checkpoint is None:
-            raise Rejected(404, *_NOT_FOUND)
+            raise Rejected(404, *NOT_FOUND)
         return client.agent(checkpoint.agent).steer(session_id, message).input_number
     except (errors.SessionIdInvalidError, errors.CheckpointNotFoundError):
-        raise Rejected(404, *_NOT_FOUND) from None
+        raise Rejected(404, *NOT_FOUND) from None
     except errors.SessionAwaitingApprovalError as exc:
         raise Rejected(409, exc.code, "the run waits on an approval; decide it first") from None
     except (errors.CheckpointCorruptError, errors.AgentNotFoundError) as exc:
@@ -177,7 +183,7 @@ def _healthy(backend: Backend) -> bool:
 
 async def receive(agent: str, request: Request) -> JSONResponse:
     """``POST /webhooks/{agent}``: a verified delivery becomes one run (202), exactly once per delivery id."""
-    config, backend = _state(request)
+    config, backend = state_of(request)
     try:
         if not AGENT_NAME.fullmatch(agent):
             raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent")
@@ -195,9 +201,9 @@ async def receive(agent: str, request: Request) -> JSONResponse:
 
 async def run_status(session_id: str, request: Request) -> JSONResponse:
     """``GET /runs/{session_id}``: how a run stands and its pending approvals (API key required)."""
-    config, backend = _state(request)
-    principal = _authorize(request, config)
-    await run_in_threadpool(_check_access, backend, principal, session_id)
+    config, backend = state_of(request)
+    principal = authorize(request, config)
+    await run_in_threadpool(check_access, backend, principal, session_id)
     return JSONResponse(await run_in_threadpool(_run_view, backend, session_id))
 
 
@@ -207,9 +213,9 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
     Resumes after ``Last-Event-ID`` or the ``after`` query (else at the run's latest ``run.start``); ``live=1``
     interleaves live signals. Ends with ``event: done`` after the first ``run.done``.
     """
-    config, backend = _state(request)
-    principal = _authorize(request, config)
-    await run_in_threadpool(_check_access, backend, principal, session_id)
+    config, backend = state_of(request)
+    principal = authorize(request, config)
+    await run_in_threadpool(check_access, backend, principal, session_id)
     client = _client(backend)
     after, live = events.resume_after(request), events.wants_live(request)
     source = client.events_async(session_id, after, live=live, executor=request.app.state.event_threads)
@@ -219,19 +225,19 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
 
 async def abort(session_id: str, request: Request) -> JSONResponse:
     """``POST /runs/{session_id}/abort``: stop a run at its next safe point (202), or 200 if it is finished."""
-    config, backend = _state(request)
-    principal = _authorize(request, config)
-    await run_in_threadpool(_check_access, backend, principal, session_id, act=True)
+    config, backend = state_of(request)
+    principal = authorize(request, config)
+    await run_in_threadpool(check_access, backend, principal, session_id, act=True)
     aborting = await run_in_threadpool(_abort, _client(backend), session_id)
     return JSONResponse({"session_id": session_id, "aborting": aborting}, status_code=202 if aborting else 200)
 
 
 async def steer(session_id: str, request: Request) -> JSONResponse:
     """``POST /runs/{session_id}/steer``: ``{"message": text}`` for the run at its next safe point (202)."""
-    config, backend = _state(request)
-    principal = _authorize(request, config)
+    config, backend = state_of(request)
+    principal = authorize(request, config)
     client = _client(backend)
-    await run_in_threadpool(_check_access, backend, principal, session_id, act=True)
+    await run_in_threadpool(check_access, backend, principal, session_id, act=True)
     headers.check_json_type(request.headers)
     try:
         body = _SteerBody.model_validate(bodies.parse_json(await bodies.read_body(request, config.max_body_bytes)))
@@ -246,8 +252,8 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
 
     A decision after the approval's expiry is answered 410 ``LOUSHO_APPROVAL_EXPIRED``: it counts as rejected.
     """
-    config, backend = _state(request)
-    principal = _authorize(request, config)
+    config, backend = state_of(request)
+    principal = authorize(request, config)
     headers.check_json_type(request.headers)
     try:
         decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request,
@@ -265,6 +271,6 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
 
 async def healthz(request: Request) -> JSONResponse:
     """``GET /healthz``: 200 when Postgres answers, else 503."""
-    _, backend = _state(request)
+    _, backend = state_of(request)
     ok = await run_in_threadpool(_healthy, backend)
     return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)

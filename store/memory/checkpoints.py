@@ -343,7 +343,8 @@ class MemoryCheckpointStore:
                 return None
             error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
             finish = json.loads(run.document).get("finish_reason") if run.document else None
-            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, last_error=error,
+            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, inbox_head=run.inbox_head,
+                                    last_error=error,
                                     aborted=run.aborted, events_next=run.events_next, finish_reason=finish,
                                     agent=run.agent)
 
@@ -355,7 +356,7 @@ class MemoryCheckpointStore:
 
     def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
                   id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None) -> records.RunsPage:
+                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
         """A page of runs, newest first by creation (see ``PostgresCheckpointStore.list_runs``).
 
         Raises:
@@ -364,7 +365,14 @@ class MemoryCheckpointStore:
         wanted = run_listing.RunFilter.of(agents, states, id_contains, since)
         position = None if cursor is None else run_listing.parse_cursor(cursor)
         with self.state.lock:
-            return listing.runs_page(self.state, wanted, run_listing.check_limit(limit), position)
+            return listing.runs_page(self.state, wanted, run_listing.check_limit(limit), position, details)
+
+    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+                   ) -> dict[records.ListedState, int]:
+        """How many runs stand in each state (see ``PostgresCheckpointStore.count_runs``)."""
+        wanted = run_listing.RunFilter.of(agents, None, None, since)
+        with self.state.lock:
+            return listing.counts(self.state, wanted)
 
     def history(self, session_id: str, limit: int | None = None) -> builtins.list[records.HistoryEntry]:
         """Saved states of a run, newest first; ``[]`` for an unknown run."""

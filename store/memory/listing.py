@@ -6,8 +6,10 @@ The ``PostgresCheckpointStore`` queries of the same names, for a ``MemoryState``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
+from typing import Any
 
 from store import errors, records, runs
 from store import listing as run_listing
@@ -36,27 +38,65 @@ def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None
     return found
 
 
-def _listed(session_id: str, run: RunRow) -> records.ListedRun:
-    """The run's row as a listing shows it (its document read only for a stopped run's finish reason)."""
-    finish_reason = None
-    if run.aborted:
+def _listed(state: MemoryState, session_id: str, run: RunRow, details: bool = False) -> records.ListedRun:
+    """The run's row as a listing shows it (its document read only for a stopped run's finish reason, or details)."""
+    document: Any = None
+    if run.aborted or details:
         try:
             document = json.loads(run.document)
         except ValueError:
             document = None
-        finish_reason = document.get("finish_reason") if isinstance(document, dict) else None
+    document = document if isinstance(document, dict) else {}
+    finish_reason = document.get("finish_reason")
     last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
+    more: dict[str, Any] = {}
+    if details:
+        more = {"finish_reason": finish_reason, "step": run_listing.step_of(document.get("step")),
+                "usage": run_listing.usage_of(document.get("usage"))}
     return records.ListedRun(
         session_id=session_id, agent=run.agent, status=run.status, parent_id=run.parent_id,
-        state=records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at),
-        created_at=run.created_at, updated_at=run.updated_at)
+        state=state_of(state, session_id, run, finish_reason, last_error),
+        created_at=run.created_at, updated_at=run.updated_at, last_error=last_error, attempts=run.attempts,
+        failures=run.failures, next_attempt_at=run.next_attempt_at, **more)
+
+
+def state_of(state: MemoryState, session_id: str, run: RunRow, finish_reason: str | None,
+             last_error: records.LastError | None) -> records.ListedState:
+    """Where the run stands (``records.listed_state`` on the row, as ``store.listing.STATE`` reads it)."""
+    return records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at,
+                                waiting=run.waiting, queued=run.inbox_head > run.inbox_cursor, end_due=run.end_due,
+                                own_approvals=own_approvals(state, session_id))
+
+
+def own_approvals(state: MemoryState, session_id: str) -> bool:
+    """Whether the run has an undecided approval of its own (``store.listing.OWN_APPROVALS``)."""
+    return any(approval.session_id == session_id and approval.status == "pending"
+               for approval in state.approvals.values())
 
 
 def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
-              position: run_listing.Position | None) -> records.RunsPage:
+              position: run_listing.Position | None, details: bool = False) -> records.RunsPage:
     """A page of runs matching ``wanted`` from ``position`` (see ``PostgresCheckpointStore.list_runs``)."""
     newer = position is not None and position.direction == "newer"
     found = []
+    for sid, run in _matching(state, wanted):
+        if position is not None:
+            key, at = (run.created_at, sid), (position.created_at, position.session_id)
+            if (key <= at) if newer else (key >= at):
+                continue
+        found.append(_listed(state, sid, run, details))
+    found.sort(key=lambda r: (r.created_at, r.session_id), reverse=not newer)
+    return run_listing.page_of(found[:limit + 1], limit, position)
+
+
+def counts(state: MemoryState, wanted: run_listing.RunFilter) -> dict[records.ListedState, int]:
+    """How many runs matching ``wanted`` stand in each state (see ``PostgresCheckpointStore.count_runs``)."""
+    found = Counter(_listed(state, sid, run).state for sid, run in _matching(state, wanted))
+    return {name: found[name] for name in records.LISTED_STATES if found[name]}
+
+
+def _matching(state: MemoryState, wanted: run_listing.RunFilter) -> Iterator[tuple[str, RunRow]]:
+    """The runs ``wanted`` keeps, in no order."""
     for sid, run in state.runs.items():
         if wanted.agents is not None and run.agent not in wanted.agents:
             continue
@@ -64,15 +104,8 @@ def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
             continue
         if wanted.since is not None and run.created_at < wanted.since:
             continue
-        if position is not None:
-            key, at = (run.created_at, sid), (position.created_at, position.session_id)
-            if (key <= at) if newer else (key >= at):
-                continue
-        listed = _listed(sid, run)
-        if wanted.states is None or listed.state in wanted.states:
-            found.append(listed)
-    found.sort(key=lambda r: (r.created_at, r.session_id), reverse=not newer)
-    return run_listing.page_of(found[:limit + 1], limit, position)
+        if wanted.states is None or _listed(state, sid, run).state in wanted.states:
+            yield sid, run
 
 
 def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:
@@ -85,7 +118,9 @@ def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.P
         try:
             checkpoint = to_checkpoint(sid, run)
             first = state.approvals.get(checkpoint.approval_ids[0]) if checkpoint.approval_ids else None
-            found.append(records.pending_run(checkpoint, first.kind if first is not None else None))
+            found.append(records.pending_run(checkpoint, first.kind if first is not None else None,
+                                             queued=run.inbox_head > run.inbox_cursor,
+                                             own_approvals=own_approvals(state, sid)))
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
             found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, run.next_attempt_at))
     return found

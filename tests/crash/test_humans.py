@@ -84,7 +84,8 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
     session_id = fresh_id("asked")
     cluster.send(ASKER, session_id, run_input(session_id))
     approval_id, question_id, work_id = _paused_on_question(cluster, session_id)
-    assert [(p.state, p.approval_kind) for p in cluster.client.agent(ASKER).pending()] == [("paused", "question")]
+    assert [(p.state, p.approval_kind) for p in cluster.client.agent(ASKER).pending()] == [
+        ("awaiting-approval", "question")]
 
     # The worker that asked dies; a new one starts, and the sweep leaves the waiting run alone.
     (first,) = cluster.live_workers()

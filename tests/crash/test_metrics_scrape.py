@@ -162,7 +162,7 @@ def _compare(expected: dict[str, Any], got: Samples, parked_code: str) -> list[s
     check("runs finished by chaos", _sum(got, "lousho_runs_finished_total", agent="chaos", finish_reason="stop"),
           expected["finished_chaos"])
     check("runs finished by weather", _sum(got, "lousho_runs_finished_total", agent="weather"), 1)
-    check("runs paused", _sum(got, "lousho_runs_paused_total", agent="chaos"), 1)
+    check("runs awaiting approval", _sum(got, "lousho_runs_awaiting_approval_total", agent="chaos"), 1)
     check("runs parked", _sum(got, "lousho_runs_parked_total", agent="weather", code=parked_code), 1)
     check("runs parked, all", _sum(got, "lousho_runs_parked_total"), outcomes.get("parked", 0))
     check("runs aborted", _sum(got, "lousho_runs_aborted_total", agent=abort_agents.AGENT), 1)

@@ -83,7 +83,7 @@ _FAILURES = {
     "sweep raised": re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] raised unexpected"),
 }
 #: Outcomes of steps that saved something.
-_SAVED = {"advanced", "finished", "paused"}
+_SAVED = {"advanced", "finished", "awaiting-approval"}
 
 
 class PrivateCluster(Cluster):

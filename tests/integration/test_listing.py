@@ -62,3 +62,17 @@ def test_a_page_of_runs_is_one_index_range_without_transcripts(store: PostgresCh
     # With filters the planner may read the table instead (its guess of what the filters keep decides);
     # never the transcripts.
     assert filtered and all("run_messages" not in plan for plan in (*plans, *deep_plans, *filtered))
+
+
+def test_a_detailed_page_lists_runs_whose_documents_hold_usage_it_does_not_know(store: PostgresCheckpointStore) -> None:
+    services.reset_state()
+    with store.engine.begin() as conn:
+        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document) VALUES
+            ('odd-usage', 'shop', 'finished', '{"format": 2, "step": 4, "usage": {"input_tokens": 5, "requests": 10}}'),
+            ('bad-usage', 'shop', 'finished', '{"format": 2, "step": "many", "usage": "lots"}')"""))
+
+    page = {run.session_id: run for run in store.list_runs(details=True).items}
+
+    assert page["odd-usage"].usage is not None and page["odd-usage"].usage.input_tokens == 5
+    assert page["odd-usage"].step == 4
+    assert page["bad-usage"].usage is None and page["bad-usage"].step is None

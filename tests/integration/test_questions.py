@@ -56,7 +56,8 @@ def test_a_question_answered_from_another_process_after_a_worker_restart(
     [question] = client.approvals.list()
     assert (question.kind, question.question, question.options, question.tool_name) == (
         "question", "Which city?", ["Oslo", "Rome"], "ask_question")
-    assert [(p.state, p.approval_kind) for p in client.agent("planner").pending()] == [("paused", "question")]
+    assert [(p.state, p.approval_kind) for p in client.agent("planner").pending()] == [
+        ("awaiting-approval", "question")]
     requested = [e for e in client.read_events("q-1", -1) if e.type == "approval.requested"]
     assert requested[0].data["kind"] == "question" and requested[0].data["question"] == "Which city?"
 

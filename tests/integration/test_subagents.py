@@ -175,7 +175,7 @@ def test_an_approval_inside_a_child_pauses_the_lead_and_its_decision_finishes_bo
     assert paused.approval_ids == [approval.approval_id]
     assert approval.run_path[0] == "sub-5" and len(approval.run_path) == 2 and approval.agent == "writer"
     assert [(p.session_id, p.state, p.lead) for p in client.pending()] == [
-        ("sub-5", "paused", None), (approval.session_id, "paused", "sub-5")]
+        ("sub-5", "waiting", None), (approval.session_id, "awaiting-approval", "sub-5")]
     with pytest.raises(errors.SessionAwaitingApprovalError):
         client.agent("editor").send("more", session_id="sub-5")
     client.approvals.resolve(approval.approval_id, approved=True)

@@ -20,6 +20,9 @@ from tests.support import reports, services
 from tests.support.private_postgres import PrivatePostgres
 from tests.support.soak import CONFIG, PrivateRedis, SoakCluster, SoakConfig
 
+#: How often the soak's beat sends the I19 checker (``lousho.doctor``).
+DOCTOR_INTERVAL_S = 2.0
+
 
 def _missing_server() -> str | None:
     from devkit.embedded.postgres_server import postgres_bin_dir
@@ -70,7 +73,9 @@ def soak_cluster(tmp_path: Path, private_postgres: PrivatePostgres, private_redi
     """Workers, a beat and a producer on the private servers; every process killed at the end."""
     cluster = SoakCluster(tmp_path / "cluster",
                           extra_env={"LOUSHO_DATABASE_URL": private_postgres.url(services.TEST_DATABASE),
-                                     "LOUSHO_REDIS_URL": private_redis.url()})
+                                     "LOUSHO_REDIS_URL": private_redis.url(),
+                                     # The I19 checker looks every 2 s: the soak reads its gauge throughout.
+                                     "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S)})
     try:
         yield cluster
     finally:

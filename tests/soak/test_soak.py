@@ -39,6 +39,7 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,10 @@ class _Soak:
     settling: _Infra | None = None
     unready_since: float | None = None
     exits: list[WorkerExit] = field(default_factory=list)
+    #: The I19 checker's looks seen (their times) and the most runs any of them found unexplained.
+    doctor_looks: set[datetime] = field(default_factory=set)
+    unexplained_max: int = 0
+    unexplained_seen: list[tuple[datetime, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.run_ids = [f"soak-{n:05d}" for n in range(self.config.runs)]
@@ -191,6 +196,7 @@ class _Soak:
         with psycopg.connect(self.cluster.database_url, connect_timeout=3) as conn:
             rows = conn.execute("SELECT session_id FROM runs WHERE session_id = ANY(%s) AND status = 'finished'"
                                 " AND inbox_cursor >= inbox_head", (sorted(self.active),)).fetchall()
+            self.read_doctor(conn)
         for (session_id,) in rows:
             self.active.discard(session_id)
             if session_id in self.finished_once:
@@ -209,6 +215,15 @@ class _Soak:
             self.sent += 1
             self.active.add(session_id)
             self.send(session_id, f"{session_id}-1", run_input(session_id, **shape))
+
+    def read_doctor(self, conn: psycopg.Connection[Any]) -> None:
+        """Note the checker's latest look: ``lousho_runs_unexplained`` must read 0 at every one (I19)."""
+        look = conn.execute("SELECT looked_at, unexplained FROM doctor_looks WHERE name = 'i19'").fetchone()
+        if look is not None and look[0] not in self.doctor_looks:
+            self.doctor_looks.add(look[0])
+            self.unexplained_max = max(self.unexplained_max, int(look[1]))
+            if look[1]:
+                self.unexplained_seen.append((look[0], int(look[1])))
 
     def read_memory(self) -> None:
         self.memory.append(read_memory(self.cluster.workers, len(self.finished_once)))
@@ -448,6 +463,7 @@ def test_soak_loses_no_run_and_breaks_no_invariant_under_worker_redis_and_postgr
     load_s = soak.load()
     drain_s = soak.drain()
 
+    final_look = cluster.client.doctor()
     report = checker.check(cluster.database_url, cluster.log_path, expected=soak.run_ids, faults=cluster.faults)
     checker.print_report({**report, "recovery": {**report["recovery"], "hit_again": {
         k: v for k, v in report["recovery"]["hit_again"].items() if k != "runs"}}}, "soak")
@@ -479,11 +495,17 @@ def test_soak_loses_no_run_and_breaks_no_invariant_under_worker_redis_and_postgr
         "worker_exits": [{"worker": f"{e.name} (pid {e.pid})", "reason": e.reason,
                           "after_redis_restart_s": _after_redis(soak, e.ts)} for e in soak.exits],
         "violations": len(violations),
+        "doctor": {"looks_seen": len(soak.doctor_looks), "unexplained_max": soak.unexplained_max,
+                   "unexplained_at": [(at.isoformat(), n) for at, n in soak.unexplained_seen[:10]],
+                   "unexplained_after_drain": [f.summary.session_id for f in final_look.unexplained]},
     }
     (cluster.workdir / "soak-figures.json").write_text(json.dumps(figures, indent=2, default=str))
     print("\n== soak figures ==\n" + json.dumps(figures, indent=2, default=str))
 
     checker.assert_clean({"violations": violations})
+    # I19: the checker looked throughout, through every kill and restart, and never found a run nothing moves.
+    assert len(soak.doctor_looks) >= 3, f"the I19 checker hardly looked: {figures['doctor']}"
+    assert soak.unexplained_max == 0 and not final_look.unexplained, f"unexplained runs: {figures['doctor']}"
     assert report["finished"] == config.runs
     assert not wrong_inputs, f"inputs not applied exactly once: {dict(list(wrong_inputs.items())[:5])}"
     # Every fault of the plan was done, and they hit work in flight (else the soak proves nothing).

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENTS_MODULE = "tests.support.agents"
 _MTIME_SLACK_S = 0.02
 _LOG_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/([^\]]+)\] (.*)")
-_OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> (\w+)")
+_OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> ([\w-]+)")
 #: A step's task name: ``lousho.advance``, or the name it was sent under (``"<agent>: <kind>"``).
 _STEP = r"(?:lousho\.advance|[A-Za-z0-9_.-]+: [a-z -]+)"
 _STEP_TIME = re.compile(rf"Task {_STEP}\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")

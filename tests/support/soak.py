@@ -53,7 +53,7 @@ _SWEEP_DONE = re.compile(_STAMP + r"Task lousho\.recover\[[0-9a-f-]+\] succeeded
 #: A step message a worker took from the broker.
 _RECEIVED = re.compile(_STAMP + r"Task \S+\[[0-9a-f-]+\] received")
 #: A step that saved something.
-_SAVED = re.compile(_STAMP + r"advance \S+ seq=\S+ -> (?:advanced|finished|paused)")
+_SAVED = re.compile(_STAMP + r"advance \S+ seq=\S+ -> (?:advanced|finished|awaiting-approval)")
 
 
 @dataclass(frozen=True)

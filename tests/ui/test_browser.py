@@ -141,7 +141,7 @@ def test_a_person_finds_a_paused_run_approves_one_call_rejects_the_other_and_see
     page.wait_for_url(f"**/ui/runs/{paused_id}")
 
     # Then the run goes on (its last turn waits for the test) and the open page shows it finished without a reload
-    assert _status(page) in ("in-progress", "awaiting-approval")
+    assert _status(page) in ("running", "awaiting-approval")
     _mark_page(page)
     decided = time.monotonic()
     agents.release_marker(cluster.log_path, paused_id).touch()
@@ -212,7 +212,7 @@ def test_a_person_aborts_a_running_run_and_resumes_it(
     # Given the page of a run whose long call is running
     page = _sign_in(new_context, ui_server)
     page.goto(f"/ui/runs/{run_id}")
-    assert _status(page) == "in-progress"
+    assert _status(page) == "running"
     assert page.locator("form#resume").count() == 0
 
     # When they abort it

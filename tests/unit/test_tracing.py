@@ -192,7 +192,7 @@ def test_steps_in_another_process_join_the_trace_from_the_saved_context_alone() 
 
 def test_a_pause_is_not_the_end_of_the_input_so_no_root_until_it_finishes(process: Process) -> None:
     trace = _merge_step()
-    _final_step(trace, ended_as="paused")
+    _final_step(trace, ended_as="awaiting-approval")
     assert not _named(process.spans(), "invoke_agent ")
 
     _final_step(trace, ended_as="finished")

@@ -108,7 +108,7 @@ def test_a_paused_run_is_reported_then_approved_over_http(receiver: Receiver) ->
     client = TestClient(receiver.app)
     sid = _post(client, "desk", {"request": "Refund 5"}, "desk-3").json()["session_id"]
     receiver.driver.drain()
-    assert _post(client, "desk", {"request": "Refund 5"}, "desk-3").json()["status"] == "paused"
+    assert _post(client, "desk", {"request": "Refund 5"}, "desk-3").json()["status"] == "awaiting-approval"
     status = client.get(f"/runs/{sid}", headers=AUTH).json()
     assert status["status"] == "awaiting-approval"
     (pending,) = status["pending_approvals"]

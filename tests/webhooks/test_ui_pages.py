@@ -339,7 +339,7 @@ def test_abort_and_resume_from_the_page(site: Site) -> None:
     site.start("hooks", "stop-1", drain=False)
     token = _sign_in(site)
     page = site.http.get("/ui/runs/stop-1").text
-    assert 'data-status="in-progress"' in page and 'id="abort"' in page and 'id="resume"' not in page
+    assert 'data-status="running"' in page and 'id="abort"' in page and 'id="resume"' not in page
     assert _post(site, "/ui/runs/stop-1/abort", token).headers["location"] == "/ui/runs/stop-1"
     site.driver.drain()
     page = site.http.get("/ui/runs/stop-1").text
@@ -385,7 +385,7 @@ def test_the_live_endpoint_follows_the_run(site: Site) -> None:
     before = site.http.get("/ui/runs/live-1/live")
     assert before.status_code == 200
     body = before.json()
-    assert body["status"] == "in-progress" and body["settled"] is False
+    assert body["status"] == "running" and body["settled"] is False
     assert 'data-live-url="/ui/runs/live-1/live"' in site.http.get("/ui/runs/live-1").text
     site.driver.drain()
     after = site.http.get("/ui/runs/live-1/live").json()

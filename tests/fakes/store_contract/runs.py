@@ -191,13 +191,16 @@ def check_progress_shows_status_cursor_and_error_without_the_transcript(make: St
     store = make(50).store
     assert store.progress("ct-progress") is None
     checkpoint = new_run(store, "ct-progress")
-    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, agent=AGENT)
+    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, inbox_head=1, agent=AGENT)
     error = LastError(code="X", message="boom", retryable=True)
     store.record_failure("ct-progress", checkpoint.fence, error)
-    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, last_error=error,
-                                                     agent=AGENT)
+    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, inbox_head=1,
+                                                     last_error=error, agent=AGENT)
     save_next(store, checkpoint, status="finished", inbox_cursor=1)
-    assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1, agent=AGENT)
+    assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1, inbox_head=1, agent=AGENT)
+    # The latest input's number: a handle on the run waits for it (``Client.run``).
+    store.append_input("ct-progress", AGENT, [user_message("more")])
+    assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1, inbox_head=2, agent=AGENT)
 
 
 def check_list_filters_and_orders_by_creation(make: StoreFactory) -> None:

@@ -1,0 +1,106 @@
+"""What an operator reads of a run: its summary (``RunSummary``), what it waits on (``WaitingOn``), and a page of them.
+
+Records only: ``store.explain`` decides what a run waits on and what moves it next, ``store.observed`` reads the
+facts it decides from, and ``producer.client`` hands these out (``Client.runs``, ``Client.describe``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.records import LastError, ListedRun, ListedState, Status, Usage
+
+#: Where a run's next step message is: in a queue of the broker, or taken by a worker that has not acked it yet.
+MessagePlace = Literal["queued", "reserved"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WaitingOn(_Record):
+    """What an unfinished run waits on, as far as can be seen now; every part empty or None when it is nothing.
+
+    Read from Postgres and Redis at one moment (``store.observed``), never stored.
+    """
+
+    #: The owner id (``host:pid:nonce``) of the live lease on the run: a worker holds it now.
+    lease_holder: str | None = None
+    #: Milliseconds since that holder took or last renewed the lease (it renews every ``LOUSHO_LEASE_RENEW_MS``).
+    lease_age_ms: int | None = None
+    #: Where a step message for the run is (None: none was seen in the broker).
+    step_message: MessagePlace | None = None
+    #: When the next attempt after a transient failure is due (in the future: the run waits for it).
+    retry_at: datetime | None = None
+    #: Undecided approvals the run pauses on: its own, and for a lead its children's.
+    approval_ids: list[str] = Field(default_factory=list)
+    #: Children that have not settled (a lead waits for them).
+    children: list[str] = Field(default_factory=list)
+    #: The run's agent when no live worker serves it now (a step message for it waits for one).
+    unserved_agent: str | None = None
+    #: A person must act: the run is parked, aborted, stopped at a budget, or waits on decisions.
+    person: bool = False
+
+
+class RunSummary(_Record):
+    """One run as an operator sees it: where it stands, what it spent, and (``describe``) why it is not finished.
+
+    ``waiting_on`` and ``next_action`` are filled by ``Client.describe``; a listing (``Client.runs``) leaves them
+    None, as it reads neither Redis nor the broker. ``cost`` is the run's usage at the prices its agent's workers
+    registered, None when they registered none.
+    """
+
+    session_id: str
+    agent: str
+    state: ListedState
+    status: Status
+    finish_reason: str | None = None
+    step: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    cost: float | None = None
+    last_error: LastError | None = None
+    #: Crash restarts of the current step (the poison-pill count).
+    attempts: int = 0
+    #: Transient failures in a row (the backoff's exponent); reset by the next save.
+    failures: int = 0
+    next_attempt_at: datetime | None = None
+    #: The lead of a sub-agent's run (None for a run of its own).
+    parent_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    waiting_on: WaitingOn | None = None
+    #: In words: what will move the run and when, or that a person must act, and how.
+    next_action: str | None = None
+
+    @classmethod
+    def listed(cls, run: ListedRun, cost: float | None = None) -> RunSummary:
+        """The summary of a run as a detailed listing gave it (``list_runs(details=True)``)."""
+        return cls(session_id=run.session_id, agent=run.agent, state=run.state, status=run.status,
+                   finish_reason=finish_reason(run.status, run.finish_reason), step=run.step or 0,
+                   usage=run.usage or Usage(), cost=cost,
+                   last_error=run.last_error, attempts=run.attempts, failures=run.failures,
+                   next_attempt_at=run.next_attempt_at, parent_id=run.parent_id, created_at=run.created_at,
+                   updated_at=run.updated_at)
+
+
+def finish_reason(status: Status, stored: str | None) -> str | None:
+    """The finish reason a summary shows: the stored one; a run paused on approvals has ``awaiting-approval``.
+
+    The same reading as ``RunResult.of`` (a pausing save leaves the stored finish reason unset).
+    """
+    return "awaiting-approval" if status == "awaiting-approval" else stored
+
+
+class RunPage(_Record):
+    """A page of ``Client.runs``: newest first; ``next_cursor`` continues toward older runs (None: no more)."""
+
+    items: list[RunSummary]
+    next_cursor: str | None = None
+    #: Back toward newer runs (None on a first page).
+    prev_cursor: str | None = None
+
+
+__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "finish_reason"]

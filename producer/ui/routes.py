@@ -20,9 +20,10 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from producer.client import Client, continue_after
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
-from producer.ui import sessions, views
+from producer.ui import drawing, sessions, tree, views
 from producer.webhooks import events
 from producer.webhooks import routes as wh_routes
+from producer.webhooks.access import Principal
 from producer.webhooks.backend import Backend
 from producer.webhooks.rejections import Rejected
 from store import errors, inputs, records
@@ -180,8 +181,13 @@ async def runs(request: Request) -> Response:
                         next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 
-def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history: bool) -> dict[str, Any]:
-    checkpoint = _load(backend, principal_sees, run_id)
+def _run_data(backend: Backend, principal: Principal, run_id: str, with_history: bool) -> dict[str, Any]:
+    """What a run's page shows: its state, timeline and drawing, approvals, the runs under it, its usage.
+
+    The "why" of an unfinished run (``Client.describe``: what it waits on, what moves it next; issue 29) belongs
+    at the top of ``_live.html``, above the status line.
+    """
+    checkpoint = _load(backend, principal.sees, run_id)
     found_events: list[Any] = []
     after = -1
     while len(found_events) < EVENTS_LIMIT:
@@ -197,29 +203,32 @@ def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history
     steps = sorted({entry.step for entry in backend.checkpoints.history(run_id)}) if with_history else []
     status = views.status_of(checkpoint)
     shown = sorted((views.approval_view(a) for a in approvals.values()), key=lambda a: (a.created or "", a.approval_id))
-    version = f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+    under = tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
+    version = (f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+               + ":" + tree.version(under))
     return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
-            "timeline": views.timeline(checkpoint, found_events), "drift": views.drift_notes(found_events),
-            "approvals": shown, "steps": steps, "version": version,
+            "timeline": views.timeline(checkpoint, found_events, tree.children_of_calls(checkpoint, found_events)),
+            "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
             "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
-            "updated": views.iso(checkpoint.updated_at)}
+            "updated": views.iso(checkpoint.updated_at), "tree": under, "usage": checkpoint.usage,
+            "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values()))}
 
 
 @router.get("/runs/{run_id}")
 async def run_page(run_id: str, request: Request) -> Response:
     """One run: its status, timeline, approvals and actions; it follows the run while it moves."""
     found = pages.signed_in(request)
-    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, True)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, True)
     acts = found.principal.acts_on(data["run"].agent)
     return pages.render("run.html", request, found, acts=acts, next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
-                        **data)
+                        lead_id=records.lead_of(run_id), **data)
 
 
 @router.get("/runs/{run_id}/live")
 async def run_live(run_id: str, request: Request) -> Response:
     """The moving part of a run's page as JSON: ``status``, ``settled``, ``version`` and ``html``."""
     found = pages.signed_in(request)
-    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, False)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, False)
     acts = found.principal.acts_on(data["run"].agent)
     html = pages.render_fragment("_live.html", request, found, acts=acts,
                                  next_path=f"/ui/runs/{urllib.parse.quote(run_id)}", **data)

@@ -10,6 +10,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -20,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from producer.client import Client, continue_after
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
-from producer.ui import drawing, sessions, tree, views
+from producer.ui import drawing, runs_list, sessions, tree, views
 from producer.webhooks import events
 from producer.webhooks import routes as wh_routes
 from producer.webhooks.access import Principal
@@ -137,20 +138,21 @@ async def home(request: Request) -> Response:
 # -- runs ----------------------------------------------------------------------------------------------------
 
 
-def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str,
-          cursor: str | None) -> tuple[records.RunsPage, list[str]]:
+def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str, cursor: str | None,
+          since: datetime | None) -> tuple[records.RunsPage, list[str]]:
     """One page of the runs list, filtered and paged by the store: no transcript is read."""
     page = backend.checkpoints.list_runs(agents=agents, states=views.states_of(status), id_contains=query or None,
-                                         limit=views.PAGE_SIZE, cursor=cursor)
+                                         since=since, limit=views.PAGE_SIZE, cursor=cursor)
     return page, backend.known_agents()
 
 
 @router.get("/runs")
 async def runs(request: Request) -> Response:
-    """The runs the viewer sees, newest first by creation, filtered by agent, status and id, 50 a page.
+    """The runs the viewer sees, newest first by creation, filtered by agent, status, id and creation time, 50 a page.
 
     Pages follow each other by cursor (the last run shown), so runs created while the viewer reads do not push
-    the runs of the next page onto the one already seen.
+    the runs of the next page onto the one already seen. ``since`` is a window (``1h``, ``24h``, ``7d``, ``30d``)
+    or an ISO-8601 time with its offset.
     """
     found = pages.signed_in(request)
     params = request.query_params
@@ -164,8 +166,10 @@ async def runs(request: Request) -> Response:
         status = ""
     principal = found.principal
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
+    since = runs_list.since_of(params.get("since", ""), datetime.now(UTC))
     try:
-        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor)
+        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor,
+                                              since.at)
     except errors.ConfigurationError:
         raise pages.PageError(400, "That page of runs cannot be found: start from the first page") from None
     listed = principal.visible(set(known) | {run.agent for run in page.items} | ({agent} if agent else set()))
@@ -173,11 +177,12 @@ async def runs(request: Request) -> Response:
     def link(at: str | None) -> str | None:
         if at is None:
             return None
-        kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query)) if v}
+        kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query), ("since", since.value)) if v}
         return "/ui/runs?" + urllib.parse.urlencode({**kept, "cursor": at})
 
     return pages.render("runs.html", request, found, rows=views.run_rows(page), agents=listed,
-                        statuses=views.STATUSES, agent=agent, status=status, query=query,
+                        statuses=views.STATUSES, agent=agent, status=status, query=query, since=since,
+                        windows=runs_list.WINDOWS,
                         next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
 
 from store.approvals import PostgresApprovalStore
 from store.events import Event
+from store.records import ListedRun
 from tests.support import ui_agents
 from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.ui import drawn_agents as drawn
@@ -119,9 +120,8 @@ def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_re
     _figure("tree and links", started)
 
 
-def test_the_runs_list_counts_runs_by_state_and_filters_them_by_creation_time(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
-    started = time.monotonic()
+def _three_runs(cluster: Cluster) -> tuple[str, str, str, list[ListedRun]]:
+    """A finished run made two hours old, a finished run and a run waiting on a person; and the store's listing."""
     old_id, done_id, paused_id = fresh_id("chosen"), fresh_id("chosen"), fresh_id("pay")
     for run_id in (old_id, done_id):
         cluster.send(ui_agents.CHOOSER, run_id, "pick a shade")
@@ -133,45 +133,40 @@ def test_the_runs_list_counts_runs_by_state_and_filters_them_by_creation_time(
         conn.execute("UPDATE runs SET created_at = created_at - interval '2 hours' WHERE session_id = %s",
                      (old_id,))
     listed = cluster.client.store.list_runs(limit=500).items
+    assert {run.session_id for run in listed} == {old_id, done_id, paused_id}
+    return old_id, done_id, paused_id, listed
+
+
+def _rows(page: Any) -> set[str]:
+    found = page.locator("table#runs tbody tr.run")
+    return {str(found.nth(i).get_attribute("data-run-id")) for i in range(found.count())}
+
+
+def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
+        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    started = time.monotonic()
+    old_id, done_id, paused_id, listed = _three_runs(cluster)
     created = {run.session_id: run.created_at for run in listed}
-    assert set(created) == {old_id, done_id, paused_id}
 
-    def counts(page: Any) -> dict[str, int]:
-        links = page.locator("nav#state-counts a.state-count")
-        return {str(links.nth(i).get_attribute("data-state")): int(str(links.nth(i).get_attribute("data-count")))
-                for i in range(links.count())}
-
-    def rows(page: Any) -> set[str]:
-        found = page.locator("table#runs tbody tr.run")
-        return {str(found.nth(i).get_attribute("data-run-id")) for i in range(found.count())}
-
-    # Given the runs list: a count per state, as the store lists them
+    # Given the runs list with every run
     page = _sign_in(new_context, ui_server)
-    expected = Counter(run.state for run in listed)
-    assert counts(page) == dict(expected), counts(page)
-    assert int(str(page.locator("nav#state-counts").get_attribute("data-total"))) == 3
+    assert _rows(page) == {old_id, done_id, paused_id}
 
-    # When they pick a state from its count, the list shows those runs only
-    paused_state = next(run.state for run in listed if run.session_id == paused_id)
-    page.locator(f"nav#state-counts a.state-count[data-state='{paused_state}']").click()
-    page.wait_for_url(re.compile(rf"state={paused_state}"))
-    assert rows(page) == {paused_id}
-
-    # When they keep the last hour only, the old run leaves the list and the counts
-    page.goto("/ui/runs")
+    # When they keep the last hour only, the old run leaves the list
     page.locator("form#filters select[name=since]").select_option("1h")
     page.locator("form#filters button[type=submit]").click()
     page.wait_for_url(re.compile(r"since=1h"))
-    assert rows(page) == {done_id, paused_id}
-    assert counts(page) == dict(Counter(run.state for run in listed if run.session_id != old_id))
+    assert _rows(page) == {done_id, paused_id}
+    assert page.locator("form#filters select[name=since]").input_value() == "1h"
 
-    # ... and from a time to the millisecond: the runs created at or after it
-    since = created[paused_id] if created[paused_id] > created[done_id] else created[done_id]
-    newest = paused_id if since == created[paused_id] else done_id
-    page.goto("/ui/runs?" + f"since={since.isoformat(timespec='microseconds')}".replace("+", "%2B"))
-    assert rows(page) == {newest}
-    assert sum(counts(page).values()) == 1
-    _figure("counts and time filter", started)
+    # ... and from a time to the microsecond: the runs created at or after it, the others before it
+    newest = max((done_id, paused_id), key=lambda run_id: created[run_id])
+    page.goto("/ui/runs?" + urlencode({"since": created[newest].isoformat()}))
+    assert _rows(page) == {newest}
+    assert page.locator("form#filters select[name=since] option:checked").inner_text().startswith("since ")
+    page.goto("/ui/runs?since=not-a-time")
+    assert _rows(page) == {old_id, done_id, paused_id}
+    _figure("time filter", started)
 
 
 def _bars(page: Any) -> dict[tuple[str, str], dict[str, Any]]:

@@ -208,11 +208,14 @@ def _run_data(backend: Backend, principal: Principal, run_id: str, with_history:
     steps = sorted({entry.step for entry in backend.checkpoints.history(run_id)}) if with_history else []
     status = views.status_of(checkpoint)
     shown = sorted((views.approval_view(a) for a in approvals.values()), key=lambda a: (a.created or "", a.approval_id))
-    under = tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
+    children = tree.children_of_calls(checkpoint, found_events)
+    # Only a run that started children has runs under it: others skip the listing's search.
+    under = (tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
+             if children or checkpoint.background else tree.Tree([], 0))
     version = (f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
                + ":" + tree.version(under))
     return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
-            "timeline": views.timeline(checkpoint, found_events, tree.children_of_calls(checkpoint, found_events)),
+            "timeline": views.timeline(checkpoint, found_events, children),
             "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
             "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
             "updated": views.iso(checkpoint.updated_at), "tree": under, "usage": checkpoint.usage,

@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from producer.client import Client, continue_after
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
-from producer.ui import drawing, runs_list, sessions, tree, views
+from producer.ui import drawing, runs_list, sessions, spend, tree, views
 from producer.webhooks import events
 from producer.webhooks import routes as wh_routes
 from producer.webhooks.access import Principal
@@ -218,7 +218,8 @@ def _run_data(backend: Backend, principal: Principal, run_id: str, with_history:
             "timeline": views.timeline(checkpoint, found_events, children),
             "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
             "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
-            "updated": views.iso(checkpoint.updated_at), "tree": under, "usage": checkpoint.usage,
+            "updated": views.iso(checkpoint.updated_at), "tree": under,
+            "spent": spend.spend(checkpoint.usage, found_events),
             "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values()))}
 
 

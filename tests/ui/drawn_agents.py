@@ -10,7 +10,8 @@ scripted ``MockModel``s with scripted usage, so a test can add usage up.
 - ``digger`` (a grandchild): one ``measure`` call of ``DIG_MS``, then ``dug``.
 - ``surveyor`` draws every kind of bar: its first model call fails once with a transient provider error (a retry
   wait), then it asks ``measure`` (``SURVEY_MS``) and the gated ``stamp``; once a person approves the stamp (an
-  approval wait) it asks one ``task`` of ``digger`` (a children wait), then ends ``surveyed``.
+  approval wait) it asks one ``task`` of ``digger`` (a children wait), then ends ``surveyed``. It has prices
+  (``SURVEY_PRICES``), the others none.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import Any
 
 from store.records import Message
 from tests.support.checker import LOG_ENV
-from worker import Agent, Tool, tool
+from worker import Agent, Prices, Tool, tool
 from worker.providers import MockModel
 
 DRAFTER, SCOUT, DIGGER, SURVEYOR = "drafter", "scout", "digger", "surveyor"
 SHALLOW_MS, DIG_MS, SURVEY_MS = 300, 200, 700
 #: What each model turn reports it used (the run's usage adds these up).
 TURN_USAGE = {"input_tokens": 120, "output_tokens": 30}
+#: The surveyor's prices (per million tokens): its workers record each turn's cost.
+SURVEY_PRICES = Prices(input=2.5, output=10.0)
 
 
 def _turn(messages: list[Message]) -> int:
@@ -109,4 +112,5 @@ scout = Agent(name=SCOUT, model=MockModel(_scout, model_id="ui-mock"), instructi
 drafter = Agent(name=DRAFTER, model=MockModel(_draft, model_id="ui-mock"), instructions="Draft.",
                 subagents=[scout], max_subagent_depth=2, tool_concurrency=2, max_steps=10)
 surveyor = Agent(name=SURVEYOR, model=MockModel(_survey, model_id="ui-mock"), instructions="Survey.",
-                 tools=[measure, stamp], subagents=[digger], tool_concurrency=1, max_steps=10)
+                 tools=[measure, stamp], subagents=[digger], tool_concurrency=1, max_steps=10,
+                 prices=SURVEY_PRICES)

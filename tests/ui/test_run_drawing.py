@@ -20,7 +20,7 @@ import pytest
 
 from store.approvals import PostgresApprovalStore
 from store.events import Event
-from store.records import ListedRun
+from store.records import ListedRun, Usage
 from tests.support import ui_agents
 from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.ui import drawn_agents as drawn
@@ -107,6 +107,7 @@ def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_re
     assert int(str(shown_usage.get_attribute("data-input-tokens"))) == usage.input_tokens
     assert int(str(shown_usage.get_attribute("data-output-tokens"))) == usage.output_tokens
     assert f"{usage.input_tokens:,}" in shown_usage.inner_text()
+    assert page.locator("#run-cost").count() == 0, "a cost shown for a run whose worker recorded none"
 
     # When they follow the deep scout's link, they are on its page: its own child under it, its lead linked
     page.locator("ol#timeline .tool-call[data-call-id='t-deep'] a.child-link").click()
@@ -252,5 +253,12 @@ def test_the_drawing_puts_each_step_call_and_wait_on_one_axis_at_its_stored_time
     shown = page.locator("ol#timeline li.step .step-duration")
     assert [float(str(shown.nth(i).get_attribute("data-ms"))) for i in range(shown.count())] == recorded
     assert int(page.evaluate("document.documentElement.scrollWidth")) <= PHONE_WIDTH + 1
+
+    # ... and the run's cost is what its worker recorded for each turn, at the agent's prices
+    costs = [e.data.get("cost") for e in events if e.type == "step.done"]
+    turn = Usage(**drawn.TURN_USAGE)
+    assert costs == [pytest.approx(drawn.SURVEY_PRICES.cost(turn))] * len(recorded), costs
+    cost = page.locator("#run-cost")
+    assert float(str(cost.get_attribute("data-cost"))) == pytest.approx(sum(float(c or 0) for c in costs))
     print(f"figure: {len(bars)} bars over {span:.2f} s")
     _figure("drawing", started)

@@ -26,9 +26,20 @@ def run_start(checkpoint: Checkpoint) -> EventDraft:
                                               "resumed": False})
 
 
-def step_done(step: int, turn: Message, usage: Usage) -> EventDraft:
-    """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row."""
-    return EventDraft(type="step.done", data={"step": step, "usage": usage.model_dump()}, message=turn)
+def step_done(step: int, turn: Message, usage: Usage, duration_ms: float | None = None,
+              cost: float | None = None) -> EventDraft:
+    """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row.
+
+    ``duration_ms`` is how long the turn took, from the model call to the save: with the event's time (the
+    save's), it places the turn on a run's timeline. ``cost`` is what the turn's usage cost at the run's prices
+    (``Agent(prices=...)``), recorded here because readers of the run never import its agent.
+    """
+    data: dict[str, Any] = {"step": step, "usage": usage.model_dump()}
+    if duration_ms is not None:
+        data["duration_ms"] = round(duration_ms, 3)
+    if cost is not None:
+        data["cost"] = cost
+    return EventDraft(type="step.done", data=data, message=turn)
 
 
 def tool_result(result: Message, duration_ms: float | None) -> EventDraft:

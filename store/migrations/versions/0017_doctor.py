@@ -6,7 +6,7 @@ first saw each so (a run counts as unexplained only once a later look still sees
 adds tables: workers of the previous release keep running beside this one.
 
 Revision ID: 0017
-Revises: 0012
+Revises: 0016
 """
 
 from __future__ import annotations

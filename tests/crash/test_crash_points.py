@@ -122,7 +122,8 @@ def test_a_run_whose_next_message_died_with_its_worker_or_was_never_sent_is_sent
     checker.assert_clean(report)
     assert [f.runs for f in faults] == [(run_id,)], "the crash point did not fire"
     logs = cluster.worker_logs()
-    assert f"died in a step of {run_id}; step sent again" in logs, "the crashed run was not sent on by its worker"
+    assert f"step of {run_id} sent again: the pool process running it died" in logs, (
+        "the crashed run was not sent on by its worker")
     assert "recover: re-enqueued" in logs, "the run whose message was never sent finished without the sweep"
     assert report["raw_reexecutions"] == 0 and report["wasted_model_calls"] == 0
     print(f"crashed run sent on by its worker in {report['recovery']['max_s']} s")

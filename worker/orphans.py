@@ -28,7 +28,7 @@ START_PAGES = 20
 
 @dataclass(frozen=True)
 class PoolStep:
-    """A step a pool process accepted: the message's task id, the process, the run and where to send it again.
+    """A step message this worker holds: task id, pool process (None until one took it), run, where it came from.
 
     The step is sent again without the message's seq: the dead process may have saved before it died (the seq moved
     on, and a copy with the old one would be dropped as stale), and no one else works on the run once its lease is
@@ -36,7 +36,7 @@ class PoolStep:
     """
 
     task_id: str
-    pid: int
+    pid: int | None
     session_id: str
     #: The queue the message came from (None: the agent's queue, as the sender would choose it).
     queue: str | None = None
@@ -45,7 +45,7 @@ class PoolStep:
 
 
 class DeadSteps:
-    """Notices pool processes that died mid-step and sends their steps again, once per accepted message."""
+    """Notices pool processes that died mid-step and sends their steps again, once per message."""
 
     def __init__(self, leases: interfaces.Leases, send: Callable[[PoolStep], None],
                  store: interfaces.RecoveryStore | None = None) -> None:
@@ -54,29 +54,37 @@ class DeadSteps:
         #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
         self._store = store
         self._handled: set[str] = set()
+        self._children: set[int] = set()
 
-    def check(self, steps: Iterable[PoolStep]) -> list[str]:
-        """Release the leases of the steps whose process is no longer running, and send those steps again.
+    def check(self, steps: Iterable[PoolStep], children: Iterable[int] | None = None) -> list[str]:
+        """When a pool process died, release the leases it held among ``steps`` and send those steps again.
 
-        Returns the runs sent again. A step is handled once (its task id is kept while the pool still lists it);
-        a run whose lease is held by a live process (a redelivered copy got there first) is not sent. The runs sent
-        are marked swept, as the sweep marks the runs it sends (best effort: a store that cannot be reached only
-        costs the report of that recovery).
+        A death is a step's process that no longer runs, or one of ``children`` (the pool's processes, when the
+        caller can list them) that ran at the last check and no longer does: a process can die before its parent
+        learnt which step it took. Then every listed step whose lease a gone process holds is sent again. Returns
+        the runs sent again. A message is sent again once (its task id is kept while it is listed); a run whose
+        lease a live process holds (a redelivered copy got there first) is not sent. The runs sent are marked swept,
+        as the sweep marks the runs it sends (best effort: a store that cannot be reached only costs the report of
+        that recovery).
 
         Raises:
             redis.RedisError: the leases could not be read or released (the next check tries again).
         """
         listed = list(steps)
         self._handled &= {step.task_id for step in listed}
-        dead = [step for step in listed if step.task_id not in self._handled and not owners.is_running(step.pid)]
-        if not dead:
+        running = {pid for pid in (children or ()) if owners.is_running(pid)}
+        died = bool(self._children - running) or any(
+            step.pid is not None and not owners.is_running(step.pid) for step in listed)
+        self._children = running
+        candidates = [step for step in listed if step.task_id not in self._handled]
+        if not died or not candidates:
             return []
-        freed = set(self._leases.release_gone([step.session_id for step in dead]))
-        self._handled.update(step.task_id for step in dead)
+        freed = set(self._leases.release_gone(sorted({step.session_id for step in candidates})))
         sent = []
-        for step in dead:
-            if step.session_id in freed:
-                log.info("pool process %d died in a step of %s; step sent again", step.pid, step.session_id)
+        for step in candidates:
+            if step.session_id in freed and step.session_id not in sent:
+                self._handled.add(step.task_id)
+                log.info("step of %s sent again: the pool process running it died", step.session_id)
                 self._send(step)
                 sent.append(step.session_id)
         if sent and self._store is not None:

@@ -237,7 +237,7 @@ def _dead_steps_loop(stop: threading.Event) -> None:
     try:
         while not stop.wait(DEAD_STEP_CHECK_S):
             try:
-                watch.check(_pool_steps())
+                watch.check(_pool_steps(), _pool_children())
             except Exception as exc:  # Redis or the broker down: the watch must outlive it; logged, tried again
                 # Celery requeues the message itself once its pool notices; the step takes a dead holder's lease.
                 log.warning("could not send on the step of a dead pool process: %s", type(exc).__name__)
@@ -246,10 +246,14 @@ def _dead_steps_loop(stop: threading.Event) -> None:
 
 
 def _pool_steps() -> list[orphans.PoolStep]:
-    """The steps this worker's pool processes accepted, from Celery's active requests (read in the main process)."""
+    """The step messages this worker holds, from Celery's requests (read in the main process).
+
+    Reserved requests, not only the active ones: a pool process can die after it took a step's lease and before the
+    main process learnt that it accepted the step.
+    """
     for _ in range(5):
         try:
-            requests = list(worker_state.active_requests)
+            requests = list(worker_state.reserved_requests)
             break
         except RuntimeError:  # the event loop changed the set while it was being copied: read again
             continue
@@ -258,13 +262,25 @@ def _pool_steps() -> list[orphans.PoolStep]:
     steps = []
     for request in requests:
         pid, kwargs = request.worker_pid, request.kwargs
-        if request.type != advance.name or not isinstance(pid, int) or pid == os.getpid() or not isinstance(
-                kwargs, dict) or not isinstance(kwargs.get("session_id"), str):
+        if request.type != advance.name or not isinstance(kwargs, dict) or not isinstance(
+                kwargs.get("session_id"), str):
             continue
+        if not isinstance(pid, int) or pid == os.getpid():
+            pid = None
         info = request.delivery_info or {}
         steps.append(orphans.PoolStep(str(request.id), pid, kwargs["session_id"], info.get("routing_key") or None,
                                       request.name))
     return steps
+
+
+def _pool_children() -> list[int] | None:
+    """This main process's child processes (the pool's, an exited one not yet reaped included); None if unknown."""
+    pid = os.getpid()
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return None
+    return [int(child) for child in listed.split()]
 
 
 def _resend_step(step: orphans.PoolStep) -> None:

@@ -1,9 +1,10 @@
 """Every named crash point of a step fired in real worker processes, all at once in one cluster.
 
 Each point kills the pool process with ``os._exit(137)`` the first time a matching run reaches it
-(``LOUSHO_CRASH_AT=point:prefix``); the worker forks a new child and the beat's recover sweep
-hands the run on. RELIABILITY section 3 says how much extra work each point may cost; the points around a
-``once`` call's started mark (I18) are in docs/guide/how-it-works.md.
+(``LOUSHO_CRASH_AT=point:prefix``); the worker forks a new child and its main process, which saw the
+child die, sends the run on (the beat's recover sweep does when nothing else does). RELIABILITY section 3 says
+how much extra work each point may cost; the points around a ``once`` call's started mark (I18) are in
+docs/guide/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from store.inputs import normalize_input
 from tests.support import checker
 from tests.support.agents import run_input
 from tests.support.cluster import APPROVAL_CRASH_POINTS, CRASH_POINTS, ONCE_CRASH_POINTS, Cluster
@@ -112,23 +114,27 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
     assert worst is not None and worst <= budget.limit_s
 
 
-def test_beat_sweep_rescues_a_run_whose_next_message_died_with_its_worker(
+def test_a_run_whose_next_message_died_with_its_worker_or_was_never_sent_is_sent_on(
         make_cluster: Callable[..., Cluster]) -> None:
-    run_id = "rescue-1"
+    run_id, lost_id = "rescue-1", "lost-1"
     cluster = make_cluster(crash_at="after_model_save_before_enqueue:rescue-")
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
-    # The first message carries seq 0, so its redelivery after the crash is stale: only the sweep can help.
+    # The first message carries seq 0, so its redelivery after the crash is stale: the worker's main process, which
+    # saw its pool process die holding the run, sends the run on without a seq.
     cluster.send("chaos", run_id, run_input(run_id, turns=3, calls="3,2"), seq=0)
+    # A run whose input is stored but whose message was never sent: only the sweep can help.
+    cluster.client.store.append_input(lost_id, "chaos", normalize_input(run_input(lost_id, turns=2, calls="1")))
 
-    cluster.wait_finished([run_id], timeout=30)
+    cluster.wait_finished([run_id, lost_id], timeout=30)
     faults = cluster.crash_faults()
-    report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id], faults=faults)
-    checker.print_report(report, "beat rescue after a crash between save and enqueue")
+    report = checker.check(cluster.database_url, cluster.log_path, expected=[run_id, lost_id], faults=faults)
+    checker.print_report(report, "rescue after a crash between save and enqueue, and of a message never sent")
     checker.assert_clean(report)
     assert [f.runs for f in faults] == [(run_id,)], "the crash point did not fire"
     logs = cluster.worker_logs()
-    assert "recover: re-enqueued" in logs, "the run finished without the sweep"
-    assert f"advance {run_id} seq=1 -> advanced" in logs, "the step after the crash did not come from the sweep"
+    assert f"step of {run_id} sent again: the pool process running it died" in logs, (
+        "the crashed run was not sent on by its worker")
+    assert "recover: re-enqueued" in logs, "the run whose message was never sent finished without the sweep"
     assert report["raw_reexecutions"] == 0 and report["wasted_model_calls"] == 0
-    print(f"rescued by the sweep in {report['recovery']['max_s']} s")
+    print(f"crashed run sent on by its worker in {report['recovery']['max_s']} s")

@@ -20,6 +20,9 @@ DEFAULT_TIMING = {"LOUSHO_LEASE_TTL_MS": "30000", "LOUSHO_LEASE_RENEW_MS": "1000
 #: How soon a run must move again after its holder died (the issue's bound, far under the TTL of 30 s).
 RESUME_LIMIT_S = 3.0
 KILLS = 20
+#: Runs in flight at once, one fewer than the pool's processes: a killed process's run never waits for a free one
+#: (Celery forks the replacement only when its pool notices, seconds later), so the figure is the takeover's.
+IN_FLIGHT, POOL = 3, 4
 #: Each step is one call sleeping this long (ms), so a pool process is nearly always mid-step.
 SLEEP_MS = (250, 450)
 
@@ -55,16 +58,18 @@ def _kill_a_holder(cluster: Cluster, worker: Worker, hit: set[str]) -> Kill | No
 def test_pool_processes_killed_mid_step_at_default_timing_resume_within_seconds(
         make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster(extra_env=DEFAULT_TIMING)
-    worker = cluster.start_worker(concurrency=3)
+    worker = cluster.start_worker(concurrency=POOL)
     cluster.start_beat()
-    # Several runs in flight at once (started as they are needed); each is hit at most once, so each kill is
-    # timed on a run that was moving.
+    # Several runs in flight at once (started as others finish); each is hit at most once, so each kill is timed on
+    # a run that was moving.
     run_ids: list[str] = []
     kills: list[Kill] = []
     deadline = time.monotonic() + 150
     while len(kills) < KILLS:
         assert time.monotonic() < deadline, f"only {len(kills)} kills made: {kills}"
-        while len(run_ids) - len(kills) < 4:
+        statuses = cluster.statuses(run_ids)
+        moving = [r for r in run_ids if statuses.get(r, {}).get("status") != "finished"]
+        if len(moving) < IN_FLIGHT:
             run_id = f"takeover-{len(run_ids)}"
             cluster.send("chaos", run_id, run_input(run_id, turns=6, calls=1, sleep="{}-{}".format(*SLEEP_MS)))
             run_ids.append(run_id)

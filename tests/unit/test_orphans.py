@@ -44,6 +44,22 @@ def test_the_step_of_a_pool_process_that_died_is_sent_again_once_with_its_lease_
     assert [run.session_id for run in store.due_runs(TTL_MS / 1000)] == ["run-2"]
 
 
+def test_a_pool_process_that_died_before_its_parent_knew_its_step_is_noticed_by_its_absence() -> None:
+    # Given a step message no process is known to run yet, whose lease a pool process took
+    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    sent: list[orphans.PoolStep] = []
+    watch = orphans.DeadSteps(leases, sent.append)
+    step = orphans.PoolStep("t1", None, "run-1")
+    with processes.running() as child:
+        leases.hold_as("run-1", processes.owner_of(child.pid))
+        # While the pool's processes all run, nothing is sent
+        assert watch.check([step], [child.pid]) == []
+    # When that process is gone at the next check (its parent reaped it), then the step it held goes out again
+    assert watch.check([step], [child.pid]) == ["run-1"]
+    assert sent == [step] and leases.holder("run-1") is None
+    assert watch.check([step], []) == []
+
+
 def test_a_dead_step_whose_run_another_process_holds_now_is_not_sent_again() -> None:
     # Given Celery's own redelivery got there first: a live process of this host holds the run now
     leases = MemoryLeaseManager(TTL_MS, FakeClock())

@@ -39,6 +39,7 @@ _FACTS = f"""SELECT session_id, agent, status, seq, parent_id, created_at, updat
   ARRAY(SELECT c.session_id FROM runs c WHERE c.parent_id = runs.session_id AND {_UNSETTLED_CHILD}
         ORDER BY c.created_at, c.session_id) AS children,
   {_SINCE} AS since,
+  (SELECT p.prices FROM agents p WHERE p.name = runs.agent) AS prices,
   EXISTS (SELECT 1 FROM agent_workers w WHERE w.agent = runs.agent
           AND w.seen_at > now() - make_interval(secs => :window)) AS served,
   now() AS now
@@ -117,10 +118,11 @@ def _observed(row: Any) -> Observed:
 
 
 def _summary(row: Any) -> summaries.RunSummary:
+    usage = listing.usage_of(row.usage) or records.Usage()
     return summaries.RunSummary(
         session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
         finish_reason=summaries.finish_reason(row.status, row.finish_reason), step=listing.step_of(row.step) or 0,
-        usage=listing.usage_of(row.usage) or records.Usage(), last_error=row.last_error, attempts=row.attempts,
+        usage=usage, cost=summaries.cost_of(row.prices, usage), last_error=row.last_error, attempts=row.attempts,
         failures=row.failures, next_attempt_at=row.next_attempt_at, parent_id=row.parent_id,
         created_at=row.created_at, updated_at=row.updated_at)
 

@@ -7,10 +7,11 @@ facts it decides from, and ``producer.client`` hands these out (``Client.runs``,
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.limits import Prices
 from store.records import LastError, ListedRun, ListedState, Status, Usage
 
 #: Where a run's next step message is: in a queue of the broker, or taken by a worker that has not acked it yet.
@@ -50,7 +51,8 @@ class RunSummary(_Record):
 
     ``waiting_on`` and ``next_action`` are filled by ``Client.describe``; a listing (``Client.runs``) leaves them
     None, as it reads neither Redis nor the broker. ``cost`` is the run's usage at the prices its agent's workers
-    registered, None when they registered none.
+    registered (``Agent(prices=...)``, as they are now: a run handed to another agent is priced at its own
+    agent's), None when they registered none.
     """
 
     session_id: str
@@ -86,6 +88,19 @@ class RunSummary(_Record):
                    updated_at=run.updated_at)
 
 
+def cost_of(prices: Any, usage: Usage) -> float | None:
+    """``usage`` priced at the registered ``prices`` (``Prices`` as JSON).
+
+    None without prices, or with prices this release cannot read.
+    """
+    if not isinstance(prices, dict):
+        return None
+    try:
+        return Prices.model_validate(prices).cost(usage)
+    except ValueError:
+        return None
+
+
 def finish_reason(status: Status, stored: str | None) -> str | None:
     """The finish reason a summary shows: the stored one; a run paused on approvals has ``awaiting-approval``.
 
@@ -103,4 +118,4 @@ class RunPage(_Record):
     prev_cursor: str | None = None
 
 
-__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "finish_reason"]
+__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "cost_of", "finish_reason"]

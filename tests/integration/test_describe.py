@@ -16,7 +16,7 @@ from producer.client import Client
 from store import errors, summaries
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
-from store.limits import Limits
+from store.limits import Limits, Prices
 from store.records import LastError, Message
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Driver
@@ -138,13 +138,22 @@ def test_describe_of_an_aborted_run(make_driver: Callable[..., Driver], client: 
     assert found.next_action == "a person: it was aborted; send to it again, or resume it"
 
 
-def test_describe_of_a_run_stopped_at_its_budget(make_driver: Callable[..., Driver], client: Client) -> None:
-    driver = make_driver(_metered())
+def test_describe_of_a_run_stopped_at_its_budget_with_its_cost(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    metered = _metered()
+    driver = make_driver(metered)
     client.agent("metered").send("work", session_id="d-budget")
     driver.drain("d-budget")
     found = _describe(client, "d-budget")
     assert (found.state, found.finish_reason) == ("budget-exceeded", "budget-exceeded") and found.waiting_on.person
     assert "resume it with raised limits" in found.next_action and found.usage.output_tokens == 80
+    assert found.cost is None  # no prices registered with the agent
+    # A worker registers the agent's prices with it: the summaries show the run's cost at them.
+    prices = Prices(input=2.0, output=10.0)
+    store.register_agents({"metered": metered.fingerprint()}, {"metered": prices.model_dump()})
+    expected = prices.cost(found.usage)
+    assert expected > 0 and _describe(client, "d-budget").cost == expected
+    assert [run.cost for run in client.runs(agent="metered").items] == [expected]
 
 
 def test_describe_of_a_lead_waiting_on_its_child_and_on_the_childs_approval(

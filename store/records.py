@@ -439,10 +439,13 @@ class PendingRun(_Record):
     approval_kind: str | None = None
     step: int
     last_error: LastError | None = None
+    #: Crash restarts of the current step (the poison-pill count).
     attempts: int = 0
     agent: str
     state: RunState = "running"
     next_attempt_at: datetime | None = None
+    #: Transient failures in a row since the last save (the backoff's exponent).
+    failures: int = 0
 
     @property
     def lead(self) -> str | None:
@@ -537,7 +540,7 @@ def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None, *, que
         approval_kind=(approval_kind or "tool") if paused else None,
         step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
         state=checkpoint_state(checkpoint, queued=queued, own_approvals=own_approvals),
-        next_attempt_at=checkpoint.next_attempt_at)
+        next_attempt_at=checkpoint.next_attempt_at, failures=checkpoint.failures)
 
 
 def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,

@@ -480,7 +480,9 @@ class Approvals:
         """Decide an approval: approve or reject a gated call, answer or decline a question (``ask_question``).
 
         ``answer`` answers a question (the call's result is ``{"answer": answer}``); ``approved=False``
-        declines it. When it is the last pending decision of its pause, the run continues.
+        declines it. A reconciliation (kind ``reconcile``: a ``once`` call its worker died in) is approved (the call
+        runs again), rejected (it is recorded as not done, with the note) or answered (it took effect: ``answer`` is
+        its result). When it is the last pending decision of its pause, the run continues.
 
         Returns a ``Run`` whose ``wait`` gives the run's next settled state (another pause, or the end).
 

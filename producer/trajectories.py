@@ -1,4 +1,8 @@
-"""Compare two runs step by step: where they diverge and how (tool order, arguments, length, ending)."""
+"""Compare two runs step by step: where they diverge and how (tool order, arguments, length, ending).
+
+Steps are numbered from 1, one per model turn, as a run's history numbers them: ``diverged_at`` is the history step
+whose save holds the first differing turn, so ``fork(from_step=diff.diverged_at)`` starts from that turn.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ class Drift:
 
 @dataclass(frozen=True)
 class TrajectoryComparison:
-    """``diverged_at`` is the first differing step (None when identical)."""
+    """``diverged_at`` is the first differing step, numbered from 1 as history steps are (None when identical)."""
 
     diverged_at: int | None
     a: list[TrajectoryStep]
@@ -63,14 +67,14 @@ def steps_of(messages: Sequence[Message]) -> list[TrajectoryStep]:
 
 def compare_trajectories(a: Checkpoint | Sequence[Message | dict[str, Any]],
                          b: Checkpoint | Sequence[Message | dict[str, Any]]) -> TrajectoryComparison:
-    """Compare two checkpoints or transcripts."""
+    """Compare two checkpoints or transcripts; steps (``diverged_at``, ``drift``) are numbered from 1."""
     steps_a, steps_b = steps_of(_transcript(a)), steps_of(_transcript(b))
-    diverged_at = next((i for i, (x, y) in enumerate(zip(steps_a, steps_b, strict=False)) if x.key() != y.key()),
-                       None)
+    diverged_at = next((step for step, (x, y) in enumerate(zip(steps_a, steps_b, strict=False), start=1)
+                        if x.key() != y.key()), None)
     if diverged_at is None and len(steps_a) != len(steps_b):
-        diverged_at = min(len(steps_a), len(steps_b))
+        diverged_at = min(len(steps_a), len(steps_b)) + 1
     tool_order, arguments = [], []
-    for index, (x, y) in enumerate(zip(steps_a, steps_b, strict=False)):
+    for index, (x, y) in enumerate(zip(steps_a, steps_b, strict=False), start=1):
         names_a, names_b = [c["name"] for c in x.tool_calls], [c["name"] for c in y.tool_calls]
         if names_a != names_b:
             tool_order.append({"step": index, "a": names_a, "b": names_b})

@@ -189,7 +189,17 @@ messages AS (DELETE FROM run_messages WHERE session_id IN (SELECT session_id FRO
 run_events AS (DELETE FROM run_events WHERE session_id IN (SELECT session_id FROM pruned))
 SELECT session_id FROM pruned
 """
-_MARK_SWEPT = text("UPDATE runs SET swept_at = now() WHERE session_id = ANY(:ids)")
+_MARK_SWEPT = text(f"UPDATE runs SET swept_at = now(), recovery = {runs.RECOVERY_MARK} WHERE session_id = ANY(:ids)")
+# Claims the recoveries that came out, at most once: a second sweep skips the rows the first holds, and finds their
+# mark gone once it committed.
+_SETTLE_RECOVERIES = text(f"""
+UPDATE runs SET recovery = NULL
+WHERE session_id IN (
+  SELECT session_id FROM runs
+  WHERE recovery IS NOT NULL AND agent = ANY(:agents) AND {runs.RECOVERY_SETTLED}
+  ORDER BY session_id LIMIT :limit FOR UPDATE SKIP LOCKED)
+RETURNING session_id, agent, status, aborted, last_error, document ->> 'finish_reason' AS finish_reason
+""")
 # With the kind of the approval a paused run waits on first (a tool call or a question).
 _PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
             " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
@@ -242,6 +252,17 @@ def _pending(row: Row[Any]) -> records.PendingRun:
         return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
     return records.pending_run(checkpoint, row.approval_kind, queued=row.inbox_head > row.inbox_cursor,
                                own_approvals=not row.children_only)
+
+
+def _swept(row: Any) -> records.SweptRun:
+    """A settled recovery's row as a ``SweptRun``."""
+    stored = row.last_error if isinstance(row.last_error, dict) else None
+    # Only the fields a LastError has: a row written by another release may carry more.
+    error = None if stored is None else records.LastError(
+        code=str(stored.get("code", "")), message=str(stored.get("message", "")),
+        retryable=stored.get("retryable") is True)
+    return records.SweptRun(session_id=row.session_id, agent=row.agent, status=row.status,
+                            finish_reason=row.finish_reason, aborted=bool(row.aborted), last_error=error)
 
 
 def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:
@@ -721,10 +742,25 @@ class PostgresCheckpointStore:
             return approval_rows.expire_due(conn, limit)
 
     def mark_swept(self, session_ids: Sequence[str]) -> None:
-        """Note that the sweep just sent a step for these runs: ``due_runs`` leaves them out for a while."""
+        """Note that the sweep just sent a step for these runs: ``due_runs`` leaves them out for a while.
+
+        Each is marked recovering too (unless it is already), with where it stood: ``settle_recoveries`` reports
+        how it came out.
+        """
         if session_ids:
             with self._single() as conn:
                 conn.execute(_MARK_SWEPT, {"ids": list(session_ids)})
+
+    def settle_recoveries(self, agents: Sequence[str], limit: int = 500) -> builtins.list[records.SweptRun]:
+        """The runs of ``agents`` the sweep sent on that came out since (``runs.RECOVERY_SETTLED``), each once.
+
+        Their marks are cleared in the same statement, so no other sweep reports them again.
+        """
+        if not agents:
+            return []
+        with self._single() as conn:
+            rows = conn.execute(_SETTLE_RECOVERIES, {"agents": list(agents), "limit": limit}).all()
+        return [_swept(row) for row in rows]
 
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.PendingRun]:
         """Runs that are not finished (every state but ``finished``), oldest first.

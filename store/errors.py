@@ -14,6 +14,12 @@ class LoushoError(Exception):
     ``code`` is stable API (callers branch on it, never on the message) and ``retryable``
     says whether trying the same thing again later can succeed. A subclass with structured
     fields sets them as typed attributes in its ``__init__`` and names them in ``field_names``.
+
+    An error crosses processes two ways, and comes out whole from both: pickled (a prefork pool process hands
+    its failure to the worker's parent, which shows it in Flower), with ``__reduce__``; and through a Celery
+    result backend as ``cls(*args)``, so ``args`` are the constructor's positional arguments (kept as
+    ``BaseException.__new__`` set them; a subclass with required keyword arguments sets ``args`` itself) while
+    ``str()`` is the message.
     """
 
     code: ClassVar[str] = "LOUSHO_GENERIC_ERROR"
@@ -22,8 +28,18 @@ class LoushoError(Exception):
     field_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
+        # No ``super().__init__(message)``: it would make ``args`` the message, and ``cls(*args)`` would build
+        # an error about the message (the message twice, or a TypeError for a constructor of two arguments).
         self.message: str = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.message, self.args), dict(vars(self))
 
     @property
     def fields(self) -> dict[str, object]:
@@ -123,8 +139,9 @@ class ApprovalOrphanedError(LoushoError):
     code = "LOUSHO_APPROVAL_ORPHANED"
     field_names = ("approval_id", "session_id")
 
-    def __init__(self, message: str, *, approval_id: str, session_id: str) -> None:
+    def __init__(self, message: str, approval_id: str, session_id: str) -> None:
         super().__init__(message)
+        self.args = (message, approval_id, session_id)  # given by keyword: ``cls(*args)`` needs all three
         self.approval_id: str = approval_id
         self.session_id: str = session_id
 
@@ -246,6 +263,22 @@ class StepAttemptsExceededError(LoushoError):
     code = "LOUSHO_STEP_ATTEMPTS_EXCEEDED"
 
 
+class ReconcileFailedError(LoushoError):
+    """Recorded when a ``once`` tool's ``reconcile`` raised while reconciling a call its worker died in.
+
+    Retried like any transient failure; once the retry budget (``LOUSHO_RETRY_FOR_S``) is spent, the run waits on
+    an approval of kind ``reconcile`` instead of being parked. ``tool_call_id`` names the call.
+    """
+
+    code = "LOUSHO_RECONCILE_FAILED"
+    retryable = True
+    field_names = ("tool_call_id",)
+
+    def __init__(self, message: str, *, tool_call_id: str = "") -> None:
+        super().__init__(message)
+        self.tool_call_id: str = tool_call_id
+
+
 class LeadGoneError(LoushoError):
     """Recorded when a sub-agent's run is claimed after its lead was deleted; the run is parked before any model call.
 
@@ -304,6 +337,13 @@ _BY_CODE: dict[str, type[LoushoError]] = {
         ApprovalExpiredError, HookFailedError, ConfigResolverError,
     )
 }
+
+
+def _rebuild(cls: type[LoushoError], message: str, args: tuple[Any, ...]) -> LoushoError:
+    """An unpickled error: made without its constructor (which builds messages from fields), then given its state."""
+    error = cls.__new__(cls, *args)
+    LoushoError.__init__(error, message)
+    return error
 
 
 def from_record(record: dict[str, Any]) -> LoushoError:

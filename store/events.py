@@ -28,8 +28,8 @@ __all__ = ["DURABLE", "EVENT_VERSION", "LIVE", "Event", "encode"]
 #: Version of the event envelope; new types and fields are additive, a breaking change bumps it.
 EVENT_VERSION = 1
 #: Types a save writes (numbered, kept as long as the run).
-DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "approval.requested", "agent.drift",
-                     "provider.retry", "error", "run.done"})
+DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "tool.reconcile", "approval.requested",
+                     "agent.drift", "provider.retry", "error", "run.done"})
 #: Types published only while a consumer listens (no seq, lost on a crash).
 LIVE = frozenset({"step.start", "tool.start", "text.delta", "tool.partial"})
 
@@ -98,9 +98,19 @@ INPUT_START = text("SELECT min(seq) FROM run_events WHERE session_id = :sid AND 
 DELETE = text("DELETE FROM run_events WHERE session_id = :sid")
 
 
+#: Event types about a transcript entry (their data points at a ``run_messages`` row, or holds it whole).
+_ABOUT_A_MESSAGE = frozenset({"step.done", "tool.done", "tool.error"})
+
+
 def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] | None) -> dict[str, Any]:
-    """An event's data with the transcript entry it points at folded in."""
-    message = message if message is not None else data.pop("message", None)
+    """An event's data with the transcript entry it points at folded in.
+
+    Only events about a transcript entry have one: an ``error`` event's ``message`` is its text, kept as it is.
+    """
+    if event_type not in _ABOUT_A_MESSAGE:
+        return data
+    if message is None and isinstance(data.get("message"), dict):
+        message = data.pop("message")  # kept whole by ``encode`` when its row could not be found
     if message is None:
         return data
     if event_type == "step.done":

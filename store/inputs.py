@@ -95,20 +95,21 @@ def decision_status(kind: str, approved: bool | None, answer: str | None) -> tup
     """The status a decision gives an approval of ``kind``, and the answer it stores.
 
     A question is answered (``answer`` implies approval) or declined (``approved=False``); a tool approval
-    is approved or rejected and takes no answer.
+    is approved or rejected and takes no answer. A reconciliation (kind ``reconcile``) is approved (the call runs
+    again), rejected (it is recorded as not done) or answered (the answer is recorded as the call's result).
 
     Raises:
         ConfigurationError: an answer for a tool approval, a question approved without an answer, or no decision.
     """
     if answer is not None:
-        if kind != "question":
+        if kind not in ("question", "reconcile"):
             raise errors.ConfigurationError(
-                "answer= is for questions (ask_question); decide a tool call with approved=")
+                "answer= is for questions (ask_question) and reconciliations; decide a tool call with approved=")
         if approved is False:
-            raise errors.ConfigurationError("a declined question takes no answer")
+            raise errors.ConfigurationError(f"a declined {'question' if kind == 'question' else kind} takes no answer")
         return "approved", payloads.truncate_text(payloads.clean_text(str(answer)), MAX_NOTE_CHARS)
     if approved is None:
-        raise errors.ConfigurationError("give approved= (or answer= for a question)")
+        raise errors.ConfigurationError("give approved= (or answer= for a question or a reconciliation)")
     if kind == "question" and approved:
         raise errors.ConfigurationError("a question is answered with answer=, or declined with approved=False")
     return ("approved" if approved else "rejected"), None

@@ -117,7 +117,13 @@ class RecoveryStore(Protocol):
         """``(session_id, seq)`` of the runs ``due_runs`` lists."""
 
     def mark_swept(self, session_ids: Sequence[str]) -> None:
-        """Note that a step was just sent for these runs: ``due_runs`` leaves them out for a while."""
+        """Note that a step was just sent for these runs: ``due_runs`` leaves them out for a while.
+
+        Marks each as recovering (with where it stood) until ``settle_recoveries`` reports how it came out.
+        """
+
+    def settle_recoveries(self, agents: Sequence[str], limit: int = 500) -> builtins.list[records.SweptRun]:
+        """The runs of ``agents`` the sweep sent on that came out since (recovered or failed again), each once."""
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
         """Leads waiting on children none of which can still move: their wake-up was lost."""
@@ -313,6 +319,9 @@ class Leases(Protocol):
     def held(self, session_ids: builtins.list[str]) -> set[str]:
         """Which of these runs have a live lease."""
 
+    def release_gone(self, session_ids: builtins.list[str]) -> builtins.list[str]:
+        """Release the leases on these runs whose holder is provably gone (``store.owners``); the runs freed."""
+
 
 class Heartbeat(Protocol):
     """Keeps the leases a process holds renewed while its steps run."""
@@ -351,6 +360,9 @@ class AgentRegistry(ServingRegistry, Protocol):
 
     def live_agents(self, within_s: float) -> set[str]:
         """Agents at least one live worker (seen in the last ``within_s`` seconds) serves."""
+
+    def unregistered_for(self, agent: str, session_id: str) -> float | None:
+        """Seconds since run ``session_id``'s first input, when no worker ever registered ``agent``; else None."""
 
 
 class DeliveryStore(Protocol):

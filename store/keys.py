@@ -1,6 +1,7 @@
 """The whole Redis key layout of Lousho Worker (Celery's own broker keys aside).
 
-``lousho:lease:{session_id}``  the run lease: value = owner id (``host:pid:nonce``), PX = lease TTL.
+``lousho:lease:{session_id}``  the run lease: value = owner id (``store.owners``: host, pid, process
+                               start time, boot id, PID namespace, nonce), PX = lease TTL.
                                Taken with SET NX PX, renewed and released only by its owner (Lua).
 ``lousho:fence:{session_id}``  the fencing-token counter, INCR at every acquisition. Losing it is
                                safe: Postgres keeps the last claimed token and the next acquisition

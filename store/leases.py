@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
-import uuid
 from typing import Any
 
 import redis
 
-from store import keys, records
+from store import keys, owners, records
 from store.records import Lease
 
 __all__ = ["Heartbeat", "LeaseManager"]
@@ -32,14 +30,34 @@ local function signals(first)
 end
 """
 
-# KEYS: lease, fence counter, then the signal keys. ARGV: owner, ttl ms, floor, counter expiry ms.
-_ACQUIRE = _SIGNALS + """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local floor = tonumber(ARGV[3])
+# Mint the next fencing token, above ``floor`` (KEYS[2] is the run's counter).
+_MINT = """
+local function mint(floor, expire_ms)
   local current = tonumber(redis.call('GET', KEYS[2]) or '0')
   if current < floor then redis.call('SET', KEYS[2], floor) end
   local token = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], expire_ms)
+  return token
+end
+"""
+
+# KEYS: lease, fence counter, then the signal keys. ARGV: owner, ttl ms, floor, counter expiry ms.
+# When the lease is held, its holder comes back (so a dead holder can be told apart without another read).
+_ACQUIRE = _SIGNALS + _MINT + """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local token = mint(tonumber(ARGV[3]), ARGV[4])
+  local heard = signals(3)
+  return {token, heard[1], heard[2], heard[3]}
+end
+return {0, 0, 0, 0, redis.call('GET', KEYS[1])}
+"""
+
+# Take a lease over from a holder found gone, only while that holder still has it (another taker may have been
+# first). KEYS: as _ACQUIRE. ARGV: the gone holder, owner, ttl ms, floor, counter expiry ms.
+_TAKE_OVER = _SIGNALS + _MINT + """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  local token = mint(tonumber(ARGV[4]), ARGV[5])
   local heard = signals(3)
   return {token, heard[1], heard[2], heard[3]}
 end
@@ -47,14 +65,9 @@ return {0, 0, 0, 0}
 """
 
 # Mint a token above ``floor`` while still owning the lease (the counter was lost with a Redis wipe).
-_RAISE = """
+_RAISE = _MINT + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local floor = tonumber(ARGV[2])
-  local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if current < floor then redis.call('SET', KEYS[2], floor) end
-  local token = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  return token
+  return mint(tonumber(ARGV[2]), ARGV[3])
 end
 return 0
 """
@@ -76,16 +89,15 @@ return 0
 """
 
 
-_owner_prefix: tuple[int, str] = (0, "")
+def _text(value: Any) -> str | None:
+    """A value read from Redis as text (the client may be set to return bytes)."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
-def _owner_id() -> str:
-    """A new lease owner id: this process (host and pid, looked up once per process) and a random part."""
-    global _owner_prefix
-    pid = os.getpid()
-    if _owner_prefix[0] != pid:
-        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:")
-    return _owner_prefix[1] + uuid.uuid4().hex[:12]
+def _described(holder: str) -> str:
+    """A gone holder as a log line names it (its pid; the rest of the id only says "this host")."""
+    parsed = owners.parse(holder)
+    return f"pid {parsed.pid} on this host" if parsed is not None else "unknown"
 
 
 def _signal_keys(session_id: str) -> list[str]:
@@ -111,20 +123,31 @@ class LeaseManager:
         self._client = client
         self.ttl_ms = ttl_ms
         self._acquire = client.register_script(_ACQUIRE)
+        self._take_over = client.register_script(_TAKE_OVER)
         self._raise = client.register_script(_RAISE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
     def acquire(self, session_id: str, floor: int = 0) -> Lease | None:
-        """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held."""
+        """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held.
+
+        A lease whose holder is provably gone (``owners.is_gone``: a process of this host that exited) is taken
+        over at once, with a new token, instead of waiting for its TTL; any other holder keeps it.
+        """
         records.validate_session_id(session_id)
-        owner = _owner_id()
-        token, watched, abort, steer = self._acquire(
-            keys=[keys.lease_key(session_id), keys.fence_key(session_id), *_signal_keys(session_id)],
-            args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS],
-        )
+        owner = owners.new_owner()
+        run_keys = [keys.lease_key(session_id), keys.fence_key(session_id), *_signal_keys(session_id)]
+        token, watched, abort, steer, *held = self._acquire(
+            keys=run_keys, args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS])
         if not token:
-            return None
+            holder = _text(held[0]) if held else None
+            if holder is None or not owners.is_gone(holder):
+                return None
+            token, watched, abort, steer = self._take_over(
+                keys=run_keys, args=[holder, owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS])
+            if not token:
+                return None
+            log.info("lease of %s taken over at once: its holder (%s) is gone", session_id, _described(holder))
         lease = Lease(session_id, owner, int(token))
         lease.hear(bool(watched), bool(abort), int(steer))
         return lease
@@ -165,8 +188,33 @@ class LeaseManager:
 
     def holder(self, session_id: str) -> str | None:
         """The owner id of the live lease on a run, if any."""
-        value: Any = self._client.get(keys.lease_key(records.validate_session_id(session_id)))
-        return value.decode() if isinstance(value, bytes) else value
+        return _text(self._client.get(keys.lease_key(records.validate_session_id(session_id))))
+
+    def release_gone(self, session_ids: list[str]) -> list[str]:
+        """Release the leases on these runs whose holder is provably gone (``owners.is_gone``); the runs freed.
+
+        Two round trips at most: one read of the holders, one compare-and-delete per gone holder (a holder
+        that changed in between keeps its lease).
+        """
+        if not session_ids:
+            return []
+        lease_keys = [keys.lease_key(records.validate_session_id(sid)) for sid in session_ids]
+        reads = self._client.pipeline(transaction=False)
+        for key in lease_keys:
+            reads.get(key)
+        holders = [_text(value) for value in reads.execute()]
+        gone = [(sid, key, holder) for sid, key, holder in zip(session_ids, lease_keys, holders, strict=True)
+                if holder is not None and owners.is_gone(holder)]
+        if not gone:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for _, key, holder in gone:
+            self._release(keys=[key], args=[holder], client=pipe)
+        freed = [sid for (sid, _, _), done in zip(gone, pipe.execute(), strict=True) if done]
+        for sid, _, holder in gone:
+            if sid in freed:
+                log.info("lease of %s released: its holder (%s) is gone", sid, _described(holder))
+        return freed
 
     def held(self, session_ids: list[str]) -> set[str]:
         """Which of these runs have a live lease (one round trip)."""

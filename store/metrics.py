@@ -20,6 +20,9 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 - ``lousho_model_errors_total{model,code}``: failed calls by error code (or exception class).
 - ``lousho_tool_calls_total{tool,outcome}`` and ``lousho_tool_duration_seconds{tool,outcome}``: ``ok`` or the
   error kind of the call's result.
+- ``lousho_tool_reconciliations_total{tool,outcome}``: ``once`` calls found started without a result, by what
+  became of them: ``happened``, ``not-happened`` (run again), ``not-done``, ``failed`` (``reconcile`` raised) or
+  ``asked`` (a person decides).
 - ``lousho_fenced_saves_total{agent}``: saves refused because another holder took the run over.
 - ``lousho_busy_drops_total``: steps dropped because another process held the run's lease.
 - ``lousho_sweep_resends_total``: steps the recovery sweep sent.
@@ -66,10 +69,11 @@ FAMILIES = (
     "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_awaiting_approval_total",
     "lousho_runs_parked_total", "lousho_runs_aborted_total", "lousho_steps_total", "lousho_step_duration_seconds",
     "lousho_model_calls_total", "lousho_model_tokens_total", "lousho_model_errors_total", "lousho_tool_calls_total",
-    "lousho_tool_duration_seconds", "lousho_fenced_saves_total", "lousho_busy_drops_total",
-    "lousho_sweep_resends_total", "lousho_schedule_fires_total", "lousho_schedule_skips_total",
-    "lousho_schedule_misses_total", "lousho_webhook_deliveries_total", "lousho_approvals_waiting",
-    "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained", "lousho_doctor_look_age_seconds",
+    "lousho_tool_duration_seconds", "lousho_tool_reconciliations_total", "lousho_fenced_saves_total",
+    "lousho_busy_drops_total", "lousho_sweep_resends_total", "lousho_schedule_fires_total",
+    "lousho_schedule_skips_total", "lousho_schedule_misses_total", "lousho_webhook_deliveries_total",
+    "lousho_approvals_waiting", "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained",
+    "lousho_doctor_look_age_seconds",
 )
 #: From a mock model turn (milliseconds) to a long tool batch (minutes).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -137,6 +141,8 @@ class Metrics:
         self.tool_calls = counter("tool_calls", "Tool calls by outcome.", "tool", "outcome")
         self.tool_seconds = Histogram("lousho_tool_duration_seconds", "Duration of tool calls.", ("tool", "outcome"),
                                       registry=registry, buckets=TOOL_BUCKETS)
+        self.reconciliations = counter("tool_reconciliations", "Once calls reconciled after a crash, by outcome.",
+                                       "tool", "outcome")
         self.fenced_saves = counter("fenced_saves", "Saves refused: another holder took the run over.", "agent")
         self.busy_drops = counter("busy_drops", "Steps dropped: another process held the run's lease.")
         self.sweep_resends = counter("sweep_resends", "Steps the recovery sweep sent.")
@@ -186,6 +192,8 @@ class Metrics:
             labels = (_label(tool_call.tool, "unknown"), _label(tool_call.outcome, "error"))
             self.tool_calls.labels(*labels).inc()
             self.tool_seconds.labels(*labels).observe(max(0, tool_call.ended_ns - tool_call.started_ns) / 1e9)
+        for tool, found in report.reconciliations:
+            self.reconciliations.labels(_label(tool, "unknown"), _label(found, "unknown")).inc()
 
     def _run_changes(self, report: telemetry.StepReport, agent: str, outcome: str) -> None:
         if report.input_started:

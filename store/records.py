@@ -337,7 +337,7 @@ class Checkpoint(_Record):
 
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "withdrawn"]
-ApprovalKind = Literal["tool", "question"]
+ApprovalKind = Literal["tool", "question", "reconcile"]
 
 
 class Approval(_Record):
@@ -354,11 +354,13 @@ class Approval(_Record):
     fingerprint: dict[str, Any] | None = None
     created_at: datetime | None = None
     decided_at: datetime | None = None
-    #: ``tool``: a gated call, approved or rejected; ``question``: ``ask_question``, answered or declined.
+    #: ``tool``: a gated call, approved or rejected; ``question``: ``ask_question``, answered or declined;
+    #: ``reconcile``: a ``once`` call its worker died in, run again (approved), not done (rejected) or answered.
     kind: ApprovalKind = "tool"
+    #: What a person is asked: a question's text, or why a reconciliation needs a person.
     question: str | None = None
     options: list[str] | None = None
-    #: A question's answer (the call's result is ``{"answer": answer}``).
+    #: A question's answer (the call's result is ``{"answer": answer}``), or a reconciled call's result.
     answer: str | None = None
     #: Past this time (Postgres's clock) the approval counts as rejected; None: it never expires.
     expires_at: datetime | None = None
@@ -439,12 +441,13 @@ class PendingRun(_Record):
     approval_kind: str | None = None
     step: int
     last_error: LastError | None = None
-    #: Crash restarts of the current step (the poison-pill count).
+    #: Steps of the run that started and never ended (a crash, a kill) in a row; ``LOUSHO_MAX_ATTEMPTS`` parks it.
     attempts: int = 0
     agent: str
     state: RunState = "running"
+    #: When a run that failed transiently is tried again (``state`` ``retrying``); None otherwise.
     next_attempt_at: datetime | None = None
-    #: Transient failures in a row since the last save (the backoff's exponent).
+    #: Transient failures in a row (a provider 5xx or 429, a timeout) since the run last saved progress.
     failures: int = 0
 
     @property
@@ -595,6 +598,23 @@ class DueRun(_Record):
     #: True when the run waits for a retry after a transient failure (not a lost message).
     retrying: bool = False
     due: datetime
+
+
+class SweptRun(_Record):
+    """A run the recovery sweep sent on, as it came out: its input ended (recovered) or it failed again.
+
+    Handed to an agent's ``on_recovered`` (``last_error`` None) or ``on_error`` (``last_error`` set) once per
+    recovery (``store.checkpoints.PostgresCheckpointStore.settle_recoveries``).
+    """
+
+    session_id: str
+    agent: str
+    status: Status
+    finish_reason: str | None = None
+    #: Stopped by an abort or a budget (``finish_reason`` says which).
+    aborted: bool = False
+    #: Why the run failed after the sweep sent it on (None: it recovered).
+    last_error: LastError | None = None
 
 
 # -- what the stores exchange with their callers -------------------------------------------------

@@ -43,6 +43,11 @@ SELECT DISTINCT worker_id FROM agent_workers
 WHERE seen_at > now() - make_interval(secs => :within) AND NOT formats @> CAST(:format AS jsonb)
 ORDER BY worker_id
 """)
+# The seconds since a run was created (its first input), when no worker ever registered the agent it names.
+_UNREGISTERED_FOR = text("""
+SELECT extract(epoch FROM now() - r.created_at) AS waited_s FROM runs r
+WHERE r.session_id = :sid AND NOT EXISTS (SELECT 1 FROM agents a WHERE a.name = :agent)
+""")
 _SERVING = text("""
 SELECT worker_id, fingerprint, formats FROM agent_workers
 WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND worker_id <> :exclude
@@ -117,6 +122,12 @@ class PostgresAgentRegistry:
         with Transaction(self.engine) as conn:
             rows = conn.execute(_BEHIND, {"format": payloads.dumps([checkpoint_format]), "within": within_s})
             return [row.worker_id for row in rows]
+
+    def unregistered_for(self, agent: str, session_id: str) -> float | None:
+        """Seconds since run ``session_id``'s first input, when no worker ever registered ``agent``; else None."""
+        with Transaction(self.engine) as conn:
+            waited = conn.execute(_UNREGISTERED_FOR, {"agent": agent, "sid": session_id}).scalar()
+        return None if waited is None else float(waited)
 
     def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[Serving]:
         """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""

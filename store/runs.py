@@ -60,6 +60,15 @@ _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_erro
 #: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
 HAS_WORK = has_work_sql()
 NOT_PARKED = not_parked_sql()
+#: What the recovery sweep notes when it sends a run on (``recovery``): where the run stood then.
+RECOVERY_MARK = "COALESCE(recovery, jsonb_build_object('seq', seq, 'failures', failures))"
+#: The one rule of when a run the sweep sent on has come out of that recovery: it failed again (parked, or one more
+#: transient failure than when it was sent), or it saved since and its input ended (finished, paused on a person,
+#: stopped). ``recovery_settled`` is the same rule for runs held in memory.
+RECOVERY_SETTLED = (f"((last_error IS NOT NULL AND (NOT {NOT_PARKED}"
+                    " OR failures > (recovery ->> 'failures')::int))"
+                    " OR (last_error IS NULL AND seq > (recovery ->> 'seq')::bigint"
+                    " AND (status <> 'in-progress' OR aborted)))")
 
 # A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
 # after that history: restarting at 0 would collide with the kept rows on every save.
@@ -156,6 +165,25 @@ def has_work(run: InboxPosition) -> bool:
     return ((run.status == "in-progress" and not run.aborted and not run.waiting)
             or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
             or (run.abort_requested and run.status != "finished") or run.end_due)
+
+
+class _Recovering(Protocol):
+    status: records.Status
+    seq: int
+    failures: int
+    aborted: bool
+    last_error: dict[str, Any] | None
+    recovery: dict[str, int] | None
+
+
+def recovery_settled(run: _Recovering) -> bool:
+    """True when a run the sweep sent on has come out of that recovery: ``RECOVERY_SETTLED`` in memory."""
+    mark = run.recovery
+    if mark is None:
+        return False
+    if run.last_error is not None:
+        return is_parked(run.last_error) or run.failures > mark["failures"]
+    return run.seq > mark["seq"] and (run.status != "in-progress" or run.aborted)
 
 
 def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:

@@ -80,6 +80,9 @@ runs = Table(
     Column("parent_id", Text, nullable=True),
     #: The run delegated calls to children that have not all settled: no step is due until one settles.
     Column("waiting", Boolean, nullable=False, server_default=false()),
+    #: The recovery sweep sent the run on and has not yet told its agent how it came out: ``{"seq", "failures"}``
+    #: as they were when it was sent (``on_recovered``/``on_error``).
+    Column("recovery", JSONB, nullable=True),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
           postgresql_where=text(MOVABLE)),
@@ -89,6 +92,8 @@ runs = Table(
     Index("runs_retention_idx", "updated_at", postgresql_where=text("status = 'finished' AND parent_id IS NULL")),
     #: Runs by creation: the keyset a page of the runs listing is read by (``store.listing``).
     Index("runs_created_idx", "created_at", "session_id"),
+    #: Runs whose recovery the sweep has yet to report.
+    Index("runs_recovery_idx", "session_id", postgresql_where=text("recovery IS NOT NULL")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     database_prepared_statements: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None
+    #: A Celery result backend URL for ``lousho.start``'s answers (the run id, or the error that refused the start)
+    #: on Lousho's own app (``celery -A worker``): callers read them with the same backend. Unset: none are
+    #: stored. Lousho's other tasks never store results; an app given to ``install`` keeps its own backend.
+    result_backend: str | None = None
     #: With a ``sentinel://`` Redis or broker URL: the name Sentinel knows the master by (``store.redis_client``).
     redis_sentinel_master: str | None = None
     #: The Sentinel nodes' own password, when they have one (the URL's password is the master's).
@@ -45,6 +49,9 @@ class Settings(BaseSettings):
     #: process keeps before it exits after its step, for Celery to start a fresh one; their threads are replaced
     #: meanwhile, so calls never wait on them.
     hung_tool_calls_max: int = 16
+    #: Seconds after its input a run whose agent name no worker has ever registered (a typo) is parked with
+    #: ``LOUSHO_AGENT_NOT_FOUND``; an agent some worker registered waits for a worker within ``retry_for_s``.
+    agent_grace_s: float = 600.0
     #: Longest backoff of our own before a failed step is retried (a provider's Retry-After may ask for more).
     retry_backoff_max_s: float = 30.0
     #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
@@ -174,7 +181,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",
-                     "retention_interval_s")
+                     "retention_interval_s", "agent_grace_s")
     @classmethod
     def _positive(cls, value: float) -> float:
         if not value > 0:

@@ -120,10 +120,14 @@ class StepReport:
     error_code: str | None = None
     #: Seconds until the run's retry, when the step recorded a retryable failure.
     retry_in: float | None = None
+    #: Why a handed-back step was handed back, when it is not a worker of another release that runs it.
+    hand_back: str | None = None
     #: The run input's trace context (``worker.tracing``), read from the run or made by this step.
     trace: str | None = None
     #: Child runs this step started.
     children: int = 0
+    #: ``(tool, outcome)`` of each reconciliation of a ``once`` call the step made (``worker.once``).
+    reconciliations: list[tuple[str, str]] = field(default_factory=list)
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
     checkpoint: Checkpoint | None = None
 
@@ -135,6 +139,8 @@ class StepReport:
     def summary(self) -> str:
         """A short line about the step with no content in it (the task's result in Flower and in logs)."""
         outcome = self.outcome or "unknown"
+        if outcome == "handed-back" and self.hand_back:
+            return f"handed back: {self.hand_back}"
         if outcome in _DROPPED:
             return _DROPPED[outcome]
         if outcome == "parked":
@@ -260,6 +266,13 @@ def tool_call(tool: str, call_id: str, outcome: str, started_ns: int) -> None:
     report = _current.get()
     if report is not None:
         report.tool_calls.append(ToolCallRecord(tool, call_id, outcome, started_ns, time.time_ns()))
+
+
+def reconciled(tool: str, outcome: str) -> None:
+    """Record what a reconciliation of a ``once`` call of ``tool`` found (``happened``, ``asked``, ...)."""
+    report = _current.get()
+    if report is not None:
+        report.reconciliations.append((tool, outcome))
 
 
 def count(event: str, amount: int = 1, **labels: str) -> None:

@@ -3,8 +3,9 @@
 ``celery -A worker`` finds the app in ``worker.celery``; importing this package does not start
 or configure Celery, so agent modules can ``from worker import Agent, tool`` cheaply. The error
 family of ``store.errors`` is re-exported here as well (every class but the step machine's internal
-``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``) and
-``install`` (``worker.celery.install``, which imports Celery only when called).
+``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``), ``SweptRun`` and
+``LastError`` (what ``Agent(on_recovered=..., on_error=...)`` are called with), and ``install``
+(``worker.celery.install``, which imports Celery only when called).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from store.errors import (
     PropagatingToolError,
     ProviderError,
     ProviderRateLimitedError,
+    ReconcileFailedError,
     ResumeToolMissingError,
     RunFailedError,
     RunTimeoutError,
@@ -41,6 +43,7 @@ from store.errors import (
     StorageError,
 )
 from store.limits import Limits, Prices
+from store.records import LastError, SweptRun
 from worker.agents import Agent, Tool, ToolContext, tool
 from worker.dynamic import ResolveContext, RunConfig
 from worker.hooks import Deny, HookContext, Input, ModelRequest, Result, RunEnd
@@ -79,6 +82,7 @@ __all__ = [
     "HookFailedError",
     "Input",
     "InputTooLargeError",
+    "LastError",
     "LeadGoneError",
     "Limits",
     "LoushoError",
@@ -87,6 +91,7 @@ __all__ = [
     "PropagatingToolError",
     "ProviderError",
     "ProviderRateLimitedError",
+    "ReconcileFailedError",
     "ResolveContext",
     "Result",
     "ResumeToolMissingError",
@@ -101,6 +106,7 @@ __all__ = [
     "SessionIdInvalidError",
     "StepAttemptsExceededError",
     "StorageError",
+    "SweptRun",
     "Tool",
     "ToolContext",
     "install",

@@ -33,7 +33,9 @@ class ToolContext:
     """What a tool learns about the call it serves.
 
     ``tool_call_id`` is stable across re-runs of the same call: use it as the idempotency key
-    of side effects.
+    of side effects. ``attempt`` is 1 on a call's first execution and 2 or more when an earlier start of its
+    step may have run it already (a worker died, a step failed after saving some results); it is derived from
+    the step's start count, so it costs no write per call.
     """
 
     tool_call_id: str
@@ -46,6 +48,12 @@ class ToolContext:
     #: Set when the run is aborted while the call runs: stop early if you can (the call then gets a
     #: ``cancelled`` result, whatever it returns). Wait on it like any ``threading.Event``.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    #: The approval a person decided to let this call run (a ``needs_approval`` call once approved), else None: tie
+    #: the effect to the decision with it. Like ``tool_call_id`` it names one call of the model; a call the model
+    #: asks again is a new call with a new approval, so an effect due once per business event needs a key of its own.
+    approval_id: str | None = None
+    #: 1 on the call's first execution; 2+ when an earlier start of its step may have run it (see above).
+    attempt: int = 1
 
 
 class ToolArgsInvalid(Exception):
@@ -53,6 +61,8 @@ class ToolArgsInvalid(Exception):
 
 
 ApprovalRule = bool | Callable[[dict[str, Any], ToolContext], bool]
+#: ``reconcile(args, ctx)`` of a ``once`` tool: the call's result if its effect happened, None if it did not.
+Reconcile = Callable[[dict[str, Any], ToolContext], Any]
 
 
 class Tool:
@@ -60,9 +70,17 @@ class Tool:
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  needs_approval: ApprovalRule = False, timeout: float | None = None,
-                 expires_in: float | None = None) -> None:
+                 expires_in: float | None = None, once: bool = False, reconcile: Reconcile | None = None) -> None:
         _positive_seconds(timeout, f"tool {name or fn.__name__!r}: timeout")
         _positive_seconds(expires_in, f"tool {name or fn.__name__!r}: expires_in")
+        if reconcile is not None and not once:
+            raise errors.ConfigurationError(f"tool {name or fn.__name__!r}: reconcile= needs once=True")
+        if reconcile is not None and not callable(reconcile):
+            raise errors.ConfigurationError(f"tool {name or fn.__name__!r}: reconcile must be callable")
+        #: Each call is marked started (saved) before it runs; one its worker died in is reconciled, never re-run.
+        self.once = bool(once)
+        #: ``reconcile(args, ctx)``: the result of a call whose effect happened, None if it did not (reads only).
+        self.reconcile = reconcile
         #: Seconds an approval of a call may wait for a decision; then it counts as rejected (None: the agent's).
         self.expires_in = expires_in
         self.fn = fn
@@ -105,6 +123,19 @@ class Tool:
         if self.is_async:
             return asyncio.run(self.fn(**kwargs))
         return self.fn(**kwargs)
+
+    def reconciled(self, args: dict[str, Any], context: ToolContext) -> Any:
+        """What ``reconcile`` says of a call its worker died in: its result, or None when the effect did not happen.
+
+        ``reconcile`` gets the arguments as the tool got them (validated against its input schema). It is called at
+        least once per interrupted call, so it must only read. Raises whatever ``reconcile`` raises, and
+        ``ToolArgsInvalid`` when the arguments no longer fit the tool's schema.
+        """
+        assert self.reconcile is not None
+        outcome = self.reconcile(self.validate(args), context)
+        if inspect.iscoroutine(outcome):  # an ``async def`` reconcile
+            outcome = asyncio.run(outcome)
+        return outcome
 
     def requires_approval(self, args: dict[str, Any], context: ToolContext) -> bool:
         """Whether this call must wait for a human decision."""
@@ -154,17 +185,26 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None) -> Any:
+         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
+         once: bool = False, reconcile: Reconcile | None = None) -> Any:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
     ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of
     holding the step until its time limit; the call is told through ``ctx.cancelled`` and its late answer is
     dropped (it may still take effect: make it idempotent). ``expires_in`` (seconds): an approval of a call
     left undecided that long counts as rejected (default: the agent's ``approval_expires_in``).
+
+    ``once=True``: the call's effect must not happen twice. It is marked started in Postgres before it runs, and a
+    call its worker died in is not run again blindly: ``reconcile(args, ctx)`` says whether its effect happened
+    (returning the call's result) or not (None: the call runs again); without ``reconcile``, or while it keeps
+    failing past the retry budget, the run waits on an approval of kind ``reconcile`` that a person resolves.
+
+    Raises:
+        ConfigurationError: an option has a value that cannot be used (``reconcile`` without ``once``, say).
     """
     def wrap(target: Callable[..., Any]) -> Tool:
         return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout,
-                    expires_in=expires_in)
+                    expires_in=expires_in, once=once, reconcile=reconcile)
     return wrap(fn) if fn is not None else wrap
 
 
@@ -228,6 +268,13 @@ def _ask_question(question: str, options: list[str] | None = None) -> str:
     raise errors.ConfigurationError("ask_question is answered by a person; it never runs")
 
 
+def _check_callables(agent: str, **given: Any) -> None:
+    """Refuse an agent option that must be a function and is not (None leaves it out)."""
+    for what, value in given.items():
+        if value is not None and not callable(value):
+            raise errors.ConfigurationError(f"agent {agent!r}: {what} must be callable")
+
+
 class Agent:
     """A model, instructions and tools, under a name the workers and producers share.
 
@@ -250,6 +297,10 @@ class Agent:
       chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
       default for ``RunConfig`` fields left None, and ``models`` lists the models a saved choice may name that
       cannot be rebuilt from their spec alone (a ``MockModel``, a model with custom client options).
+    - ``on_recovered(run)`` and ``on_error(error, run)``: the recovery sweep's report on a run of this agent that it
+      sent on (one that stopped moving, or was due for a retry). ``on_recovered`` once the run's input ended
+      (finished, paused on a person, stopped), ``on_error`` once it failed again (``run.last_error``); each at most
+      once per recovery, from a sweep on a worker that loads this agent (``worker.recovery``).
     """
 
     def __init__(self, name: str, model: Model | None = None, instructions: str = "", tools: Iterable[Tool] = (),
@@ -258,7 +309,9 @@ class Agent:
                  prices: Prices | None = None, approval_expires_in: float | None = None,
                  resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
                  handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
-                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel") -> None:
+                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel",
+                 on_recovered: Callable[[records.SweptRun], Any] | None = None,
+                 on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -268,8 +321,7 @@ class Agent:
             raise errors.ConfigurationError("on_agent_drift must be 'warn', 'error' or 'ignore'")
         if model is None and resolve is None:
             raise errors.ConfigurationError(f"agent {name!r} needs a model, or a resolve function that chooses one")
-        if resolve is not None and not callable(resolve):
-            raise errors.ConfigurationError(f"agent {name!r}: resolve must be callable")
+        _check_callables(name, resolve=resolve, on_recovered=on_recovered, on_error=on_error)
         _positive_seconds(approval_expires_in, f"agent {name!r}: approval_expires_in")
         _check_spend(name, limits, prices)
         listed = list(tools)
@@ -280,7 +332,8 @@ class Agent:
             "ask_question": ask_question, "hooks": tuple(hooks), "limits": limits, "prices": prices,
             "approval_expires_in": approval_expires_in, "resolve": resolve, "models": tuple(models),
             "handoffs": tuple(handoffs), "max_handoffs": max_handoffs, "subagents": tuple(subagents),
-            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish}
+            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish,
+            "on_recovered": on_recovered, "on_error": on_error}
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -316,6 +369,9 @@ class Agent:
             raise errors.ConfigurationError("background_on_finish must be 'cancel' or 'await'")
         #: What happens to background tasks still running when the run's answer comes: stop them, or wait.
         self.background_on_finish = background_on_finish
+        #: The recovery sweep's report on a run it sent on: its input ended since, or it failed again.
+        self.on_recovered = on_recovered
+        self.on_error = on_error
 
     def _add_subagents(self, children: list[Agent]) -> None:
         for child in children:

@@ -5,8 +5,9 @@ soon as it settles, fitted first into what the batch may append (``payloads.MAX_
 what the checkpoint has room for), so a save never fails on size after its tool ran. Calls that
 need a human decision pause the run, one approval each. Once all are decided, approved calls are
 marked started (saved) before they run, so a crash mid-call gives them an ``interrupted`` result
-instead of a second execution. A handoff of a turn that pauses is made after the last decision, once
-the decided calls ran as the agent that asked for them.
+instead of a second execution; ``once`` calls are marked the same way, and one found marked without a
+result is reconciled (``worker.once``) before anything else of the batch runs. A handoff of a turn
+that pauses is made after the last decision, once the decided calls ran as the agent that asked for them.
 
 An abort heard meanwhile (``Lease.abort``, confirmed in Postgres) starts no more calls, sets every running
 call's ``ctx.cancelled`` and, once they returned, gives each call without a result a ``cancelled`` one. A
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store import errors, payloads, records, telemetry
-from store.records import Approval, Checkpoint, EventDraft, Lease, Message, ToolCall
-from worker import abort, handoffs, machine, subagents, tool_threads
+from store.records import Approval, Checkpoint, EventDraft, LastError, Lease, Message, ToolCall
+from worker import abort, handoffs, machine, once, retry, subagents, tool_threads
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import (
@@ -123,7 +124,7 @@ class _Batch:
         self.appended += size
         return result
 
-    def settle(self, result: Message, duration_ms: float | None = None) -> None:
+    def settle(self, result: Message, duration_ms: float | None = None, events: tuple[EventDraft, ...] = ()) -> None:
         self.hear()
         with self.lock:
             if self.closed or self.fenced:
@@ -134,7 +135,7 @@ class _Batch:
             crash_point("after_tool_effect_before_result_save", self.checkpoint.session_id)
             fitted = self._fit(result)
             if self._write(machine.record_tool_result(self.checkpoint, fitted),
-                           events=[live_events.tool_result(fitted, duration_ms)]):
+                           events=[*events, live_events.tool_result(fitted, duration_ms)]):
                 crash_point("between_results", self.checkpoint.session_id)
 
     def settle_child(self, call: ToolCall, result: Message, child: str, state: Checkpoint | None) -> None:
@@ -189,18 +190,33 @@ class _Batch:
             self._write(moved, events=[live_events.tool_result(result, None),
                                        live_events.handoff(entry.name, target.name)])
 
-    def mark_started(self, call: ToolCall) -> bool:
-        with self.lock:
-            if self.closed or self.fenced:
-                return False
-            return self._write(machine.mark_started(self.checkpoint, call.id))
+    def mark_started(self, call: ToolCall, rerun: once.Rerun | None = None) -> bool:
+        """Save ``call`` as started before it runs (a call run again: with the decision it spends, and its events).
 
-    def pause(self, approvals: list[Approval]) -> bool:
+        False when the batch can no longer write (the call must not run).
+        """
         with self.lock:
             if self.closed or self.fenced:
                 return False
-            paused = machine.pause(self.checkpoint, [a.approval_id for a in approvals])
-            return self._write(paused, approvals)
+            updated = machine.mark_started(self.checkpoint, call.id)
+            events: tuple[EventDraft, ...] = ()
+            if rerun is not None:
+                events = rerun.events
+                if rerun.consumes is not None:
+                    updated = machine.drop_approval(updated, rerun.consumes)
+            if updated is self.checkpoint and not events:
+                return True  # marked by an earlier start: nothing new to save
+            return self._write(updated, events=list(events))
+
+    def pause(self, approvals: list[Approval], decided: dict[str, str], events: list[EventDraft]) -> bool:
+        """Pause on ``approvals``, keeping the decisions (approval id -> call id) of calls still without a result."""
+        with self.lock:
+            if self.closed or self.fenced:
+                return False
+            open_calls = {c.id for c in self.checkpoint.pending_tool_calls}
+            kept = [a for a in self.checkpoint.approval_ids if decided.get(a) in open_calls]
+            paused = machine.pause(self.checkpoint, [a.approval_id for a in approvals] + kept)
+            return self._write(paused, approvals, events)
 
 
 @dataclass
@@ -208,19 +224,49 @@ class _Plan:
     """Each pending call sorted by what happens to it now."""
 
     results: list[Message] = field(default_factory=list)     # settled without running
-    run: list[ToolCall] = field(default_factory=list)         # cleared to run now
+    notes: dict[str, tuple[EventDraft, ...]] = field(default_factory=dict)  # events saved with a settled result
+    run: list[ToolCall] = field(default_factory=list)         # cleared to run now (once calls run again too)
     approved: list[ToolCall] = field(default_factory=list)    # decided yes: started marker first
     gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
     handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
     tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
     undecided: list[str] = field(default_factory=list)        # approvals of calls still waiting for a person
+    approval_of: dict[str, str] = field(default_factory=dict)  # approved call id -> the approval that let it run
+    reconcile: list[ToolCall] = field(default_factory=list)   # once calls found started without a result
+    reruns: dict[str, once.Rerun] = field(default_factory=dict)  # once calls found not done: they run again
+    asks: list[once.Ask] = field(default_factory=list)        # once calls a person reconciles
+    decided: dict[str, str] = field(default_factory=dict)     # approval id -> call id of the turn's decisions
+
+    def settled(self, outcome: once.Settled, call: ToolCall) -> None:
+        """Record a verdict's result and its events."""
+        self.results.append(outcome.result)
+        if outcome.events:
+            self.notes[call.id] = outcome.events
+
+    def take_decision(self, outcome: Message | ToolCall | None, decision: Approval) -> bool:
+        """Record a decided call: its result (rejected, or settled by the decision) or approved to run; False if not."""
+        if outcome is None:
+            return False
+        if isinstance(outcome, Message):
+            self.results.append(outcome)
+        else:
+            self.approved.append(outcome)
+            self.approval_of[outcome.id] = decision.approval_id
+        return True
+
+    def rerun(self, outcome: once.Rerun, order: list[str]) -> None:
+        """Run a once call again, in call order among the calls cleared to run."""
+        self.reruns[outcome.call.id] = outcome
+        self.run.append(outcome.call)
+        self.run.sort(key=lambda c: order.index(c.id))
 
 
-def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-             cancelled: threading.Event | None = None) -> ToolContext:
+def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None,
+             attempt: int = 1, approval_id: str | None = None) -> ToolContext:
     return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
                        step=checkpoint.step, business_state=checkpoint.business_state,
-                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event())
+                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event(), attempt=attempt,
+                       approval_id=approval_id)
 
 
 def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False) -> HookContext:
@@ -310,8 +356,10 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Tool
     return cleared, "gated" if gated else "run"
 
 
-def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> _Plan:
+def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall], attempt: int) -> _Plan:
     """Each call through the gates, in order: argument validation, ``pre_tool_call`` hooks, ``needs_approval``.
+
+    A call marked started without a result goes to ``worker.once`` instead (a run again goes through the hooks).
 
     Raises:
         HookFailedError: a hook raised (nothing of the batch was saved or run yet).
@@ -319,10 +367,20 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
     plan = _Plan()
     decided = {a.tool_call_id: a for a in deps.store.decisions(checkpoint.approval_ids).values()
                if a.session_id == checkpoint.session_id} if checkpoint.approval_ids else {}
+    plan.decided = {a.approval_id: call_id for call_id, a in decided.items()}
     delegated = checkpoint.delegated or {}
+    order = [call.id for call in calls]
     for call in calls:
         if call.id in checkpoint.started_tool_call_ids:
-            plan.results.append(machine.interrupted(call))
+            verdict = once.after_crash(agent, call, decided.get(call.id), attempt)
+            if verdict == once.UNDECIDED:
+                plan.undecided.append(decided[call.id].approval_id)
+            elif verdict == once.RECONCILE:
+                plan.reconcile.append(call)
+            elif isinstance(verdict, once.Settled):
+                plan.settled(verdict, call)
+            elif isinstance(verdict, once.Rerun):
+                _rerun(agent, checkpoint, plan, verdict, order)
             continue
         if call.id in delegated:  # went through the gates when it was delegated
             plan.tasks.append(call)
@@ -332,12 +390,7 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             # A run waiting on children and on a person both (its step looks at the children): still undecided.
             plan.undecided.append(decision.approval_id)
             continue
-        outcome = None if decision is None else _decided(agent, checkpoint, call, decision)
-        if outcome is not None:
-            if isinstance(outcome, Message):
-                plan.results.append(outcome)
-            else:
-                plan.approved.append(outcome)
+        if decision is not None and plan.take_decision(_decided(agent, checkpoint, call, decision), decision):
             continue
         cleared, where = _cleared(agent, checkpoint, call)
         if isinstance(cleared, Message):
@@ -347,11 +400,25 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
     return plan
 
 
-def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event) -> Message:
+def _rerun(agent: Agent, checkpoint: Checkpoint, plan: _Plan, verdict: once.Rerun, order: list[str]) -> None:
+    """A once call found not done runs again, through the ``pre_tool_call`` hooks as any new execution.
+
+    Raises:
+        HookFailedError: a hook raised.
+    """
+    gated = _gate(agent, checkpoint, verdict.call)
+    if isinstance(gated, Message):
+        plan.settled(once.Settled(gated, verdict.events), verdict.call)
+    else:
+        plan.rerun(once.Rerun(gated, verdict.consumes, verdict.events), order)
+
+
+def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event,
+            attempt: int = 1, approval_id: str | None = None) -> Message:
     """Run one cleared call and turn whatever happens into its result message."""
     tool = agent.tools[call.name]
     try:
-        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled))
+        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled, attempt, approval_id))
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
     except (errors.PropagatingToolError, errors.HookFailedError):
@@ -384,7 +451,7 @@ class _CallCancelled(threading.Event):
 
 
 def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: threading.Event,
-                   timeout: float) -> Message:
+                   timeout: float, attempt: int = 1, approval_id: str | None = None) -> Message:
     """Run a call that has a timeout on the process's tool threads; its result, whatever happens.
 
     A call that found no free thread within ``timeout`` is cancelled: it never runs, and its result says so
@@ -394,7 +461,7 @@ def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: 
     """
     threads = tool_threads.process_threads()
     cancelled = _CallCancelled(abort)
-    running = threads.submit(_invoke, agent, checkpoint, call, cancelled)
+    running = threads.submit(_invoke, agent, checkpoint, call, cancelled, attempt, approval_id)
     try:
         outcome = threads.wait(running, timeout)
     except BaseException:
@@ -415,14 +482,15 @@ def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: 
 
 
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-                  resumed: bool = False) -> tuple[Message, float]:
+                  resumed: bool = False, attempt: int = 1,
+                  approval_id: str | None = None) -> tuple[Message, float]:
     batch.live.tool_start(call)
     started, started_ns = time.perf_counter(), time.time_ns()
     tool = agent.tools.get(call.name)
     if tool is None or tool.timeout is None:
-        result = _invoke(agent, checkpoint, call, batch.cancelled)
+        result = _invoke(agent, checkpoint, call, batch.cancelled, attempt, approval_id)
     else:
-        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout)
+        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout, attempt, approval_id)
     result = _after(agent, checkpoint, call, result, resumed)
     telemetry.tool_call(call.name, call.id, _outcome(result), started_ns)
     return result, (time.perf_counter() - started) * 1000
@@ -460,7 +528,7 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
     An abort heard while calls run sets their ``ctx.cancelled`` (``_Batch.hear``); jobs not started yet see
     ``may_start`` refuse them. Returns once every job returned; the first job error is raised then. The jobs run
     on the process's tool threads (``worker.tool_threads``: kept across batches, since starting threads for
-    every batch cost more than a small step does), where calls given up on hold no place.
+    every batch cost more than a small step does) and never wait for one: a busy set gives them their own.
     """
     if workers <= 1:
         # One at a time: in the step's own thread (no hand-over), the signals heard between calls; a running
@@ -477,7 +545,7 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
         while waiting or running:
             while waiting and len(running) < workers:
                 # In a copy of the step's context: what the calls record lands in the step's report.
-                future = pool.submit(contextvars.copy_context().run, waiting.pop(0))
+                future = pool.submit(contextvars.copy_context().run, waiting.pop(0), at_once=True)
                 future.add_done_callback(lambda _: wake.set())
                 running.append(future)
             batch.hear()
@@ -496,33 +564,89 @@ def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> Non
         futures.wait(running)
 
 
-def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
-    """Run the calls cleared to run now, up to ``tool_concurrency`` at once; each result is saved as it settles."""
+def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall], attempt: int,
+                 reruns: dict[str, once.Rerun]) -> None:
+    """Run the calls cleared to run now, up to ``tool_concurrency`` at once; each result is saved as it settles.
+
+    ``once`` calls are marked started first (``_run_marked``); one run again counts at least as attempt 2.
+    """
     sid = checkpoint.session_id
 
     def run_one(call: ToolCall) -> None:
-        if batch.may_start():
-            crash_point("tool_before_effect", sid)
-            batch.settle(*_timed_invoke(batch, agent, checkpoint, call))
+        if not batch.may_start():
+            return
+        tool = agent.tools.get(call.name)
+        if tool is not None and tool.once:
+            rerun = reruns.get(call.id)
+            _run_marked(batch, agent, checkpoint, call, max(attempt, 2) if rerun else attempt, rerun=rerun)
+            return
+        crash_point("tool_before_effect", sid)
+        batch.settle(*_timed_invoke(batch, agent, checkpoint, call, attempt=attempt))
 
     _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
 
-def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall]) -> None:
-    """Run the approved calls one by one, each marked started (saved) before its effect."""
+def _run_marked(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall, attempt: int, *,
+                approved: bool = False, rerun: once.Rerun | None = None, approval_id: str | None = None) -> bool:
+    """Run a call that must not run twice, marked started by a fenced save before its effect; False if unmarked.
+
+    One mechanism for approved calls (a person approved one execution) and ``once`` calls; what a later step makes
+    of a mark without a result differs (``worker.once.after_crash``).
+    """
     sid = checkpoint.session_id
+    crash_point("before_started_marker", sid)
+    if not batch.mark_started(call, rerun):
+        return False
+    crash_point("after_started_marker_before_approved_call" if approved else "after_started_marker_before_once_call",
+                sid)
+    result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=approved, attempt=attempt,
+                                     approval_id=approval_id)
+    crash_point("after_approved_effect_before_result_save" if approved else "after_once_effect_before_result_save",
+                sid)
+    batch.settle(result, duration)
+    return True
 
-    def run_one(call: ToolCall) -> None:
-        crash_point("after_started_marker_before_approved_call", sid)
-        result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=True)
-        crash_point("after_approved_effect_before_result_save", sid)
-        batch.settle(result, duration)
 
+def _run_approved(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
+                  approval_of: dict[str, str]) -> None:
+    """Run the approved calls one by one in the step's thread, each marked started (saved) before its effect.
+
+    An approved call runs at most once (I5), so it is always attempt 1.
+    """
     for call in calls:
-        # Durable "started" before the effect: a human approved one execution, not two.
-        if not batch.may_start() or not batch.mark_started(call):
+        if not batch.may_start() or not _run_marked(batch, agent, checkpoint, call, 1, approved=True,
+                                                    approval_id=approval_of.get(call.id)):
             break
-        _in_pool(batch, 1, [functools.partial(run_one, call)])
+
+
+def _reconcile(batch: _Batch, agent: Agent, checkpoint: Checkpoint, plan: _Plan, attempt: int) -> StepResult | None:
+    """Reconcile the once calls found started without a result, before anything else of the batch runs.
+
+    Each gets a result, runs again, or waits for a person (``plan``). A ``reconcile`` that raised fails the step as a
+    transient failure (the returned result; nothing of the batch ran), until the retry budget is spent.
+    """
+    if not plan.reconcile:
+        return None
+    now = batch.live.db_now()
+
+    def retry_spent() -> float | None:
+        spent = retry.retried_for(checkpoint, now)
+        return spent if spent >= batch.deps.retry_for_s else None
+
+    order = [call.id for call in batch.checkpoint.pending_tool_calls]
+    for call in plan.reconcile:
+        context = _context(agent, checkpoint, call, batch.cancelled, max(attempt, 2))
+        verdict = once.reconcile(agent, call, context, retry_spent)
+        if isinstance(verdict, once.Failed):
+            error = LastError(**verdict.error.to_record())
+            return retry.retry_later(batch.deps, checkpoint, error, None, now, events=verdict.events)
+        if isinstance(verdict, once.Settled):
+            plan.settled(verdict, call)
+        elif isinstance(verdict, once.Rerun):
+            _rerun(agent, checkpoint, plan, verdict, order)
+        else:
+            plan.asks.append(verdict)
+    return None
 
 
 def _hand_off(batch: _Batch, agent: Agent, calls: list[ToolCall]) -> None:
@@ -657,15 +781,23 @@ def _follow_background(batch: _Batch, call: ToolCall, delegated: dict[str, str],
         batch.settle(machine.tool_message(call, {"task_id": task_id, "cancelled": True}))
 
 
-def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall]) -> list[Approval]:
-    """One pending approval per gated call."""
+def _approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall],
+               asks: list[once.Ask]) -> list[Approval]:
+    """One pending approval per gated call, then one of kind ``reconcile`` per once call a person reconciles.
+
+    A reconciliation never expires: only a person can say whether the effect happened.
+    """
     fingerprint = deps.fingerprint(agent)
     # Ids sort by creation, then call order, so listings read in the order the model asked.
     stamp = f"ap_{time.time_ns():016x}"
-    return [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
-                     tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
-                     fingerprint=fingerprint, expires_in=_expires_in(agent, call), **_question_of(agent, call))
-            for k, call in enumerate(calls)]
+    gated = [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
+                      tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
+                      fingerprint=fingerprint, expires_in=_expires_in(agent, call), **_question_of(agent, call))
+             for k, call in enumerate(calls)]
+    return gated + [Approval(approval_id=f"{stamp}{len(calls) + k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
+                             tool_call_id=ask.call.id, tool_name=ask.call.name, args=ask.call.args, agent=agent.name,
+                             fingerprint=fingerprint, kind="reconcile", question=ask.reason)
+                    for k, ask in enumerate(asks)]
 
 
 def _expires_in(agent: Agent, call: ToolCall) -> float | None:
@@ -684,6 +816,20 @@ def _question_of(agent: Agent, call: ToolCall) -> dict[str, Any]:
             "options": [str(option) for option in options] if isinstance(options, list) else None}
 
 
+def _pause(batch: _Batch, agent: Agent, plan: _Plan) -> bool:
+    """Pause the run on the gated calls' approvals and the reconciliations a person decides; False if it cannot.
+
+    The calls a steer kept back wait with them and run after the last decision.
+    """
+    deps, sid = batch.deps, batch.checkpoint.session_id
+    if batch.steered:
+        if deps.signals is not None:
+            deps.signals.clear_steer(sid)
+        batch.steered, batch.steer_deferred = False, True
+    return batch.may_start() and batch.pause(_approvals(deps, agent, sid, plan.gated, plan.asks), plan.decided,
+                                             [event for ask in plan.asks for event in ask.events])
+
+
 def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,
               calls: list[ToolCall], live: Live) -> StepResult:
     """Run the pending calls of the last turn; pause on the ones that need a human.
@@ -693,17 +839,22 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     Returns:
         The outcome, with the next step's message when every call has a result.
     """
-    plan = _sort_calls(deps, agent, checkpoint, calls)
+    attempt = machine.attempt_of(checkpoint)
+    plan = _sort_calls(deps, agent, checkpoint, calls, attempt)
     # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
     batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
                    unsettled=len(calls), live=live)
     sid = checkpoint.session_id
     try:
+        failed = _reconcile(batch, agent, checkpoint, plan, attempt)
+        if failed is not None:
+            return failed
         for result in plan.results:
-            batch.settle(result)
-        _run_cleared(batch, agent, checkpoint, plan.run)
-        _run_approved(batch, agent, checkpoint, plan.approved)
-        if not (plan.gated or plan.undecided):
+            batch.settle(result, events=plan.notes.get(result.tool_call_id or "", ()))
+        _run_cleared(batch, agent, checkpoint, plan.run, attempt, plan.reruns)
+        _run_approved(batch, agent, checkpoint, plan.approved, plan.approval_of)
+        gating = plan.gated or plan.asks
+        if not (gating or plan.undecided):
             # While a person still decides a call of this turn the handoff waits, as the calls a steer held back
             # do: the calls decided later run as the agent that asked for them, and the run moves after them.
             _hand_off(batch, agent, plan.handoffs)
@@ -712,12 +863,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         if batch.aborting and not batch.fenced:
             batch.closed = True
             return abort.settle(deps, batch.checkpoint, live, None, drained=False)
-        if plan.gated and batch.steered:
-            # The calls the steer kept back wait with the gated ones and run after the last decision.
-            if deps.signals is not None:
-                deps.signals.clear_steer(sid)
-            batch.steered, batch.steer_deferred = False, True
-        if plan.gated and batch.may_start() and batch.pause(_approvals(deps, agent, sid, plan.gated)):
+        if gating and _pause(batch, agent, plan):
             return StepResult(Outcome.PAUSED, also=tuple(children))
         if batch.steered and not batch.fenced:
             for call in batch.checkpoint.pending_tool_calls:

@@ -133,9 +133,10 @@ def configure(app: Celery, settings: Settings) -> None:
         task_publish_retry=True,
         task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
                                    "interval_max": 2},
-        # State lives in Postgres; tasks return None and store no results.
+        # State lives in Postgres; tasks store no results, but for ``lousho.start``'s run id where
+        # LOUSHO_RESULT_BACKEND names a backend for its callers.
         task_ignore_result=True,
-        result_backend=None,
+        result_backend=settings.result_backend,
         enable_utc=True,
         timezone="UTC",
         task_default_queue=settings.queue,
@@ -243,13 +244,8 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
     conf = app.conf
     transport, broker_extra = redis_client.celery_broker_options(settings)
     host_broker = conf.broker_url
-    if not host_broker:
-        conf.broker_url = settings.broker
-        conf.broker_transport_options = {**transport, **(conf.broker_transport_options or {})}
-        for key, value in broker_extra.items():
-            if conf.get(key) is None:
-                conf[key] = value
-    elif settings.broker_url is not None and host_broker != settings.broker_url:
+    # Checked before anything changes: a refused app is left as it was.
+    if host_broker and settings.broker_url is not None and host_broker != settings.broker_url:
         raise errors.ConfigurationError(
             "the app's broker_url is not LOUSHO_BROKER_URL: producers and the sweep would send steps where this"
             " app's workers do not read; make them the same (or leave LOUSHO_BROKER_URL unset to use the app's)",
@@ -260,6 +256,12 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
             f"the app's broker_transport_options visibility_timeout ({visibility} s) is under twice"
             f" LOUSHO_STEP_TIME_LIMIT_S ({settings.step_time_limit_s:g} s): every worker on this broker would"
             " deliver a running step a second time", field="broker_transport_options")
+    if not host_broker:
+        conf.broker_url = settings.broker
+        conf.broker_transport_options = {**transport, **(conf.broker_transport_options or {})}
+        for key, value in broker_extra.items():
+            if conf.get(key) is None:
+                conf[key] = value
     conf.task_queues = _merged_queues(app, settings)
     conf.beat_schedule = {**beat_schedule(settings), **(conf.beat_schedule or {})}
     include = list(conf.include or ())

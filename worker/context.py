@@ -71,12 +71,20 @@ class StepDeps:
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The runs' Redis signals (live events, doorbells); None in a test without Redis.
     signals: interfaces.Signals | None = None
+    #: Seconds after its input a run of an agent no worker ever registered is parked (``LOUSHO_AGENT_GRACE_S``).
+    agent_grace_s: float = 600.0
 
     def serving(self, agent: str) -> list[Serving]:
         """Other live workers that registered ``agent``."""
         if self.registry is None:
             return []
         return self.registry.serving(agent, self.registry_window_s, exclude=self.worker_id)
+
+    def unregistered_for(self, agent: str, session_id: str) -> float | None:
+        """Seconds since the run's first input when no worker ever registered ``agent`` (None: one did, or no fleet)."""
+        if self.registry is None:
+            return None
+        return self.registry.unregistered_for(agent, session_id)
 
     def fingerprint(self, agent: Agent) -> dict[str, Any]:
         """The agent's fingerprint, computed once per process (once per step for a dynamic agent's choice)."""

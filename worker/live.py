@@ -17,7 +17,7 @@ from store import payloads
 from store.interfaces import Signals
 from store.records import Approval, Checkpoint, EventDraft, LastError, Lease, Message, ToolCall, Usage
 
-__all__ = ["Live", "approval_requested", "run_done", "run_start", "step_done", "tool_result"]
+__all__ = ["Live", "approval_requested", "run_done", "run_start", "step_done", "tool_reconcile", "tool_result"]
 
 
 def run_start(checkpoint: Checkpoint) -> EventDraft:
@@ -26,9 +26,20 @@ def run_start(checkpoint: Checkpoint) -> EventDraft:
                                               "resumed": False})
 
 
-def step_done(step: int, turn: Message, usage: Usage) -> EventDraft:
-    """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row."""
-    return EventDraft(type="step.done", data={"step": step, "usage": usage.model_dump()}, message=turn)
+def step_done(step: int, turn: Message, usage: Usage, duration_ms: float | None = None,
+              cost: float | None = None) -> EventDraft:
+    """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row.
+
+    ``duration_ms`` is how long the turn took, from the model call to the save: with the event's time (the
+    save's), it places the turn on a run's timeline. ``cost`` is what the turn's usage cost at the run's prices
+    (``Agent(prices=...)``), recorded here because readers of the run never import its agent.
+    """
+    data: dict[str, Any] = {"step": step, "usage": usage.model_dump()}
+    if duration_ms is not None:
+        data["duration_ms"] = round(duration_ms, 3)
+    if cost is not None:
+        data["cost"] = cost
+    return EventDraft(type="step.done", data=data, message=turn)
 
 
 def tool_result(result: Message, duration_ms: float | None) -> EventDraft:
@@ -43,7 +54,22 @@ def approval_requested(approval: Approval) -> EventDraft:
     return EventDraft(type="approval.requested", data={
         "approval_id": approval.approval_id, "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
         "args": approval.args, "kind": approval.kind,
-        **({"question": approval.question, "options": approval.options} if approval.kind == "question" else {})})
+        **({"question": approval.question, "options": approval.options} if approval.kind == "question" else {}),
+        **({"question": approval.question} if approval.kind == "reconcile" else {})})
+
+
+def tool_reconcile(call: ToolCall, outcome: str, by: str, attempt: int, code: str | None = None) -> EventDraft:
+    """What became of a ``once`` call its worker died in.
+
+    ``outcome``: ``happened`` (a result was recorded), ``not-happened`` (it runs again), ``not-done`` (a person
+    recorded it as not done), ``failed`` (``reconcile`` raised; retried) or ``asked`` (a person decides);
+    ``by``: ``reconcile`` (the tool's function, or its absence) or ``person``.
+    """
+    data: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name, "outcome": outcome, "by": by,
+                            "attempt": attempt}
+    if code is not None:
+        data["code"] = code
+    return EventDraft(type="tool.reconcile", data=data)
 
 
 def run_done(checkpoint: Checkpoint, finish_reason: str | None = None) -> EventDraft:

@@ -199,13 +199,44 @@ def record_tool_result(checkpoint: Checkpoint, result: Message) -> Checkpoint:
 
 
 def mark_started(checkpoint: Checkpoint, call_id: str) -> Checkpoint:
-    """Record that an approved call is about to run.
+    """Record that an approved call or a ``once`` call is about to run (the same checkpoint when it is marked).
 
-    A resume that finds it without a result gives it an ``interrupted`` result instead of running it again.
+    A step that finds it without a result does not run it again: an approved call gets an ``interrupted``
+    result, a ``once`` call is reconciled (``worker.once``).
     """
     if call_id in checkpoint.started_tool_call_ids:
         return checkpoint
     return checkpoint.model_copy(update={"started_tool_call_ids": [*checkpoint.started_tool_call_ids, call_id]})
+
+
+def drop_approval(checkpoint: Checkpoint, approval_id: str) -> Checkpoint:
+    """The checkpoint without ``approval_id`` among its decisions (the same one when it is not there).
+
+    A reconciliation approved to run its call again is spent by that execution: a crash during it is reconciled
+    anew instead of running the call once more on the same decision.
+    """
+    if approval_id not in checkpoint.approval_ids:
+        return checkpoint
+    return checkpoint.model_copy(update={"approval_ids": [a for a in checkpoint.approval_ids if a != approval_id]})
+
+
+def attempt_of(checkpoint: Checkpoint) -> int:
+    """``ToolContext.attempt`` of the calls a step runs from ``checkpoint`` as claimed (``attempts`` counted it).
+
+    ``attempts`` counts the starts since the last save. When the last turn already has a result or a started mark,
+    that save came from an earlier start of this batch, which may have run the calls still without a result:
+    one more. So a call gets 1 when no earlier start can have run it, and 2 or more when one may have.
+    """
+    base = max(checkpoint.attempts, 1)
+    if checkpoint.started_tool_call_ids:
+        return base + 1
+    for index in range(len(checkpoint.messages) - 1, -1, -1):
+        role = checkpoint.messages[index].role
+        if role == "assistant":
+            return base
+        if role == "tool":
+            return base + 1
+    return base
 
 
 def pause(checkpoint: Checkpoint, approval_ids: list[str]) -> Checkpoint:
@@ -218,6 +249,14 @@ def interrupted(call: ToolCall) -> Message:
     return tool_error(call, "interrupted", "ToolInterrupted",
                       "this approved call was interrupted while running; it may or may not have taken effect."
                       " Check before trying it again.")
+
+
+def not_done(call: ToolCall, note: str | None) -> Message:
+    """The result of a ``once`` call a person found had not taken effect and chose not to run again."""
+    body = {"error": "ReconciledNotDone", "tool_name": call.name, "kind": "not-done", "tool_call_id": call.id,
+            "message": "this call was interrupted and a person found it did not take effect; it was not run again",
+            "note": note}
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
 def aborted(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str) -> Checkpoint:

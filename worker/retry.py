@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from store import errors, payloads, telemetry
@@ -55,29 +55,39 @@ def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: 
     return retry_later(deps, checkpoint, error, getattr(exc, "retry_after", None), now)
 
 
+def retried_for(checkpoint: Checkpoint, now: datetime | None) -> float:
+    """Seconds the run's current streak of transient failures has lasted (0 without one)."""
+    if checkpoint.retry_since is None or now is None:
+        return 0.0
+    return (now - checkpoint.retry_since).total_seconds()
+
+
 def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_after: float | None,
                 now: datetime | None, *, handing_back: bool = False,
-                served_elsewhere: Callable[[], bool] | None = None) -> StepResult:
+                served_elsewhere: Callable[[], bool] | None = None, max_delay: float | None = None,
+                events: Sequence[EventDraft] = ()) -> StepResult:
     """Record a transient failure and when to try again, or park the run once the retry budget is spent.
 
     Waits up to ``COUNTDOWN_MAX_S`` go out as a countdown message; longer ones wait in Postgres
     for the sweep. While ``served_elsewhere`` says a live worker can run the step, the budget
-    does not park the run.
+    does not park the run. ``max_delay`` caps the wait (a deadline of the caller's own). ``events`` are
+    written with the failure, after its own.
     """
     sid = checkpoint.session_id
     error = error.model_copy(update={"retryable": True})
-    elapsed = 0.0
-    if checkpoint.retry_since is not None and now is not None:
-        elapsed = (now - checkpoint.retry_since).total_seconds()
+    elapsed = retried_for(checkpoint, now)
     if elapsed >= deps.retry_for_s and (served_elsewhere is None or not served_elsewhere()):
         spent = error.model_copy(update={"retryable": False, "message": payloads.clean_error(
             f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
         return park(deps, checkpoint, spent)
     delay = retry_delay(checkpoint.failures + 1, retry_after, deps.retry_backoff_max_s)
+    if max_delay is not None:
+        delay = min(delay, max(max_delay, 0.0))
     drafts: list[EventDraft] = []
     if not handing_back:  # a deploy under way is not the run's failure
         drafts.append(live.provider_retry(error, checkpoint.failures + 1, delay)
                       if error.code == errors.ProviderError.code else live.error(error))
+    drafts.extend(events)
     seq = deps.store.retry_later(sid, checkpoint.fence, error, delay, drafts)
     if seq is None:
         return StepResult(Outcome.FENCED)
@@ -90,13 +100,37 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
 
 
 def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None) -> StepResult:
-    """Hand the step back: this worker does not load the run's agent, another (of a newer release) will."""
-    served = deps.serving(checkpoint.current_agent)
-    unknown = errors.AgentNotFoundError(checkpoint.current_agent, list(deps.agents))
-    message = f"{unknown.message}; this worker cannot run it" + (
-        "" if served else "; no live worker has registered it")
+    """Hand the step back: this worker does not load the run's agent, another (of a newer release) will.
+
+    A name no worker has ever registered (a typo sent before any worker registered anything, when ``send``
+    cannot check names) is not a deploy under way: the run is parked once ``agent_grace_s`` has passed since its
+    first input, and retried no later than that until then. An agent some worker registered keeps waiting for a
+    worker within the retry budget (RELIABILITY I13).
+    """
+    agent = checkpoint.current_agent
+    served = deps.serving(agent)
+    unknown = errors.AgentNotFoundError(agent, list(deps.agents))
+    unregistered_for = None if served else deps.unregistered_for(agent, checkpoint.session_id)
+    if unregistered_for is not None and unregistered_for >= deps.agent_grace_s:
+        message = (f"{unknown.message}; no live worker has registered it, and no worker ever has (waited"
+                   f" {unregistered_for:.0f} s,"
+                   f" LOUSHO_AGENT_GRACE_S is {deps.agent_grace_s:g}): check the agent's name, then resume the run"
+                   " or send again")
+        return park(deps, checkpoint, LastError(code=unknown.code, message=payloads.clean_error(message)))
+    if unregistered_for is not None:
+        reason = f"no worker has registered agent {agent!r}; parked after LOUSHO_AGENT_GRACE_S unless one does"
+        message = (f"{unknown.message}; this worker cannot run it; no live worker has registered it, and no worker"
+                   " ever has")
+    elif not served:
+        reason = f"no live worker serves agent {agent!r}; waiting for one"
+        message = f"{unknown.message}; this worker cannot run it; no live worker has registered it"
+    else:
+        reason, message = None, f"{unknown.message}; this worker cannot run it"
+    telemetry.note(hand_back=reason)
     error = LastError(code=unknown.code, message=payloads.clean_error(message), retryable=True)
-    result = retry_later(deps, checkpoint, error, None, now, handing_back=True, served_elsewhere=lambda: bool(served))
+    deadline = None if unregistered_for is None else deps.agent_grace_s - unregistered_for
+    result = retry_later(deps, checkpoint, error, None, now, handing_back=True, served_elsewhere=lambda: bool(served),
+                         max_delay=deadline)
     if not served:
         # Nobody consumes the agent's queue: no message there. The sweep sends the run, when its retry
         # comes due, to the shared queue, until a worker with the agent registers or the budget is spent.

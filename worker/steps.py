@@ -445,7 +445,8 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     updated, cancel = _background_at_end(deps, agent, updated)
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
     turn = updated.messages[len(checkpoint.messages)]
-    events = [live_events.step_done(updated.step, turn, response.usage)]
+    cost = agent.prices.cost(response.usage) if agent.prices is not None else None
+    events = [live_events.step_done(updated.step, turn, response.usage, (time.perf_counter() - started) * 1000, cost)]
     saved = save(deps, updated, drained_inbox=action.drained_inbox, events=events, status_before=status_before,
                  live=live)
     crash_point("after_model_save_before_enqueue", sid)

@@ -38,7 +38,7 @@ from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
 from worker import celery as lousho_celery
-from worker import probes, starts, tool_threads, tracing
+from worker import orphans, probes, recovery, starts, tool_threads, tracing
 from worker import schedules as schedule_sweep
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
@@ -92,7 +92,7 @@ def _build() -> StepDeps:
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
                      registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
                      signals=RedisSignals(client),
-                     registry_window_s=registration_window_s())
+                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s)
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()},
                               {name: agent.prices.model_dump() if agent.prices is not None else None
@@ -185,11 +185,15 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
 
     threading.Thread(target=refresh, name="lousho-registry", daemon=True).start()
     _state["registry"] = registry
+    _state["served"] = set(agents)
 
 
 @signals.worker_shutdown.connect
 def _forget_worker(**_: Any) -> None:
     """A stopping worker no longer counts as serving its agents."""
+    watching = _state.get("dead_steps_stop")
+    if watching is not None:
+        watching.set()
     stop, registry = _state.get("registration_stop"), _state.get("registry")
     if stop is None or registry is None:
         return
@@ -198,6 +202,85 @@ def _forget_worker(**_: Any) -> None:
         registry.forget(_state["worker_id"])
     except errors.StorageError:
         log.warning("could not drop this worker's agent registration; it expires by itself")
+
+
+#: How often the worker's main process looks for pool processes that died mid-step.
+DEAD_STEP_CHECK_S = 0.2
+
+
+@signals.worker_ready.connect
+def _watch_dead_steps(**_: Any) -> None:
+    """In the worker's main process, once it consumes: send at once the steps that died with a process of this host.
+
+    First the runs whose leases dead processes of this host still hold (this worker restarted after it was killed
+    whole), then, every ``DEAD_STEP_CHECK_S``, the step of any pool process that died mid-step (Celery itself
+    requeues that message only when its pool notices, seconds later). Celery has no signal for a pool process's
+    death in the main process: its accepted requests say which process runs which step (``worker.orphans``).
+    """
+    if _state.get("dead_steps_stop") is not None:
+        return  # one watch per main process
+    stop = threading.Event()
+    _state["dead_steps_stop"] = stop
+    threading.Thread(target=_dead_steps_loop, args=(stop,), name="lousho-dead-steps", daemon=True).start()
+
+
+def _dead_steps_loop(stop: threading.Event) -> None:
+    client = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
+    leases = LeaseManager(client, settings.lease_ttl_ms)
+    # No pooled connection in a process that forks pool children (RELIABILITY P10): each use connects anew.
+    engine = make_engine(settings, pooled=False)
+    store = PostgresCheckpointStore(engine, settings.history_limit)
+    try:
+        orphans.resend_at_start(store, leases, _resend_run, SWEEP_LIMIT)
+    except Exception as exc:  # Postgres, Redis or the broker down at start: the sweep recovers those runs later
+        log.warning("could not look for runs left by dead processes at start (%s); the sweep recovers them",
+                    type(exc).__name__)
+    watch = orphans.DeadSteps(leases, _resend_step, store)
+    try:
+        while not stop.wait(DEAD_STEP_CHECK_S):
+            try:
+                watch.check(_pool_steps())
+            except Exception as exc:  # Redis or the broker down: the watch must outlive it; logged, tried again
+                # Celery requeues the message itself once its pool notices; the step takes a dead holder's lease.
+                log.warning("could not send on the step of a dead pool process: %s", type(exc).__name__)
+    finally:
+        engine.dispose()
+
+
+def _pool_steps() -> list[orphans.PoolStep]:
+    """The steps this worker's pool processes accepted, from Celery's active requests (read in the main process)."""
+    for _ in range(5):
+        try:
+            requests = list(worker_state.active_requests)
+            break
+        except RuntimeError:  # the event loop changed the set while it was being copied: read again
+            continue
+    else:
+        return []
+    steps = []
+    for request in requests:
+        pid, kwargs = request.worker_pid, request.kwargs
+        if request.type != advance.name or not isinstance(pid, int) or pid == os.getpid() or not isinstance(
+                kwargs, dict) or not isinstance(kwargs.get("session_id"), str):
+            continue
+        info = request.delivery_info or {}
+        steps.append(orphans.PoolStep(str(request.id), pid, kwargs["session_id"], info.get("routing_key") or None,
+                                      request.name))
+    return steps
+
+
+def _resend_step(step: orphans.PoolStep) -> None:
+    """Send a dead pool process's step again, to the queue it came from under the name it had."""
+    advance.apply_async(kwargs={"session_id": step.session_id, "seq": None},
+                        queue=step.queue or settings.agent_queue(None),
+                        shadow=step.name or telemetry.step_name(None, telemetry.RECOVERY))
+
+
+def _resend_run(run: records.DueRun) -> None:
+    """Send a step for a run a dead process of this host held (to its agent's queue when this worker serves it)."""
+    served = _state.get("served") or set()
+    enqueue(run.session_id, run.seq, 0.0, run.agent if run.agent in served else None,
+            name=telemetry.step_name(run.agent, telemetry.RECOVERY))
 
 
 @signals.worker_ready.connect
@@ -312,15 +395,20 @@ def _recycle_if_hung() -> None:
 SWEEP_LIMIT = 500
 
 
-@shared_task(name=starts.START_TASK, bind=True, ignore_result=True, queue=starts.start_queue(settings.queue),
+# The one task whose result is stored (where the app has a result backend): its caller learns the run id.
+@shared_task(name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue),
              **TASK_OPTIONS)
 def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-          beat_entry: str | None = None, every_s: float | None = None) -> None:
+          beat_entry: str | None = None, every_s: float | None = None) -> str:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
 
     For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
     "session_id": ..., "metadata": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and ``every_s`` come
     from entries made by ``worker.starts.beat_entry``.
+
+    Returns:
+        The run's id (``session_id``, or the one made from the task id or the beat entry's tick): the task's
+        result, for a caller whose app shares the worker's result backend.
 
     Raises:
         SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError: the message
@@ -340,6 +428,7 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
     enqueue(run_id, None, 0.0, agent if agent in served else None,
             name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)
+    return run_id
 
 
 def _served() -> set[str]:
@@ -360,12 +449,18 @@ def recover() -> int:
 
     Such a run was silent for a lease TTL with no live lease, or is due for a retry. Parked, paused
     and waiting runs are never sent. Approvals past their expiry are rejected first, so a run that
-    expiry lets continue is sent in the same pass (once its pause is a lease TTL old).
+    expiry lets continue is sent in the same pass (once its pause is a lease TTL old). Each run sent is marked
+    recovering: a later pass tells its agent how it came out (``on_recovered``/``on_error``, ``worker.recovery``).
 
     Returns:
         How many runs were sent.
     """
     built = deps()
+    try:
+        # First the report on the runs earlier passes sent on (each once), then this pass's sends.
+        recovery.report(built.store, built.agents, SWEEP_LIMIT)
+    except errors.StorageError as exc:
+        log.warning("recover: could not read which recovered runs to report (%s); the next pass does", exc.code)
     # Bounded per pass like the sends; the rest expire at the next pass.
     expired = built.store.expire_approvals(SWEEP_LIMIT)
     if expired:

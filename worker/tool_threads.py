@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 __all__ = ["SIZE", "ToolFuture", "ToolThreads", "WaitOutcome", "process_threads"]
@@ -47,7 +47,7 @@ class ToolFuture(futures.Future[T], Generic[T]):
 class _Runner:
     """One thread of the set."""
 
-    #: Counted against the set's size: threads made for a call that another call of the set waits on are not.
+    #: Counted against the set's size; a thread started for one call on a busy set is not.
     counted: bool
     #: Its current call was given up on (``abandon``); a thread took its place.
     hung: bool = False
@@ -58,7 +58,6 @@ class _Job:
     future: ToolFuture[Any]
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    runner: _Runner | None = field(default=None)
 
 
 _in_set = threading.local()
@@ -69,8 +68,8 @@ class ToolThreads:
 
     A call given up on (``abandon``) no longer counts: the thread it holds is replaced when calls wait, and
     leaves the set once the call returns. A call made from a thread of the set (a timed call inside a batch
-    running ``tool_concurrency`` calls at once) starts at once on a thread of its own, so a batch never waits
-    on itself.
+    running ``tool_concurrency`` calls at once), or submitted ``at_once`` (a batch's calls), never waits: on a
+    busy set it starts on a thread of its own, so no batch waits on the set, nor on itself.
     """
 
     def __init__(self, size: int = SIZE) -> None:
@@ -88,19 +87,28 @@ class ToolThreads:
         with self._lock:
             return self._hung
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> ToolFuture[T]:
-        """Run ``fn(*args)`` on a thread of the set: now, or once a thread is free (cancel it to drop it)."""
+    def submit(self, fn: Callable[..., T], *args: Any, at_once: bool = False) -> ToolFuture[T]:
+        """Run ``fn(*args)`` on a thread of the set: now, or once a thread is free (cancel it to drop it).
+
+        ``at_once``: never wait for a thread; when the set is busy the call gets a thread of its own (as a call
+        made from a thread of the set always does). Raises ``RuntimeError`` when the system refuses a thread.
+        """
         future: ToolFuture[T] = ToolFuture()
         job = _Job(future, fn, args)
         with self._lock:
-            if getattr(_in_set, "member", False):
-                self._start(_Runner(counted=False), job)
-                return future
             self._queue.append(job)
-            if self._idle > len(self._queue) - 1:
-                self._more.notify()
-            elif self._counted < self.size:
-                self._start(_Runner(counted=True), None)
+            try:
+                if self._idle >= len(self._queue):
+                    self._more.notify()
+                elif self._counted < self.size:
+                    self._start(_Runner(counted=True), None)
+                elif at_once or getattr(_in_set, "member", False):
+                    self._queue.pop()  # the job just added: it does not wait
+                    self._start(_Runner(counted=False), job)
+            except RuntimeError:
+                if job in self._queue:
+                    self._queue.remove(job)  # refused here, so it must never run later
+                raise
         return future
 
     def wait(self, future: ToolFuture[T], timeout: float) -> WaitOutcome:

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from importlib import metadata
 
-from producer.cli import approvals, dev, doctor, listing, output, prune, runs, storage, watch, webhooks
+from producer.cli import approvals, dev, doctor, flower, listing, output, prune, runs, storage, watch, webhooks
 from producer.cli import schedules as schedule_commands
 from producer.client import Client
 from store import errors
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_command(sub)
     schedule_commands.add_cli(sub)
     webhooks.add_command(sub)
+    flower.add_command(sub)
     storage.add_command(sub)
     prune.add_command(sub)
     dev.add_commands(sub)

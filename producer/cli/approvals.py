@@ -1,4 +1,4 @@
-"""``lousho approvals list|approve|reject|answer``: human decisions on gated calls and questions, from the command line.
+"""``lousho approvals list|approve|reject|answer``: decisions on gated calls, questions and reconciliations.
 
 It calls ``Approvals`` of the client and prints; it must not decide anything itself.
 """
@@ -16,11 +16,14 @@ from store import errors
 def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
     """``lousho approvals list``, ``approve ID``, ``reject ID`` (declines a question) or ``answer ID TEXT``.
 
+    A reconciliation (a ``once`` call its worker died in) is approved (run again), rejected (not done) or answered
+    (it took effect; the text is its result).
+
     ``list`` shows pending decisions, oldest first, with the time each expires at (when it does);
     ``--wait`` waits for the run after a decision.
 
     Raises:
-        ConfigurationError: a decision without an approval id, an answer without text or for a tool call.
+        ConfigurationError: a decision without an approval id, an answer without text or for a gated tool call.
         ApprovalNotFoundError: unknown, already decided, or of another agent (``--agent``).
         ApprovalExpiredError: it expired undecided; it was recorded as rejected (``main`` prints the code, exit 1).
         ApprovalOrphanedError: the approval's run was deleted or replaced.
@@ -40,6 +43,13 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
                 choices = f"  options {json.dumps(a.options)}" if a.options else ""
                 print(f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}"
                       f"  since {created}{expiry}")
+                continue
+            if a.kind == "reconcile":
+                # A once call its worker died in: approve runs it again, reject records it as not done, answer
+                # records the text as its result.
+                print(f"{a.approval_id}  {a.agent}  {a.session_id}  reconcile: {a.tool_name}({json.dumps(a.args)})"
+                      f"  call {a.tool_call_id}  since {created}  (approve: run again; reject: not done;"
+                      " answer ID TEXT: it took effect, with TEXT as its result)")
                 continue
             print(f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
                   f"  call {a.tool_call_id}  since {created}{expiry}")
@@ -64,10 +74,11 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho approvals`` to the ``lousho`` parser."""
-    approvals = accept_json(sub.add_parser("approvals", help="list, approve or reject gated calls; answer questions"))
+    approvals = accept_json(sub.add_parser(
+        "approvals", help="list, approve or reject gated calls; answer questions; decide reconciliations"))
     approvals.add_argument("action", choices=["list", "approve", "reject", "answer"])
     approvals.add_argument("approval_id", nargs="?")
-    approvals.add_argument("text", nargs="?", help="the answer (with answer)")
+    approvals.add_argument("text", nargs="?", help="the answer, or a reconciled call's result (with answer)")
     approvals.add_argument("--note", default=None, help="a note for the model (with approve/reject)")
     approvals.add_argument("--agent", default=None)
     approvals.add_argument("--wait", action="store_true", help="wait for the run to settle again")

@@ -88,11 +88,25 @@ def _duration(ms: Any) -> str:
     return f" in {ms:.0f} ms" if ms < 10_000 else f" in {ms / 1000:.1f} s"
 
 
-class EventPrinter:
-    """Prints events as lines for a person: model text as it streams, tool calls with their durations."""
+#: Reads which of some approvals were decided: approval id -> status, the undecided ones left out.
+Decided = Callable[[Sequence[str]], dict[str, str]]
 
-    def __init__(self, out: TextIO) -> None:
+#: What each outcome of a ``tool.reconcile`` event means, as ``lousho watch`` says it.
+_RECONCILED = {"happened": "it took effect", "not-happened": "it did not take effect; it runs again",
+               "not-done": "recorded as not done", "failed": "reconcile failed; it is retried",
+               "asked": "a person decides"}
+
+
+class EventPrinter:
+    """Prints events as lines for a person: model text as it streams, tool calls with their durations.
+
+    With ``decided``, an approval that was decided since its event was saved is shown with its decision, without
+    the way to decide it (which would now fail).
+    """
+
+    def __init__(self, out: TextIO, decided: Decided | None = None) -> None:
         self.out = out
+        self.decided = decided
         #: Streamed text was written without its line being ended.
         self.open_line = False
         #: The text streamed (``text.delta``) since the last ``step.done``.
@@ -167,9 +181,28 @@ class EventPrinter:
         self.line(f"tool {call} failed ({data.get('kind') or 'error'}){_duration(data.get('duration_ms'))}: "
                   f"{_one_line(data.get('result'), _RESULT_CHARS)}")
 
+    def _decisions(self, approval_ids: Sequence[Any]) -> dict[str, str]:
+        ids = [str(approval_id) for approval_id in approval_ids if approval_id]
+        return self.decided(ids) if self.decided is not None and ids else {}
+
+    def _on_tool_reconcile(self, data: dict[str, Any]) -> None:
+        call = self._call(data.get("tool_call_id"), data.get("tool_name"))
+        found = _RECONCILED.get(str(data.get("outcome")), str(data.get("outcome")))
+        self.line(f"tool {call} was interrupted by a crash: {found} (found by {data.get('by')},"
+                  f" attempt {data.get('attempt')})")
+
     def _on_approval_requested(self, data: dict[str, Any]) -> None:
         approval_id = data.get("approval_id")
         call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
+        if data.get("kind") == "reconcile":
+            self.line(f"reconciliation {approval_id} needed for {call}: {_one_line(data.get('question'), 200)}")
+            self.line(f"  decide with: lousho approvals answer {approval_id} RESULT  (it took effect), approve"
+                      f" {approval_id}  (run it again) or reject {approval_id}  (not done)")
+            return
+        decision = self._decisions([approval_id]).get(str(approval_id))
+        if decision is not None:
+            self.line(f"approval {approval_id} for {call}: {decision}")
+            return
         self.line(f"approval {approval_id} needed for {call}")
         self.line(f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject "
                   f"{approval_id})")
@@ -196,6 +229,10 @@ class EventPrinter:
         text = data.get("text")
         if text and text != self.last_text:
             self.line(str(text))
-        ids = data.get("approval_ids") or []
+        ids = [str(approval_id) for approval_id in data.get("approval_ids") or []]
         if data.get("finish_reason") == "awaiting-approval" and ids:
-            self.line(f"waiting on approval {', '.join(map(str, ids))}")
+            waiting = [approval_id for approval_id in ids if approval_id not in self._decisions(ids)]
+            if waiting:
+                self.line(f"waiting on approval {', '.join(waiting)}")
+            else:
+                self.line(f"decided since: {', '.join(ids)}; the run went on")

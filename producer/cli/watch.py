@@ -1,7 +1,8 @@
 """``lousho watch``: a run printed as it happens, continued after Ctrl-C without printing anything twice.
 
-Owns the small file that remembers, per run, the last seq a watch printed, and Ctrl-C; the events come from
-``Client.events`` and are printed by ``output.EventPrinter``. It never changes a run.
+Owns the small file that remembers, per run, the last seq a watch printed, Ctrl-C, and when to stop: at the end of
+the input (past a pause that was decided since, to the input's real end), or never with ``--follow``. The events
+come from ``Client.events`` and are printed by ``output.EventPrinter``. It never changes a run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -22,6 +23,7 @@ from typing import Any
 from producer.cli.output import EventPrinter, accept_json
 from producer.client import Client
 from store import errors, records
+from store.approvals import PostgresApprovalStore
 from store.events import Event
 
 #: Where positions are kept instead of ``$XDG_STATE_HOME/lousho/watch`` (``~/.local/state/lousho/watch``).
@@ -122,39 +124,81 @@ class _Interrupts:
 
 
 def cmd_watch(client: Client, args: argparse.Namespace) -> int:
-    """``lousho watch ID``: print the run's events as they come, until its run settles (exit 0) or Ctrl-C (130).
+    """``lousho watch ID``: print the run's events as they come, until its input settles (exit 0) or Ctrl-C (130).
 
     Starts after ``--after``, else after the last seq a watch of this run printed, else at the run's latest
-    input. A watch that saw its run settle forgets its position, so the next one starts at the latest input.
+    input. A pause whose approvals were all decided is not where the input settles: the watch goes on to the
+    input's end. ``--follow`` goes on after that too, through every later input, until Ctrl-C or the run is
+    deleted. A watch that saw its run settle forgets its position, so the next one starts at the latest input.
 
     Raises:
         SessionIdInvalidError: the id breaks the id rules.
-        CheckpointNotFoundError: no such run.
+        CheckpointNotFoundError: no such run (or it was deleted while followed).
     """
     session_id = records.validate_session_id(args.session)
     if client.store.progress(session_id) is None:
         raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
     position = Position(session_id)
-    after = args.after if args.after is not None else _resume_after(client, session_id, position)
-    printer = EventPrinter(sys.stdout)
-    last: int | None = None
+    start = args.after if args.after is not None else _resume_after(client, session_id, position)
+    decided = _decided_reader(client)
+    printer = EventPrinter(sys.stdout, decided)
+    after, last = start, None
     with _Interrupts() as interrupts:
         try:
-            for event in client.events(session_id, after, live=args.live):
-                with interrupts.held():
-                    _print(event, printer, args.json)
-                    if event.type == "run.done":
-                        position.clear()
-                        break
-                    if event.seq is not None:
-                        position.save(event)
-                        last = event.seq
+            while True:
+                done = _print_to_run_done(client, session_id, after, args, printer, position, interrupts)
+                if done is None:
+                    break
+                after = last = done.seq
+                if not (args.follow or _decided_pause(done, decided)):
+                    position.clear()
+                    break
         except KeyboardInterrupt:
             printer.end_stream()
             sys.stdout.flush()
-            print(_stopped(session_id, last, after, args.after), file=sys.stderr)
+            print(_stopped(session_id, last if last is not None else position_seq(position), start, args.after),
+                  file=sys.stderr)
             return INTERRUPTED
     return 0
+
+
+def _print_to_run_done(client: Client, session_id: str, after: int | None, args: argparse.Namespace,
+                       printer: EventPrinter, position: Position, interrupts: _Interrupts) -> Event | None:
+    """Print the events after ``after`` up to the next ``run.done`` (returned), saving the position of each."""
+    for event in client.events(session_id, after, live=args.live):
+        with interrupts.held():
+            _print(event, printer, args.json)
+            if event.seq is not None:
+                position.save(event)
+        if event.type == "run.done":
+            return event
+    return None
+
+
+def _decided_reader(client: Client) -> Callable[[Sequence[str]], dict[str, str]]:
+    """Which of some approvals were decided (approval id -> status), read from Postgres when asked."""
+    store = PostgresApprovalStore(client.engine)
+
+    def decided(approval_ids: Sequence[str]) -> dict[str, str]:
+        found = store.by_ids(list(approval_ids))
+        return {approval_id: approval.status for approval_id, approval in found.items()
+                if approval.status != "pending"}
+
+    return decided
+
+
+def _decided_pause(done: Event, decided: Callable[[Sequence[str]], dict[str, str]]) -> bool:
+    """Whether ``done`` ended the input at a pause whose approvals were all decided since (the input goes on)."""
+    ids = [str(approval_id) for approval_id in done.data.get("approval_ids") or []]
+    if done.data.get("finish_reason") != "awaiting-approval" or not ids:
+        return False
+    return set(ids) <= set(decided(ids))
+
+
+def position_seq(position: Position) -> int | None:
+    """The seq the saved position names, if any."""
+    saved = position.load()
+    return saved[0] if saved is not None else None
 
 
 def _print(event: Event, printer: EventPrinter, as_json: bool) -> None:
@@ -191,4 +235,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                                                                "last watch stopped, else the latest input)")
     watch.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
                        help="show model text as it streams and tools as they start (default: on)")
+    watch.add_argument("--follow", action="store_true",
+                       help="keep following the run's later inputs, until Ctrl-C or the run is deleted (default: "
+                            "stop at the end of the input, past a pause that was decided since)")
     watch.set_defaults(fn=cmd_watch)

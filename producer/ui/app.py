@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from producer.ui import sessions
+from producer.ui import drawing, sessions
 from producer.webhooks import bodies
 from producer.webhooks.access import Principal
 from producer.webhooks.backend import Backend
@@ -31,6 +31,7 @@ _HERE = Path(__file__).parent
 STATIC_DIR = _HERE / "static"
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_ENV.filters["took"] = lambda ms: drawing.duration_text(float(ms) / 1000)
 #: Headers of every page: nothing loads from elsewhere, nothing inline runs, nothing is cached or framed.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",

@@ -10,6 +10,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -20,9 +21,10 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from producer.client import Client, continue_after
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
-from producer.ui import sessions, views
+from producer.ui import drawing, runs_list, sessions, spend, tree, views
 from producer.webhooks import events
 from producer.webhooks import routes as wh_routes
+from producer.webhooks.access import Principal
 from producer.webhooks.backend import Backend
 from producer.webhooks.rejections import Rejected
 from store import errors, inputs, records
@@ -136,20 +138,21 @@ async def home(request: Request) -> Response:
 # -- runs ----------------------------------------------------------------------------------------------------
 
 
-def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str,
-          cursor: str | None) -> tuple[records.RunsPage, list[str]]:
+def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str, cursor: str | None,
+          since: datetime | None) -> tuple[records.RunsPage, list[str]]:
     """One page of the runs list, filtered and paged by the store: no transcript is read."""
     page = backend.checkpoints.list_runs(agents=agents, states=views.states_of(status), id_contains=query or None,
-                                         limit=views.PAGE_SIZE, cursor=cursor)
+                                         since=since, limit=views.PAGE_SIZE, cursor=cursor)
     return page, backend.known_agents()
 
 
 @router.get("/runs")
 async def runs(request: Request) -> Response:
-    """The runs the viewer sees, newest first by creation, filtered by agent, status and id, 50 a page.
+    """The runs the viewer sees, newest first by creation, filtered by agent, status, id and creation time, 50 a page.
 
     Pages follow each other by cursor (the last run shown), so runs created while the viewer reads do not push
-    the runs of the next page onto the one already seen.
+    the runs of the next page onto the one already seen. ``since`` is a window (``1h``, ``24h``, ``7d``, ``30d``)
+    or an ISO-8601 time with its offset.
     """
     found = pages.signed_in(request)
     params = request.query_params
@@ -162,8 +165,10 @@ async def runs(request: Request) -> Response:
     status = views.status_filter(status)
     principal = found.principal
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
+    since = runs_list.since_of(params.get("since", ""), datetime.now(UTC))
     try:
-        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor)
+        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor,
+                                              since.at)
     except errors.ConfigurationError:
         raise pages.PageError(400, "That page of runs cannot be found: start from the first page") from None
     listed = principal.visible(set(known) | {run.agent for run in page.items} | ({agent} if agent else set()))
@@ -171,16 +176,22 @@ async def runs(request: Request) -> Response:
     def link(at: str | None) -> str | None:
         if at is None:
             return None
-        kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query)) if v}
+        kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query), ("since", since.value)) if v}
         return "/ui/runs?" + urllib.parse.urlencode({**kept, "cursor": at})
 
     return pages.render("runs.html", request, found, rows=views.run_rows(page), agents=listed,
-                        statuses=views.STATUSES, agent=agent, status=status, query=query,
+                        statuses=views.STATUSES, agent=agent, status=status, query=query, since=since,
+                        windows=runs_list.WINDOWS,
                         next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 
-def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history: bool) -> dict[str, Any]:
-    checkpoint = _load(backend, principal_sees, run_id)
+def _run_data(backend: Backend, principal: Principal, run_id: str, with_history: bool) -> dict[str, Any]:
+    """What a run's page shows: its state, timeline and drawing, approvals, the runs under it, its usage.
+
+    The "why" of an unfinished run (``Client.describe``: what it waits on, what moves it next; issue 29) belongs
+    at the top of ``_live.html``, above the status line.
+    """
+    checkpoint = _load(backend, principal.sees, run_id)
     found_events: list[Any] = []
     after = -1
     while len(found_events) < EVENTS_LIMIT:
@@ -196,29 +207,36 @@ def _run_data(backend: Backend, principal_sees: _Sees, run_id: str, with_history
     steps = sorted({entry.step for entry in backend.checkpoints.history(run_id)}) if with_history else []
     status = views.status_of(checkpoint)
     shown = sorted((views.approval_view(a) for a in approvals.values()), key=lambda a: (a.created or "", a.approval_id))
-    version = f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+    children = tree.children_of_calls(checkpoint, found_events)
+    # Only a run that started children has runs under it: others skip the listing's search.
+    under = (tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
+             if children or checkpoint.background else tree.Tree([], 0))
+    version = (f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+               + ":" + tree.version(under))
     return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
-            "timeline": views.timeline(checkpoint, found_events), "drift": views.drift_notes(found_events),
-            "approvals": shown, "steps": steps, "version": version,
+            "timeline": views.timeline(checkpoint, found_events, children),
+            "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
             "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
-            "updated": views.iso(checkpoint.updated_at)}
+            "updated": views.iso(checkpoint.updated_at), "tree": under,
+            "spent": spend.spend(checkpoint.usage, found_events),
+            "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values()))}
 
 
 @router.get("/runs/{run_id}")
 async def run_page(run_id: str, request: Request) -> Response:
     """One run: its status, timeline, approvals and actions; it follows the run while it moves."""
     found = pages.signed_in(request)
-    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, True)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, True)
     acts = found.principal.acts_on(data["run"].agent)
     return pages.render("run.html", request, found, acts=acts, next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
-                        **data)
+                        lead_id=records.lead_of(run_id), **data)
 
 
 @router.get("/runs/{run_id}/live")
 async def run_live(run_id: str, request: Request) -> Response:
     """The moving part of a run's page as JSON: ``status``, ``settled``, ``version`` and ``html``."""
     found = pages.signed_in(request)
-    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal.sees, run_id, False)
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, False)
     acts = found.principal.acts_on(data["run"].agent)
     html = pages.render_fragment("_live.html", request, found, acts=acts,
                                  next_path=f"/ui/runs/{urllib.parse.quote(run_id)}", **data)
@@ -349,7 +367,10 @@ def _decide(backend: Backend, found: pages.Viewer, approval_id: str, decision: s
 
 @router.post("/approvals/{approval_id}")
 async def approval(approval_id: str, request: Request) -> Response:
-    """Approve or reject a gated call (with a note), or answer or decline a question; back to ``next``."""
+    """Approve or reject a gated call (with a note), answer or decline a question, or decide a reconciliation.
+
+    A reconciliation is answered (its result), approved (run again) or rejected (not done). Back to ``next``.
+    """
     found, form = await pages.acting(request)
     decision = form.get("decision", "")
     if decision not in ("approve", "reject", "answer", "decline"):

@@ -95,6 +95,8 @@ class ToolCallView:
     result: str | None
     is_error: bool = False
     duration_ms: float | None = None
+    #: The child run a ``task`` call started, whose result this is.
+    child_id: str | None = None
 
 
 @dataclass
@@ -107,14 +109,21 @@ class TimelineItem:
     calls: list[ToolCallView] = field(default_factory=list)
     usage: dict[str, int] | None = None
     at: str | None = None
+    #: How long the turn took, from the model call to its save (recorded by the worker).
+    duration_ms: float | None = None
 
 
 def _step_key(calls: Sequence[str], text: Any) -> tuple[Any, ...]:
     return tuple(calls) if calls else ("text", text if isinstance(text, str) else None)
 
 
-def timeline(checkpoint: Checkpoint, run_events: Sequence[Event]) -> list[TimelineItem]:
-    """The run's inputs and steps in order; durations, usage and times come from its durable events if kept."""
+def timeline(checkpoint: Checkpoint, run_events: Sequence[Event],
+             children: dict[str, str] | None = None) -> list[TimelineItem]:
+    """The run's inputs and steps in order; durations, usage and times come from its durable events if kept.
+
+    ``children`` maps a ``task`` call's id to the child run it started (``tree.children_of_calls``).
+    """
+    children = children or {}
     results = {m.tool_call_id: m for m in checkpoint.messages if m.role == "tool"}
     durations: dict[str, float] = {}
     turns: dict[tuple[Any, ...], list[Event]] = {}
@@ -136,14 +145,16 @@ def timeline(checkpoint: Checkpoint, run_events: Sequence[Event]) -> list[Timeli
                     call.id, call.name, json.dumps(call.args, indent=2, ensure_ascii=False, default=str)
                     if call.invalid_args is None else call.invalid_args,
                     None if result is None else as_text(result.content), bool(result and result.is_error),
-                    durations.get(call.id)))
+                    durations.get(call.id), children.get(call.id)))
             matched = turns.get(_step_key([c.id for c in message.tool_calls or ()], message.content))
             turn = matched.pop(0) if matched else None
             usage = turn.data.get("usage") if turn is not None else None
+            took = turn.data.get("duration_ms") if turn is not None else None
             items.append(TimelineItem(
                 "step", as_text(message.content) if message.content else "", sum(i.kind == "step" for i in items) + 1,
                 calls, {"input": int(usage.get("input_tokens", 0)), "output": int(usage.get("output_tokens", 0))}
-                if isinstance(usage, dict) else None, iso(turn.at) if turn is not None else None))
+                if isinstance(usage, dict) else None, iso(turn.at) if turn is not None else None,
+                float(took) if isinstance(took, (int, float)) else None))
     return items
 
 
@@ -185,7 +196,7 @@ def approval_view(approval: Approval) -> ApprovalView:
 
 @dataclass
 class CompareStep:
-    """One step of a side of a comparison (``index`` from 0, as ``compare_trajectories`` counts)."""
+    """One step of a side of a comparison (``index`` from 1, as ``compare_trajectories`` and history count)."""
 
     index: int
     text: str
@@ -194,13 +205,13 @@ class CompareStep:
 
 
 def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], list[CompareStep]]:
-    """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 0; pages show it + 1)."""
+    """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 1, as history does)."""
     def side(steps: list[TrajectoryStep]) -> list[CompareStep]:
         at = comparison.diverged_at
         return [CompareStep(index, step.text or "", [
             {"name": str(c["name"]), "args": json.dumps(c["args"], ensure_ascii=False, default=str),
              "result": as_text(c["result"])} for c in step.tool_calls], at is not None and index == at)
-            for index, step in enumerate(steps)]
+            for index, step in enumerate(steps, start=1)]
     return side(comparison.a), side(comparison.b)
 
 

@@ -34,7 +34,7 @@ class _DecisionBody(BaseModel):
 
     approved: bool | None = None
     note: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
-    #: A question's answer (``ask_question``); it implies approval.
+    #: A question's answer (``ask_question``), or a reconciled call's result; it implies approval.
     answer: str | None = Field(default=None, max_length=inputs.MAX_NOTE_CHARS)
 
 
@@ -130,7 +130,8 @@ def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
     if checkpoint is None:
         raise Rejected(404, "LOUSHO_RUN_NOT_FOUND", "no such run")
     approvals = backend.approvals.by_ids(checkpoint.approval_ids)
-    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at"})
+    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at",
+                                                  "kind", "question"})
                for a in approvals.values() if a.status == "pending"]
     progress = backend.checkpoints.progress(session_id)
     queued = progress is not None and progress.inbox_head > progress.inbox_cursor
@@ -265,7 +266,7 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
                                                                                          _MAX_DECISION_BYTES)))
     except ValidationError:
         raise bad_request('the body must be {"approved": true|false, "note": optional text}, or'
-                          ' {"answer": text} for a question') from None
+                          ' {"answer": text} for a question or a reconciliation') from None
     found = await run_in_threadpool(approval_for, backend, principal, approval_id)
     session_id, continues = await run_in_threadpool(_decide, backend, found, decision)
     return JSONResponse({"approval_id": approval_id, "session_id": session_id,

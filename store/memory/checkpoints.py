@@ -403,6 +403,27 @@ class MemoryCheckpointStore:
                 run = self.state.runs.get(session_id)
                 if run is not None:
                     run.swept_at = now
+                    if run.recovery is None:
+                        run.recovery = {"seq": run.seq, "failures": run.failures}
+
+    def settle_recoveries(self, agents: Sequence[str], limit: int = 500) -> builtins.list[records.SweptRun]:
+        """The runs the sweep sent on that came out since, each once (see ``PostgresCheckpointStore``)."""
+        found: builtins.list[records.SweptRun] = []
+        with self.state.lock:
+            for sid, run in sorted(self.state.runs.items()):
+                if len(found) >= limit:
+                    break
+                if run.agent not in agents or not runs.recovery_settled(run):
+                    continue
+                run.recovery = None
+                document = json.loads(run.document) if run.document else {}
+                error = run.last_error
+                found.append(records.SweptRun(
+                    session_id=sid, agent=run.agent, status=run.status, finish_reason=document.get("finish_reason"),
+                    aborted=run.aborted, last_error=None if error is None else records.LastError(
+                        code=str(error.get("code", "")), message=str(error.get("message", "")),
+                        retryable=error.get("retryable") is True)))
+        return found
 
     def expire_approvals(self, limit: int = 500) -> int:
         """Reject pending approvals past their ``expires_at`` (see ``PostgresCheckpointStore.expire_approvals``)."""

@@ -6,12 +6,11 @@ clock, so expiry is simulated without sleeping.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from store import keys, records
+from store import keys, owners, records
 from store.memory.state import Clock, utc_now
 
 
@@ -39,10 +38,11 @@ class MemoryLeaseManager:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _leases: dict[str, _Held] = field(default_factory=dict, repr=False)
     _counters: dict[str, _Counter] = field(default_factory=dict, repr=False)
-    _owners: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
 
     def acquire(self, session_id: str, floor: int = 0) -> records.Lease | None:
         """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held.
+
+        A lease whose holder is provably gone (``owners.is_gone``) is taken over at once, as in Redis.
 
         Raises:
             SessionIdInvalidError: the id is not a valid run id (nothing is touched).
@@ -50,9 +50,10 @@ class MemoryLeaseManager:
         records.validate_session_id(session_id)
         with self._lock:
             now = self.clock()
-            if self._live(session_id, now) is not None:
+            held = self._live(session_id, now)
+            if held is not None and not owners.is_gone(held.owner):
                 return None
-            owner = f"memory:{next(self._owners)}"
+            owner = owners.new_owner()
             self._leases[session_id] = _Held(owner, now + timedelta(milliseconds=self.ttl_ms))
             return records.Lease(session_id, owner, self._next_token(session_id, floor, now))
 
@@ -102,11 +103,28 @@ class MemoryLeaseManager:
             held = self._live(session_id, self.clock())
             return None if held is None else held.owner
 
+    def release_gone(self, session_ids: list[str]) -> list[str]:
+        """Release the leases on these runs whose holder is provably gone; the runs freed."""
+        with self._lock:
+            now = self.clock()
+            freed = []
+            for sid in session_ids:
+                held = self._live(records.validate_session_id(sid), now)
+                if held is not None and owners.is_gone(held.owner):
+                    del self._leases[sid]
+                    freed.append(sid)
+            return freed
+
     def held(self, session_ids: list[str]) -> set[str]:
         """Which of these runs have a live lease."""
         with self._lock:
             now = self.clock()
             return {sid for sid in session_ids if self._live(sid, now) is not None}
+
+    def hold_as(self, session_id: str, owner: str) -> None:
+        """Hold the run's lease under ``owner``, another process's id, as that process's SET NX PX would."""
+        with self._lock:
+            self._leases[session_id] = _Held(owner, self.clock() + timedelta(milliseconds=self.ttl_ms))
 
     def expire(self, session_id: str) -> None:
         """Let one run's lease time out now, as if its holder stalled past the TTL."""

@@ -44,6 +44,8 @@ class RunRow:
     retry_since: datetime | None = None
     failures: int = 0
     swept_at: datetime | None = None
+    #: The sweep sent the run on and has not reported how it came out: ``{"seq", "failures"}`` as they were then.
+    recovery: dict[str, int] | None = None
     aborted: bool = False
     end_due: bool = False
     waiting: bool = False

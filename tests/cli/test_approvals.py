@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
+import redis
 from sqlalchemy import text
 
 from producer.client import Client
+from store.leases import LeaseManager
 from tests.cli.conftest import Lousho, drive_in_background
 from tests.support.driver import Driver
 
@@ -146,3 +149,36 @@ def test_list_shows_the_expiry_and_a_decision_after_it_prints_the_expired_code(
     assert lousho("approvals", "list", "--json").json() == []
     [run] = lousho("pending", "--json").json()
     assert run["session_id"] == "b-1" and run["status"] == "in-progress"
+
+
+def test_a_reconciliation_is_listed_and_answered_with_the_call_s_result(
+        lousho: Lousho, make_driver: Callable[..., Driver], client: Client, leases: LeaseManager,
+        redis_client: redis.Redis) -> None:
+    from store import keys
+    from tests.fakes.crash import die_at
+    from worker import Agent, tool
+    from worker.providers import MockModel
+
+    @tool(once=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+    def charge(order: str) -> str:
+        """Charge the card for an order."""
+        return f"charged {order}"
+
+    driver = make_driver(Agent(name="till", tools=[charge], model=MockModel([
+        {"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."])))
+    client.agent("till").send("charge order 7", session_id="till-1", check_agent=False)
+    die_at("after_once_effect_before_result_save", "till-1", leases, lambda: driver.drain("till-1"))
+    driver.queue.clear()
+    redis_client.delete(keys.lease_key("till-1"))  # the dead worker's lease expired
+    driver.drain("till-1")
+
+    listed = lousho("approvals", "list", "--agent", "till")
+    assert 'reconcile: charge({"order": "7"})' in listed.out and "answer ID TEXT" in listed.out
+    [asked] = lousho("approvals", "list", "--agent", "till", "--json").json()
+    assert asked["kind"] == "reconcile" and "Did it take effect?" in asked["question"]
+    answered = lousho("approvals", "answer", asked["approval_id"], "charged 7 (checked)", "--json")
+    assert answered.code == 0 and answered.json()["decision"] == "answered"
+    driver.drain("till-1")
+    checkpoint = client.store.load("till-1")
+    assert checkpoint is not None and checkpoint.finish_reason == "stop"
+    assert [m.content for m in checkpoint.messages if m.role == "tool"] == ["charged 7 (checked)"]

@@ -69,7 +69,7 @@ def test_every_command_accepts_or_refuses_json_and_none_ignores_it() -> None:
     accepted = {name for name, parser in commands.items()
                 if isinstance(_json_option(parser), argparse._StoreTrueAction)}
 
-    assert refused == {"lousho dev", "lousho demo", "lousho webhooks serve"}
+    assert refused == {"lousho dev", "lousho demo", "lousho webhooks serve", "lousho flower"}
     assert accepted | refused == set(commands), "a command without --json"
     assert {"lousho migrate", "lousho send", "lousho pending", "lousho resume", "lousho history", "lousho fork",
             "lousho compare", "lousho approvals", "lousho schedules create", "lousho schedules list",

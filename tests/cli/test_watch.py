@@ -31,6 +31,8 @@ from store.events import Event
 from tests.cli.conftest import Lousho, drive_in_background
 from tests.support import services
 from tests.support.driver import Driver
+from worker import Agent, PropagatingToolError, tool
+from worker.providers import MockModel
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +132,29 @@ def test_the_printer_shows_streamed_text_once_and_each_kind_of_event_on_its_line
         "== awaiting-approval after 1 step(s); tokens 3 in, 4 out, 7 total",
         "waiting on approval ap-1",
         'compaction.done: {"trigger": "size"}',
+    ]
+
+
+def test_the_printer_says_what_a_reconciliation_found_and_how_to_decide_one() -> None:
+    out = io.StringIO()
+    printer = output.EventPrinter(out)
+    at = datetime.now(UTC)
+
+    def show(event_type: str, seq: int | None = None, **data: Any) -> None:
+        printer.show(Event(run_id="r-1", seq=seq, type=event_type, at=at, data=data))
+
+    show("step.done", 1, step=1, text=None, tool_calls=[{"id": "c1", "name": "charge", "args": {"order": "7"}}])
+    show("tool.reconcile", 2, tool_call_id="c1", tool_name="charge", outcome="happened", by="reconcile", attempt=2)
+    show("tool.reconcile", 3, tool_call_id="c1", tool_name="charge", outcome="asked", by="reconcile", attempt=2)
+    show("approval.requested", 3, approval_id="ap-2", tool_call_id="c1", tool_name="charge", args={"order": "7"},
+         kind="reconcile", question="Did it take effect?")
+
+    assert out.getvalue().splitlines() == [
+        'tool charge({"order": "7"}) was interrupted by a crash: it took effect (found by reconcile, attempt 2)',
+        'tool charge({"order": "7"}) was interrupted by a crash: a person decides (found by reconcile, attempt 2)',
+        'reconciliation ap-2 needed for charge({"order": "7"}): Did it take effect?',
+        "  decide with: lousho approvals answer ap-2 RESULT  (it took effect), approve ap-2  (run it again) or"
+        " reject ap-2  (not done)",
     ]
 
 
@@ -291,3 +316,83 @@ def test_steer_gives_a_run_a_message_and_a_paused_run_refuses_it(lousho: Lousho,
     checkpoint = client.store.load(finished)
     assert checkpoint is not None and checkpoint.final_text == "Still sunny."
     assert [m.content for m in checkpoint.messages if m.role == "user"][-1] == "Use Celsius"
+
+
+def test_watch_of_a_run_that_paused_was_approved_and_finished_shows_it_finished(
+        lousho: Lousho, paused: tuple[Driver, str], client: Client) -> None:
+    driver, approval_id = paused
+    client.agent("bank").approvals.resolve(approval_id, approved=True)
+    driver.drain("b-1")
+
+    printed = lousho("watch", "b-1")
+
+    print(f"\n{printed.out}")
+    assert printed.code == 0, printed.err
+    lines = printed.out.splitlines()
+    assert lines[0] == "-- input 1 (agent bank)"
+    assert f'approval {approval_id} for transfer({{"amount": 10}}): approved' in lines
+    assert any(line.startswith('tool transfer({"amount": 10}) done') and line.endswith(": moved 10") for line in lines)
+    assert lines[-2] == "Done." and lines[-1].startswith("== stop after 2 step(s)")
+    assert not [line for line in lines if "decide with" in line or line.startswith("waiting on approval")]
+
+
+def test_watch_of_a_run_paused_on_an_undecided_approval_stops_there_with_how_to_decide(
+        lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    _, approval_id = paused
+
+    printed = lousho("watch", "b-1")
+
+    assert printed.code == 0, printed.err
+    lines = printed.out.splitlines()
+    hint = f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject {approval_id})"
+    assert hint in lines
+    assert lines[-1] == f"waiting on approval {approval_id}"
+
+
+def test_watch_follow_keeps_following_later_inputs(lousho: Lousho, weather: Driver, client: Client,
+                                                   redis_client: redis.Redis) -> None:
+    agent = client.agent("weather")
+    agent.send("Weather in Oslo?", session_id="w-1")
+    weather.drain("w-1")
+
+    def second_input() -> None:
+        for _ in range(500):
+            if _once_watched(redis_client, "w-1")():
+                break
+            time.sleep(0.02)
+        agent.send("And now?", session_id="w-1")
+        weather.drain("w-1")
+        agent.send("Delete it", session_id="w-1")  # a third input, after which the run is deleted: the watch ends
+        weather.drain("w-1")
+        agent.delete("w-1")
+
+    thread = threading.Thread(target=second_input, daemon=True)
+    thread.start()
+    printed = lousho("watch", "w-1", "--follow", "--no-live")
+    thread.join(30)
+
+    lines = printed.out.splitlines()
+    print(f"\n{printed.out}{printed.err}")
+    assert [line for line in lines if line.startswith("-- ")] == [
+        "-- input 1 (agent weather)", "-- input 2 (agent weather)", "-- input 3 (agent weather)"]
+    assert "Still sunny." in lines and "Sunny again." in lines
+    assert printed.error_code() == "LOUSHO_CHECKPOINT_NOT_FOUND"
+
+
+def test_an_error_event_reaches_readers_with_its_message(lousho: Lousho, make_driver: Callable[..., Driver],
+                                                         client: Client) -> None:
+    def refuse(order: str) -> str:
+        """Charge an order."""
+        raise PropagatingToolError(f"card of {order} declined for good")
+
+    driver = make_driver(Agent(name="payer", model=MockModel([
+        {"tool_calls": [{"name": "refuse", "args": {"order": "o-7"}}]}, "never"]), tools=[tool(refuse)]))
+    client.agent("payer").send("Pay o-7", session_id="p-1")
+    driver.drain("p-1")
+
+    [error] = [event for event in client.read_events("p-1", -1) if event.type == "error"]
+    printed = lousho("watch", "p-1", "--after", "-1")
+
+    assert error.data["message"] == "card of o-7 declined for good"
+    assert error.data["code"] == "LOUSHO_TOOL_PROPAGATED"
+    assert "error LOUSHO_TOOL_PROPAGATED: card of o-7 declined for good" in printed.out.splitlines()

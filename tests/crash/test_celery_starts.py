@@ -14,10 +14,13 @@ from collections.abc import Callable
 from datetime import datetime
 
 import psycopg
+import pytest
 from celery import Celery
 
+from store import errors
 from tests.support import services
 from tests.support.cluster import Cluster, wait_until
+from tests.support.flower_ui import EventTap
 from tests.support.start_agents import AGENT, PLAIN_S, TICK_S
 from worker.starts import START_TASK, start_queue
 
@@ -110,3 +113,36 @@ def test_a_second_celery_app_that_knows_only_the_task_name_starts_a_run_once_per
     assert checkpoint.final_text == "started by: from another app" and checkpoint.metadata == {"from": "x"}
     logged = Counter(re.findall(r"start: input \d+ of run (\S+) queued", cluster.worker_logs()))
     assert logged == {"elsewhere-1": 2, "task-delivery-2": 1}  # the second delivery found its input applied
+
+
+def test_a_start_answers_its_run_id_and_a_refused_start_its_error_once(make_cluster: Callable[..., Cluster]) -> None:
+    url = services.test_redis_url()
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_RESULT_BACKEND": url})
+    cluster.start_worker(concurrency=1)
+    settings = cluster.settings()
+    # A plain Celery app with a result backend, routing the task by name to the start queue (no queue= per call).
+    caller = Celery("elsewhere", broker=settings.broker, backend=url, set_as_current=False)
+    caller.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"],
+                       task_routes={START_TASK: {"queue": start_queue(settings.queue)}})
+    tap = EventTap()
+    try:
+        named = caller.send_task(START_TASK, kwargs={"agent": AGENT, "input": "answer me", "session_id": "answer-1"})
+        unnamed = caller.send_task(START_TASK, kwargs={"agent": AGENT, "input": "and me"}, task_id="delivery-9")
+        refused = caller.send_task(START_TASK, kwargs={"agent": "startr", "input": "a typo"})
+
+        assert named.get(timeout=30) == "answer-1"
+        assert unnamed.get(timeout=30) == "task-delivery-9"
+        with pytest.raises(errors.AgentNotFoundError) as raised:
+            refused.get(timeout=30)
+        wait_until(lambda: any(e.get("type") == "task-failed" and e.get("uuid") == refused.id for e in tap.drain()),
+                   10, "the refused start's task-failed event")
+    finally:
+        tap.close()
+        caller.close()
+
+    assert raised.value.code == "LOUSHO_AGENT_NOT_FOUND" and str(raised.value).count("unknown agent") == 1
+    assert str(raised.value) == "unknown agent 'startr'; known agents: starter"
+    failed = next(e for e in tap.events if e.get("type") == "task-failed" and e.get("uuid") == refused.id)
+    print(f"\n[refused start] Flower shows: {failed['exception']}")
+    assert failed["exception"] == "AgentNotFoundError(\"unknown agent 'startr'; known agents: starter\")"
+    cluster.wait_finished(["answer-1", "task-delivery-9"], timeout=30)

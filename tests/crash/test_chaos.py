@@ -4,7 +4,8 @@ Two workers (``-c 3`` each) and a beat. Every 1.5-3 s a worker loses one pool ch
 process group (40%) or its main process only (10%); killed workers come back after 0.5-2 s; five
 kills in CI (about 15-20 s), ``LOUSHO_CHAOS_KILLS`` kills in a soak by hand. A kill waits until the
 cluster is whole again (no worker down or starting), so each recovery figure measures the product
-recovering from one fault, as I11 states it, not an empty cluster. A run hit again while it recovers
+recovering from one fault, as I11 states it, not an empty cluster. The first call of each tool turn is a ``once``
+call: the checker proves none took effect twice (I18). A run hit again while it recovers
 (the re-sent step killed too) is timed from the last fault that touched it and listed apart
 (``checker.Episode``). The budget comes from the settings the workers run with (``_recovery_budget``).
 Three pool processes per worker rather than two keep the step queue short enough that queueing does
@@ -33,8 +34,11 @@ CONCURRENCY = 3
 TARGET_KILLS = int(os.environ.get("LOUSHO_CHAOS_KILLS") or 5)
 CHAOS_MAX_S = 8.0 * TARGET_KILLS
 MIN_KILLS = max(1, TARGET_KILLS * 4 // 5)
-#: Long enough to stay in flight through the whole chaos window; steps stay short (20-100 ms tools).
-RUN_SHAPE = {"turns": 4 * TARGET_KILLS + 10, "calls": "3,2", "sleep": "20-100"}
+#: Long enough to stay in flight through the whole chaos window; steps stay short (20-100 ms tools). The first
+#: call of every tool turn is a ``once`` call (reconciled by reading its effect back): a kill inside one must
+#: never make it take effect twice (I18).
+TURNS = 4 * TARGET_KILLS + 10
+RUN_SHAPE = {"turns": TURNS, "calls": "3,2", "sleep": "20-100", "once": ",".join(f"{t}.0" for t in range(TURNS - 1))}
 #: Steps the re-sent message of a recovering run can wait behind: every other run has a message in
 #: the queue, and while a killed worker is down only one worker's pool serves them.
 QUEUED_STEPS = math.ceil((RUNS - 1) / CONCURRENCY)
@@ -135,6 +139,9 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
           f" {unfinished_at_end}, drain after chaos: {drained:.1f} s")
     print(f"raw re-executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']},"
           f" interrupted model calls: {report['interrupted_model_calls']}, executions: {report['executions']}")
+    print(f"once calls: {report['once_calls']}, reconciled after a kill: {report['reconcile_calls']} (result"
+          f" recorded: {report['reconciled_results']}, run again before their effect: {report['once_reruns']}),"
+          f" executed again after their effect: {report['once_reexecutions']}")
     print(f"recovery over {recovery['count']} interruptions, each from the last fault that touched the run:"
           f" p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s, max {recovery['max_s']} s"
           f" (budget {budget})")
@@ -152,6 +159,7 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
               + cluster.explain(slow["run"], slow["fault_ts"]))
 
     checker.assert_clean(report)
+    assert report["once_reexecutions"] == 0 and report["once_calls"] == RUNS * (TURNS - 1)
     assert sum(kinds.values()) >= MIN_KILLS
     assert hits >= MIN_KILLS // 2, "most kills hit no lease holder: the chaos did not test recovery"
     assert in_flight_at_first_kill is not None and in_flight_at_first_kill >= RUNS // 2

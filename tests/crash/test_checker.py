@@ -217,3 +217,46 @@ def test_the_applied_effects_check_reports_lost_and_orphan_effects(tmp_path: Pat
     assert report["checks"]["I12"] == "fail", report["violations"]
     _effects([("a", "nc-fx"), ("b", "nc-fx")])
     assert checker.check(services.test_database_url(), log, effects=True)["checks"]["I12"] == "pass"
+
+
+def _once_sink(rows: list[tuple[str, str, str]]) -> None:
+    checker.prepare_once_sink(services.test_database_url())
+    with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
+        for call, execution, run in rows:
+            conn.execute(f"INSERT INTO {checker.ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s)",
+                         (call, execution, run))
+
+
+def _once_run(run_id: str, *, rerun_after_effect: bool = False, reconciled_as: str | None = None) -> _Fixture:
+    """Calls a, b of a once tool; a was interrupted before its effect (x0) and ran again (x1)."""
+    fixture = _Fixture(run_id, tool=checker.ONCE_TOOL)
+    fixture.events.append({"kind": "tool", "run_id": run_id, "tool_call_id": "a", "base_seq": 1, "exec": "x0",
+                           "pid": 1, "ts": 0.0, "approved": False, "phase": "start"})
+    fixture.clean()
+    if rerun_after_effect:
+        fixture.tool_run("b", 2, "x3")  # b ran again after x2 applied its effect
+    if reconciled_as is not None:
+        seq, messages, status = fixture.saves[2]
+        reconciled = {"role": "tool", "tool_call_id": "b", "name": checker.ONCE_TOOL,
+                      "content": json.dumps({"exec": reconciled_as, "reconciled": True})}
+        fixture.saves[2] = (seq, [*messages[:-1], reconciled], status)
+        final = fixture.saves[3]
+        fixture.saves[3] = (final[0], [*final[1][:-2], reconciled, final[1][-1]], final[2])
+    return fixture
+
+
+@pytest.mark.parametrize(("shape", "verdict"), [
+    ({}, "pass"),
+    ({"reconciled_as": "x2"}, "pass"),
+    ({"rerun_after_effect": True}, "fail"),   # ran again once its effect was applied
+    ({"reconciled_as": "x9"}, "fail"),        # a reconciled result naming an execution that applied nothing
+], ids=["rerun-before-effect", "reconciled", "rerun-after-effect", "false-reconciliation"])
+def test_the_once_check_reports_an_execution_after_the_effect(tmp_path: Path, shape: dict[str, Any],
+                                                              verdict: str) -> None:
+    log = tmp_path / "events.jsonl"
+    _once_run("nc-once", **shape).write(log)
+    _once_sink([("a", "x1", "nc-once"), ("b", "x2", "nc-once")])
+    report = checker.check(services.test_database_url(), log)
+    assert report["checks"]["I18"] == verdict, report["violations"]
+    assert report["once_calls"] == 2 and report["once_reruns"] == 1
+    assert report["once_reexecutions"] == (1 if shape.get("rerun_after_effect") else 0)

@@ -2,7 +2,8 @@
 
 Each point kills the pool process with ``os._exit(137)`` the first time a matching run reaches it
 (``LOUSHO_CRASH_AT=point:prefix``); the worker forks a new child and the beat's recover sweep
-hands the run on. RELIABILITY section 3 says how much extra work each point may cost.
+hands the run on. RELIABILITY section 3 says how much extra work each point may cost; the points around a
+``once`` call's started mark (I18) are in docs/guide/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ from collections.abc import Callable
 
 from tests.support import checker
 from tests.support.agents import run_input
-from tests.support.cluster import APPROVAL_CRASH_POINTS, CRASH_POINTS, Cluster
+from tests.support.cluster import APPROVAL_CRASH_POINTS, CRASH_POINTS, ONCE_CRASH_POINTS, Cluster
 
-POINTS = CRASH_POINTS + APPROVAL_CRASH_POINTS
-#: Extra work a sequential-tools run may cost at each point:
-#: (raw re-executions, wasted model calls, interrupted results, executions of the approved call).
-EXPECTED_EXTRA = {point: (0, 0, 0, None) for point in CRASH_POINTS} | {
-    "after_model_response_before_save": (0, 1, 0, None),
-    "after_tool_effect_before_result_save": (1, 0, 0, None),
-    "after_started_marker_before_approved_call": (0, 0, 1, 0),
-    "after_approved_effect_before_result_save": (0, 0, 1, 1),
+POINTS = CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS
+#: Extra work a sequential-tools run may cost at each point: (raw re-executions, wasted model calls, interrupted
+#: results, executions of the approved call, reconcile calls). Runs of the once points make call 1 of turn 0 a
+#: ``once`` call with ``reconcile``: interrupted after its mark it is reconciled once, and runs once in all.
+EXPECTED_EXTRA = {point: (0, 0, 0, None, 0) for point in CRASH_POINTS + ONCE_CRASH_POINTS} | {
+    "after_model_response_before_save": (0, 1, 0, None, 0),
+    "after_tool_effect_before_result_save": (1, 0, 0, None, 0),
+    "after_started_marker_before_approved_call": (0, 0, 1, 0, 0),
+    "after_approved_effect_before_result_save": (0, 0, 1, 1, 0),
+    "after_started_marker_before_once_call": (0, 0, 0, None, 1),
+    "after_once_effect_before_result_save": (0, 0, 0, None, 1),
 }
 #: RELIABILITY's C1 target; a miss is printed. What fails the test is the budget derived from the
 #: workers' settings (``Cluster.recovery_budget``).
 RECOVERY_TARGET_S = 6.0
-#: On top of TTL + sweep + one step: the 22 crashed runs' steps queue on two workers' four pool processes
+#: On top of TTL + sweep + one step: the 28 crashed runs' steps queue on two workers' four pool processes
 #: (the step counts each of them once), and a loaded 2-core machine delays the sweep and the re-sent step.
 SLACK_S = 2.0
 #: Pool processes of the cluster: two workers of concurrency 2.
@@ -35,6 +39,10 @@ POOL = 4
 STEP_S = 0.3
 #: A parallel twin may re-run every call of the batch that was in flight (3 calls in turn 0).
 TWIN_MAX_REEXECUTIONS = 3
+
+
+def _reconciles(cluster: Cluster, run_id: str) -> int:
+    return sum(1 for e in cluster.events() if e.get("kind") == "reconcile" and e.get("run_id") == run_id)
 
 
 def _approved_executions(cluster: Cluster, run_id: str) -> int:
@@ -51,12 +59,13 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
     cluster.start_beat()
     # Sequential tools: exactly one call is in flight when a point inside a batch fires. The
     # parallel twin of each run checks the invariants with several calls in flight. Two workers,
-    # as in RELIABILITY's baseline, so 22 crashes in a few seconds do not starve the sweep.
+    # as in RELIABILITY's baseline, so 28 crashes in a few seconds do not starve the sweep.
     # Runs of the approval points gate call 1 of turn 0; the test approves it as soon as it waits.
     serial = {point: f"{prefix}serial" for point, prefix in prefixes.items()}
     parallel = {point: f"{prefix}parallel" for point, prefix in prefixes.items()}
     for point in POINTS:
-        options = {"gate": "0.1"} if point in APPROVAL_CRASH_POINTS else {}
+        options = {"gate": "0.1"} if point in APPROVAL_CRASH_POINTS else {"once": "0.1"} \
+            if point in ONCE_CRASH_POINTS else {}
         cluster.send("serial", serial[point], run_input(serial[point], **options))
         cluster.send("chaos", parallel[point], run_input(parallel[point], **options))
     run_ids = [*serial.values(), *parallel.values()]
@@ -70,12 +79,13 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
 
     fired = {fault.runs[0] for fault in faults}
     recovery = report["recovery"]["by_run_s"]
-    print(f"{'point':42} {'fired':>5} {'raw re-exec':>11} {'wasted':>6} {'interrupted':>11} {'recovery s':>10}"
-          "   parallel twin")
+    print(f"{'point':42} {'fired':>5} {'raw re-exec':>11} {'wasted':>6} {'interrupted':>11} {'reconciled':>10}"
+          f" {'recovery s':>10}   parallel twin")
     for point in POINTS:
         run, twin = report["per_run"][serial[point]], report["per_run"][parallel[point]]
+        reconciled = _reconciles(cluster, serial[point])
         print(f"{point:42} {'y' if serial[point] in fired else 'n':>5} {run['raw_reexecutions']:>11}"
-              f" {run['wasted_model_calls']:>6} {run['interrupted_results']:>11}"
+              f" {run['wasted_model_calls']:>6} {run['interrupted_results']:>11} {reconciled:>10}"
               f" {recovery.get(serial[point], '-')!s:>10}   raw {twin['raw_reexecutions']},"
               f" wasted {twin['wasted_model_calls']}, recovery {recovery.get(parallel[point], '-')}")
     worst = report["recovery"]["max_s"]
@@ -90,9 +100,10 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
         figures = report["per_run"][serial[point]]
         executions = _approved_executions(cluster, serial[point]) if point in APPROVAL_CRASH_POINTS else None
         extra[point] = (figures["raw_reexecutions"], figures["wasted_model_calls"], figures["interrupted_results"],
-                        executions)
+                        executions, _reconciles(cluster, serial[point]))
         twin = report["per_run"][parallel[point]]
         assert twin["raw_reexecutions"] <= TWIN_MAX_REEXECUTIONS, (point, twin)
+        assert _reconciles(cluster, parallel[point]) == EXPECTED_EXTRA[point][4], point
         assert twin["wasted_model_calls"] == EXPECTED_EXTRA[point][1], (point, twin)
         assert twin["interrupted_results"] == EXPECTED_EXTRA[point][2], (point, twin)
     assert extra == EXPECTED_EXTRA

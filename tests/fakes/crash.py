@@ -7,7 +7,7 @@ unwinds, the lease is not released (a killed process releases nothing): it stays
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -82,3 +82,20 @@ class Crashes:
                 leases.release = release  # type: ignore[method-assign]
             else:
                 del leases.release
+
+
+def die_at(point: str, session_id: str, leases: interfaces.Leases, deliver: Callable[[], object]) -> None:
+    """Arm ``point`` for ``session_id`` and call ``deliver`` (steps the run) until the step dies there.
+
+    The dead step's lease is left in place, as a killed worker leaves it: the caller lets it expire.
+    """
+    crashes = Crashes()
+    with crashes.installed(leases):
+        crashes.arm(point, session_id)
+        try:
+            deliver()
+        except SimulatedCrash:
+            return
+        finally:
+            crashes.recovered()
+    raise AssertionError(f"the run {session_id!r} never reached {point}")

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from store import errors, interfaces
+from store import errors, interfaces, owners
 from store.records import Lease
+from tests.fakes import processes
 
 
 @dataclass
@@ -24,6 +25,8 @@ class LeaseSubject:
     expire: Callable[[str], object]
     #: The lease service loses every key, fencing counters included (a restart without persistence).
     lose_everything: Callable[[], object]
+    #: Another process holds the lease on a run under this owner id (it wrote the key itself).
+    hold_as: Callable[[str, str], object]
 
 
 LeaseFactory = Callable[[], LeaseSubject]
@@ -147,6 +150,70 @@ def check_invalid_run_ids_are_refused_before_any_key_is_touched(make: LeaseFacto
             leases.holder(bad)
 
 
+def _held_by(subject: LeaseSubject, session_id: str, owner: str) -> int:
+    """Hold the run's lease under ``owner`` after a lease of our own took a token; that token."""
+    first = _take(subject.leases, session_id)
+    subject.expire(session_id)
+    subject.hold_as(session_id, owner)
+    assert subject.leases.holder(session_id) == owner
+    return first.token
+
+
+def check_a_lease_whose_holder_exited_on_this_host_is_taken_over_at_once(make: LeaseFactory) -> None:
+    subject = make()
+    before = _held_by(subject, "lc-exited", processes.exited_owner())
+    taken = subject.leases.acquire("lc-exited")
+    assert taken is not None, "the lease of an exited process was not taken over"
+    assert taken.token > before and subject.leases.holder("lc-exited") == taken.owner
+    assert subject.leases.acquire("lc-exited") is None      # the new holder is this live process
+
+
+def check_a_live_holder_or_one_of_another_host_is_never_taken_over_early(make: LeaseFactory) -> None:
+    subject = make()
+    me = owners.this_process()
+    dead = processes.exited_owner()
+    with processes.running() as process:
+        kept = {
+            "live": processes.owner_of(process.pid),
+            "this process": owners.new_owner(),
+            "another host": processes.owner_of(process.pid, host=me.host + "-other", start=0),
+            "another boot": dead.replace(me.boot, "0" * len(me.boot)),
+            "another PID namespace": dead.replace(f":{me.pidns}:", ":1:"),
+            "an older release": f"{me.host}:{dead.split(':')[1]}:0123456789ab",
+            "unreadable": "somewhere",
+        }
+        for what, owner in kept.items():
+            sid = "lc-kept-" + what.replace(" ", "-")
+            _held_by(subject, sid, owner)
+            assert subject.leases.acquire(sid) is None, f"a lease held by {what} ({owner}) was taken early"
+            assert subject.leases.holder(sid) == owner
+
+
+def check_a_reused_pid_is_not_mistaken_for_the_holder(make: LeaseFactory) -> None:
+    subject = make()
+    with processes.running() as process:
+        # The holder had this PID but started at another time: the PID now names another process.
+        reused = processes.owner_of(process.pid, start=(owners.process_start(process.pid) or 0) + 1)
+        before = _held_by(subject, "lc-reused", reused)
+        taken = subject.leases.acquire("lc-reused")
+        assert taken is not None, "a PID reused by a new process was mistaken for the holder"
+        assert taken.token > before
+
+
+def check_only_the_leases_of_gone_holders_are_released(make: LeaseFactory) -> None:
+    subject = make()
+    leases = subject.leases
+    _held_by(subject, "lc-gone", processes.exited_owner())
+    mine = _take(leases, "lc-mine")
+    with processes.running() as process:
+        live = processes.owner_of(process.pid)
+        _held_by(subject, "lc-live", live)
+        assert leases.release_gone(["lc-gone", "lc-mine", "lc-live", "lc-free"]) == ["lc-gone"]
+        assert leases.holder("lc-gone") is None
+        assert leases.holder("lc-mine") == mine.owner and leases.holder("lc-live") == live
+    assert leases.release_gone([]) == []
+
+
 CHECKS: tuple[Callable[[LeaseFactory], None], ...] = (
     check_a_lease_is_exclusive_until_released,
     check_tokens_strictly_increase_across_holders,
@@ -158,4 +225,8 @@ CHECKS: tuple[Callable[[LeaseFactory], None], ...] = (
     check_only_the_owner_raises_its_token,
     check_losing_every_key_restarts_tokens_and_a_floor_lifts_them,
     check_invalid_run_ids_are_refused_before_any_key_is_touched,
+    check_a_lease_whose_holder_exited_on_this_host_is_taken_over_at_once,
+    check_a_live_holder_or_one_of_another_host_is_never_taken_over_early,
+    check_a_reused_pid_is_not_mistaken_for_the_holder,
+    check_only_the_leases_of_gone_holders_are_released,
 )

@@ -77,9 +77,10 @@ class MemoryRuntime:
         """What the recover task does: re-enqueue stale runs that hold no live lease."""
         candidates = self.store.stale_runs(stale_after_s)
         live = self.leases.held([sid for sid, _ in candidates])
-        sent = 0
+        sent = []
         for session_id, seq in candidates:
             if session_id not in live:
                 self.queue(session_id, seq)
-                sent += 1
-        return sent
+                sent.append(session_id)
+        self.store.mark_swept(sent)
+        return len(sent)

@@ -64,7 +64,8 @@ def redis_subjects(settings: Settings) -> Iterator[lease_contract.LeaseFactory]:
         return lease_contract.LeaseSubject(
             leases=LeaseManager(client, settings.lease_ttl_ms),
             expire=lambda sid: client.delete(keys.lease_key(sid)),
-            lose_everything=client.flushdb)
+            lose_everything=client.flushdb,
+            hold_as=lambda sid, owner: client.set(keys.lease_key(sid), owner, px=settings.lease_ttl_ms))
 
     yield make
     for client in clients:

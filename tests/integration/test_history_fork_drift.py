@@ -90,7 +90,7 @@ def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(make_d
     assert replayed.text == "Pack an umbrella."
     assert planner.fork("trip", from_step=1).session_id == "trip.fork-2"
     comparison = compare_trajectories(client.store.load("trip"), client.store.load(fork.session_id))  # type: ignore[arg-type]
-    assert comparison.diverged_at == 1 and len(comparison.a) == len(comparison.b) == 2
+    assert comparison.diverged_at == 2 and len(comparison.a) == len(comparison.b) == 2
     assert comparison.drift.tool_order == [] and comparison.drift.step_count is None
 
 
@@ -144,9 +144,9 @@ def test_compare_trajectories_reports_tool_order_arguments_and_length():
          {"role": "assistant", "tool_calls": [{"id": "8", "name": "y", "args": {}}]},
          {"role": "tool", "tool_call_id": "8", "content": "ok"}, {"role": "assistant", "content": "end"}]
     result = compare_trajectories(a, b)
-    assert result.diverged_at == 0
-    assert result.drift.arguments == [{"step": 0, "tool": "x", "a": {"n": 1}, "b": {"n": 2}}]
-    assert result.drift.tool_order == [{"step": 1, "a": [], "b": ["y"]}]
+    assert result.diverged_at == 1
+    assert result.drift.arguments == [{"step": 1, "tool": "x", "a": {"n": 1}, "b": {"n": 2}}]
+    assert result.drift.tool_order == [{"step": 2, "a": [], "b": ["y"]}]
     assert result.drift.step_count == {"a": 2, "b": 3}
 
 

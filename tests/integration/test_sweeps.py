@@ -6,14 +6,17 @@ move (parked, paused, waiting for its retry time), however many of those there a
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
-from store.records import LastError, Message
+from store.records import LastError, Message, SweptRun
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Sent
-from worker import tasks
+from worker import Agent, tasks
+from worker.providers import MockModel
+from worker.steps import Outcome, run_step
 
 AGENT = "sweeper"
 
@@ -97,3 +100,26 @@ def test_a_run_sent_by_the_sweep_is_not_sent_again_until_a_lease_ttl_has_passed(
         conn.execute(text("UPDATE runs SET swept_at = now() - interval '1 hour'"))
     assert tasks.recover() == 1
     assert [m[0] for m in sent.messages] == ["queued-behind", "queued-behind"]
+
+
+def test_the_sweep_tells_the_agent_once_how_a_run_it_sent_on_came_out(
+        store: PostgresCheckpointStore, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an agent with sweep callbacks, one of its runs silent for an hour, another that will be refused
+    recovered: list[SweptRun] = []
+    failed: list[tuple[LastError, SweptRun]] = []
+    agent = Agent(AGENT, MockModel(["Done."]), on_recovered=recovered.append,
+                  on_error=lambda error, run: failed.append((error, run)))
+    monkeypatch.setitem(tasks.extra_agents, AGENT, agent)
+    _run(store, "stalled")
+    _run(store, "refused")
+    # When the sweep sends both on, the first finishes and the second fails for good
+    assert tasks.recover() == 2
+    assert tasks.recover() == 0 and recovered == failed == []          # nothing came out yet
+    assert run_step(tasks.deps(), "stalled") is Outcome.FINISHED
+    store.record_failure("refused", _claim(store, "refused"), LastError(code="X", message="no", retryable=False))
+    tasks.recover()
+    # Then the next pass reports each once, and no later pass again
+    tasks.recover()
+    assert [(r.session_id, r.status, r.finish_reason) for r in recovered] == [("stalled", "finished", "stop")]
+    assert [(e.code, r.session_id) for e, r in failed] == [("X", "refused")]
+    assert store.settle_recoveries([AGENT]) == []

@@ -14,6 +14,13 @@ A run's shape comes from its first user message, ``run <session_id> [key=value .
 ``model=MS``         model latency of every turn (default 50 ms)
 ``slowmodel=T:MS``   model latency of turn T (several allowed, comma separated)
 ``gate=T.K``         call K of turn T uses ``approved_work``, which needs a human approval
+``once=T.K``         call K of turn T uses ``once_work`` (``once``, reconciled by reading its effect back)
+``unchecked=T.K``    call K of turn T uses ``once_unchecked`` (``once`` without ``reconcile``: a person decides)
+``after=T.K:MS``     call K of turn T sleeps MS ms more after its effect (a kill can land there)
+
+Every tool logs ``ctx.attempt`` in its start line. The ``once`` tools apply their effect to the once sink
+(``checker.ONCE_TABLE``, one row per call naming the execution that applied it) in the same transaction as the
+idempotent sink of I12; ``once_work``'s ``reconcile`` reads it back and logs a ``reconcile`` line.
 """
 
 from __future__ import annotations
@@ -29,7 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.records import Message
-from tests.support.checker import APPROVED_TOOL, EFFECTS_ENV, EFFECTS_TABLE, LOG_ENV, response_tag, transcript_digest
+from tests.support.checker import (
+    APPROVED_TOOL,
+    EFFECTS_ENV,
+    EFFECTS_TABLE,
+    LOG_ENV,
+    ONCE_TABLE,
+    ONCE_TOOL,
+    UNCHECKED_TOOL,
+    response_tag,
+    transcript_digest,
+)
 from worker import Agent, Tool, ToolContext, tool
 from worker.machine import transcript_problems
 from worker.providers import MockModel, ModelResponse, ToolSpec
@@ -73,6 +90,17 @@ class RunShape:
     model_ms: int = 50
     slow_model: dict[int, int] = field(default_factory=dict)
     gated: frozenset[tuple[int, int]] = frozenset()
+    once: frozenset[tuple[int, int]] = frozenset()
+    unchecked: frozenset[tuple[int, int]] = frozenset()
+    after: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def tool_of(self, turn: int, index: int) -> str:
+        """The tool call ``index`` of tool turn ``turn`` uses."""
+        if (turn, index) in self.gated:
+            return APPROVED_TOOL
+        if (turn, index) in self.once:
+            return ONCE_TOOL
+        return UNCHECKED_TOOL if (turn, index) in self.unchecked else "work"
 
     def calls_in(self, turn: int) -> int:
         """How many tool calls tool turn ``turn`` makes."""
@@ -98,7 +126,8 @@ def parse_shape(text: str) -> RunShape:  # noqa: C901 - one branch per option ke
     values: dict[str, Any] = {"run_id": words[1]}
     slow: dict[tuple[int, int], int] = {}
     slow_model: dict[int, int] = {}
-    gated: set[tuple[int, int]] = set()
+    marked: dict[str, set[tuple[int, int]]] = {"gate": set(), "once": set(), "unchecked": set()}
+    after: dict[tuple[int, int], int] = {}
     for word in words[2:]:
         key, _, value = word.partition("=")
         if key == "turns":
@@ -110,22 +139,23 @@ def parse_shape(text: str) -> RunShape:  # noqa: C901 - one branch per option ke
             values["sleep_ms"] = (int(low), int(high or low))
         elif key == "model":
             values["model_ms"] = int(value)
-        elif key == "slow":
+        elif key in ("slow", "after"):
             for item in value.split(","):
                 where, _, ms = item.partition(":")
                 turn, _, index = where.partition(".")
-                slow[(int(turn), int(index))] = int(ms)
-        elif key == "gate":
+                (slow if key == "slow" else after)[(int(turn), int(index))] = int(ms)
+        elif key in marked:
             for item in value.split(","):
                 turn, _, index = item.partition(".")
-                gated.add((int(turn), int(index)))
+                marked[key].add((int(turn), int(index)))
         elif key == "slowmodel":
             for item in value.split(","):
                 turn, _, ms = item.partition(":")
                 slow_model[int(turn)] = int(ms)
         else:
             raise ValueError(f"unknown crash-test option {key!r}")
-    return RunShape(slow=slow, slow_model=slow_model, gated=frozenset(gated), **values)
+    return RunShape(slow=slow, slow_model=slow_model, gated=frozenset(marked["gate"]), once=frozenset(marked["once"]),
+                    unchecked=frozenset(marked["unchecked"]), after=after, **values)
 
 
 def run_input(run_id: str, **options: object) -> str:
@@ -145,9 +175,16 @@ def _script(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if turn >= shape.turns - 1:
         return {"text": f"done {shape.run_id} {response_tag(nonce)}"}
-    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": APPROVED_TOOL if (turn, k) in shape.gated else "work",
-              "args": {"ms": shape.sleep_of(turn, k)}} for k in range(shape.calls_in(turn))]
+    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": shape.tool_of(turn, k), "args": _args_of(shape, turn, k)}
+             for k in range(shape.calls_in(turn))]
     return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls}
+
+
+def _args_of(shape: RunShape, turn: int, index: int) -> dict[str, Any]:
+    args: dict[str, Any] = {"ms": shape.sleep_of(turn, index)}
+    if shape.tool_of(turn, index) in (ONCE_TOOL, UNCHECKED_TOOL):
+        args["after_ms"] = shape.after.get((turn, index), 0)
+    return args
 
 
 class LoggedModel(MockModel):
@@ -175,13 +212,17 @@ def _response_id(response: ModelResponse) -> str | None:
     return text[start + 6:text.find("]", start)] if start >= 0 else None
 
 
-def _sleep_logged(ms: int, ctx: ToolContext, approved: bool) -> str:
+def _sleep_logged(ms: int, ctx: ToolContext, approved: bool, once: bool = False, after_ms: int = 0) -> str:
     execution = uuid.uuid4().hex[:12]
     record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": approved}
-    log_event({**record, "phase": "start", "ms": ms})
+              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": approved, "once": once}
+    log_event({**record, "phase": "start", "ms": ms, "attempt": ctx.attempt})
     time.sleep(ms / 1000)
-    if os.environ.get(EFFECTS_ENV):
+    if once:
+        applied = _apply_once_effect(ctx.tool_call_id, ctx.session_id, execution)
+        log_event({**record, "phase": "effect", "applied": applied})
+        time.sleep(after_ms / 1000)
+    elif os.environ.get(EFFECTS_ENV):
         _apply_effect(ctx.tool_call_id, ctx.session_id)
         log_event({**record, "phase": "effect"})
     log_event({**record, "phase": "end"})
@@ -191,16 +232,42 @@ def _sleep_logged(ms: int, ctx: ToolContext, approved: bool) -> str:
 _effects: dict[int, Any] = {}  # pid -> connection, so a forked pool process opens its own
 
 
-def _apply_effect(call_id: str, run_id: str) -> None:
-    """The call's effect, applied at most once per call id (the idempotent sink of RELIABILITY check 6)."""
+def _connection() -> Any:
     import psycopg
 
     conn = _effects.get(os.getpid())
     if conn is None:
         _effects.clear()
         conn = _effects[os.getpid()] = psycopg.connect(os.environ["LOUSHO_DATABASE_URL"], autocommit=True)
-    conn.execute(f"INSERT INTO {EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                 (call_id, run_id))
+    return conn
+
+
+def _apply_effect(call_id: str, run_id: str) -> None:
+    """The call's effect, applied at most once per call id (the idempotent sink of RELIABILITY check 6)."""
+    _connection().execute(f"INSERT INTO {EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                          (call_id, run_id))
+
+
+def _apply_once_effect(call_id: str, run_id: str, execution: str) -> bool:
+    """A once call's effect: its row in the once sink (and the I12 sink, when on), in one transaction.
+
+    Returns whether this execution applied it (False: an earlier one had, which I18 forbids).
+    """
+    conn = _connection()
+    with conn.transaction():
+        if os.environ.get(EFFECTS_ENV):
+            _apply_effect(call_id, run_id)
+        applied = conn.execute(f"INSERT INTO {ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s)"
+                               " ON CONFLICT DO NOTHING RETURNING 1", (call_id, execution, run_id)).fetchone()
+    return applied is not None
+
+
+def _once_happened(args: dict[str, Any], ctx: ToolContext) -> str | None:
+    """``once_work``'s reconcile: the result naming the execution that applied the effect, or None."""
+    row = _connection().execute(f"SELECT exec FROM {ONCE_TABLE} WHERE idem_key = %s", (ctx.tool_call_id,)).fetchone()
+    log_event({"kind": "reconcile", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
+               "attempt": ctx.attempt, "found": row[0] if row else None})
+    return None if row is None else json.dumps({"exec": row[0], "reconciled": True})
 
 
 @tool
@@ -217,12 +284,27 @@ def _approved_work(ms: int, ctx: ToolContext) -> str:
 approved_work = Tool(_approved_work, name=APPROVED_TOOL, needs_approval=True)
 
 
+def _once_work(ms: int, after_ms: int, ctx: ToolContext) -> str:
+    """Sleep, apply an effect that must not happen twice, sleep ``after_ms`` more."""
+    return _sleep_logged(ms, ctx, approved=False, once=True, after_ms=after_ms)
+
+
+def _once_unchecked(ms: int, after_ms: int, ctx: ToolContext) -> str:
+    """Like ``once_work``, with no reconcile function: a person reconciles an interrupted call."""
+    return _sleep_logged(ms, ctx, approved=False, once=True, after_ms=after_ms)
+
+
+once_work = Tool(_once_work, name=ONCE_TOOL, once=True, reconcile=_once_happened)
+once_unchecked = Tool(_once_unchecked, name=UNCHECKED_TOOL, once=True)
+TOOLS = [work, approved_work, once_work, once_unchecked]
+
+
 #: Parallel tools (a batch runs its calls on up to 4 threads).
 chaos = Agent(name="chaos", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-              tools=[work, approved_work], max_steps=50, tool_concurrency=4)
+              tools=TOOLS, max_steps=50, tool_concurrency=4)
 #: Sequential tools, so a crash point inside a batch has exactly one call in flight.
 serial = Agent(name="serial", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-               tools=[work, approved_work], max_steps=50, tool_concurrency=1)
+               tools=TOOLS, max_steps=50, tool_concurrency=1)
 
 
 def _install_duplicator(spec: str) -> None:

@@ -29,7 +29,7 @@ _RESPONSE = re.compile(r"\[resp:([0-9a-f]+)\]")
 #: Saves this soon after a kill may still be the victim's own; recovery counts from the next one.
 VICTIM_GRACE_S = 0.1
 #: Invariants checked here; each passes or fails as a whole.
-CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10", "I12")
+CHECKS = ("I1", "I2", "I3", "I4", "I5", "I7", "I10", "I12", "I18")
 #: The idempotent sink the test tools write when ``EFFECTS_ENV`` is set (RELIABILITY section 4, check 6): one row
 #: per tool call id, however often the call ran.
 EFFECTS_TABLE = "test_effects"
@@ -38,6 +38,12 @@ EFFECTS_ENV = "LOUSHO_TEST_EFFECTS"
 APPROVED_TOOL = "approved_work"
 #: The tool of a lead whose calls run as child runs: its results come from the child, not from an execution.
 SUBAGENT_TOOL = "task"
+#: The test agents' ``once`` tools (RELIABILITY I18): with a ``reconcile`` function, and without one.
+ONCE_TOOL, UNCHECKED_TOOL = "once_work", "once_unchecked"
+ONCE_TOOLS = (ONCE_TOOL, UNCHECKED_TOOL)
+#: The sink the ``once`` tools apply their effect to, one row per call naming the execution that applied it; their
+#: ``reconcile`` reads it.
+ONCE_TABLE = "test_once_effects"
 
 
 def response_tag(nonce: str) -> str:
@@ -263,6 +269,13 @@ class _Checker:
         #: The idempotent sink's rows (tool call id -> run id), when the test asked for check 6.
         self.effects: dict[str, str] | None = None
         self.effect_counts: dict[str, int] = {}
+        #: The once sink's rows: tool call id -> the execution that applied the call's effect.
+        self.once_applied: dict[str, str] = {}
+        #: Log position of each execution's start line: (run, call, exec) -> index (the log is one ordered file).
+        self.start_index = {(e["run_id"], e["tool_call_id"], e["exec"]): k for k, e in enumerate(events)
+                            if e.get("kind") == "tool" and e.get("phase") == "start"}
+        self.once_figures = {"once_calls": 0, "once_reexecutions": 0, "once_reruns": 0, "reconciled_results": 0,
+                             "reconcile_calls": sum(1 for e in events if e.get("kind") == "reconcile")}
 
     def fail(self, check: str, message: str) -> None:
         self.violations[check].append(message)
@@ -273,7 +286,8 @@ class _Checker:
         for run in self.runs.values():
             self.per_run[run.session_id] = {"raw_reexecutions": 0, "wasted_model_calls": 0,
                                             "interrupted_model_calls": 0, "executions": 0,
-                                            "interrupted_results": 0}
+                                            "interrupted_results": 0, "once_reexecutions": 0,
+                                            "reconciled_results": 0}
             self.check_history(run)
             self.check_finished(run)
             self.check_transcript(run)
@@ -369,13 +383,50 @@ class _Checker:
                         self.fail("I2", f"{run.session_id}: {call_id} executed from seq {execution['base_seq']}"
                                         f" though its result was recorded at seq {recorded}")
                 result = results.get(call_id)
-                if result is not None:
+                if name in ONCE_TOOLS:
+                    self.check_once(run.session_id, call_id, executions, result)
+                elif result is not None:
                     self.check_result(run.session_id, call_id, name, result, executions, ended)
         for (sid, call_id), executions in starts.items():
             stored = self.runs.get(sid)
             known = {c.get("id") for m in (stored.messages if stored else []) for c in m.get("tool_calls") or ()}
             if call_id not in known:
                 self.fail("I2", f"{sid}: {len(executions)} execution(s) of {call_id}, a call in no transcript")
+
+    def check_once(self, sid: str, call_id: str, executions: list[dict[str, Any]],
+                   result: Mapping[str, Any] | None) -> None:
+        """I18: no execution of a ``once`` call starts after the one that applied its effect; results are true.
+
+        Clock-free: the log is one file every process appends whole lines to, so a start line written after the
+        applying execution's start line is an execution that began after it. A reconciled result must name the
+        execution that applied the effect; an execution's own result must come from it.
+        """
+        figures = self.per_run[sid]
+        self.once_figures["once_calls"] += 1
+        applied = self.once_applied.get(call_id)
+        starts = sorted(self.start_index.get((sid, call_id, e["exec"]), -1) for e in executions)
+        if applied is not None:
+            applied_at = self.start_index.get((sid, call_id, applied))
+            if applied_at is None:
+                self.fail("I18", f"{sid}: the effect of once call {call_id} was applied by {applied}, which never"
+                                 " started")
+            else:
+                again = sum(1 for index in starts if index > applied_at)
+                figures["once_reexecutions"] += again
+                self.once_figures["once_reexecutions"] += again
+                self.once_figures["once_reruns"] += sum(1 for index in starts if index < applied_at)
+                if again:
+                    self.fail("I18", f"{sid}: once call {call_id} executed {again} more time(s) after {applied}"
+                                     " applied its effect")
+        body = _result_body(result) if result is not None else None
+        if result is None or body is None:
+            return
+        if body.get("reconciled"):
+            figures["reconciled_results"] += 1
+            self.once_figures["reconciled_results"] += 1
+        if "exec" in body and body["exec"] != applied:
+            self.fail("I18", f"{sid}: once call {call_id} has the result of {body['exec']}, but"
+                             f" {applied or 'no execution'} applied its effect")
 
     def check_result(self, sid: str, call_id: str, name: str, result: Mapping[str, Any],
                      executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
@@ -487,6 +538,7 @@ class _Checker:
                               "interrupted_results")}
         violations = [f"{check}: {message}" for check in CHECKS for message in self.violations.get(check, [])]
         return {
+            **self.once_figures,
             "runs": len(self.expected),
             "finished": sum(1 for sid in self.expected if sid in self.runs and self.runs[sid].status == "finished"),
             "model_calls": sum(1 for e in self.models if e["phase"] == "start"),
@@ -539,6 +591,21 @@ def _turn_seqs(run: _Run) -> dict[int, int]:
     return recorded
 
 
+def prepare_once_sink(database_url: str) -> None:
+    """Create (or empty) the sink the ``once`` tools apply their effect to (I18)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {ONCE_TABLE} (idem_key text PRIMARY KEY, exec text NOT NULL,"
+                     " run_id text NOT NULL)")
+        conn.execute(f"TRUNCATE {ONCE_TABLE}")
+
+
+def _load_once(database_url: str) -> dict[str, str]:
+    with psycopg.connect(database_url) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (ONCE_TABLE,)).fetchone() == (None,):
+            return {}
+        return {str(key): str(execution) for key, execution in conn.execute(f"SELECT idem_key, exec FROM {ONCE_TABLE}")}
+
+
 def prepare_effects(database_url: str) -> None:
     """Create (or empty) the idempotent effects sink of check 6 (I12)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -556,13 +623,14 @@ def _load_effects(database_url: str) -> dict[str, str] | None:
 
 def check(database_url: str, log_path: Path, *, expected: Iterable[str] | None = None,
           faults: Sequence[Fault] = (), effects: bool = False) -> dict[str, Any]:
-    """Check every run in the database against I1-I4, I7 and I10 and measure recovery after ``faults``.
+    """Check every run in the database against I1-I5, I7, I10 and I18 and measure recovery after ``faults``.
 
     ``expected`` names the runs that must exist and have finished (default: every stored run). With ``effects``
     the tools wrote the idempotent sink (``prepare_effects`` and ``EFFECTS_ENV``), and I12 is checked too.
     """
     runs = _load_runs(database_url)
     checker = _Checker(runs, read_log(log_path), set(expected) if expected is not None else None, faults)
+    checker.once_applied = _load_once(database_url)
     if effects:
         applied = _load_effects(database_url)
         if applied is None:

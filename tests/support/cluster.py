@@ -30,12 +30,12 @@ import redis
 from psycopg import sql
 
 from producer.client import Client
-from store import keys
+from store import keys, owners
 from store.inputs import normalize_input
 from store.records import Checkpoint
 from store.settings import Settings
 from tests.support import services
-from tests.support.checker import LOG_ENV, Fault, read_log
+from tests.support.checker import LOG_ENV, Fault, prepare_once_sink, read_log
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_MODULE = "tests.support.agents"
@@ -59,6 +59,10 @@ CRASH_POINTS = (
 )
 #: Crash points around an approved call (``worker/batch.py``): they fire only once a human said yes.
 APPROVAL_CRASH_POINTS = ("after_started_marker_before_approved_call", "after_approved_effect_before_result_save")
+#: Crash points around the started mark of a ``once`` call (``worker/batch.py``; the first also fires before an
+#: approved call's mark).
+ONCE_CRASH_POINTS = ("before_started_marker", "after_started_marker_before_once_call",
+                     "after_once_effect_before_result_save")
 #: Between a run's ``on_run_end`` hooks and the note that they ran (``worker/steps.py``).
 END_HOOK_CRASH_POINTS = ("after_end_hooks_before_note",)
 
@@ -188,6 +192,7 @@ class Cluster:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.crash_dir.mkdir(exist_ok=True)
+        prepare_once_sink(self.database_url)  # the once tools' effects (I18), empty for each cluster
 
     # -- paths and environment -------------------------------------------------------------
 
@@ -280,13 +285,15 @@ class Cluster:
         return self._redis
 
     def lease_holders(self) -> dict[str, int]:
-        """Run id -> pid of the process whose live lease names it (``host:pid:nonce``)."""
+        """Run id -> pid of the process whose live lease names it (``store.owners``)."""
         holders = {}
         for key in self.redis.scan_iter(match=keys.LEASE_PREFIX + "*", count=500):
             value = self.redis.get(key)
             if not isinstance(value, bytes):
                 continue
-            holders[key.decode()[len(keys.LEASE_PREFIX):]] = int(value.decode().rsplit(":", 2)[1])
+            owner = owners.parse(value.decode())
+            if owner is not None:
+                holders[key.decode()[len(keys.LEASE_PREFIX):]] = owner.pid
         return holders
 
     def holder_pid(self, session_id: str) -> int | None:
@@ -548,7 +555,8 @@ def fresh_id(prefix: str) -> str:
 
 def _split_marker(name: str) -> tuple[str, str]:
     rest = name[len("crash-"):]
-    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len, reverse=True):
+    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len,
+                        reverse=True):
         if rest.startswith(point + "-"):
             return point, rest[len(point) + 1:]
     raise ValueError(f"unknown crash marker {name!r}")

@@ -2,11 +2,11 @@
 
 ``SoakConfig`` reads the size from the environment once (the defaults are the short form CI runs):
 
-``LOUSHO_SOAK_RUNS``               runs (60; 2000 for the long soak)
+``LOUSHO_SOAK_RUNS``               runs (40; 2000 for the long soak)
 ``LOUSHO_SOAK_SECONDS``            the longest the load may take before the drain (derived from the runs)
-``LOUSHO_SOAK_KILLS``              worker kills (12, or one per 35 runs when more)
+``LOUSHO_SOAK_KILLS``              worker kills (6, or one per 35 runs when more)
 ``LOUSHO_SOAK_REDIS_RESTARTS``     Redis kills, alternating lost data and AOF replay (2)
-``LOUSHO_SOAK_POSTGRES_RESTARTS``  Postgres immediate stops (2)
+``LOUSHO_SOAK_POSTGRES_RESTARTS``  Postgres immediate stops (1 up to 100 runs, else 2)
 ``LOUSHO_SOAK_IN_FLIGHT``          runs under way at once (12)
 ``LOUSHO_SOAK_TURNS``              model turns per run (8 up to 500 runs, else 4: the faults, paced by the
                                    cluster healing after each, then spread over the whole load)
@@ -80,7 +80,7 @@ class SoakConfig:
     @classmethod
     def from_env(cls) -> SoakConfig:
         """The soak's size from ``LOUSHO_SOAK_*`` (see the module docstring)."""
-        runs = int(os.environ.get("LOUSHO_SOAK_RUNS", "60"))
+        runs = int(os.environ.get("LOUSHO_SOAK_RUNS", "40"))
 
         def number(name: str, default: float) -> float:
             return float(os.environ.get(f"LOUSHO_SOAK_{name}") or default)
@@ -88,9 +88,9 @@ class SoakConfig:
         # About 1.2 s of a loaded 2-core machine per run with the faults, plus the servers' start.
         seconds = number("SECONDS", 100 + 1.2 * runs)
         return cls(runs=runs, seed=int(number("SEED", random.randrange(1 << 30))), max_seconds=seconds,
-                   kills=int(number("KILLS", max(12, runs // 35))),
+                   kills=int(number("KILLS", max(6, runs // 35))),
                    redis_restarts=int(number("REDIS_RESTARTS", 2)),
-                   postgres_restarts=int(number("POSTGRES_RESTARTS", 2)),
+                   postgres_restarts=int(number("POSTGRES_RESTARTS", 1 if runs <= 100 else 2)),
                    in_flight=int(number("IN_FLIGHT", 12)), turns=int(number("TURNS", 8 if runs <= 500 else 4)),
                    rss_every_s=max(5.0, min(30.0, seconds / 60)))
 

@@ -282,18 +282,18 @@ def test_a_person_forks_a_run_from_a_step_and_sees_where_the_two_diverge(
     page.reload()
     expected = compare_trajectories(cluster.checkpoint(agents.CHOOSER, run_id),
                                     cluster.checkpoint(agents.CHOOSER, fork_id)).diverged_at
-    assert expected == 1  # same colour, then another shade
+    assert expected == 2  # same colour, then another shade: the step the fork started from
     text = page.locator("#divergence").inner_text()
     found = re.search(r"diverge at step (\d+)", text)
     assert found, f"#divergence says {text!r}"
-    print(f"figure: #divergence reads {text.strip()!r} (compare_trajectories: index {expected})")
-    assert int(found.group(1)) in (expected, expected + 1)
+    print(f"figure: #divergence reads {text.strip()!r} (compare_trajectories: step {expected})")
+    assert int(found.group(1)) == expected
     for side, shade in (("#side-a", "navy"), ("#side-b", "teal")):
         column = page.locator(f"#compare {side}")
         assert column.locator(".step[data-index]").count() == 3
         assert column.locator(".step.diverged").count() >= 1, f"no step of {side} is marked .diverged"
         assert column.locator(".step.diverged").first.get_attribute("data-index") == str(expected)
-        assert column.locator(".step[data-index='0'].diverged").count() == 0
+        assert column.locator(".step[data-index='1'].diverged").count() == 0
         assert shade in column.locator(f".step[data-index='{expected}']").inner_text()
     _figure("fork and compare", started)
 

@@ -120,6 +120,7 @@ def test_install_refuses_a_visibility_timeout_shorter_than_a_step() -> None:
         lousho_celery.install(host, Settings(broker_url=HOST_BROKER))
 
     assert raised.value.field == "broker_transport_options"
+    assert host.conf.task_queues == HOST_SETTINGS["task_queues"] and host.conf.include == ["billing.tasks"]
 
 
 def _worker(app: Celery, queues: list[str] | None = None) -> Any:

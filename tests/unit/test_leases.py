@@ -23,12 +23,14 @@ def _redis_subject() -> lease_contract.LeaseSubject:
         leases=LeaseManager(client, TTL_MS),
         expire=lambda sid: client.delete(keys.lease_key(sid)),
         lose_everything=client.flushall,
+        hold_as=lambda sid, owner: client.set(keys.lease_key(sid), owner, px=TTL_MS),
     )
 
 
 def _memory_subject() -> lease_contract.LeaseSubject:
     leases = MemoryLeaseManager(TTL_MS, FakeClock())
-    return lease_contract.LeaseSubject(leases=leases, expire=leases.expire, lose_everything=leases.flush_all)
+    return lease_contract.LeaseSubject(leases=leases, expire=leases.expire, lose_everything=leases.flush_all,
+                                       hold_as=leases.hold_as)
 
 
 @pytest.mark.parametrize("make", [_redis_subject, _memory_subject], ids=["redis-lua", "memory"])

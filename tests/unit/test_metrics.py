@@ -189,6 +189,17 @@ def test_the_sink_receives_what_step_code_notes_through_the_telemetry_facade(
     assert value(registry, "lousho_sweep_resends_total") == 2
 
 
+def test_reconciliations_of_once_calls_are_counted_by_tool_and_outcome(
+        sink: metrics.Metrics, registry: CollectorRegistry) -> None:
+    sink.step_done(report("advanced", kind=telemetry.TOOL_BATCH,
+                          reconciliations=[("charge", "happened"), ("charge", "asked"), ("email", "happened")]))
+    sink.step_done(report("failed", kind=telemetry.TOOL_BATCH, reconciliations=[("charge", "failed")]))
+    assert value(registry, "lousho_tool_reconciliations_total", tool="charge", outcome="happened") == 1
+    assert value(registry, "lousho_tool_reconciliations_total", tool="charge", outcome="asked") == 1
+    assert value(registry, "lousho_tool_reconciliations_total", tool="charge", outcome="failed") == 1
+    assert value(registry, "lousho_tool_reconciliations_total", tool="email", outcome="happened") == 1
+
+
 def test_every_documented_family_is_exposed_and_nothing_else() -> None:
     sink = metrics.Metrics()
     sink.step_done(report("parked", input_started=True, ended_as="finished", error_code="LOUSHO_X",

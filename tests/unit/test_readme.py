@@ -236,3 +236,13 @@ def test_every_docs_page_is_linked_from_another_page() -> None:
               for page in PAGES for target in filter(_is_relative, _links(page)) if target.partition("#")[0]}
     orphans = [_name(page) for page in PAGES[1:] if page.resolve() not in linked]
     assert not orphans, f"pages no other page links to: {orphans}"
+
+
+def test_the_front_door_and_the_tools_page_say_a_call_id_protects_one_call_only() -> None:
+    # A call the model asks again after a crash is a new call with a new id: a key from the business data is needed
+    # for an effect due once per business event, and the pages that recommend ``ctx.tool_call_id`` must say so.
+    for page in (README, ROOT / "docs" / "guide" / "agents.md"):
+        prose = " ".join(_prose(page).split())
+        assert "`ctx.tool_call_id`" in prose, _name(page)
+        assert "new call with a new id" in prose and "key from your own data" in prose, (
+            f"{_name(page)} does not warn that a call id protects one call only")

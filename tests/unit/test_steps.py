@@ -41,6 +41,8 @@ class Shop:
 
     def __init__(self) -> None:
         self.executions: list[tuple[str, str, int]] = []
+        #: The approval each refund or reservation ran under (``ToolContext.approval_id``).
+        self.approvals: list[tuple[str, str | None]] = []
         self.gate: Gate | None = None
         self.on_charge: Callable[[], None] | None = None
 
@@ -58,6 +60,7 @@ class Shop:
         def reserve(sku: str, ctx: ToolContext) -> str:
             """Reserve stock."""
             self.executions.append(("reserve", ctx.tool_call_id, ctx.checkpoint_seq))
+            self.approvals.append(("reserve", getattr(ctx, "approval_id", None)))
             return f"reserved {sku}"
 
         @tool
@@ -69,6 +72,7 @@ class Shop:
         def refund(amount: float, ctx: ToolContext) -> str:
             """Refund the card."""
             self.executions.append(("refund", ctx.tool_call_id, ctx.checkpoint_seq))
+            self.approvals.append(("refund", getattr(ctx, "approval_id", None)))
             return f"refunded {amount}"
 
         self.tools: list[Tool] = [charge, reserve, ship, Tool(refund, needs_approval=True)]
@@ -369,6 +373,24 @@ def test_a_provider_retry_after_is_honoured_in_full_by_the_sweep_not_a_long_coun
     assert runtime.sweep() == 0
     runtime.clock.advance(seconds=wait - 119 + 0.001)
     assert runtime.sweep() == 1 and runtime.drain() == [FINISHED] and model.calls == 2
+
+
+def test_pending_shows_the_failure_streak_and_the_next_attempt_apart_from_crash_restarts(shop: Shop) -> None:
+    # Given a run whose model call failed transiently twice in a row (no crash)
+    runtime, _ = _flaky_runtime(shop, [errors.ProviderError("503", retryable=True) for _ in range(2)])
+    runtime.queue.pop()
+    assert runtime.step(SID) == Outcome.FAILED
+    runtime.clock.advance(seconds=runtime.deps.retry_backoff_max_s + 1)
+    assert runtime.step(SID) == Outcome.FAILED
+    # When it is listed, then it shows two failures in a row, when it is tried next, and no crash restart
+    (listed,) = runtime.store.pending()
+    stored = runtime.checkpoint(SID)
+    assert (listed.state, listed.failures, listed.attempts) == ("retrying", 2, 0)
+    assert listed.next_attempt_at == stored.next_attempt_at is not None
+    # And once a step succeeds, the streak is gone
+    runtime.clock.advance(seconds=runtime.deps.retry_backoff_max_s + 1)
+    assert runtime.step(SID) == FINISHED
+    assert runtime.checkpoint(SID).failures == 0 and runtime.checkpoint(SID).next_attempt_at is None
 
 
 def test_backoff_grows_with_each_failure_in_a_row_up_to_the_cap() -> None:
@@ -715,6 +737,17 @@ def test_a_gated_call_pauses_the_run_and_an_approval_runs_it_once(shop: Shop) ->
     assert shop.runs_of("refund") == 1
     assert [m.tool_call_id for m in tool_results(final)] == ["call_0_0", "call_0_1"]
     assert final.started_tool_call_ids == [] and final.approval_ids == []
+
+
+def test_an_approved_call_is_told_the_approval_it_runs_under(shop: Shop) -> None:
+    # Given a run paused on the refund, the reservation of the same turn already run without an approval
+    runtime, approvals, approval_id = _paused_on_refund(shop)
+    # When a person approves the refund and the run goes on
+    approvals.resolve(approval_id, approved=True)
+    runtime.queue(SID, None)
+    assert runtime.drain()[-1] == FINISHED
+    # Then the refund ran with the id of the decision that let it run (to tie its effect to), the reservation with none
+    assert shop.approvals == [("reserve", None), ("refund", approval_id)]
 
 
 def test_a_rejected_call_gets_a_rejection_result_and_never_runs(shop: Shop) -> None:

@@ -74,6 +74,16 @@ def test_a_call_made_from_a_thread_of_the_set_starts_at_once_even_when_the_set_i
     assert threads.wait(running, DEADLINE) == "done" and running.result() == "outer with inner"
 
 
+def test_a_call_submitted_at_once_never_waits_for_a_busy_set(gate: threading.Event) -> None:
+    threads = ToolThreads(size=1)
+    entered = threading.Event()
+    busy = threads.submit(_blocker, gate, entered)  # a call of another step that does not return
+    assert entered.wait(DEADLINE)
+    batch_call = threads.submit(lambda: "ran", at_once=True)
+    assert threads.wait(batch_call, DEADLINE) == "done" and batch_call.result() == "ran"
+    assert not busy.done()
+
+
 def test_a_call_that_raises_hands_its_error_to_the_waiter() -> None:
     threads = ToolThreads(size=2)
 

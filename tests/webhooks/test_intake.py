@@ -113,6 +113,7 @@ def test_a_paused_run_is_reported_then_approved_over_http(receiver: Receiver) ->
     assert status["status"] == "awaiting-approval"
     (pending,) = status["pending_approvals"]
     assert pending["tool_name"] == "refund" and pending["args"] == {"amount": 5}
+    assert (pending["kind"], pending["question"]) == ("tool", None)
     decision = {"approved": True, "note": "fine"}
     response = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps(decision),
                            headers={**AUTH, "content-type": "application/json"})

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from producer.client import Client
 from producer.server import create_app
 from producer.webhooks import Backend, WebhookConfig
-from store import errors
+from store import errors, keys
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -25,6 +25,7 @@ from store.deliveries import PostgresDeliveryStore
 from store.leases import Heartbeat, LeaseManager
 from store.records import Message
 from store.settings import Settings
+from tests.fakes.crash import die_at
 from tests.webhooks.conftest import DESK, HOOKS, SECRET, Driver, key, truncate_producer_tables
 from worker import Agent, tool
 from worker.providers import MockModel
@@ -62,7 +63,17 @@ CHOOSER = Agent(name="chooser", model=MockModel(_choose), instructions="Choose."
 ASKER = Agent(name="asker", model=MockModel(_book), instructions="Book.", ask_question=True)
 SCRIPTY = Agent(name="scripty", model=MockModel(["<script>alert(1)</script> done"]), instructions="Say it.")
 BROKEN = Agent(name="broken", model=MockModel([{"error": "boom", "retryable": False}]), instructions="Fail.")
-AGENTS = {a.name: a for a in (HOOKS, DESK, CHOOSER, ASKER, SCRIPTY, BROKEN)}
+
+
+@tool(once=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+def charge(order: str) -> str:
+    """Charge the card for an order."""
+    return f"charged {order}"
+
+
+TILL = Agent(name="till", model=MockModel([{"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."]),
+             instructions="Charge.", tools=[charge])
+AGENTS = {a.name: a for a in (HOOKS, DESK, CHOOSER, ASKER, SCRIPTY, BROKEN, TILL)}
 
 
 def _not_yet(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
@@ -301,6 +312,27 @@ def test_answering_a_question_from_the_inbox(site: Site) -> None:
     assert 'class="empty"' in site.http.get("/ui/approvals").text
     page = site.http.get("/ui/runs/ask-1").text
     assert "booked" in page and "Oslo" in page and 'data-status="finished"' in page
+
+
+def test_deciding_a_reconciliation_from_the_inbox(site: Site, leases: LeaseManager, redis_client: Any) -> None:
+    site.start("till", "till-1", "charge order 7", drain=False)
+    die_at("after_once_effect_before_result_save", "till-1", leases, site.driver.drain)
+    site.driver.queue.clear()
+    redis_client.delete(keys.lease_key("till-1"))  # the dead worker's lease expired
+    site.driver.enqueue("till-1", None)
+    site.driver.drain()
+    token = _sign_in(site)
+    inbox = site.http.get("/ui/approvals").text
+    asked = site.client.approvals.list()[0]
+    assert asked.kind == "reconcile" and f'data-approval-id="{asked.approval_id}"' in inbox
+    assert "Did it take effect?" in inbox and 'value="answer"' in inbox and 'value="approve"' in inbox
+    assert 'value="reject"' in inbox
+    done = _post(site, f"/ui/approvals/{asked.approval_id}", token, decision="reject", note="never reached the bank",
+                 next="/ui/approvals")
+    assert done.status_code == 303
+    site.driver.drain()
+    page = site.http.get("/ui/runs/till-1").text
+    assert "never reached the bank" in page and 'data-status="finished"' in page
 
 
 def test_abort_and_resume_from_the_page(site: Site) -> None:

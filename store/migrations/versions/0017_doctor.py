@@ -8,7 +8,7 @@ shows its cost without the producer importing agents. Only adds tables and a nul
 previous release keep running beside this one (their registrations leave the prices as they are).
 
 Revision ID: 0017
-Revises: 0012
+Revises: 0016
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0017"
-down_revision = "0012"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

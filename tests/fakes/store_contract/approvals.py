@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -266,6 +267,34 @@ def check_two_concurrent_expiry_passes_decide_each_approval_once(make: StoreFact
     assert all(c is not None and c.status == "in-progress" for c in map(subject.store.load, runs))
 
 
+def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_or_rejected(
+        make: StoreFactory) -> None:
+    subject = make(50)
+    decisions: dict[str, dict[str, Any]] = {"ct-rec-a": {"answer": "charged as ch_7"}, "ct-rec-b": {"approved": True},
+                                            "ct-rec-c": {"approved": False, "note": "refunded"}}
+    for session_id in decisions:
+        checkpoint = new_run(subject.store, session_id)
+        call = ToolCall(id=f"{session_id}-c0", name="charge", args={"order": "7"})
+        asked = Approval(approval_id=f"{session_id}-ap0", session_id=session_id, tool_call_id=call.id,
+                         tool_name="charge", args=call.args, agent=AGENT, kind="reconcile",
+                         question="Did it take effect?")
+        paused = checkpoint.model_copy(update={
+            "seq": 1, "messages": [user_message("charge"), Message(role="assistant", tool_calls=[call])], "step": 1,
+            "status": "awaiting-approval", "approval_ids": [asked.approval_id], "inbox_cursor": 1,
+            "started_tool_call_ids": [call.id]})
+        assert write(subject.store, paused, drained_inbox=True, approvals=[asked]) is not None
+    listed = {a.session_id: a for a in subject.approvals.pending(AGENT) if a.session_id in decisions}
+    assert {(a.kind, a.question, a.expires_at) for a in listed.values()} == {("reconcile", "Did it take effect?", None)}
+    with pytest.raises(errors.ConfigurationError):
+        subject.approvals.resolve("ct-rec-a-ap0", approved=False, answer="both")
+    decided = {sid: subject.approvals.resolve(f"{sid}-ap0", **how) for sid, how in decisions.items()}
+    assert {sid: (d.approval.status, d.approval.answer, d.run_continues) for sid, d in decided.items()} == {
+        "ct-rec-a": ("approved", "charged as ch_7", True), "ct-rec-b": ("approved", None, True),
+        "ct-rec-c": ("rejected", None, True)}
+    loaded = subject.store.load("ct-rec-a")
+    assert loaded is not None and (loaded.status, loaded.started_tool_call_ids) == ("in-progress", ["ct-rec-a-c0"])
+
+
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_a_pausing_save_creates_one_pending_approval_per_gated_call,
     check_the_last_decision_of_a_pause_lets_the_run_continue,
@@ -278,4 +307,5 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_expire_approvals_decides_due_ones_only_oldest_first_and_continues_their_runs,
     check_an_expiry_keeps_a_refused_run_parked_until_resume,
     check_two_concurrent_expiry_passes_decide_each_approval_once,
+    check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_or_rejected,
 )

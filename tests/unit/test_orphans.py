@@ -1,0 +1,76 @@
+"""Steps whose process died on this host are sent again at once (``worker.orphans``): by the worker's main process
+when a pool process dies mid-step, and at start for the leases a worker killed whole left behind."""
+
+from __future__ import annotations
+
+from store.inputs import normalize_input
+from store.memory import MemoryCheckpointStore, MemoryLeaseManager
+from store.records import DueRun
+from tests.fakes import processes
+from tests.fakes.clock import FakeClock
+from worker import orphans
+
+TTL_MS = 30_000
+
+
+def _step(task_id: str, pid: int, session_id: str) -> orphans.PoolStep:
+    return orphans.PoolStep(task_id, pid, session_id, "lousho.shop", "shop: tool batch")
+
+
+def test_the_step_of_a_pool_process_that_died_is_sent_again_once_with_its_lease_released() -> None:
+    # Given a pool process that died holding the lease of run-1, and a live one holding run-2's
+    clock = FakeClock()
+    leases = MemoryLeaseManager(TTL_MS, clock)
+    store = MemoryCheckpointStore(clock=clock)
+    for sid in ("run-1", "run-2"):
+        store.append_input(sid, "shop", normalize_input("go"))
+    clock.advance(ms=TTL_MS + 1)
+    sent: list[orphans.PoolStep] = []
+    watch = orphans.DeadSteps(leases, sent.append, store)
+    dead_owner = processes.exited_owner()
+    dead_pid = int(dead_owner.split(":")[1])
+    leases.hold_as("run-1", dead_owner)
+    with processes.running() as live:
+        leases.hold_as("run-2", processes.owner_of(live.pid))
+        steps = [_step("t1", dead_pid, "run-1"), _step("t2", live.pid, "run-2")]
+        # When the main process checks its pool's steps, twice (Celery lists the dead step until it notices)
+        first = watch.check(steps)
+        again = watch.check(steps)
+    # Then the dead process's step went out once, as it came, and its lease is free for it
+    assert first == ["run-1"] and again == []
+    assert sent == [steps[0]]
+    assert leases.holder("run-1") is None and leases.holder("run-2") is not None
+    # And the run is marked as the sweep marks the runs it sends: not sent again for a while, its recovery reported
+    assert [run.session_id for run in store.due_runs(TTL_MS / 1000)] == ["run-2"]
+
+
+def test_a_dead_step_whose_run_another_process_holds_now_is_not_sent_again() -> None:
+    # Given Celery's own redelivery got there first: a live process of this host holds the run now
+    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    sent: list[orphans.PoolStep] = []
+    dead_pid = int(processes.exited_owner().split(":")[1])
+    taken = leases.acquire("run-1")
+    assert taken is not None
+    # When the dead process's step is checked, then nothing is released nor sent
+    assert orphans.DeadSteps(leases, sent.append).check([_step("t1", dead_pid, "run-1")]) == []
+    assert sent == [] and leases.holder("run-1") == taken.owner
+
+
+def test_at_start_the_runs_whose_leases_dead_processes_of_this_host_hold_are_sent_again() -> None:
+    # Given three runs with work: one held by a process that died, one by a live process, one by nobody
+    clock = FakeClock()
+    store = MemoryCheckpointStore(clock=clock)
+    leases = MemoryLeaseManager(TTL_MS, clock)
+    for sid in ("held-dead", "held-live", "free"):
+        store.append_input(sid, "shop", normalize_input("go"))
+    clock.advance(ms=2000)
+    leases.hold_as("held-dead", processes.exited_owner())
+    sent: list[DueRun] = []
+    with processes.running() as live:
+        leases.hold_as("held-live", processes.owner_of(live.pid))
+        # When a restarted worker looks, reading one run per page
+        count = orphans.resend_at_start(store, leases, sent.append, page_size=1)
+    # Then only the dead holder's run is sent (the free one is the sweep's, the live one its holder's), and swept
+    assert count == 1 and [run.session_id for run in sent] == ["held-dead"]
+    assert leases.holder("held-dead") is None and leases.holder("held-live") is not None
+    assert {run.session_id for run in store.due_runs(1.0)} == {"held-live", "free"}

@@ -1,0 +1,128 @@
+"""Steps whose process died on this host: their leases released and the steps sent again at once.
+
+A run whose pool process died mid-step would otherwise wait for Celery to notice (its pool checks every few
+seconds, then requeues the message) or, when the whole worker died, for the dead process's lease to run out
+(``LOUSHO_LEASE_TTL_MS``) and then for a sweep. The worker's main process calls ``DeadSteps.check`` on the steps
+its pool processes accepted (``worker.tasks`` reads them from Celery) and ``resend_at_start`` when it starts.
+Only a lease whose holder is provably gone is released (``store.owners``): a live holder, or one on another
+host, keeps its lease until its TTL. Imports no Celery; a duplicate of a step sent here is harmless (a step
+finds its run busy or its seq stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from store import errors, interfaces, owners, records
+
+__all__ = ["DeadSteps", "PoolStep", "resend_at_start"]
+
+log = logging.getLogger("lousho.orphans")
+
+#: Pages of due runs the pass at start reads at most (``SWEEP_LIMIT`` runs each); the sweep covers the rest.
+START_PAGES = 20
+
+
+@dataclass(frozen=True)
+class PoolStep:
+    """A step a pool process accepted: the message's task id, the process, the run and where to send it again.
+
+    The step is sent again without the message's seq: the dead process may have saved before it died (the seq moved
+    on, and a copy with the old one would be dropped as stale), and no one else works on the run once its lease is
+    released.
+    """
+
+    task_id: str
+    pid: int
+    session_id: str
+    #: The queue the message came from (None: the agent's queue, as the sender would choose it).
+    queue: str | None = None
+    #: The name the step was sent under (Flower's task name).
+    name: str | None = None
+
+
+class DeadSteps:
+    """Notices pool processes that died mid-step and sends their steps again, once per accepted message."""
+
+    def __init__(self, leases: interfaces.Leases, send: Callable[[PoolStep], None],
+                 store: interfaces.RecoveryStore | None = None) -> None:
+        self._leases = leases
+        self._send = send
+        #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
+        self._store = store
+        self._handled: set[str] = set()
+
+    def check(self, steps: Iterable[PoolStep]) -> list[str]:
+        """Release the leases of the steps whose process is no longer running, and send those steps again.
+
+        Returns the runs sent again. A step is handled once (its task id is kept while the pool still lists it);
+        a run whose lease is held by a live process (a redelivered copy got there first) is not sent. The runs sent
+        are marked swept, as the sweep marks the runs it sends (best effort: a store that cannot be reached only
+        costs the report of that recovery).
+
+        Raises:
+            redis.RedisError: the leases could not be read or released (the next check tries again).
+        """
+        listed = list(steps)
+        self._handled &= {step.task_id for step in listed}
+        dead = [step for step in listed if step.task_id not in self._handled and not owners.is_running(step.pid)]
+        if not dead:
+            return []
+        freed = set(self._leases.release_gone([step.session_id for step in dead]))
+        self._handled.update(step.task_id for step in dead)
+        sent = []
+        for step in dead:
+            if step.session_id in freed:
+                log.info("pool process %d died in a step of %s; step sent again", step.pid, step.session_id)
+                self._send(step)
+                sent.append(step.session_id)
+        if sent and self._store is not None:
+            try:
+                self._store.mark_swept(sent)
+            except errors.StorageError as exc:
+                log.warning("could not mark the runs sent again as recovering (%s)", exc.code)
+        return sent
+
+
+def resend_at_start(store: interfaces.RecoveryStore, leases: interfaces.Leases,
+                    send: Callable[[records.DueRun], None], page_size: int, deadline_s: float = 30.0) -> int:
+    """Send a step for each run whose lease a dead process of this host holds (a worker killed whole, restarted).
+
+    Reads the runs that could move, ``page_size`` at a time (``START_PAGES`` pages or ``deadline_s`` at most),
+    releases the leases whose holder is gone and sends those runs a step; they are marked swept, so the sweep
+    does not send them again for a lease TTL. Returns how many were sent.
+
+    Raises:
+        StorageError: Postgres could not be read (the sweep recovers the runs later).
+        redis.RedisError: the leases could not be read or released.
+    """
+    stop = time.monotonic() + deadline_s
+    sent, after = 0, None
+    for _ in range(START_PAGES):
+        page = store.due_runs(0.0, page_size, after)
+        if not page:
+            break
+        after = page[-1]
+        valid = [run for run in page if _valid(run.session_id)]
+        freed = set(leases.release_gone([run.session_id for run in valid]))
+        resent = [run for run in valid if run.session_id in freed]
+        for run in resent:
+            send(run)
+        store.mark_swept([run.session_id for run in resent])
+        sent += len(resent)
+        if len(page) < page_size or time.monotonic() > stop:
+            break
+    if sent:
+        log.info("start: %d run(s) held by dead processes of this host sent again", sent)
+    return sent
+
+
+def _valid(session_id: str) -> bool:
+    try:
+        records.validate_session_id(session_id)
+    except errors.SessionIdInvalidError:
+        return False
+    return True

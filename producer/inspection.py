@@ -16,9 +16,8 @@ from sqlalchemy import Engine
 
 from store import doctor, errors, explain, interfaces, observed, records
 from store.database import Transaction
-from store.records import Usage
 from store.settings import Settings
-from store.summaries import RunPage, RunSummary, cost_of
+from store.summaries import RunPage, RunSummary
 
 #: Added to the wait before a second look, so the look comes after the time a suspect can be confirmed.
 _CONFIRM_SLACK_S = 0.2
@@ -84,10 +83,8 @@ def runs(store: interfaces.ProducerStore, agent: str | Iterable[str] | None, sta
     """
     page = store.list_runs(agents=_names(agent, "agent"), states=_names(state, "state"), since=since_of(since),
                            limit=limit, cursor=cursor, details=True)
-    prices = store.agent_prices({run.agent for run in page.items})
-    return RunPage(items=[RunSummary.listed(run, cost_of(prices.get(run.agent), run.usage or Usage()))
-                          for run in page.items],
-                   next_cursor=page.next_cursor, prev_cursor=page.prev_cursor)
+    return RunPage(items=[RunSummary.listed(run) for run in page.items], next_cursor=page.next_cursor,
+                   prev_cursor=page.prev_cursor)
 
 
 def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,

@@ -10,7 +10,7 @@ run's control columns (fence, seq, attempts, retry times) is here; new input, wh
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
@@ -803,18 +803,11 @@ class PostgresCheckpointStore:
             conn.execute(text("DELETE FROM checkpoint_history WHERE saved_at < :cutoff"), {"cutoff": older_than})
         return int(runs)
 
-    def register_agents(self, fingerprints: dict[str, dict[str, Any]],
-                        prices: Mapping[str, dict[str, Any] | None] | None = None) -> None:
-        """Record the agents a worker serves, so producers can refuse unknown names, with their ``prices``."""
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
         if fingerprints:
             with self._begin() as conn:
                 registry.register_names(conn, fingerprints)
-                registry.register_prices(conn, {name: (prices or {}).get(name) for name in fingerprints})
-
-    def agent_prices(self, agents: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The prices workers registered with these agents (agents without prices are left out)."""
-        with self._single() as conn:
-            return registry.prices_of(conn, agents)
 
     def known_agents(self) -> builtins.list[str]:
         """Names of agents some worker registered."""

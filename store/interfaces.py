@@ -138,13 +138,8 @@ class RecoveryStore(Protocol):
 class WorkerStore(StepStore, RecoveryStore, Protocol):
     """What a worker process uses: its steps, its recovery sweep, and the names of the agents it serves."""
 
-    def register_agents(self, fingerprints: dict[str, dict[str, Any]],
-                        prices: Mapping[str, dict[str, Any] | None] | None = None) -> None:
-        """Record the agents a worker serves, so producers can refuse unknown names.
-
-        ``prices`` (``Prices.model_dump()`` by agent name; None or absent: no prices) replace the registered ones:
-        a run's summary shows its cost at them.
-        """
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
 
 
 class ProducerStore(Protocol):
@@ -240,9 +235,6 @@ class ProducerStore(Protocol):
 
     def known_agents(self) -> builtins.list[str]:
         """Names of agents some worker registered."""
-
-    def agent_prices(self, agents: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The prices workers registered with these agents (agents without prices are left out)."""
 
 
 class CheckpointStore(WorkerStore, ProducerStore, Protocol):

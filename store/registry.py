@@ -31,8 +31,6 @@ INSERT INTO agents (name, fingerprint, seen_at) VALUES (:agent, CAST(:fingerprin
 ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, seen_at = now()
 """)
 _KNOWN_NAMES = text("SELECT name FROM agents ORDER BY name")
-_SET_PRICES = text("UPDATE agents SET prices = CAST(:prices AS jsonb) WHERE name = :agent")
-_PRICES = text("SELECT name, prices FROM agents WHERE name = ANY(:names) AND prices IS NOT NULL")
 _REFRESH = text("UPDATE agent_workers SET seen_at = now() WHERE worker_id = :worker")
 _FORGET = text("DELETE FROM agent_workers WHERE worker_id = :worker")
 # Registrations of workers gone for a day are dropped by whoever registers next.
@@ -59,21 +57,6 @@ def register_names(conn: Connection, fingerprints: Mapping[str, dict[str, Any]])
     # Sorted, so concurrent registrations lock the rows in one order.
     conn.execute(_NAMES, [{"agent": name, "fingerprint": payloads.dumps(fingerprint)}
                           for name, fingerprint in sorted(fingerprints.items())])
-
-
-def register_prices(conn: Connection, prices: Mapping[str, dict[str, Any] | None]) -> None:
-    """Record each agent's prices (None: it has none), in the caller's transaction, after ``register_names``."""
-    if prices:
-        conn.execute(_SET_PRICES, [{"agent": name, "prices": None if given is None else payloads.dumps(given)}
-                                   for name, given in sorted(prices.items())])
-
-
-def prices_of(conn: Connection, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """The registered prices of the agents ``names`` that have some."""
-    wanted = sorted(set(names))
-    if not wanted:
-        return {}
-    return {row.name: dict(row.prices) for row in conn.execute(_PRICES, {"names": wanted})}
 
 
 def known_names(conn: Connection) -> builtins.list[str]:

@@ -158,9 +158,6 @@ agents = Table(
     Column("name", Text, primary_key=True),
     Column("fingerprint", JSONB, nullable=True),
     Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    #: The agent's prices per million tokens (``store.limits.Prices``) as its workers last registered them; a run's
-    #: summary shows its usage's cost at them.
-    Column("prices", JSONB, nullable=True),
 )
 
 #: Which live worker serves which agent, with the tools and stored formats it can run (rolling deploys).

@@ -7,11 +7,10 @@ facts it decides from, and ``producer.client`` hands these out (``Client.runs``,
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.limits import Prices
 from store.records import LastError, ListedRun, ListedState, Status, Usage
 
 #: Where a run's next step message is: in a queue of the broker, or taken by a worker that has not acked it yet.
@@ -50,9 +49,9 @@ class RunSummary(_Record):
     """One run as an operator sees it: where it stands, what it spent, and (``describe``) why it is not finished.
 
     ``waiting_on`` and ``next_action`` are filled by ``Client.describe``; a listing (``Client.runs``) leaves them
-    None, as it reads neither Redis nor the broker. ``cost`` is the run's usage at the prices its agent's workers
-    registered (``Agent(prices=...)``, as they are now: a run handed to another agent is priced at its own
-    agent's), None when they registered none.
+    None, as it reads neither Redis nor the broker. ``cost`` (``describe`` only) is the sum of the costs its workers
+    recorded with its model turns (``step.done`` events, at the agent's ``Agent(prices=...)``), None when they
+    recorded none: the producer never imports an agent to price usage.
     """
 
     session_id: str
@@ -78,27 +77,14 @@ class RunSummary(_Record):
     next_action: str | None = None
 
     @classmethod
-    def listed(cls, run: ListedRun, cost: float | None = None) -> RunSummary:
+    def listed(cls, run: ListedRun) -> RunSummary:
         """The summary of a run as a detailed listing gave it (``list_runs(details=True)``)."""
         return cls(session_id=run.session_id, agent=run.agent, state=run.state, status=run.status,
                    finish_reason=finish_reason(run.status, run.finish_reason), step=run.step or 0,
-                   usage=run.usage or Usage(), cost=cost,
+                   usage=run.usage or Usage(),
                    last_error=run.last_error, attempts=run.attempts, failures=run.failures,
                    next_attempt_at=run.next_attempt_at, parent_id=run.parent_id, created_at=run.created_at,
                    updated_at=run.updated_at)
-
-
-def cost_of(prices: Any, usage: Usage) -> float | None:
-    """``usage`` priced at the registered ``prices`` (``Prices`` as JSON).
-
-    None without prices, or with prices this release cannot read.
-    """
-    if not isinstance(prices, dict):
-        return None
-    try:
-        return Prices.model_validate(prices).cost(usage)
-    except ValueError:
-        return None
 
 
 def finish_reason(status: Status, stored: str | None) -> str | None:
@@ -118,4 +104,4 @@ class RunPage(_Record):
     prev_cursor: str | None = None
 
 
-__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "cost_of", "finish_reason"]
+__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "finish_reason"]

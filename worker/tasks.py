@@ -94,9 +94,7 @@ def _build() -> StepDeps:
                      signals=RedisSignals(client),
                      registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s)
     try:
-        store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()},
-                              {name: agent.prices.model_dump() if agent.prices is not None else None
-                               for name, agent in agents.items()})
+        store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
         log.warning("could not register agents; producers will not check names until the next start")
     try:

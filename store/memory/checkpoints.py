@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
@@ -474,23 +474,10 @@ class MemoryCheckpointStore:
                     del ring[seq]
             return len(doomed)
 
-    def register_agents(self, fingerprints: dict[str, dict[str, Any]],
-                        prices: Mapping[str, dict[str, Any] | None] | None = None) -> None:
-        """Record the agents a worker serves, so producers can refuse unknown names, with their ``prices``."""
+    def register_agents(self, fingerprints: dict[str, dict[str, Any]]) -> None:
+        """Record the agents a worker serves, so producers can refuse unknown names."""
         with self.state.lock:
             self.state.agents.update(fingerprints)
-            for name in fingerprints:
-                given = (prices or {}).get(name)
-                if given is None:
-                    self.state.agent_prices.pop(name, None)
-                else:
-                    self.state.agent_prices[name] = dict(given)
-
-    def agent_prices(self, agents: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The prices workers registered with these agents (see ``PostgresCheckpointStore.agent_prices``)."""
-        with self.state.lock:
-            return {name: dict(self.state.agent_prices[name]) for name in set(agents)
-                    if name in self.state.agent_prices}
 
     def known_agents(self) -> builtins.list[str]:
         """Names of agents some worker registered."""

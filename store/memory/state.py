@@ -87,8 +87,6 @@ class MemoryState:
     #: when its send carried metadata.
     inbox: dict[str, dict[int, str]] = field(default_factory=dict)
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: ``agents.prices``: the prices registered with each agent that has some.
-    agent_prices: dict[str, dict[str, Any]] = field(default_factory=dict)
     approvals: dict[str, records.Approval] = field(default_factory=dict)
     sends: dict[tuple[str, str], int] = field(default_factory=dict)
     #: ``run_events``: per run, ``(seq, type, at, data)`` with the message an event is about folded into its data.

@@ -17,7 +17,7 @@ from store import errors, summaries
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.limits import Limits, Prices
-from store.records import LastError, Message
+from store.records import LastError, Message, Usage
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Driver
 from worker import Agent, tool
@@ -138,22 +138,29 @@ def test_describe_of_an_aborted_run(make_driver: Callable[..., Driver], client: 
     assert found.next_action == "a person: it was aborted; send to it again, or resume it"
 
 
-def test_describe_of_a_run_stopped_at_its_budget_with_its_cost(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
-    metered = _metered()
-    driver = make_driver(metered)
+def test_describe_of_a_run_stopped_at_its_budget(make_driver: Callable[..., Driver], client: Client) -> None:
+    driver = make_driver(_metered())
     client.agent("metered").send("work", session_id="d-budget")
     driver.drain("d-budget")
     found = _describe(client, "d-budget")
     assert (found.state, found.finish_reason) == ("budget-exceeded", "budget-exceeded") and found.waiting_on.person
     assert "resume it with raised limits" in found.next_action and found.usage.output_tokens == 80
-    assert found.cost is None  # no prices registered with the agent
-    # A worker registers the agent's prices with it: the summaries show the run's cost at them.
+    assert found.cost is None  # its agent has no prices: its workers recorded no cost
+
+
+def test_describe_gives_the_cost_the_workers_recorded_at_the_agents_prices(
+        make_driver: Callable[..., Driver], client: Client) -> None:
     prices = Prices(input=2.0, output=10.0)
-    store.register_agents({"metered": metered.fingerprint()}, {"metered": prices.model_dump()})
-    expected = prices.cost(found.usage)
-    assert expected > 0 and _describe(client, "d-budget").cost == expected
-    assert [run.cost for run in client.runs(agent="metered").items] == [expected]
+    priced = Agent(name="priced", model=MockModel([
+        {"tool_calls": [{"name": "note", "args": {"text": "a"}}], "usage": USAGE}, {"text": "done", "usage": USAGE}]),
+        tools=[note], prices=prices)
+    driver = make_driver(priced)
+    client.agent("priced").send("work", session_id="d-cost")
+    driver.drain("d-cost")
+    found = _describe(client, "d-cost")
+    turn = prices.cost(Usage(input_tokens=10, output_tokens=40))
+    assert found.state == "finished" and found.cost == pytest.approx(2 * turn)
+    assert [run.cost for run in client.runs(agent="priced").items] == [None]  # a listing reads no events
 
 
 def test_describe_of_a_lead_waiting_on_its_child_and_on_the_childs_approval(

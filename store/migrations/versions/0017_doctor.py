@@ -1,11 +1,9 @@
-"""Doctor and prices: what the I19 checker saw, and the prices workers register with their agents.
+"""Doctor: what the I19 checker saw, so its verdict survives between looks and every process reports one figure.
 
 ``doctor_runs`` holds the runs the latest look found with nothing to explain them past the grace, with when a look
 first saw each so (a run counts as unexplained only once a later look still sees it so, nothing having changed);
 ``doctor_looks`` holds the latest look's figures, which ``/metrics`` reads as ``lousho_runs_unexplained``. Only
-``agents.prices`` keeps the prices a worker registered with each agent (``Agent(prices=...)``), so a run's summary
-shows its cost without the producer importing agents. Only adds tables and a nullable column: workers of the
-previous release keep running beside this one (their registrations leave the prices as they are).
+adds tables: workers of the previous release keep running beside this one.
 
 Revision ID: 0017
 Revises: 0016
@@ -15,7 +13,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0017"
 down_revision = "0016"
@@ -25,7 +22,6 @@ depends_on = None
 
 def upgrade() -> None:
     """Apply this revision."""
-    op.add_column("agents", sa.Column("prices", JSONB, nullable=True))
     op.create_table(
         "doctor_runs",
         sa.Column("session_id", sa.Text, primary_key=True),
@@ -46,4 +42,3 @@ def downgrade() -> None:
     """Revert this revision (the checker then keeps no verdict between looks)."""
     op.drop_table("doctor_looks")
     op.drop_table("doctor_runs")
-    op.drop_column("agents", "prices")

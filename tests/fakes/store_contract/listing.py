@@ -150,18 +150,6 @@ def check_list_runs_details_and_counts_by_state(make: StoreFactory) -> None:
         store.count_runs(since=datetime(2024, 1, 1))
 
 
-def check_agent_prices_are_registered_with_the_agents(make: StoreFactory) -> None:
-    store = make(50).store
-    store.register_agents({"priced": {"hash": "a"}, "free": {"hash": "b"}},
-                          {"priced": {"input": 2.0, "output": 10.0}, "free": None})
-    assert store.agent_prices(["priced", "free", "unknown"]) == {"priced": {"input": 2.0, "output": 10.0}}
-    assert store.agent_prices([]) == {}
-    # The latest registration wins: prices dropped from the agent are dropped here too.
-    store.register_agents({"priced": {"hash": "a"}})
-    assert store.agent_prices(["priced"]) == {}
-    assert sorted(store.known_agents()) == ["free", "priced"]
-
-
 def check_list_runs_refuses_what_it_cannot_use(make: StoreFactory) -> None:
     store = make(50).store
     store.append_input("ct-lx-1", AGENT, [user_message("hi")])
@@ -178,6 +166,5 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_list_runs_pages_newest_first_by_cursor,
     check_list_runs_shows_where_each_run_stands_and_filters_in_the_store,
     check_list_runs_details_and_counts_by_state,
-    check_agent_prices_are_registered_with_the_agents,
     check_list_runs_refuses_what_it_cannot_use,
 )

@@ -7,7 +7,7 @@ each for a tenth of them), runs that must stay (recent, in progress, awaiting ap
 input), and webhook delivery ids, GitHub body hashes and claimed ticks of all ages. Then it prints the plans of the
 batch queries, times ``store.retention`` batches of ``--limit`` until nothing is due, then sweep passes with nothing
 due (right after, with the deleted rows' index entries still there, and once vacuumed), and checks that what must
-stay stayed.
+stay stayed. ``fill_states``, the generator of runs in every state, fills ``bench.listing``'s database.
 """
 
 from __future__ import annotations
@@ -43,6 +43,46 @@ _DOCUMENT = ('{"format": 2, "messages_count": 20, "step": 20, "finish_reason": "
 _MESSAGE = ('{"role": "assistant", "content": "Checking the order, then the carrier; this text stands for a model'
             ' turn of ordinary length with a little reasoning in it.", "tool_calls": [{"id": "call_1", "name":'
             ' "ship", "args": {"order": 7, "carrier": "express"}}]}')
+
+
+#: How ``fill_states`` spreads runs over the states of the runs' one vocabulary, out of 100: (state, share,
+#: the columns that put a run there). Most runs are finished, as in any table that keeps runs for a while.
+STATE_MIX = (
+    ("finished", 80, "status = 'finished', inbox_head = 1, inbox_cursor = 1"),
+    ("running", 5, "inbox_head = 1"),
+    ("retrying", 3, """last_error = '{"code": "LOUSHO_PROVIDER_ERROR", "retryable": true}',
+                       next_attempt_at = now() + interval '1 minute'"""),
+    ("awaiting-approval", 4, "status = 'awaiting-approval', inbox_head = 1, inbox_cursor = 1"),
+    ("waiting", 2, "waiting = true, inbox_head = 1, inbox_cursor = 1"),
+    ("parked", 2, """last_error = '{"code": "LOUSHO_AGENT_DRIFT", "retryable": false}', inbox_head = 1,
+                     inbox_cursor = 1"""),
+    ("aborted", 2, "aborted = true, inbox_head = 1, inbox_cursor = 1"),
+    ("budget-exceeded", 2, """aborted = true, inbox_head = 1, inbox_cursor = 1,
+                              document = document || '{"finish_reason": "budget-exceeded"}'"""),
+)
+
+
+def fill_states(conn: psycopg.Connection[object], runs: int, agents: int = 4, days: int = 90) -> dict[str, int]:
+    """Insert ``runs`` runs of ``agents`` agents (``agent-0``...), created over the last ``days`` days, in every state.
+
+    Each gets a format-2 document of ordinary size (step, usage, finish reason); a run's state follows its number
+    (``STATE_MIX``). Returns how many runs each state should hold.
+    """
+    conn.execute(f"""INSERT INTO runs (session_id, agent, status, seq, document, created_at, updated_at)
+                     SELECT 'run-' || lpad(g::text, 7, '0'), 'agent-' || (g % {agents}), 'in-progress', 20,
+                            '{_DOCUMENT}', now() - make_interval(secs => ({runs} - g) * {days} * 86400.0 / {runs}),
+                            now() - make_interval(secs => ({runs} - g) * {days} * 86400.0 / {runs})
+                     FROM generate_series(1, {runs}) g""")
+    expected: dict[str, int] = {}
+    low = 0
+    for state, share, columns in STATE_MIX:
+        high = low + share
+        number = "(substr(session_id, 5)::int % 100)"
+        conn.execute(f"UPDATE runs SET {columns} WHERE substr(session_id, 1, 4) = 'run-'"
+                     f" AND {number} >= {low} AND {number} < {high}")
+        expected[state] = sum(1 for g in range(1, runs + 1) if low <= g % 100 < high)
+        low = high
+    return expected
 
 
 def _fill(conn: psycopg.Connection[object], runs: int, sample: int, kept: int) -> None:

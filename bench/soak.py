@@ -21,8 +21,8 @@ What it does:
 4. once every retryable run finished and every failed one is parked, watches the sweep for
    ``--settle-s`` more seconds, so the re-send rate is seen with every failed run accumulated;
 5. prints the figures and exits 0 when: no retryable run is left unfinished, ``pending()`` lists every
-   failed run as parked, and the sweep re-sent none of the parked runs (its rate stays flat as they
-   accumulate).
+   failed run as parked, the sweep re-sent none of the parked runs (its rate stays flat as they
+   accumulate), and the I19 checker (sent by beat every 2 s) found no unexplained run at any look.
 
 Re-sends are counted twice, independently: from the publishes the workers log in
 ``LOUSHO_WEATHER_LOG`` with the task that made them (``lousho.recover`` is the sweep), per run, and
@@ -47,6 +47,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+#: How often the soak's beat sends the I19 checker (``lousho.doctor``): its gauge must read 0 at every look.
+DOCTOR_INTERVAL_S = 2.0
 _RECOVER_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/[^\]]+\] recover: re-enqueued (\d+) run")
 
 
@@ -80,6 +82,19 @@ class Progress:
     parked: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
     drained_at: float | None = None
+    #: The I19 checker's looks seen (their times), and the most runs one of them found unexplained.
+    doctor_looks: set[datetime] = field(default_factory=set)
+    unexplained_max: int = 0
+
+    def note_doctor(self, database_url: str) -> None:
+        """Read the checker's latest look (``lousho_runs_unexplained`` is its count)."""
+        import psycopg
+
+        with psycopg.connect(database_url) as conn:
+            look = conn.execute("SELECT looked_at, unexplained FROM doctor_looks WHERE name = 'i19'").fetchone()
+        if look is not None and look[0] not in self.doctor_looks:
+            self.doctor_looks.add(look[0])
+            self.unexplained_max = max(self.unexplained_max, int(look[1]))
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -148,7 +163,8 @@ def soak(config: Config) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="lousho-soak-"))
     weather_log = workdir / "weather.jsonl"
     cluster = Cluster(workdir, extra_env={"LOUSHO_AGENTS": "tests.support.weather_agents",
-                                          URL_ENV: server.openai_url, LOG_ENV: str(weather_log)})
+                                          URL_ENV: server.openai_url, LOG_ENV: str(weather_log),
+                                          "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S)})
     progress = Progress()
     ok = False
     try:
@@ -183,6 +199,7 @@ def _drive(config: Config, cluster: Any, progress: Progress, session_ids: list[s
                 cluster.send(agent, sid, ask(sid, turns=config.turns, ms=config.tool_ms))
                 progress.sent[sid] = now
         rows = _rows(cluster.database_url, list(progress.sent))
+        progress.note_doctor(cluster.database_url)
         for sid, row in rows.items():
             if sid in failing and sid not in progress.followed_up and _settled(row):
                 progress.finished.setdefault(sid, now)
@@ -237,6 +254,8 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
           + (f": {sorted(unfinished_retryable)[:10]}" if unfinished_retryable else ""))
     print(f"  failed runs listed by pending()      {len(listed)} of {len(failing)} expected (parked, non-retryable)")
     print(f"  provider answers                     {dict(script.answered)}; worker-side call outcomes {dict(calls)}")
+    print(f"  I19 checker                          {len(progress.doctor_looks)} looks seen, at most"
+          f" {progress.unexplained_max} unexplained run(s) (lousho_runs_unexplained, must stay 0)")
     print(f"  elapsed                              {end:.0f} s (drained at"
           f" {'never' if progress.drained_at is None else f'{progress.drained_at:.0f} s'})")
     print(f"\n  sweep re-sends per minute, by {config.window_s:.0f} s window (publishes by {recover_task};"
@@ -264,6 +283,8 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
         "pending() lists every failed run as parked": len(listed) == len(failing),
         "the sweep never re-sent a parked run (flat as they accumulate)": resent_parked == 0,
         "drained before the deadline": progress.drained_at is not None,
+        "no unexplained run at any look of the I19 checker": progress.unexplained_max == 0
+                                                              and len(progress.doctor_looks) >= 3,
     }
     print()
     for name, passed in checks.items():

@@ -41,12 +41,15 @@ _FACTS = f"""SELECT session_id, agent, status, seq, parent_id, created_at, updat
   {_SINCE} AS since,
   EXISTS (SELECT 1 FROM agent_workers w WHERE w.agent = runs.agent
           AND w.seen_at > now() - make_interval(secs => :window)) AS served,
-  now() AS now
-FROM runs"""
-_ONE = text(f"{_FACTS} WHERE session_id = :sid")
+  now() AS now"""
+#: What the run's workers recorded its model turns cost (``step.done`` events): read for ``describe`` only, as it
+#: reads every event of the run.
+_COST = """(SELECT sum((e.data ->> 'cost')::float8) FROM run_events e WHERE e.session_id = runs.session_id
+  AND e.type = 'step.done' AND jsonb_typeof(e.data -> 'cost') = 'number') AS cost"""
+_ONE = text(f"{_FACTS}, {_COST} FROM runs WHERE session_id = :sid")
 # Unfinished runs (the partial indexes of the sweep, of paused and of waiting runs find them) that nothing changed
 # for ``grace`` seconds: the only ones an owner, a timer or a waiter must explain by now.
-_QUIET = text(f"""{_FACTS}
+_QUIET = text(f"""{_FACTS} FROM runs
 WHERE ({runs.HAS_WORK} OR status = 'awaiting-approval' OR waiting) AND {runs.NOT_PARKED}
   AND updated_at < now() - make_interval(secs => :grace)
 ORDER BY updated_at, session_id LIMIT :limit""")
@@ -120,9 +123,15 @@ def _summary(row: Any) -> summaries.RunSummary:
     return summaries.RunSummary(
         session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
         finish_reason=summaries.finish_reason(row.status, row.finish_reason), step=listing.step_of(row.step) or 0,
-        usage=listing.usage_of(row.usage) or records.Usage(), last_error=row.last_error, attempts=row.attempts,
+        usage=listing.usage_of(row.usage) or records.Usage(), cost=_cost(row),
+        last_error=row.last_error, attempts=row.attempts,
         failures=row.failures, next_attempt_at=row.next_attempt_at, parent_id=row.parent_id,
         created_at=row.created_at, updated_at=row.updated_at)
+
+
+def _cost(row: Any) -> float | None:
+    cost = getattr(row, "cost", None)
+    return None if cost is None else float(cost)
 
 
 def _leases(client: redis.Redis, session_ids: list[str], ttl_ms: int) -> dict[str, tuple[str, int | None]]:

@@ -49,8 +49,9 @@ class RunSummary(_Record):
     """One run as an operator sees it: where it stands, what it spent, and (``describe``) why it is not finished.
 
     ``waiting_on`` and ``next_action`` are filled by ``Client.describe``; a listing (``Client.runs``) leaves them
-    None, as it reads neither Redis nor the broker. ``cost`` is the run's usage at the prices its agent's workers
-    registered, None when they registered none.
+    None, as it reads neither Redis nor the broker. ``cost`` (``describe`` only) is the sum of the costs its workers
+    recorded with its model turns (``step.done`` events, at the agent's ``Agent(prices=...)``), None when they
+    recorded none: the producer never imports an agent to price usage.
     """
 
     session_id: str
@@ -76,11 +77,11 @@ class RunSummary(_Record):
     next_action: str | None = None
 
     @classmethod
-    def listed(cls, run: ListedRun, cost: float | None = None) -> RunSummary:
+    def listed(cls, run: ListedRun) -> RunSummary:
         """The summary of a run as a detailed listing gave it (``list_runs(details=True)``)."""
         return cls(session_id=run.session_id, agent=run.agent, state=run.state, status=run.status,
                    finish_reason=finish_reason(run.status, run.finish_reason), step=run.step or 0,
-                   usage=run.usage or Usage(), cost=cost,
+                   usage=run.usage or Usage(),
                    last_error=run.last_error, attempts=run.attempts, failures=run.failures,
                    next_attempt_at=run.next_attempt_at, parent_id=run.parent_id, created_at=run.created_at,
                    updated_at=run.updated_at)

@@ -133,7 +133,13 @@ def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
     pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at",
                                                   "kind", "question"})
                for a in approvals.values() if a.status == "pending"]
-    return {"session_id": session_id, "agent": checkpoint.agent, "status": checkpoint.status,
+    progress = backend.checkpoints.progress(session_id)
+    queued = progress is not None and progress.inbox_head > progress.inbox_cursor
+    state = records.listed_state(
+        checkpoint.status, checkpoint.aborted, checkpoint.finish_reason, checkpoint.last_error,
+        checkpoint.next_attempt_at, waiting=checkpoint.waiting, queued=queued, end_due=checkpoint.end_due,
+        own_approvals=any(a.session_id == session_id and a.status == "pending" for a in approvals.values()))
+    return {"session_id": session_id, "agent": checkpoint.agent, "state": state, "status": checkpoint.status,
             "finish_reason": checkpoint.finish_reason, "text": checkpoint.final_text, "steps": checkpoint.step,
             "last_error": checkpoint.last_error.model_dump() if checkpoint.last_error else None,
             "pending_approvals": pending}

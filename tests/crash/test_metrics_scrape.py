@@ -209,8 +209,9 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
         provider: tuple[FakeProviderServer, weather_agents.WeatherScript]) -> None:
     server, _ = provider
     port = _free_port()
+    # The I19 checker looks every second, so its gauges are in the scrape too.
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULES, weather_agents.URL_ENV: server.openai_url,
-                                      "LOUSHO_METRICS_PORT": str(port)})
+                                      "LOUSHO_METRICS_PORT": str(port), "LOUSHO_DOCTOR_INTERVAL_S": "1"})
     weather_log = cluster.workdir / "weather.jsonl"
     folder = cluster.workdir / "metrics"
     cluster.extra_env.update({weather_agents.LOG_ENV: str(weather_log), "LOUSHO_METRICS_DIR": str(folder)})
@@ -308,9 +309,13 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
         time.sleep(0.5)  # a step's metrics land a moment before its log line
     print(f"\nworker /metrics (2 pool processes):\n{_figures(got)}\nexpected from the records: {expected}")
     assert not problems, "\n".join(problems)
-    exposed = {name for name, _ in got} | {name for name, _ in served}
+    wait_until(lambda: any(name == "lousho_runs_unexplained" for name, _ in _scrape(port)), 10,
+               "the checker's first look")
+    exposed = {name for name, _ in _scrape(port)} | {name for name, _ in got} | {name for name, _ in served}
     missing = [f for f in metrics.FAMILIES if not any(n.startswith(f) for n in exposed)]
     assert not missing, missing
+    # Every unfinished run here (the paused one) has a waiter: the checker found none unexplained.
+    assert _sum(_scrape(port), "lousho_runs_unexplained") == 0
     assert _sum(got, "lousho_approval_oldest_age_seconds") == 0
     for name in ("lousho_busy_drops_total", "lousho_fenced_saves_total", "lousho_sweep_resends_total",
                  "lousho_schedule_fires_total", "lousho_schedule_skips_total", "lousho_schedule_misses_total",

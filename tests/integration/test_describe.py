@@ -16,8 +16,8 @@ from producer.client import Client
 from store import errors, summaries
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
-from store.limits import Limits
-from store.records import LastError, Message
+from store.limits import Limits, Prices
+from store.records import LastError, Message, Usage
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Driver
 from worker import Agent, tool
@@ -145,6 +145,22 @@ def test_describe_of_a_run_stopped_at_its_budget(make_driver: Callable[..., Driv
     found = _describe(client, "d-budget")
     assert (found.state, found.finish_reason) == ("budget-exceeded", "budget-exceeded") and found.waiting_on.person
     assert "resume it with raised limits" in found.next_action and found.usage.output_tokens == 80
+    assert found.cost is None  # its agent has no prices: its workers recorded no cost
+
+
+def test_describe_gives_the_cost_the_workers_recorded_at_the_agents_prices(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    prices = Prices(input=2.0, output=10.0)
+    priced = Agent(name="priced", model=MockModel([
+        {"tool_calls": [{"name": "note", "args": {"text": "a"}}], "usage": USAGE}, {"text": "done", "usage": USAGE}]),
+        tools=[note], prices=prices)
+    driver = make_driver(priced)
+    client.agent("priced").send("work", session_id="d-cost")
+    driver.drain("d-cost")
+    found = _describe(client, "d-cost")
+    turn = prices.cost(Usage(input_tokens=10, output_tokens=40))
+    assert found.state == "finished" and found.cost == pytest.approx(2 * turn)
+    assert [run.cost for run in client.runs(agent="priced").items] == [None]  # a listing reads no events
 
 
 def test_describe_of_a_lead_waiting_on_its_child_and_on_the_childs_approval(

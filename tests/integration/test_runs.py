@@ -265,6 +265,7 @@ def test_a_failing_model_is_retried_past_the_attempts_cap_then_parked_when_the_b
     assert driver.countdowns == sorted(driver.countdowns)
     (retrying,) = client.agent("flaky").pending()
     assert retrying.state == "retrying" and retrying.next_attempt_at is not None and retrying.attempts == 0
+    assert retrying.failures == len(outcomes)  # transient failures are counted apart from crash restarts
     # Once LOUSHO_RETRY_FOR_S has passed (here: set to zero), the next failure parks the run
     driver.deps.retry_for_s = 0.0
     assert driver.drain("f-1") == [Outcome.PARKED]

@@ -66,6 +66,8 @@ def test_get_runs_lists_runs_in_the_state_client_runs_gives_them_within_the_keys
         assert states == {run.session_id: run.state for run in client.runs().items} == {
             paused: "awaiting-approval", done: "finished", "op-parked": "parked"}
     assert http.get("/runs", headers=_bearer(READER)).json() == everything.json()
+    # One run's route says the same state.
+    assert {sid: http.get(f"/runs/{sid}", headers=_bearer()).json()["state"] for sid in states} == states
     # A key scoped to desk sees desk's runs only, whatever it asks for.
     assert _ids(http.get("/runs", headers=_bearer(DESK))) == [paused]
     assert _ids(http.get("/runs?agent=hooks", headers=_bearer(DESK))) == []

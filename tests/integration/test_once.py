@@ -89,7 +89,7 @@ def test_a_reconcile_approval_is_listed_and_answered_from_another_process(
     [asked] = client.approvals.list()
     assert (asked.kind, asked.tool_name, asked.args, asked.expires_at) == ("reconcile", "_charge", {"order": "7"}, None)
     assert asked.question is not None and "Did it take effect?" in asked.question
-    assert [(p.state, p.approval_kind) for p in client.agent("till").pending()] == [("paused", "reconcile")]
+    assert [(p.state, p.approval_kind) for p in client.agent("till").pending()] == [("awaiting-approval", "reconcile")]
     requested = [e for e in client.read_events(SID, -1) if e.type == "approval.requested"]
     assert requested[-1].data["kind"] == "reconcile" and requested[-1].data["question"] == asked.question
 

@@ -35,6 +35,7 @@ SAMPLES: list[errors.LoushoError] = [
     errors.HookFailedError("hook raised"),
     errors.ConfigResolverError("resolve raised"),
     errors.StepAttemptsExceededError("step started 6 times"),
+    errors.ReconcileFailedError("reconcile of the charge call c1 raised ValueError", tool_call_id="c1"),
     errors.LeadGoneError("the lead of 'order-7.task-0123456789abcdef' was deleted"),
     errors.InputTooLargeError("input over 1 MiB"),
     errors.StorageError("broker unavailable: OSError"),

@@ -366,12 +366,12 @@ def test_fork_from_a_step_with_a_patch_and_compare(site: Site) -> None:
     site.driver.drain()
     assert site.store.load("pick-1-teal").messages[-1].content == "chose teal"  # type: ignore[union-attr]
     compare = site.http.get(made.headers["location"]).text
-    assert '<p id="divergence">diverge at step 2</p>' in compare  # compare_trajectories' index 1, shown from 1
+    assert '<p id="divergence">diverge at step 2</p>' in compare  # numbered from 1, as history and forks are
     for side in ("side-a", "side-b"):
         column = compare.split(f'id="{side}"')[1].split("</section>")[0]
         assert column.count("data-index=") == 3
-        assert re.search(r'class="step diverged" data-index="1"', column)
-        assert 'class="step diverged" data-index="0"' not in column
+        assert re.search(r'class="step diverged" data-index="2"', column)
+        assert 'class="step diverged" data-index="1"' not in column
     assert "no divergence" in site.http.get("/ui/compare?a=pick-1&b=pick-1").text
     assert _post(site, "/ui/runs/pick-1/fork", token, step="2", patch="[1]").status_code == 400
     assert _post(site, "/ui/runs/pick-1/fork", token, step="99").status_code == 409

@@ -146,7 +146,7 @@ def _running_calls(checkpoint: Checkpoint, waits: Sequence[Bar], last_turn: date
     turns = [m for m in checkpoint.messages if m.role == "assistant"]
     done = {m.tool_call_id for m in checkpoint.messages if m.role == "tool"}
     delegated = set((checkpoint.delegated or {}).keys())
-    return [Bar("tool", call.id, f"tool {call.name} (running)", last_turn, max(now, last_turn), open=True)
+    return [Bar("tool", call.id, f"tool {call.name} (under way)", last_turn, max(now, last_turn), open=True)
             for call in (turns[-1].tool_calls or () if turns else ())
             if call.id not in done and call.id not in delegated and not any(w.open for w in waits)]
 

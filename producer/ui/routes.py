@@ -139,16 +139,21 @@ async def home(request: Request) -> Response:
 
 
 def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str, cursor: str | None,
-          since: datetime | None) -> tuple[records.RunsPage, list[str]]:
-    """One page of the runs list, filtered and paged by the store: no transcript is read."""
+          since: datetime | None) -> tuple[records.RunsPage, dict[records.ListedState, int], list[str]]:
+    """One page of the runs list and the counts by state of the runs of its agents and time, read by the store.
+
+    Neither reads a transcript: the page is one keyset statement, the counts one ``GROUP BY``.
+    """
     page = backend.checkpoints.list_runs(agents=agents, states=views.states_of(status), id_contains=query or None,
                                          since=since, limit=views.PAGE_SIZE, cursor=cursor)
-    return page, backend.known_agents()
+    return page, backend.checkpoints.count_runs(agents=agents, since=since), backend.known_agents()
 
 
 @router.get("/runs")
 async def runs(request: Request) -> Response:
     """The runs the viewer sees, newest first by creation, filtered by agent, status, id and creation time, 50 a page.
+
+    Above them, how many of the runs of those agents and that time stand in each state, each count a link.
 
     Pages follow each other by cursor (the last run shown), so runs created while the viewer reads do not push
     the runs of the next page onto the one already seen. ``since`` is a window (``1h``, ``24h``, ``7d``, ``30d``)
@@ -167,8 +172,8 @@ async def runs(request: Request) -> Response:
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
     since = runs_list.since_of(params.get("since", ""), datetime.now(UTC))
     try:
-        page, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query, cursor,
-                                              since.at)
+        page, counted, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query,
+                                                       cursor, since.at)
     except errors.ConfigurationError:
         raise pages.PageError(400, "That page of runs cannot be found: start from the first page") from None
     listed = principal.visible(set(known) | {run.agent for run in page.items} | ({agent} if agent else set()))
@@ -181,7 +186,9 @@ async def runs(request: Request) -> Response:
 
     return pages.render("runs.html", request, found, rows=views.run_rows(page), agents=listed,
                         statuses=views.STATUSES, agent=agent, status=status, query=query, since=since,
-                        windows=runs_list.WINDOWS,
+                        windows=runs_list.WINDOWS, total=sum(counted.values()),
+                        counts=runs_list.state_counts(counted, {"agent": agent, "q": query, "since": since.value}),
+                        all_link=runs_list.listing_link({"agent": agent, "q": query, "since": since.value}),
                         next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from producer.ui import views
+from store import records
 
 #: The time windows the runs list offers, by query value: the runs created within that time before now.
 WINDOWS: dict[str, tuple[str, timedelta]] = {
@@ -53,37 +53,25 @@ def since_of(value: str, now: datetime) -> Since:
 
 @dataclass(frozen=True)
 class StateCount:
-    """One state's count on the runs list, with the link that lists those runs."""
+    """One state's count on the runs list, with the link that lists the runs in that state."""
 
-    #: The state as the store names it.
     state: str
-    #: What the page calls it.
-    word: str
     count: int
     href: str
 
 
-def _word_and_filter(state: str) -> tuple[str, str]:
-    """What the page calls ``state``, and the status filter of the list that keeps it.
-
-    The word is the filter that keeps this state alone, else the state itself; the filter, the first that keeps it.
-    """
-    keeping = [status for status in views.STATUSES if status and state in (views.states_of(status) or ())]
-    alone = [status for status in keeping if tuple(views.states_of(status) or ()) == (state,)]
-    return (alone[0] if alone else state), (keeping[0] if keeping else "")
+def listing_link(kept: Mapping[str, str]) -> str:
+    """The runs list with the filters of ``kept`` that are set."""
+    query = urllib.parse.urlencode({name: value for name, value in kept.items() if value})
+    return "/ui/runs" + (f"?{query}" if query else "")
 
 
-def state_counts(counted: Mapping[str, int], kept: Mapping[str, str]) -> list[StateCount]:
+def state_counts(counted: Mapping[records.ListedState, int], kept: Mapping[str, str]) -> list[StateCount]:
     """The counts by state the list shows, in the store's order, each linking to the list of that state.
 
     ``kept`` are the list's other filters (agent, id search, time), kept in each link.
     """
-    found = []
-    for state, count in counted.items():
-        word, status = _word_and_filter(state)
-        query = {**{k: v for k, v in kept.items() if v}, **({"status": status} if status else {})}
-        found.append(StateCount(state, word, count, "/ui/runs?" + urllib.parse.urlencode(query)))
-    return found
+    return [StateCount(state, count, listing_link({**kept, "status": state})) for state, count in counted.items()]
 
 
-__all__ = ["WINDOWS", "Since", "StateCount", "since_of", "state_counts"]
+__all__ = ["WINDOWS", "Since", "StateCount", "listing_link", "since_of", "state_counts"]

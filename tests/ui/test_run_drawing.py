@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -143,6 +144,12 @@ def _rows(page: Any) -> set[str]:
     return {str(found.nth(i).get_attribute("data-run-id")) for i in range(found.count())}
 
 
+def _counts(page: Any) -> dict[str, int]:
+    links = page.locator("nav#state-counts a.state-count")
+    return {str(links.nth(i).get_attribute("data-state")): int(str(links.nth(i).get_attribute("data-count")))
+            for i in range(links.count())}
+
+
 def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
         cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
     started = time.monotonic()
@@ -168,6 +175,29 @@ def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
     page.goto("/ui/runs?since=not-a-time")
     assert _rows(page) == {old_id, done_id, paused_id}
     _figure("time filter", started)
+
+
+def test_the_runs_list_counts_runs_by_state_as_the_store_lists_them(
+        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    started = time.monotonic()
+    old_id, _, paused_id, listed = _three_runs(cluster)
+
+    # Given the runs list: a count per state, as the store lists them
+    page = _sign_in(new_context, ui_server)
+    assert _counts(page) == dict(Counter(run.state for run in listed)), _counts(page)
+    assert int(str(page.locator("nav#state-counts").get_attribute("data-total"))) == 3
+
+    # When they pick a state from its count, the list shows those runs only
+    paused_state = next(run.state for run in listed if run.session_id == paused_id)
+    with page.expect_navigation():
+        page.locator(f"nav#state-counts a.state-count[data-state='{paused_state}']").click()
+    assert _rows(page) == {paused_id}
+
+    # When they keep the last hour, the counts follow
+    page.goto("/ui/runs?since=1h")
+    assert _counts(page) == dict(Counter(run.state for run in listed if run.session_id != old_id))
+    assert int(str(page.locator("nav#state-counts").get_attribute("data-total"))) == 2
+    _figure("counts", started)
 
 
 def _bars(page: Any) -> dict[tuple[str, str], dict[str, Any]]:

@@ -365,7 +365,7 @@ def test_a_child_that_settles_while_its_lead_steps_still_wakes_it(
     assert waiting is not None and waiting.status == "finished", (
         f"the lead was left {waiting.status if waiting else None!r}, waiting={waiting.waiting if waiting else None},"
         f" with nothing queued to move it")
-    assert run.wait(timeout=5).text.count("found: ") == 2
+    assert str(run.wait(timeout=5).text).count("found: ") == 2
 
 
 def test_the_sweep_wakes_a_lead_whose_last_child_settled_before_the_leads_save(
@@ -380,4 +380,4 @@ def test_the_sweep_wakes_a_lead_whose_last_child_settled_before_the_leads_save(
     assert [lead.session_id for lead in store.waiting_leads(0.0)] == ["seam-swept"]
     driver.drain("seam-swept")
 
-    assert run.wait(timeout=5).text.count("found: ") == 2
+    assert str(run.wait(timeout=5).text).count("found: ") == 2

@@ -79,6 +79,8 @@ class _Batch:
         #: The steer was deferred to after a pause's decisions: the calls it held back run then.
         self.steer_deferred = False
         self.cursor = checkpoint.inbox_cursor
+        #: Child run id -> the state this step found a delegated child in while it could not give a result yet.
+        self.seen: dict[str, str] = {}
 
     def hear(self) -> None:
         """Act on the signals the lease heard: a confirmed abort, a steer past this batch's input."""
@@ -759,9 +761,19 @@ def _settle_delegated(batch: _Batch, delegated: dict[str, str], calls: dict[str,
         if result is not None:
             batch.settle_child(calls[call_id], result, child, state)
             del delegated[call_id]
-        elif state is not None and subagents.state_of(state) == "awaiting-approval":
-            paused_on.extend(state.approval_ids)
+        else:
+            batch.seen[child] = subagents.state_of(state)
+            if batch.seen[child] == "awaiting-approval" and state is not None:
+                paused_on.extend(state.approval_ids)
     return paused_on
+
+
+def _watch(batch: _Batch) -> tuple[tuple[str, str], ...]:
+    """The children the run waits on once the step ends, with the state the step found each in.
+
+    A child started or awaited by this step was not read: it counts as running.
+    """
+    return tuple((child, batch.seen.get(child, "running")) for child in (batch.checkpoint.delegated or {}).values())
 
 
 def _follow_background(batch: _Batch, call: ToolCall, delegated: dict[str, str],
@@ -864,7 +876,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
             batch.closed = True
             return abort.settle(deps, batch.checkpoint, live, None, drained=False)
         if gating and _pause(batch, agent, plan):
-            return StepResult(Outcome.PAUSED, also=tuple(children))
+            return StepResult(Outcome.PAUSED, also=tuple(children), watch=_watch(batch))
         if batch.steered and not batch.fenced:
             for call in batch.checkpoint.pending_tool_calls:
                 batch.settle(machine.redirected(call))
@@ -876,7 +888,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     if batch.checkpoint.waiting:
         # Children run on their own; the last to settle wakes this run.
         outcome = Outcome.PAUSED if batch.checkpoint.status == "awaiting-approval" else Outcome.DELEGATED
-        return StepResult(outcome, also=tuple(children))
+        return StepResult(outcome, also=tuple(children), watch=_watch(batch))
     if batch.checkpoint.pending_tool_calls:
         # The lease was lost before every call ran; the new holder runs the rest.
         return StepResult(Outcome.FENCED)

@@ -115,6 +115,10 @@ class StepResult:
     follow_up: Next | None = None
     #: More runs to send a step once the lease is released: ``(run id, agent)`` (children a lead started).
     also: tuple[tuple[str, str | None], ...] = ()
+    #: The children the run still waits on, each with the state the step found it in (``subagents.state_of``).
+    #: A child that settles while the step holds the lease finds it busy and its wake-up is dropped, so once the
+    #: lease is released the step looks again and wakes the run itself when one of them moved on.
+    watch: tuple[tuple[str, str], ...] = ()
 
 
 def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,

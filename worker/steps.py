@@ -68,6 +68,11 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         crash_point("after_enqueue_before_ack", session_id)
     for other, agent in result.also:
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
+    if result.watch and _moved_on(deps, result.watch):
+        # A child settled while this step held the lease: its wake-up found the run busy and was dropped.
+        deps.enqueue(session_id, None, 0.0, None,
+                     name=telemetry.step_name(state.current_agent if state is not None else None,
+                                              telemetry.CHILDREN_SETTLED))
     lead = records.lead_of(session_id)
     if lead is not None and result.outcome in _SETTLED:
         # A child that settled wakes its lead (the sweep, if this is lost).
@@ -79,6 +84,22 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
 
 #: Outcomes after which a child run moves no further by itself: its lead records its result.
 _SETTLED = (Outcome.FINISHED, Outcome.PARKED, Outcome.ABORTED, Outcome.PAUSED, Outcome.IDLE)
+#: Child states in which a child still moves by itself: it wakes its lead when it leaves them.
+_MOVING = ("running", "retrying")
+
+
+def _moved_on(deps: StepDeps, watch: tuple[tuple[str, str], ...]) -> bool:
+    """Whether a child the run waits on left the state the step found it in for one it stays in (settled, paused).
+
+    Read after the lease is released: a child that settles later finds the lease free and its own wake-up gets
+    through, so between the two the run is always woken. A child still paused as the step found it is not news
+    (the run stays paused on it; waking it would loop).
+    """
+    for child, seen in watch:
+        now = subagents.state_of(deps.store.load(child))
+        if now not in _MOVING and now != seen:
+            return True
+    return False
 
 
 def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | None, live: Live) -> StepResult:
@@ -453,7 +474,8 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     if saved.status == "finished":
         return StepResult(Outcome.FINISHED, also=_cancel(deps, cancel))
     if saved.waiting:
-        return StepResult(Outcome.DELEGATED)  # answered; waits on its background tasks
+        # Answered; waits on its background tasks (found running just now).
+        return StepResult(Outcome.DELEGATED, watch=tuple((child, "running") for child in saved.background or ()))
     return StepResult(Outcome.ADVANCED, Next(saved.seq, agent=checkpoint.current_agent))
 
 

@@ -298,3 +298,86 @@ def test_a_fork_may_not_take_a_sub_agent_run_id(make_driver: Callable[..., Drive
         lead.fork("seam-id", from_step=1, new_session_id=reserved)
 
     assert client.store.load(reserved) is None
+
+
+# -- a child that settles while its lead steps ----------------------------------------------------------------
+
+
+def _two_tasks(researcher: Researcher) -> Agent:
+    """A lead whose first turn delegates two ``task`` calls, then answers with its tool results."""
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": topic}}
+                                   for topic in ("tides", "winds")], "usage": USAGE}
+        return {"text": " | ".join(str(m.content)[:12] for m in messages if m.role == "tool"), "usage": USAGE}
+
+    return Agent(name="lead", model=MockModel(answer), subagents=[researcher.agent])
+
+
+def _settle_second_child_inside_the_leads_step(driver: Driver, store: PostgresCheckpointStore,
+                                               monkeypatch: pytest.MonkeyPatch, lead: str) -> list[Outcome]:
+    """Run ``lead`` until its step woken by its first child reads the second one still running; at that moment
+    the second child's step finishes it in another thread and delivers its wake-up, which meets the lead's lease.
+
+    Returns the outcomes of the other thread's steps (the child's, then its wake-up's).
+    """
+    driver.step(lead)
+    assert driver.step() == Outcome.DELEGATED
+    (first, _), (second, _) = driver.queue
+    driver.queue[:] = [(first, None)]
+    assert driver.step() == Outcome.FINISHED  # the first child; its wake-up is queued
+    assert driver.queue == [(lead, None)]
+    real_load = store.load
+    raced: list[Outcome] = []
+
+    def load(session_id: str) -> records.Checkpoint | None:
+        state = real_load(session_id)
+        if session_id == second and not raced:
+            def child_then_wake() -> None:
+                driver.queue.insert(0, (second, None))
+                raced.append(driver.step())  # the child finishes and queues its lead's wake-up
+                raced.append(driver.step())  # that wake-up, while the lead's step holds the lease
+            other = threading.Thread(target=child_then_wake)
+            other.start()
+            other.join(LOCK_WAIT_S)
+            assert not other.is_alive(), "the second child's step did not end"
+        return state
+
+    monkeypatch.setattr(store, "load", load)
+    assert driver.step() == Outcome.DELEGATED  # the lead read the second child before it finished
+    monkeypatch.setattr(store, "load", real_load)
+    assert raced == [Outcome.FINISHED, Outcome.BUSY]
+    return raced
+
+
+def test_a_child_that_settles_while_its_lead_steps_still_wakes_it(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    researcher = Researcher()
+    driver = make_driver(_two_tasks(researcher), researcher.agent)
+    run = client.agent("lead").send("research", session_id="seam-race")
+    _settle_second_child_inside_the_leads_step(driver, store, monkeypatch, "seam-race")
+
+    driver.drain()
+
+    waiting = client.agent("lead").load("seam-race")
+    assert waiting is not None and waiting.status == "finished", (
+        f"the lead was left {waiting.status if waiting else None!r}, waiting={waiting.waiting if waiting else None},"
+        f" with nothing queued to move it")
+    assert str(run.wait(timeout=5).text).count("found: ") == 2
+
+
+def test_the_sweep_wakes_a_lead_whose_last_child_settled_before_the_leads_save(
+        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    researcher = Researcher()
+    driver = make_driver(_two_tasks(researcher), researcher.agent)
+    run = client.agent("lead").send("research", session_id="seam-swept")
+    _settle_second_child_inside_the_leads_step(driver, store, monkeypatch, "seam-swept")
+    driver.queue.clear()  # whatever the step sent to wake the lead is lost
+
+    assert [lead.session_id for lead in store.waiting_leads(0.0)] == ["seam-swept"]
+    driver.drain("seam-swept")
+
+    assert str(run.wait(timeout=5).text).count("found: ") == 2

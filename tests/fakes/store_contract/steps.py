@@ -271,6 +271,56 @@ def check_a_lead_waiting_on_children_that_are_all_gone_is_listed(make: StoreFact
     assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-bereft"]
 
 
+def check_a_lead_whose_child_settled_before_its_last_save_is_listed(make: StoreFactory) -> None:
+    # The child settles while the lead's step holds the lease (its wake-up is dropped as busy); the lead's save,
+    # made from what it read before, still names the child and comes after the child's.
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-raced")
+    child = "ct-raced.task-00000000000000e1"
+    assert store.start_children("ct-raced", AGENT, [(child, AGENT, "look")], fence=lead.fence) == []
+    save_next(store, claimed_run(store, child, 5), status="finished", finish_reason="stop", inbox_cursor=1)
+    subject.tick()
+
+    save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child})
+    subject.tick()
+
+    assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-raced"]
+
+
+def check_a_lead_waiting_at_its_answer_on_a_task_that_settled_before_its_save_is_listed(
+        make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-awaits")
+    task = "ct-awaits.task-00000000000000e2"
+    assert store.start_children("ct-awaits", AGENT, [(task, AGENT, "look")], fence=lead.fence) == []
+    save_next(store, claimed_run(store, task, 5), status="finished", finish_reason="stop", inbox_cursor=1)
+    subject.tick()
+
+    save_next(store, lead, inbox_cursor=1, waiting=True, background=[task])
+    subject.tick()
+
+    assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-awaits"]
+
+
+def check_a_lead_paused_on_its_childs_approval_is_not_listed_again(make: StoreFactory) -> None:
+    subject = make(50)
+    store = subject.store
+    lead = new_run(store, "ct-asks")
+    child = "ct-asks.task-00000000000000e3"
+    assert store.start_children("ct-asks", AGENT, [(child, AGENT, "look")], fence=lead.fence) == []
+    save_next(store, claimed_run(store, child, 5), status="awaiting-approval", approval_ids=["ap-1"],
+              inbox_cursor=1)
+    subject.tick()
+
+    save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child}, status="awaiting-approval",
+              approval_ids=["ap-1"])
+    subject.tick()
+
+    assert store.waiting_leads(0.0) == []  # a person's decision moves the child, which then wakes the lead
+
+
 def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
     store = make(50).store
     checkpoint = new_run(store, "ct-doc")
@@ -381,6 +431,9 @@ CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_children_are_started_once_and_a_lead_waiting_on_settled_ones_is_listed,
     check_children_are_started_under_the_leads_fence_and_never_adopted,
     check_a_lead_waiting_on_children_that_are_all_gone_is_listed,
+    check_a_lead_whose_child_settled_before_its_last_save_is_listed,
+    check_a_lead_waiting_at_its_answer_on_a_task_that_settled_before_its_save_is_listed,
+    check_a_lead_paused_on_its_childs_approval_is_not_listed_again,
     check_save_round_trips_the_whole_document,
     check_save_trims_the_drained_inbox,
     check_save_refuses_an_oversized_checkpoint_and_writes_nothing,

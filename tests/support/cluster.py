@@ -489,7 +489,7 @@ class Cluster:
         for event in self.events():
             if event.get("run_id") == run_id and since - 1 <= event["ts"] <= since + window_s:
                 what = event.get("tool_call_id", f"turn {event.get('turn_index')}")
-                lines.append((event["ts"], f"{event['kind']} {event['phase']} {what} pid {event['pid']}"))
+                lines.append((event["ts"], f"{event['kind']} {event.get('phase', '')} {what} pid {event.get('pid')}"))
         with psycopg.connect(self.database_url) as conn:
             for seq, fence, saved in conn.execute(
                     "SELECT seq, fence, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"

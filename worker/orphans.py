@@ -2,8 +2,9 @@
 
 A run whose pool process died mid-step would otherwise wait for Celery to notice (its pool checks every few
 seconds, then requeues the message) or, when the whole worker died, for the dead process's lease to run out
-(``LOUSHO_LEASE_TTL_MS``) and then for a sweep. The worker's main process calls ``DeadSteps.check`` on the steps
-its pool processes accepted (``worker.tasks`` reads them from Celery) and ``resend_at_start`` when it starts.
+(``LOUSHO_LEASE_TTL_MS``) and then for a sweep. The worker's main process calls ``DeadSteps.check`` on the step
+messages it holds and its pool's processes (``worker.tasks`` reads them from Celery and ``/proc``) and
+``resend_at_start`` when it starts.
 Only a lease whose holder is provably gone is released (``store.owners``): a live holder, or one on another
 host, keeps its lease until its TTL. Imports no Celery; a duplicate of a step sent here is harmless (a step
 finds its run busy or its seq stale).
@@ -54,14 +55,17 @@ class DeadSteps:
         #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
         self._store = store
         self._handled: set[str] = set()
-        self._children: set[int] = set()
+        #: The pool's processes running at the last check (None before the first).
+        self._children: set[int] | None = None
 
     def check(self, steps: Iterable[PoolStep], children: Iterable[int] | None = None) -> list[str]:
         """When a pool process died, release the leases it held among ``steps`` and send those steps again.
 
-        A death is a step's process that no longer runs, or one of ``children`` (the pool's processes, when the
-        caller can list them) that ran at the last check and no longer does: a process can die before its parent
-        learnt which step it took. Then every listed step whose lease a gone process holds is sent again. Returns
+        A death is a step's process that no longer runs, or a change in ``children`` (the pool's processes, when
+        the caller can list them): one that ran at the last check no longer does, or a new one replaced it. A
+        process can die before its parent learnt which step it took, and be replaced before a check sees it dead.
+        The first check counts as one (the watch starts after the pool). Then every listed step whose lease a gone
+        process holds is sent again. Returns
         the runs sent again. A message is sent again once (its task id is kept while it is listed); a run whose
         lease a live process holds (a redelivered copy got there first) is not sent. The runs sent are marked swept,
         as the sweep marks the runs it sends (best effort: a store that cannot be reached only costs the report of
@@ -73,7 +77,7 @@ class DeadSteps:
         listed = list(steps)
         self._handled &= {step.task_id for step in listed}
         running = {pid for pid in (children or ()) if owners.is_running(pid)}
-        died = bool(self._children - running) or any(
+        died = self._children is None or self._children != running or any(
             step.pid is not None and not owners.is_running(step.pid) for step in listed)
         self._children = running
         candidates = [step for step in listed if step.task_id not in self._handled]

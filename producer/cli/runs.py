@@ -65,7 +65,7 @@ def cmd_pending(client: Client, args: argparse.Namespace) -> int:
         approval = f"  approval {run.approval_id}" if run.approval_id else ""
         when = run.next_attempt_at.astimezone(UTC) if run.next_attempt_at else None
         retry = f"  next attempt {when:%Y-%m-%d %H:%M:%S}Z" if when else ""
-        retry += f"  failures {run.failures}" if run.failures else ""
+        retry += f" after {run.failures} failure(s) in a row" if when and run.failures else ""
         indent = "  " * records.depth_of(run.session_id)
         print(f"{indent}{run.session_id}  {run.agent}  {run.state}  step {run.step}{approval}{retry}{problem}")
     return 0

@@ -10,6 +10,7 @@ import pytest
 
 from producer.client import Client
 from store.checkpoints import PostgresCheckpointStore
+from store.records import LastError
 from tests.cli.conftest import Lousho, drive_in_background
 from tests.support.driver import Driver
 
@@ -39,6 +40,21 @@ def test_send_queues_the_input_and_pending_lists_the_run(lousho: Lousho) -> None
     assert run["session_id"] == "w-1" and run["agent"] == "weather" and run["status"] == "in-progress"
     assert {"kind", "checkpoint_id", "state", "step", "approval_id", "last_error", "attempts",
             "next_attempt_at"} <= run.keys()
+
+
+def test_pending_shows_a_retrying_runs_failures_in_a_row_and_next_attempt(lousho: Lousho,
+                                                                        store: PostgresCheckpointStore) -> None:
+    assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
+    for token in (10, 11):  # two transient failures in a row, the next attempt an hour away
+        claim = store.claim("w-1", token, None)
+        assert claim.checkpoint is not None
+        store.retry_later("w-1", claim.checkpoint.fence, LastError(code="X", message="503", retryable=True), 3600)
+
+    listed = lousho("pending")
+    [run] = lousho("pending", "--json").json()
+
+    assert "  retrying  step 0  next attempt " in listed.out and " after 2 failure(s) in a row" in listed.out
+    assert (run["state"], run["failures"], run["attempts"]) == ("retrying", 2, 0) and run["next_attempt_at"]
 
 
 def test_pending_filters_by_agent_and_says_when_nothing_is_pending(lousho: Lousho) -> None:

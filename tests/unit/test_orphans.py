@@ -54,10 +54,25 @@ def test_a_pool_process_that_died_before_its_parent_knew_its_step_is_noticed_by_
         leases.hold_as("run-1", processes.owner_of(child.pid))
         # While the pool's processes all run, nothing is sent
         assert watch.check([step], [child.pid]) == []
+        assert watch.check([step], [child.pid]) == []
     # When that process is gone at the next check (its parent reaped it), then the step it held goes out again
     assert watch.check([step], [child.pid]) == ["run-1"]
     assert sent == [step] and leases.holder("run-1") is None
     assert watch.check([step], []) == []
+
+
+def test_a_replaced_pool_process_counts_as_a_death_even_when_no_check_saw_it_dead() -> None:
+    # Given a step whose process died and was replaced between two checks, before its parent knew it ran the step
+    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    sent: list[orphans.PoolStep] = []
+    watch = orphans.DeadSteps(leases, sent.append)
+    step = orphans.PoolStep("t1", None, "run-1")
+    with processes.running() as old, processes.running() as replacement:
+        assert watch.check([step], [old.pid]) == []   # the first check: nothing held by a gone process yet
+        leases.hold_as("run-1", processes.exited_owner())
+        # When the next check finds another process in the pool, then the step is sent again
+        assert watch.check([step], [old.pid, replacement.pid]) == ["run-1"]
+    assert sent == [step]
 
 
 def test_a_dead_step_whose_run_another_process_holds_now_is_not_sent_again() -> None:

@@ -476,6 +476,20 @@ def test_the_live_endpoint_describes_a_run_again_only_when_its_version_changed(
     assert 'id="why"' not in done["html"] and len(asked) == 3
 
 
+def test_a_runs_page_still_shows_when_what_it_waits_on_cannot_be_read(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site.start("desk", "why-down", "refund 5")
+    _sign_in(site)
+
+    def unreadable(session_id: str) -> RunSummary | None:
+        raise errors.StorageError("Redis unavailable: ConnectionError")
+
+    monkeypatch.setattr(site.client, "describe", unreadable)
+    answer = site.http.get("/ui/runs/why-down")
+    assert answer.status_code == 200 and 'id="run-status" data-status="awaiting-approval"' in answer.text
+    assert 'id="why-unavailable"' in answer.text and 'id="why"' not in answer.text
+
+
 def test_the_runs_list_pages_filters_and_searches(site: Site) -> None:
     for n in range(53):
         site.client.store.append_input(f"many-{n:02d}", "hooks", [Message(role="user", content="x")])

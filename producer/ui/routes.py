@@ -6,6 +6,7 @@ in the thread pool; what a page shows is built by ``producer.ui.views``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import urllib.parse
@@ -21,7 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from producer.client import Client, continue_after
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
-from producer.ui import drawing, runs_list, sessions, spend, tree, views
+from producer.ui import drawing, runs_list, sessions, spend, tree, views, why
 from producer.webhooks import events
 from producer.webhooks import routes as wh_routes
 from producer.webhooks.access import Principal
@@ -192,11 +193,13 @@ async def runs(request: Request) -> Response:
                         next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
 
 
-def _run_data(backend: Backend, principal: Principal, run_id: str, with_history: bool) -> dict[str, Any]:
-    """What a run's page shows: its state, timeline and drawing, approvals, the runs under it, its usage.
+def _run_data(backend: Backend, principal: Principal, run_id: str, with_history: bool,
+              known_version: str | None = None) -> dict[str, Any]:
+    """What a run's page shows: its state, timeline and drawing, approvals, the runs under it, its usage, and why.
 
-    The "why" of an unfinished run (``Client.describe``: what it waits on, what moves it next; issue 29) belongs
-    at the top of ``_live.html``, above the status line.
+    The why of an unfinished run (``Client.describe``: what it waits on, what moves it next) tops ``_live.html``.
+    ``describe`` scans the broker's queues, so it is asked only when the page has not shown this ``version`` of
+    the run yet (``known_version``: the one it shows; None on a full load); ``changed`` says whether it was.
     """
     checkpoint = _load(backend, principal.sees, run_id)
     found_events: list[Any] = []
@@ -218,15 +221,25 @@ def _run_data(backend: Backend, principal: Principal, run_id: str, with_history:
     # Only a run that started children has runs under it: others skip the listing's search.
     under = (tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
              if children or checkpoint.background else tree.Tree([], 0))
-    version = (f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
-               + ":" + tree.version(under))
+    # A digest, short enough for the page to send back in a query string whatever the size of the tree.
+    version = hashlib.blake2b((f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+                               + ":" + tree.version(under)).encode(), digest_size=16).hexdigest()
+    changed = version != known_version
+    summary, why_error = why.describe(backend.client, run_id, status) if changed else (None, None)
+    told = None
+    if summary is not None and summary.waiting_on is not None:
+        # A lead waits on its children's approvals too: read those its own list did not hold.
+        missing = [a for a in summary.waiting_on.approval_ids if a not in approvals]
+        waited = {**approvals, **(backend.approvals.by_ids(missing) if missing else {})}
+        told = why.why(summary, run_id, waited, under, principal.sees)
     return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
             "timeline": views.timeline(checkpoint, found_events, children),
             "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
             "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
             "updated": views.iso(checkpoint.updated_at), "tree": under,
             "spent": spend.spend(checkpoint.usage, found_events),
-            "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values()))}
+            "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values())),
+            "why": told, "why_error": why_error, "changed": changed}
 
 
 @router.get("/runs/{run_id}")
@@ -241,12 +254,18 @@ async def run_page(run_id: str, request: Request) -> Response:
 
 @router.get("/runs/{run_id}/live")
 async def run_live(run_id: str, request: Request) -> Response:
-    """The moving part of a run's page as JSON: ``status``, ``settled``, ``version`` and ``html``."""
+    """The moving part of a run's page as JSON: ``status``, ``settled``, ``version`` and ``html``.
+
+    ``?version=`` is the version the page shows: while the run is still at it, ``html`` is null and the run is
+    not described again (its why stays as the page shows it).
+    """
     found = pages.signed_in(request)
-    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, False)
+    known = request.query_params.get("version", "")[:64] or None
+    data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, False, known)
     acts = found.principal.acts_on(data["run"].agent)
     html = pages.render_fragment("_live.html", request, found, acts=acts,
-                                 next_path=f"/ui/runs/{urllib.parse.quote(run_id)}", **data)
+                                 next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
+                                 **data) if data["changed"] else None
     return JSONResponse({"status": data["status"], "settled": data["settled"], "version": data["version"],
                          "html": html}, headers=pages.PAGE_HEADERS)
 

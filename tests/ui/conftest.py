@@ -28,8 +28,9 @@ from tests.support import reports, services
 from tests.support.cluster import ROOT, Cluster
 from tests.support.flower_ui import CHROMIUM, free_port
 
-#: The agents the workers and the server know: the pages' flows, and the trees and drawings (``drawn_agents``).
-UI_AGENTS = "tests.support.ui_agents,tests.ui.drawn_agents"
+#: The agents the workers and the server know: the pages' flows, the trees and drawings (``drawn_agents``), and
+#: the runs whose why a page shows (``why_agents``).
+UI_AGENTS = "tests.support.ui_agents,tests.ui.drawn_agents,tests.ui.why_agents"
 #: How long a page action or expectation waits before the test fails (ms): every flow is seconds long.
 PAGE_TIMEOUT_MS = 15_000
 

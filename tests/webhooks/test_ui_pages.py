@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from markupsafe import escape
 from pydantic import SecretStr
 from sqlalchemy import event
 
@@ -25,6 +26,7 @@ from store.deliveries import PostgresDeliveryStore
 from store.leases import Heartbeat, LeaseManager
 from store.records import Message
 from store.settings import Settings
+from store.summaries import RunSummary
 from tests.fakes.crash import die_at
 from tests.webhooks.conftest import DESK, HOOKS, SECRET, Driver, key, truncate_producer_tables
 from worker import Agent, tool
@@ -393,6 +395,99 @@ def test_the_live_endpoint_follows_the_run(site: Site) -> None:
     assert 'data-status="finished"' in after["html"] and "noted hi" in after["html"]
     site.http.cookies.clear()
     assert site.http.get("/ui/runs/live-1/live", follow_redirects=False).status_code == 303
+
+
+def _count_describes(site: Site, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The runs ``describe`` is asked about from now on, in order (the pages' client is the site's)."""
+    asked: list[str] = []
+    describe = site.client.describe
+
+    def counted(session_id: str) -> RunSummary | None:
+        asked.append(session_id)
+        return describe(session_id)
+
+    monkeypatch.setattr(site.client, "describe", counted)
+    return asked
+
+
+def _why(page: str) -> str:
+    found = re.search(r'<section id="why".*?</section>', page, re.S)
+    assert found, "no why on the page"
+    return found.group(0)
+
+
+def test_an_unfinished_runs_page_says_why_as_describe_does_and_a_finished_ones_says_nothing(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site.start("desk", "why-appr", "refund 5")
+    site.start("hooks", "why-done")
+    site.start("hooks", "why-stuck", drain=False)  # its step waits in the driver's queue: no broker holds it
+    _sign_in(site)
+    asked = _count_describes(site, monkeypatch)
+
+    # A run awaiting approval: its state, a link to each approval's card on the page, and its next action
+    page = site.http.get("/ui/runs/why-appr").text
+    told = site.client.describe("why-appr")
+    assert told is not None and told.waiting_on is not None and told.next_action
+    why = _why(page)
+    assert f'data-state="{told.state}"' in why and told.state == "awaiting-approval"
+    assert told.waiting_on.approval_ids
+    for approval_id in told.waiting_on.approval_ids:
+        assert f'href="#approval-{approval_id}"' in why and f'id="approval-{approval_id}"' in page
+    assert f'<span id="next-action">{escape(told.next_action)}</span>' in why
+    assert page.index('id="why"') < page.index('id="run-status"'), "the why is not at the top"
+
+    # A run nothing moves, whose agent no live worker serves (the driver is no worker): that agent, and the sweep
+    page = site.http.get("/ui/runs/why-stuck").text
+    told = site.client.describe("why-stuck")
+    assert told is not None and told.waiting_on is not None and told.next_action
+    assert told.state == "running" and told.waiting_on.unserved_agent == "hooks"
+    why = _why(page)
+    assert 'class="unserved" data-agent="hooks"' in why and 'data-state="running"' in why
+    assert f'<span id="next-action">{escape(told.next_action)}</span>' in why
+
+    # A finished run: no why, and it is not described
+    page = site.http.get("/ui/runs/why-done").text
+    assert 'data-status="finished"' in page and 'id="why"' not in page
+    assert asked == ["why-appr", "why-appr", "why-stuck", "why-stuck"]
+
+
+def test_the_live_endpoint_describes_a_run_again_only_when_its_version_changed(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site.start("desk", "why-live", "refund 5")
+    token = _sign_in(site)
+    asked = _count_describes(site, monkeypatch)
+    page = site.http.get("/ui/runs/why-live").text
+    version = re.search(r'data-version="([^"]+)"', page)
+    assert version and 'id="why"' in page and asked == ["why-live"]
+
+    # While the run stays at the version the page shows, a live refresh neither describes it nor renders it
+    same = site.http.get("/ui/runs/why-live/live", params={"version": version.group(1)}).json()
+    assert same["version"] == version.group(1) and same["html"] is None and asked == ["why-live"]
+    older = site.http.get("/ui/runs/why-live/live", params={"version": "0" * 32}).json()
+    assert 'id="why"' in older["html"] and asked == ["why-live"] * 2
+    assert 'id="why"' in site.http.get("/ui/runs/why-live/live").json()["html"] and len(asked) == 3
+
+    # Once it finishes, the refresh drops the why without describing it
+    approval_id = site.client.approvals.list()[0].approval_id
+    assert _post(site, f"/ui/approvals/{approval_id}", token, decision="approve").status_code == 303
+    site.driver.drain()
+    done = site.http.get("/ui/runs/why-live/live", params={"version": version.group(1)}).json()
+    assert done["status"] == "finished" and done["version"] != version.group(1)
+    assert 'id="why"' not in done["html"] and len(asked) == 3
+
+
+def test_a_runs_page_still_shows_when_what_it_waits_on_cannot_be_read(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site.start("desk", "why-down", "refund 5")
+    _sign_in(site)
+
+    def unreadable(session_id: str) -> RunSummary | None:
+        raise errors.StorageError("Redis unavailable: ConnectionError")
+
+    monkeypatch.setattr(site.client, "describe", unreadable)
+    answer = site.http.get("/ui/runs/why-down")
+    assert answer.status_code == 200 and 'id="run-status" data-status="awaiting-approval"' in answer.text
+    assert 'id="why-unavailable"' in answer.text and 'id="why"' not in answer.text
 
 
 def test_the_runs_list_pages_filters_and_searches(site: Site) -> None:

@@ -20,8 +20,14 @@
     var stopped = false;
     var source = null;
 
+    // The version shown goes with each request: the server leaves out the html (and does not describe the run
+    // again) while the run is still at it.
+    function current() {
+      return url + "?version=" + encodeURIComponent(live.getAttribute("data-version") || "");
+    }
+
     function apply(data) {
-      if (data.version !== live.getAttribute("data-version")) {
+      if (typeof data.html === "string" && data.version !== live.getAttribute("data-version")) {
         var active = document.activeElement;
         var typing = active && live.contains(active) && (active.tagName === "TEXTAREA" || active.tagName === "INPUT");
         if (!typing || data.settled) {
@@ -48,7 +54,7 @@
       if (stopped) {
         return;
       }
-      fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}, cache: "no-store"})
+      fetch(current(), {credentials: "same-origin", headers: {"Accept": "application/json"}, cache: "no-store"})
         .then(function (response) {
           if (response.status === 401 || response.status === 403 || response.status === 404) {
             stop();
@@ -77,7 +83,7 @@
         source.onmessage = function () { /* named events only */ };
         ["step.done", "tool.done", "tool.error", "approval.requested", "run.done", "error"].forEach(function (type) {
           source.addEventListener(type, function () {
-            fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}, cache: "no-store"})
+            fetch(current(), {credentials: "same-origin", headers: {"Accept": "application/json"}, cache: "no-store"})
               .then(function (response) { return response.ok ? response.json() : null; })
               .then(function (data) { if (data && !stopped) { apply(data); } })
               .catch(function () {});

@@ -143,17 +143,20 @@ _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # that changed since the lead's last save (a lead paused on a child's approval is not woken again and again), a
 # child it waits on that settled (it may have settled before the lead's last save, while the lead's step held the
 # lease its wake-up met), or no child left at all (deleted: nothing else would wake it). The children a lead waits
-# on are its delegated calls' or, once it answered with background tasks still running, those tasks.
+# on are its delegated calls' or, once it answered with background tasks still running, those tasks. A child refused
+# to resume (its agent changed) counts for none of these: the lead waits on it as on a person.
 _WAITING_LEADS = text(f"""
 SELECT l.session_id, l.seq, l.agent FROM runs l
 WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
-  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at
+               AND NOT {runs.refused_sql("c")})
        OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id)
        OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
-                  AND (c.status = 'finished' OR c.aborted OR NOT {runs.not_parked_sql("c")})
+                  AND (c.status = 'finished' OR c.aborted
+                       OR (NOT {runs.not_parked_sql("c")} AND NOT {runs.refused_sql("c")}))
                   AND c.session_id IN (
                     SELECT d.value FROM jsonb_each_text(CASE WHEN jsonb_typeof(l.document -> 'delegated') = 'object'
                                                         THEN l.document -> 'delegated' ELSE '{{}}' END) d

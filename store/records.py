@@ -184,6 +184,21 @@ class LastError(_Record):
     retryable: bool = False
 
 
+#: Codes of a refusal to resume a run: its agent changed under it (``on_agent_drift="error"``) or lacks a tool its
+#: pending calls name. The run is parked until a person puts the agent back and resumes it; a lead waiting on it
+#: waits with it (the call it delegated gets no result meanwhile).
+REFUSAL_CODES = (errors.AgentDriftError.code, errors.ResumeToolMissingError.code)
+
+
+def is_refused(last_error: LastError | dict[str, Any] | None) -> bool:
+    """Whether a run was parked by a refusal to resume it (``REFUSAL_CODES``); ``runs.refused_sql`` in SQL."""
+    if last_error is None:
+        return False
+    if isinstance(last_error, LastError):
+        return not last_error.retryable and last_error.code in REFUSAL_CODES
+    return last_error.get("retryable") is not True and last_error.get("code") in REFUSAL_CODES
+
+
 #: Checkpoint fields stored as columns of the run's row, never in its document.
 _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
                             "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",

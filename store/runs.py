@@ -53,6 +53,16 @@ def not_parked_sql(table: str = "") -> str:
     return f"({t}last_error IS NULL OR ({t}last_error ->> 'retryable')::boolean)"
 
 
+def refused_sql(table: str = "") -> str:
+    """SQL true for a run parked by a refusal to resume it (``records.is_refused`` in memory).
+
+    Such a child is not settled: its lead keeps waiting on it until a person resumes it.
+    """
+    t = f"{table}." if table else ""
+    codes = ", ".join(f"'{code}'" for code in records.REFUSAL_CODES)  # constants of ours, never input
+    return f"(NOT {not_parked_sql(table)} AND {t}last_error ->> 'code' IN ({codes}))"
+
+
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
 _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
                        "next_attempt_at", "retry_since", "failures", "aborted", "end_due",

@@ -374,7 +374,7 @@ class PostgresCheckpointStore:
         """Input sent after ``cursor``, in send order."""
         with self._direct.connection() as conn:
             rows = conn.execute(_DIRECT[_INBOX], {"sid": session_id, "cursor": cursor}).fetchall()
-        return [records.InboxEntry(n=row["n"], messages=row["messages"], metadata=row["metadata"]) for row in rows]
+        return [records.InboxEntry.from_stored(row["n"], row["messages"], row["metadata"]) for row in rows]
 
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
@@ -562,24 +562,28 @@ class PostgresCheckpointStore:
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
+                     business_state: Any = None) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
         sends from many processes are applied in the order they committed. A send with an
         ``idempotency_key`` already used on this run queues nothing and returns the first one's
         number (its metadata stays). New input clears a parked or waiting run's error: the run
-        tries again with it. ``metadata`` is stored with the input (``InboxEntry.metadata``).
+        tries again with it. ``metadata`` is stored with the input (``InboxEntry.metadata``), and so is
+        ``business_state`` (not None: it replaces the run's when the input is merged).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the session belongs to another agent, or ``metadata`` is not a JSON object.
-            InputTooLargeError: ``metadata`` is over 16 KiB as JSON or too deep (nothing is written).
+            ConfigurationError: the session belongs to another agent, ``metadata`` is not a JSON object, or
+                ``business_state`` is not JSON.
+            InputTooLargeError: ``metadata`` is over 16 KiB as JSON, ``business_state`` over 64 KiB, or either too
+                deep (nothing is written).
             CheckpointCorruptError: the stored run cannot be read.
         """
         metadata = runs.check_metadata(metadata)
         with self._begin() as conn:
-            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata)
+            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata, business_state)
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""

@@ -405,6 +405,11 @@ class Progress(_Record):
     agent: str | None = None
 
 
+#: Key of an inbox row's stored metadata object that carries the business state sent with the input
+#: (``send(..., business_state=...)``); senders may not use it in their own metadata.
+BUSINESS_STATE_KEY = "lousho.business_state"
+
+
 class InboxEntry(_Record):
     """One ``send`` waiting to be merged into its run at the next step boundary."""
 
@@ -412,6 +417,16 @@ class InboxEntry(_Record):
     messages: list[Message]
     #: What the sender attached for the application's code (``send(..., metadata=...)``); never sent to a model.
     metadata: dict[str, Any] | None = None
+    #: The business state sent with the input (``send(..., business_state=...)``); None leaves the run's as it is.
+    business_state: Any = None
+
+    @classmethod
+    def from_stored(cls, n: int, messages: Any, stored: dict[str, Any] | None) -> InboxEntry:
+        """The entry of an inbox row whose ``metadata`` column may carry the business state sent with it."""
+        if not stored or BUSINESS_STATE_KEY not in stored:
+            return cls(n=n, messages=messages, metadata=stored)
+        metadata = {key: value for key, value in stored.items() if key != BUSINESS_STATE_KEY}
+        return cls(n=n, messages=messages, metadata=metadata or None, business_state=stored[BUSINESS_STATE_KEY])
 
 
 class HistoryEntry(_Record):

@@ -81,6 +81,14 @@ def one(conn: Connection, session_id: str, settings: Settings) -> list[Any]:
     return list(conn.execute(_ONE, {"sid": session_id, "window": registration_window_s(settings)}).all())
 
 
+_BUSINESS_STATE = text("SELECT document -> 'business_state' FROM runs WHERE session_id = :sid")
+
+
+def business_state(conn: Connection, session_id: str) -> Any:
+    """Run ``session_id``'s business state as last saved (None when it has none, or is unknown)."""
+    return conn.execute(_BUSINESS_STATE, {"sid": session_id}).scalar()
+
+
 def quiet(conn: Connection, settings: Settings, limit: int) -> list[Any]:
     """The Postgres facts of the unfinished runs nothing changed for a grace, oldest first (at most ``limit``)."""
     return list(conn.execute(_QUIET, {"grace": grace(settings).total_seconds(), "limit": limit,

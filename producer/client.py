@@ -537,7 +537,7 @@ class AgentHandle:
         return Approvals(self._client, self.name)
 
     def send(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
-             idempotency_key: str | None = None, check_agent: bool = True) -> Run:
+             idempotency_key: str | None = None, check_agent: bool = True, business_state: Any = None) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.
 
         A new id starts a run; an unfinished run resumes (pending calls first, input after
@@ -547,6 +547,9 @@ class AgentHandle:
 
         ``metadata`` (a JSON object, at most 16 KiB) rides with the input for the application's code: a
         dynamic agent's ``resolve`` and hooks read it; it is never shown to the model, nor logged.
+        ``business_state`` (JSON, at most 64 KiB; None leaves it as it is) replaces the run's business state when
+        the step that takes this input saves it (a ``business_state.changed`` event says so); tools and hooks read
+        it from then on.
 
         Raises:
             SessionIdInvalidError: the id breaks the id rules (nothing is written).
@@ -556,8 +559,8 @@ class AgentHandle:
                 trimmed messages).
             AgentNotFoundError: workers registered agents and this name is not among them.
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the idempotency key is not 1-200 printable characters, or the metadata is
-                not a JSON object (nothing is written).
+            ConfigurationError: the idempotency key is not 1-200 printable characters, the metadata is
+                not a JSON object, or the business state is not JSON (nothing is written).
         """
         records.validate_session_id(session_id)
         if records.is_child_id(session_id):
@@ -566,12 +569,14 @@ class AgentHandle:
             _check_idempotency_key(idempotency_key)
         messages = normalize_input(input)
         if not messages:
-            if metadata is not None:
-                raise errors.ConfigurationError("metadata rides with input: send some input with it")
+            if metadata is not None or business_state is not None:
+                raise errors.ConfigurationError("metadata and business_state ride with input: send some input with"
+                                                " them")
             return self._resume_or_current(session_id)
         if check_agent:
             inputs.check_agent(self.name, self._client.known_agents())
-        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key, metadata)
+        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key, metadata,
+                                                 business_state)
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 

@@ -98,6 +98,7 @@ def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, se
     records.validate_session_id(session_id)
     with Transaction(engine) as conn:
         rows = observed.one(conn, session_id, settings)
+        state = observed.business_state(conn, session_id) if rows else None
     if not rows:
         return None
     try:
@@ -105,7 +106,8 @@ def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, se
     except redis.RedisError as exc:
         raise errors.StorageError(f"Redis unavailable: {type(exc).__name__}") from exc
     told = explain.explain(seen.observed[0], observed.grace(settings))
-    return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action})
+    return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action,
+                                                 "business_state": state})
 
 
 def check(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,

@@ -143,17 +143,20 @@ _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # that changed since the lead's last save (a lead paused on a child's approval is not woken again and again), a
 # child it waits on that settled (it may have settled before the lead's last save, while the lead's step held the
 # lease its wake-up met), or no child left at all (deleted: nothing else would wake it). The children a lead waits
-# on are its delegated calls' or, once it answered with background tasks still running, those tasks.
+# on are its delegated calls' or, once it answered with background tasks still running, those tasks. A child refused
+# to resume (its agent changed) counts for none of these: the lead waits on it as on a person.
 _WAITING_LEADS = text(f"""
 SELECT l.session_id, l.seq, l.agent FROM runs l
 WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
-  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at)
+  AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at
+               AND NOT {runs.refused_sql("c")})
        OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id)
        OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
-                  AND (c.status = 'finished' OR c.aborted OR NOT {runs.not_parked_sql("c")})
+                  AND (c.status = 'finished' OR c.aborted
+                       OR (NOT {runs.not_parked_sql("c")} AND NOT {runs.refused_sql("c")}))
                   AND c.session_id IN (
                     SELECT d.value FROM jsonb_each_text(CASE WHEN jsonb_typeof(l.document -> 'delegated') = 'object'
                                                         THEN l.document -> 'delegated' ELSE '{{}}' END) d
@@ -371,7 +374,7 @@ class PostgresCheckpointStore:
         """Input sent after ``cursor``, in send order."""
         with self._direct.connection() as conn:
             rows = conn.execute(_DIRECT[_INBOX], {"sid": session_id, "cursor": cursor}).fetchall()
-        return [records.InboxEntry(n=row["n"], messages=row["messages"], metadata=row["metadata"]) for row in rows]
+        return [records.InboxEntry.from_stored(row["n"], row["messages"], row["metadata"]) for row in rows]
 
     def record_step(self, write: records.StepWrite) -> datetime | None:
         """Write what a step did (its checkpoint's ``seq`` must be the stored one plus one) if its fence still holds.
@@ -559,24 +562,28 @@ class PostgresCheckpointStore:
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
+                     business_state: Any = None) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
         sends from many processes are applied in the order they committed. A send with an
         ``idempotency_key`` already used on this run queues nothing and returns the first one's
         number (its metadata stays). New input clears a parked or waiting run's error: the run
-        tries again with it. ``metadata`` is stored with the input (``InboxEntry.metadata``).
+        tries again with it. ``metadata`` is stored with the input (``InboxEntry.metadata``), and so is
+        ``business_state`` (not None: it replaces the run's when the input is merged).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
-            ConfigurationError: the session belongs to another agent, or ``metadata`` is not a JSON object.
-            InputTooLargeError: ``metadata`` is over 16 KiB as JSON or too deep (nothing is written).
+            ConfigurationError: the session belongs to another agent, ``metadata`` is not a JSON object, or
+                ``business_state`` is not JSON.
+            InputTooLargeError: ``metadata`` is over 16 KiB as JSON, ``business_state`` over 64 KiB, or either too
+                deep (nothing is written).
             CheckpointCorruptError: the stored run cannot be read.
         """
         metadata = runs.check_metadata(metadata)
         with self._begin() as conn:
-            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata)
+            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata, business_state)
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""

@@ -146,10 +146,12 @@ class ProducerStore(Protocol):
     """What producers use: queue input, fork, resume, read, list and delete runs."""
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
+                     business_state: Any = None) -> int:
         """Queue input for a run (creating it) and return its inbox number.
 
-        ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks).
+        ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks);
+        ``business_state`` (not None) replaces the run's when the input is merged.
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.

@@ -20,9 +20,10 @@ from store import broker, keys, listing, records, runs, summaries
 from store.explain import Observed
 from store.settings import Settings
 
-#: A child that has not settled: it can still move by itself, waits on its own children, or on a person.
+#: A child that has not settled: it can still move by itself, waits on its own children, or on a person (a decision,
+#: or a refusal to resume it that a person fixes).
 _UNSETTLED_CHILD = (f"(({runs.has_work_sql('c')} AND {runs.not_parked_sql('c')}) OR c.status = 'awaiting-approval'"
-                    " OR (c.waiting AND c.status = 'in-progress' AND NOT c.aborted))")
+                    f" OR (c.waiting AND c.status = 'in-progress' AND NOT c.aborted) OR {runs.refused_sql('c')})")
 #: The latest moment something gave the run work or was seen moving it: its save, a retry time, an abort request,
 #: input sent after its cursor, a decision on its approvals, a child's save, or the sweep sending it a step.
 _SINCE = """GREATEST(updated_at, next_attempt_at, abort_requested, swept_at,
@@ -78,6 +79,14 @@ def registration_window_s(settings: Settings) -> float:
 def one(conn: Connection, session_id: str, settings: Settings) -> list[Any]:
     """The Postgres facts of run ``session_id`` (no row when it is unknown)."""
     return list(conn.execute(_ONE, {"sid": session_id, "window": registration_window_s(settings)}).all())
+
+
+_BUSINESS_STATE = text("SELECT document -> 'business_state' FROM runs WHERE session_id = :sid")
+
+
+def business_state(conn: Connection, session_id: str) -> Any:
+    """Run ``session_id``'s business state as last saved (None when it has none, or is unknown)."""
+    return conn.execute(_BUSINESS_STATE, {"sid": session_id}).scalar()
 
 
 def quiet(conn: Connection, settings: Settings, limit: int) -> list[Any]:

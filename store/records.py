@@ -184,6 +184,21 @@ class LastError(_Record):
     retryable: bool = False
 
 
+#: Codes of a refusal to resume a run: its agent changed under it (``on_agent_drift="error"``) or lacks a tool its
+#: pending calls name. The run is parked until a person puts the agent back and resumes it; a lead waiting on it
+#: waits with it (the call it delegated gets no result meanwhile).
+REFUSAL_CODES = (errors.AgentDriftError.code, errors.ResumeToolMissingError.code)
+
+
+def is_refused(last_error: LastError | dict[str, Any] | None) -> bool:
+    """Whether a run was parked by a refusal to resume it (``REFUSAL_CODES``); ``runs.refused_sql`` in SQL."""
+    if last_error is None:
+        return False
+    if isinstance(last_error, LastError):
+        return not last_error.retryable and last_error.code in REFUSAL_CODES
+    return last_error.get("retryable") is not True and last_error.get("code") in REFUSAL_CODES
+
+
 #: Checkpoint fields stored as columns of the run's row, never in its document.
 _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
                             "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",
@@ -390,6 +405,11 @@ class Progress(_Record):
     agent: str | None = None
 
 
+#: Key of an inbox row's stored metadata object that carries the business state sent with the input
+#: (``send(..., business_state=...)``); senders may not use it in their own metadata.
+BUSINESS_STATE_KEY = "lousho.business_state"
+
+
 class InboxEntry(_Record):
     """One ``send`` waiting to be merged into its run at the next step boundary."""
 
@@ -397,6 +417,16 @@ class InboxEntry(_Record):
     messages: list[Message]
     #: What the sender attached for the application's code (``send(..., metadata=...)``); never sent to a model.
     metadata: dict[str, Any] | None = None
+    #: The business state sent with the input (``send(..., business_state=...)``); None leaves the run's as it is.
+    business_state: Any = None
+
+    @classmethod
+    def from_stored(cls, n: int, messages: Any, stored: dict[str, Any] | None) -> InboxEntry:
+        """The entry of an inbox row whose ``metadata`` column may carry the business state sent with it."""
+        if not stored or BUSINESS_STATE_KEY not in stored:
+            return cls(n=n, messages=messages, metadata=stored)
+        metadata = {key: value for key, value in stored.items() if key != BUSINESS_STATE_KEY}
+        return cls(n=n, messages=messages, metadata=metadata or None, business_state=stored[BUSINESS_STATE_KEY])
 
 
 class HistoryEntry(_Record):

@@ -53,6 +53,16 @@ def not_parked_sql(table: str = "") -> str:
     return f"({t}last_error IS NULL OR ({t}last_error ->> 'retryable')::boolean)"
 
 
+def refused_sql(table: str = "") -> str:
+    """SQL true for a run parked by a refusal to resume it (``records.is_refused`` in memory).
+
+    Such a child is not settled: its lead keeps waiting on it until a person resumes it.
+    """
+    t = f"{table}." if table else ""
+    codes = ", ".join(f"'{code}'" for code in records.REFUSAL_CODES)  # constants of ours, never input
+    return f"(NOT {not_parked_sql(table)} AND {t}last_error ->> 'code' IN ({codes}))"
+
+
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
 _CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
                        "next_attempt_at", "retry_since", "failures", "aborted", "end_due",
@@ -119,6 +129,8 @@ _ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages, metadata)"
                   " VALUES (:sid, :n, CAST(:messages AS jsonb), CAST(:metadata AS jsonb))")
 #: Most bytes the metadata of one send may take as JSON.
 MAX_METADATA_BYTES = 16 * 1024
+#: Most bytes a run's business state may take as JSON (it is saved with every step of the run).
+MAX_BUSINESS_STATE_BYTES = 64 * 1024
 
 
 class InboxPosition(Protocol):
@@ -216,6 +228,40 @@ def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: s
                                      mapping["document"] or {}, mapping["uncounted_usage"], messages)
 
 
+def check_business_state(value: object) -> Any:
+    """``value`` as a run's business state is stored: JSON of at most ``MAX_BUSINESS_STATE_BYTES``, text cleaned.
+
+    The one rule for what ``send(..., business_state=...)``, a tool and a hook may write, checked before anything
+    is written (a value that could not be saved would fail every later save of the run).
+
+    Raises:
+        ConfigurationError: holding a value JSON has no form for (or a key that is not a string).
+        InputTooLargeError: nested deeper than input may be, or over ``MAX_BUSINESS_STATE_BYTES`` as JSON.
+    """
+    payloads.check_depth(value)
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise errors.ConfigurationError(
+            "business_state must be JSON: strings, finite numbers, booleans, None, lists and objects with string"
+            " keys") from None
+    clean = payloads.sanitize(value)
+    if len(payloads.dumps(clean).encode("utf-8")) > MAX_BUSINESS_STATE_BYTES:
+        raise errors.InputTooLargeError(f"business_state is at most {MAX_BUSINESS_STATE_BYTES} bytes as JSON")
+    return clean
+
+
+def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None) -> dict[str, Any] | None:
+    """What the inbox row keeps in its ``metadata`` column: the sender's metadata, and the business state sent.
+
+    The state rides under ``records.BUSINESS_STATE_KEY`` so the input and the state it comes with are one row
+    (``records.InboxEntry.from_stored`` splits them again). Both are checked already.
+    """
+    if business_state is None:
+        return metadata
+    return {**(metadata or {}), records.BUSINESS_STATE_KEY: business_state}
+
+
 def check_metadata(metadata: object) -> dict[str, Any] | None:
     """``metadata`` as it is stored with its input: a JSON object of at most ``MAX_METADATA_BYTES``, text cleaned.
 
@@ -229,6 +275,9 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
         return None
     if not isinstance(metadata, dict) or not all(isinstance(key, str) for key in metadata):
         raise errors.ConfigurationError("metadata must be a JSON object (a dict with string keys)")
+    if records.BUSINESS_STATE_KEY in metadata:
+        raise errors.ConfigurationError(f"metadata key {records.BUSINESS_STATE_KEY!r} is reserved; send the business"
+                                        " state as business_state=")
     payloads.check_depth(metadata)
     try:
         json.dumps(metadata, allow_nan=False)
@@ -242,24 +291,27 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
 
 
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-                idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+                idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
+                business_state: Any = None) -> int:
     """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
     used on this run queues nothing and returns the first send's number (the first send's ``metadata``
-    stays). New input clears a parked or waiting run's error: the run tries again with it. Input that
+    stays). ``business_state`` (not None) replaces the run's when the step that merges this input saves it.
+    New input clears a parked or waiting run's error: the run tries again with it. Input that
     would leave the run less than a reply's room under the checkpoint limit, with its transcript and the
     input queued before, is refused: a step could never save it (``inputs.leaves_room``).
 
     Raises:
         SessionAwaitingApprovalError: the run waits on an approval.
         ConfigurationError: the run belongs to another agent, or ``metadata`` is not a JSON object.
-        InputTooLargeError: ``metadata`` is too large or too deep, or the run has no room for the input (nothing
-            is written).
+        InputTooLargeError: ``metadata`` or ``business_state`` is too large or too deep, or the run has no room for
+            the input (nothing is written).
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
-    metadata = check_metadata(metadata)
+    metadata = stored_metadata(check_metadata(metadata),
+                               None if business_state is None else check_business_state(business_state))
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
     if row.document:

@@ -7,7 +7,7 @@ facts it decides from, and ``producer.client`` hands these out (``Client.runs``,
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,6 +75,8 @@ class RunSummary(_Record):
     waiting_on: WaitingOn | None = None
     #: In words: what will move the run and when, or that a person must act, and how.
     next_action: str | None = None
+    #: The run's business state as last saved (``describe`` only: a listing leaves it None).
+    business_state: Any = None
 
     @classmethod
     def listed(cls, run: ListedRun) -> RunSummary:

@@ -23,25 +23,31 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from store import errors, records
 from store.limits import Limits, Prices
+from worker import business
 from worker.providers.base import Model, ToolSpec
 
 DriftPolicy = Literal["warn", "error", "ignore"]
 
 
-@dataclass(frozen=True)
-class ToolContext:
+@dataclass
+class ToolContext(business.Holder):
     """What a tool learns about the call it serves.
 
     ``tool_call_id`` is stable across re-runs of the same call: use it as the idempotency key
     of side effects. ``attempt`` is 1 on a call's first execution and 2 or more when an earlier start of its
     step may have run it already (a worker died, a step failed after saving some results); it is derived from
     the step's start count, so it costs no write per call.
+
+    ``business_state`` is the only field a tool may change: assign it (or change the value in place) and the new
+    value is saved with the call's result, in the same fenced save, so it is never lost once the result is
+    recorded and never kept without it. Every other field is read-only.
     """
 
     tool_call_id: str
     session_id: str
     agent: str
     step: int
+    #: The run's business state as the call starts (a copy: changing it changes nothing until the call returns).
     business_state: Any = None
     #: The saved state (checkpoint seq) the call's batch started from; for diagnostics and checkers.
     checkpoint_seq: int = 0

@@ -31,7 +31,7 @@ from typing import Any
 
 from store import errors, payloads, records, telemetry
 from store.records import Approval, Checkpoint, EventDraft, LastError, Lease, Message, ToolCall
-from worker import abort, handoffs, machine, once, retry, subagents, tool_threads
+from worker import abort, business, handoffs, machine, once, retry, subagents, tool_threads
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import (
@@ -81,6 +81,14 @@ class _Batch:
         self.cursor = checkpoint.inbox_cursor
         #: Child run id -> the state this step found a delegated child in while it could not give a result yet.
         self.seen: dict[str, str] = {}
+        #: Call id -> the business state its ``pre_tool_call`` hooks wrote (saved with its result, unless the call
+        #: writes again).
+        self.writes: dict[str, business.Write] = {}
+
+    def state_for(self, call_id: str) -> Any:
+        """The business state a call starts from: its hooks' write, else the run's as the batch saved it last."""
+        written = self.writes.get(call_id)
+        return written.value if written is not None else self.checkpoint.business_state
 
     def hear(self) -> None:
         """Act on the signals the lease heard: a confirmed abort, a steer past this batch's input."""
@@ -126,18 +134,31 @@ class _Batch:
         self.appended += size
         return result
 
-    def settle(self, result: Message, duration_ms: float | None = None, events: tuple[EventDraft, ...] = ()) -> None:
+    def settle(self, result: Message, duration_ms: float | None = None, events: tuple[EventDraft, ...] = (),
+               write: business.Write | None = None) -> None:
+        """Save a call's result, with the business state the call (or its hooks) wrote, in one fenced save.
+
+        A write is kept whatever the result says (an error the tool raised after writing, or ``cancelled`` when
+        the run was aborted meanwhile): the code that wrote it ran. ``write`` None: the hooks' write, if any.
+        """
         self.hear()
         with self.lock:
             if self.closed or self.fenced:
                 return
+            call_id = result.tool_call_id or ""
+            hooks_wrote = self.writes.pop(call_id, None)
+            write = write or hooks_wrote
             if self.aborting and not result.is_error:
                 # It returned after the abort: the run stops with this call cancelled.
-                result = machine.cancelled(ToolCall(id=result.tool_call_id or "", name=result.name or ""))
+                result = machine.cancelled(ToolCall(id=call_id, name=result.name or ""))
             crash_point("after_tool_effect_before_result_save", self.checkpoint.session_id)
             fitted = self._fit(result)
-            if self._write(machine.record_tool_result(self.checkpoint, fitted),
-                           events=[*events, live_events.tool_result(fitted, duration_ms)]):
+            updated = machine.record_tool_result(self.checkpoint, fitted)
+            drafts = [*events, live_events.tool_result(fitted, duration_ms)]
+            if write is not None:
+                updated = updated.model_copy(update={"business_state": write.value})
+                drafts.append(business.changed(write, tool_call_id=call_id, tool_name=result.name))
+            if self._write(updated, events=drafts):
                 crash_point("between_results", self.checkpoint.session_id)
 
     def settle_child(self, call: ToolCall, result: Message, child: str, state: Checkpoint | None) -> None:
@@ -238,6 +259,7 @@ class _Plan:
     reruns: dict[str, once.Rerun] = field(default_factory=dict)  # once calls found not done: they run again
     asks: list[once.Ask] = field(default_factory=list)        # once calls a person reconciles
     decided: dict[str, str] = field(default_factory=dict)     # approval id -> call id of the turn's decisions
+    writes: dict[str, business.Write] = field(default_factory=dict)  # call id -> its pre_tool_call hooks' write
 
     def settled(self, outcome: once.Settled, call: ToolCall) -> None:
         """Record a verdict's result and its events."""
@@ -264,17 +286,26 @@ class _Plan:
 
 
 def _context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None,
-             attempt: int = 1, approval_id: str | None = None) -> ToolContext:
+             attempt: int = 1, approval_id: str | None = None, state: Any = None) -> ToolContext:
+    """The context of a call that runs, starting from business state ``state`` (a copy of it)."""
     return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
-                       step=checkpoint.step, business_state=checkpoint.business_state,
+                       step=checkpoint.step, business_state=business.handed(state),
                        checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event(), attempt=attempt,
                        approval_id=approval_id)
 
 
-def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False) -> HookContext:
+def _reading_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None,
+                     attempt: int = 1) -> ToolContext:
+    """The context of a function that only reads (an approval rule, ``reconcile``): it cannot write the state."""
+    return business.read_only(_context(agent, checkpoint, call, cancelled, attempt,
+                                       state=checkpoint.business_state))
+
+
+def _hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False,
+                  state: Any = None) -> HookContext:
     return HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
                        metadata=checkpoint.metadata, tool_call_id=call.id, tool_name=call.name, args=dict(call.args),
-                       resumed_after_approval=resumed)
+                       resumed_after_approval=resumed, business_state=business.handed(state))
 
 
 def _same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -282,18 +313,24 @@ def _same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(payloads.sanitize(a), sort_keys=True) == json.dumps(payloads.sanitize(b), sort_keys=True)
 
 
-def _gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, pinned: bool = False) -> ToolCall | Message:
+def _gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str, business.Write],
+          pinned: bool = False) -> ToolCall | Message:
     """The call as the ``pre_tool_call`` hooks leave it, or the result they settle it with.
 
     ``pinned``: a person approved ``call.args``; a hook that changes them gets the call a validation error.
+    A business state the hooks wrote goes in ``writes`` (saved with the call's result).
 
     Raises:
-        HookFailedError: a hook raised.
+        HookFailedError: a hook raised, or wrote a business state that cannot be saved.
     """
     hooks = hook_calls.having(agent.hooks, "pre_tool_call")
     if not hooks:
         return call
-    verdict = hook_calls.pre_tool_call(hooks, _hook_context(agent, checkpoint, call, resumed=pinned))
+    ctx = _hook_context(agent, checkpoint, call, resumed=pinned, state=checkpoint.business_state)
+    verdict = hook_calls.pre_tool_call(hooks, ctx)
+    write = business.hook_written(checkpoint.business_state, ctx)
+    if write is not None:
+        writes[call.id] = write
     if isinstance(verdict, Deny):
         return machine.tool_error(call, "denied", "ToolDenied", verdict.reason or "a hook denied this call")
     if isinstance(verdict, HookResult):
@@ -313,7 +350,8 @@ def _gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, pinned: bool = F
     return call
 
 
-def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: Approval) -> ToolCall | Message | None:
+def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: Approval,
+             writes: dict[str, business.Write]) -> ToolCall | Message | None:
     """What a decision makes of its call: a result, the approved call to run (pinned args), or None (undecided)."""
     if decision.kind == "question" and decision.status in ("approved", "rejected"):
         return machine.answered(call, decision.answer) if decision.status == "approved" \
@@ -323,13 +361,14 @@ def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: App
             raise errors.ResumeToolMissingError(
                 f"the approved call {call.id!r} names tool {call.name!r}, which agent {agent.name!r} lacks")
         # What runs is what the person saw and approved (after the hooks' changes at the time).
-        return _gate(agent, checkpoint, call.model_copy(update={"args": decision.args}), pinned=True)
+        return _gate(agent, checkpoint, call.model_copy(update={"args": decision.args}), writes, pinned=True)
     if decision.status == "rejected":
         return machine.rejected(call, decision.note)
     return None
 
 
-def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[ToolCall | Message, str]:
+def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
+             writes: dict[str, business.Write]) -> tuple[ToolCall | Message, str]:
     """An undecided call through the gates: its result, or the call and where it goes.
 
     Where: ``run`` (cleared), ``gated`` (a person decides first) or ``handoff`` (recorded, never run).
@@ -344,7 +383,7 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Tool
         tool.validate(call.args)
     except ToolArgsInvalid as exc:
         return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)), "result"
-    cleared = _gate(agent, checkpoint, call)
+    cleared = _gate(agent, checkpoint, call, writes)
     if isinstance(cleared, Message):
         return cleared, "result"
     if handoffs.target_of(agent, call.name) is not None:
@@ -352,9 +391,11 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall) -> tuple[Tool
     if call.name in SUBAGENT_TOOLS and agent.subagents:
         return cleared, "task"
     try:
-        gated = tool.requires_approval(cleared.args, _context(agent, checkpoint, cleared))
+        gated = tool.requires_approval(cleared.args, _reading_context(agent, checkpoint, cleared))
     except Exception as exc:  # a raising approval rule must not let the call through
         return machine.tool_error(call, "denied", "ApprovalCheckFailed", f"{type(exc).__name__}: {exc}"), "result"
+    if gated:
+        writes.pop(call.id, None)  # the hooks run again, and may write again, once a person approved the call
     return cleared, "gated" if gated else "run"
 
 
@@ -392,9 +433,10 @@ def _sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: lis
             # A run waiting on children and on a person both (its step looks at the children): still undecided.
             plan.undecided.append(decision.approval_id)
             continue
-        if decision is not None and plan.take_decision(_decided(agent, checkpoint, call, decision), decision):
+        if decision is not None and plan.take_decision(_decided(agent, checkpoint, call, decision, plan.writes),
+                                                       decision):
             continue
-        cleared, where = _cleared(agent, checkpoint, call)
+        cleared, where = _cleared(agent, checkpoint, call, plan.writes)
         if isinstance(cleared, Message):
             plan.results.append(cleared)
         else:
@@ -408,26 +450,40 @@ def _rerun(agent: Agent, checkpoint: Checkpoint, plan: _Plan, verdict: once.Reru
     Raises:
         HookFailedError: a hook raised.
     """
-    gated = _gate(agent, checkpoint, verdict.call)
+    gated = _gate(agent, checkpoint, verdict.call, plan.writes)
     if isinstance(gated, Message):
         plan.settled(once.Settled(gated, verdict.events), verdict.call)
     else:
         plan.rerun(once.Rerun(gated, verdict.consumes, verdict.events), order)
 
 
+_Invoked = tuple[Message, "business.Write | None"]
+
+
 def _invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event,
-            attempt: int = 1, approval_id: str | None = None) -> Message:
-    """Run one cleared call and turn whatever happens into its result message."""
+            attempt: int = 1, approval_id: str | None = None, state: Any = None) -> _Invoked:
+    """Run one cleared call, starting from business state ``state``: its result message and what it wrote.
+
+    Whatever happens becomes the result; a tool that raised after writing the state keeps its write (it is saved
+    with the error result). A write that cannot be saved (not JSON, too large) makes the result an error that
+    says so, and is dropped.
+    """
     tool = agent.tools[call.name]
+    context = _context(agent, checkpoint, call, cancelled, attempt, approval_id, state)
     try:
-        value = tool.invoke(call.args, _context(agent, checkpoint, call, cancelled, attempt, approval_id))
+        value = tool.invoke(call.args, context)
     except ToolArgsInvalid as exc:
-        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc))
+        return machine.tool_error(call, "validation", "ToolArgsInvalid", str(exc)), None
     except (errors.PropagatingToolError, errors.HookFailedError):
         raise  # the tool (or a hook) stops the run: no result, no further call (worker.steps records it)
     except Exception as exc:  # a raising tool becomes an error result for the model
-        return machine.tool_error(call, "execution", type(exc).__name__, str(exc))
-    return machine.tool_message(call, value)
+        result = machine.tool_error(call, "execution", type(exc).__name__, str(exc))
+    else:
+        result = machine.tool_message(call, value)
+    try:
+        return result, business.written(state, context.business_state, "tool")
+    except business.InvalidWrite as exc:
+        return machine.tool_error(call, "execution", "BusinessStateInvalid", str(exc)), None
 
 
 class _CallCancelled(threading.Event):
@@ -453,17 +509,18 @@ class _CallCancelled(threading.Event):
 
 
 def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: threading.Event,
-                   timeout: float, attempt: int = 1, approval_id: str | None = None) -> Message:
+                   timeout: float, attempt: int = 1, approval_id: str | None = None, state: Any = None) -> _Invoked:
     """Run a call that has a timeout on the process's tool threads; its result, whatever happens.
 
     A call that found no free thread within ``timeout`` is cancelled: it never runs, and its result says so
     (``not-run``), so the model may ask again without anything happening twice. A call that started gets its
     whole ``timeout`` from its start; past it, it is told through ``ctx.cancelled``, its answer (if one comes)
-    is dropped, its result says it may still take effect, and its thread is replaced.
+    is dropped, its result says it may still take effect, and its thread is replaced; what it writes into the
+    business state then is dropped too (it may still be writing).
     """
     threads = tool_threads.process_threads()
     cancelled = _CallCancelled(abort)
-    running = threads.submit(_invoke, agent, checkpoint, call, cancelled, attempt, approval_id)
+    running = threads.submit(_invoke, agent, checkpoint, call, cancelled, attempt, approval_id, state)
     try:
         outcome = threads.wait(running, timeout)
     except BaseException:
@@ -477,25 +534,33 @@ def _invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: 
     if outcome == "not-started":
         return machine.tool_error(call, "not-run", "ToolNotStarted",
                                   f"no worker thread was free for this call within its {timeout:g} s timeout;"
-                                  " it did not run and never will")
+                                  " it did not run and never will"), None
     cancelled.set()
-    return machine.tool_error(call, "timeout", "ToolTimedOut",
-                              f"the call ran longer than {timeout:g} s and was given up; it may still take effect")
+    timed_out = machine.tool_error(call, "timeout", "ToolTimedOut",
+                                   f"the call ran longer than {timeout:g} s and was given up; it may still take effect")
+    return timed_out, None
 
 
 def _timed_invoke(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
                   resumed: bool = False, attempt: int = 1,
-                  approval_id: str | None = None) -> tuple[Message, float]:
+                  approval_id: str | None = None) -> tuple[Message, float, business.Write | None]:
+    """Run a call and its ``post_tool_call`` hooks: its result, how long it took, and the business state written.
+
+    The state flows from the call's ``pre_tool_call`` hooks (or the run's) through the tool to the post hooks;
+    the last write wins, and it is saved with the result.
+    """
     batch.live.tool_start(call)
     started, started_ns = time.perf_counter(), time.time_ns()
     tool = agent.tools.get(call.name)
+    state = batch.state_for(call.id)
     if tool is None or tool.timeout is None:
-        result = _invoke(agent, checkpoint, call, batch.cancelled, attempt, approval_id)
+        result, write = _invoke(agent, checkpoint, call, batch.cancelled, attempt, approval_id, state)
     else:
-        result = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout, attempt, approval_id)
-    result = _after(agent, checkpoint, call, result, resumed)
+        result, write = _invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout, attempt, approval_id,
+                                       state)
+    result, after = _after(agent, checkpoint, call, result, resumed, write.value if write is not None else state)
     telemetry.tool_call(call.name, call.id, _outcome(result), started_ns)
-    return result, (time.perf_counter() - started) * 1000
+    return result, (time.perf_counter() - started) * 1000, after or write
 
 
 def _outcome(result: Message) -> str:
@@ -509,19 +574,23 @@ def _outcome(result: Message) -> str:
     return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else "error"
 
 
-def _after(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool) -> Message:
-    """``result`` as the ``post_tool_call`` hooks leave it.
+def _after(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool,
+           state: Any) -> tuple[Message, business.Write | None]:
+    """``result`` as the ``post_tool_call`` hooks leave it, and the business state they wrote (from ``state``).
 
     Raises:
-        HookFailedError: a hook raised (the call gets no result; it runs again on resume).
+        HookFailedError: a hook raised, or wrote a state that cannot be saved (the call gets no result; it runs
+            again on resume).
     """
     hooks = hook_calls.having(agent.hooks, "post_tool_call")
     if not hooks:
-        return result
-    replaced = hook_calls.post_tool_call(hooks, _hook_context(agent, checkpoint, call, resumed), result)
+        return result, None
+    ctx = _hook_context(agent, checkpoint, call, resumed, state)
+    replaced = hook_calls.post_tool_call(hooks, ctx, result)
+    write = business.hook_written(state, ctx)
     if replaced is None:
-        return result
-    return machine.tool_message(call, replaced.value, replaced_by_hook=True)
+        return result, write
+    return machine.tool_message(call, replaced.value, replaced_by_hook=True), write
 
 
 def _in_pool(batch: _Batch, workers: int, jobs: list[Callable[[], None]]) -> None:
@@ -583,7 +652,8 @@ def _run_cleared(batch: _Batch, agent: Agent, checkpoint: Checkpoint, calls: lis
             _run_marked(batch, agent, checkpoint, call, max(attempt, 2) if rerun else attempt, rerun=rerun)
             return
         crash_point("tool_before_effect", sid)
-        batch.settle(*_timed_invoke(batch, agent, checkpoint, call, attempt=attempt))
+        result, duration, write = _timed_invoke(batch, agent, checkpoint, call, attempt=attempt)
+        batch.settle(result, duration, write=write)
 
     _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
@@ -601,11 +671,11 @@ def _run_marked(batch: _Batch, agent: Agent, checkpoint: Checkpoint, call: ToolC
         return False
     crash_point("after_started_marker_before_approved_call" if approved else "after_started_marker_before_once_call",
                 sid)
-    result, duration = _timed_invoke(batch, agent, checkpoint, call, resumed=approved, attempt=attempt,
-                                     approval_id=approval_id)
+    result, duration, write = _timed_invoke(batch, agent, checkpoint, call, resumed=approved, attempt=attempt,
+                                            approval_id=approval_id)
     crash_point("after_approved_effect_before_result_save" if approved else "after_once_effect_before_result_save",
                 sid)
-    batch.settle(result, duration)
+    batch.settle(result, duration, write=write)
     return True
 
 
@@ -637,7 +707,7 @@ def _reconcile(batch: _Batch, agent: Agent, checkpoint: Checkpoint, plan: _Plan,
 
     order = [call.id for call in batch.checkpoint.pending_tool_calls]
     for call in plan.reconcile:
-        context = _context(agent, checkpoint, call, batch.cancelled, max(attempt, 2))
+        context = _reading_context(agent, checkpoint, call, batch.cancelled, max(attempt, 2))
         verdict = once.reconcile(agent, call, context, retry_spent)
         if isinstance(verdict, once.Failed):
             error = LastError(**verdict.error.to_record())
@@ -856,6 +926,7 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
     batch = _Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
                    unsettled=len(calls), live=live)
+    batch.writes = plan.writes
     sid = checkpoint.session_id
     try:
         failed = _reconcile(batch, agent, checkpoint, plan, attempt)

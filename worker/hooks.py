@@ -31,6 +31,7 @@ from typing import Any
 
 from store import errors, payloads
 from store.records import Message, Usage
+from worker import business
 from worker.providers.base import ModelResponse, ToolSpec
 
 __all__ = ["Deny", "HookContext", "Input", "ModelRequest", "Result", "RunEnd"]
@@ -65,9 +66,14 @@ class ModelRequest:
     tools: list[ToolSpec]
 
 
-@dataclass(frozen=True)
-class HookContext:
-    """What a hook learns about the run and, for tool hooks, the call."""
+@dataclass
+class HookContext(business.Holder):
+    """What a hook learns about the run and, for tool hooks, the call.
+
+    Every field is read-only but ``business_state``: a hook around a model call may assign it (or change it in
+    place) and the value is saved with the model turn; a hook around a tool call, with the call's result. In
+    ``on_run_end`` it is read-only (the run's input ended: nothing would save it).
+    """
 
     session_id: str
     agent: str
@@ -81,6 +87,8 @@ class HookContext:
     args: dict[str, Any] = field(default_factory=dict)
     #: True when the call runs after a person approved it.
     resumed_after_approval: bool = False
+    #: The run's business state (a copy; see above).
+    business_state: Any = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,8 @@ def pre_tool_call(hooks: Sequence[object], ctx: HookContext) -> Deny | Result | 
         if not isinstance(verdict, Input) or not isinstance(verdict.args, dict):
             raise _failed(hook, "pre_tool_call", TypeError("must return None, Deny, Result or Input(dict)"))
         rewritten = verdict
-        ctx = HookContext(**{**vars(ctx), "args": dict(verdict.args)})
+        # The same context, so a business state an earlier hook wrote stays with it (``args`` is ours to change).
+        object.__setattr__(ctx, "args", dict(verdict.args))
     return rewritten
 
 

@@ -115,6 +115,7 @@ def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instruct
     - Input that re-sends the stored history contributes only what follows it.
     - Input that re-sends the message the unfinished run started from is a retry, not new input.
     - System messages in input are ignored once the run has a transcript.
+    - Business state sent with an input replaces the run's (a retried input's too: the sender meant it).
     """
     current = checkpoint
     for entry in inbox:
@@ -124,6 +125,8 @@ def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instruct
         update: dict[str, Any] = {"inbox_cursor": entry.n}
         if entry.metadata is not None:
             update["metadata"] = entry.metadata
+        if entry.business_state is not None:
+            update["business_state"] = entry.business_state
         current = current.model_copy(update=update)
     return current
 

@@ -19,7 +19,7 @@ import redis
 
 from store import errors, inputs, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, budgets, drift, dynamic, handoffs, machine, retry, subagents
+from worker import abort, budgets, business, drift, dynamic, handoffs, machine, retry, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
@@ -161,7 +161,9 @@ def _end_hooks(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, now: dateti
                      "awaiting-approval" if checkpoint.status == "awaiting-approval" else None),
                  text=checkpoint.final_text, steps=checkpoint.step, usage=checkpoint.usage,
                  approval_ids=tuple(checkpoint.approval_ids))
-    ctx = HookContext(session_id=sid, agent=agent.name, step=checkpoint.step, metadata=checkpoint.metadata)
+    ctx = business.read_only(HookContext(session_id=sid, agent=agent.name, step=checkpoint.step,
+                                         metadata=checkpoint.metadata,
+                                         business_state=business.handed(checkpoint.business_state)))
     try:
         hook_calls.on_run_end(hooks, ctx, end)
     except errors.HookFailedError as exc:
@@ -215,7 +217,7 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
     except errors.FencedOutError:
         return StepResult(Outcome.FENCED)
     except Exception as exc:  # classified and recorded below, never swallowed
-        return _fail(deps, checkpoint, action, exc, now)
+        return _fail(deps, checkpoint, action, exc, now, live)
 
 
 def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
@@ -241,6 +243,10 @@ def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int,
                           over_budget=budgets.checker(limits, agent.prices, live.db_now(), in_flight))
     if isinstance(action, machine.Idle):
         return StepResult(Outcome.IDLE)
+    if isinstance(action, machine.ModelTurn | machine.Save) and action.drained_inbox and \
+            action.checkpoint.business_state != checkpoint.business_state:
+        # Saved with the merged input, by whichever save of this step makes it durable.
+        live.pending.append(business.sent(action.checkpoint.business_state, action.checkpoint.inbox_cursor))
     if chose and isinstance(action, machine.ModelTurn | machine.Save):
         action = dataclasses.replace(action, checkpoint=dynamic.chosen(action.checkpoint, agent))
     if limits is not None and limits.max_duration_s is not None and not isinstance(action, machine.Save):
@@ -264,10 +270,10 @@ def _too_large_to_merge(merged: Checkpoint) -> errors.InputTooLargeError | None:
 
 
 def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception,
-          now: datetime | None) -> StepResult:
+          now: datetime | None, live: Live) -> StepResult:
     """Record why the step failed, after keeping the input it had merged."""
     try:
-        checkpoint = _keep_input(deps, checkpoint, action)
+        checkpoint = _keep_input(deps, checkpoint, action, live)
     except errors.FencedOutError:
         return StepResult(Outcome.FENCED)
     except errors.LoushoError as unkept:  # the merged input itself cannot be saved (too large, say)
@@ -275,15 +281,19 @@ def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: E
     return retry.record_failure(deps, checkpoint, exc, now)
 
 
-def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action) -> Checkpoint:
+def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, live: Live) -> Checkpoint:
     """Before a failure is recorded: make the input this step merged durable, with nothing else.
 
     A follow-up to a finished run must not leave the run looking finished with a failure nobody
     lists; saved like this, the run is in progress with the input in its transcript, listed by
     ``pending()``, and a resume or a later send carries on from here (the input is never applied twice).
+    The events the merge made true (a business state sent with the input) are saved with it.
     """
     if isinstance(action, machine.ModelTurn) and action.drained_inbox:
-        return save(deps, action.checkpoint, drained_inbox=True, status_before=checkpoint.status)
+        kept = save(deps, action.checkpoint, drained_inbox=True, status_before=checkpoint.status,
+                    events=tuple(live.pending))
+        live.pending.clear()
+        return kept
     return checkpoint
 
 
@@ -321,7 +331,7 @@ def _stop_if_refused(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
         return None
     if _runs_elsewhere(deps, checkpoint, action, refusal):
         return retry.retry_later(deps, checkpoint, LastError(**refusal.to_record()), None, now, handing_back=True)
-    return StepResult(_refuse(deps, _keep_input(deps, checkpoint, action), refusal))
+    return StepResult(_refuse(deps, _keep_input(deps, checkpoint, action, live), refusal))
 
 
 def _refuse(deps: StepDeps, checkpoint: Checkpoint, error: errors.LoushoError) -> Outcome:
@@ -374,14 +384,15 @@ def _takes_listener(model_type: type) -> bool:
         return False
 
 
-def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse | None:
+def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> tuple[ModelResponse | None, business.Write | None]:
     """Call the model in the step's thread; None when a listening model stopped on ``live.cancelled``.
 
     ``pre_generate`` hooks shape the request (a copy: the saved transcript stays as it is) and
     ``post_generate`` hooks see the answer. The model streams to ``live`` only while someone watches the run.
+    Also returns the business state the hooks wrote (saved with the turn; dropped with it).
 
     Raises:
-        HookFailedError: a hook raised.
+        HookFailedError: a hook raised, or wrote a business state that cannot be saved.
     """
     live.cursor = checkpoint.inbox_cursor
     model = agent.model
@@ -389,7 +400,8 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse
     messages, tools = handoffs.instructed(list(checkpoint.messages), agent, checkpoint), agent.tool_specs()
     hooks = agent.hooks
     ctx = HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
-                      metadata=checkpoint.metadata) if hooks else None
+                      metadata=checkpoint.metadata,
+                      business_state=business.handed(checkpoint.business_state)) if hooks else None
     if ctx is not None and hook_calls.having(hooks, "pre_generate"):
         request = hook_calls.pre_generate(hook_calls.having(hooks, "pre_generate"), ctx,
                                           hook_calls.ModelRequest(messages, list(tools)))
@@ -404,7 +416,7 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse
             response = model.generate(messages, tools)
     except ModelCallCancelled:
         telemetry.model_call(model_id, started, error="cancelled")
-        return None
+        return None, None
     except Exception as exc:
         telemetry.model_call(model_id, started, error=getattr(exc, "code", None) or type(exc).__name__)
         raise
@@ -412,7 +424,7 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> ModelResponse
                          output_tokens=response.usage.output_tokens, finish_reason=response.finish_reason)
     if ctx is not None and hook_calls.having(hooks, "post_generate"):
         hook_calls.post_generate(hook_calls.having(hooks, "post_generate"), ctx, response)
-    return response
+    return response, business.hook_written(checkpoint.business_state, ctx) if ctx is not None else None
 
 
 def _cut_short(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, live: Live) -> str | None:
@@ -434,7 +446,7 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     crash_point("during_model_call", sid)
     started = time.perf_counter()
     live.emit("step.start", {"step": checkpoint.step + 1})
-    response = _generate(agent, checkpoint, live)
+    response, write = _generate(agent, checkpoint, live)
     log.debug("model turn of %s took %.1f ms", sid, (time.perf_counter() - started) * 1000)
     if response is not None and getattr(agent.model, "reports_usage", True) and response.usage.total_tokens:
         # Billed usage must survive a crash before the save (the turn is then generated again).
@@ -462,12 +474,16 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
         updated = machine.record_tool_result(updated, machine.tool_error(
             call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
+    if write is not None:
+        updated = updated.model_copy(update={"business_state": write.value})
     telemetry.note(calls_asked=len(calls) + len(overflow))
     updated, cancel = _background_at_end(deps, agent, updated)
     # The model's answer is durable before any of its tools runs: a crash never regenerates it.
     turn = updated.messages[len(checkpoint.messages)]
     cost = agent.prices.cost(response.usage) if agent.prices is not None else None
     events = [live_events.step_done(updated.step, turn, response.usage, (time.perf_counter() - started) * 1000, cost)]
+    if write is not None:
+        events.append(business.changed(write, step=updated.step))
     saved = save(deps, updated, drained_inbox=action.drained_inbox, events=events, status_before=status_before,
                  live=live)
     crash_point("after_model_save_before_enqueue", sid)

@@ -55,7 +55,9 @@ def result_of(call: ToolCall, child: Checkpoint | None) -> Message | None:
     """The delegated call's result from its child's state, or None while the child can still move on its own.
 
     A child that finished with ``stop`` or ``length`` gives its final text; any other end (parked, stopped, another
-    finish reason, deleted) gives an error result the lead's model can read.
+    finish reason, deleted) gives an error result the lead's model can read. A child refused to resume (its agent
+    changed under it: ``records.REFUSAL_CODES``) gives none: the lead waits until a person puts the agent back and
+    resumes the child, as it waits on a child's approval, rather than moving on without the child's work.
     """
     name, state = str(call.args.get("agent", "")), state_of(child)
     if child is None:
@@ -65,6 +67,8 @@ def result_of(call: ToolCall, child: Checkpoint | None) -> Message | None:
             return machine.tool_message(call, (child.final_text or "") + _footer(name, child))
         return machine.tool_error(call, "execution", "SubagentUnfinished",
                                   f"the sub-agent ended with '{child.finish_reason}'" + _footer(name, child))
+    if state == "parked" and records.is_refused(child.last_error):
+        return None
     if state == "parked" and child.last_error is not None:
         return machine.tool_error(call, "execution", "SubagentParked",
                                   f"the sub-agent stopped on an error {child.last_error.code}:"

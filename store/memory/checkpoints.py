@@ -24,7 +24,7 @@ from store.memory.state import Clock, MemoryState, RunRow, SavedRow, refuse_nul,
 def _inbox_entry(n: int, body: Any) -> records.InboxEntry:
     """An inbox body as stored in ``MemoryState.inbox`` (its messages, or them with their metadata)."""
     if isinstance(body, dict):
-        return records.InboxEntry(n=n, messages=body["messages"], metadata=body["metadata"])
+        return records.InboxEntry.from_stored(n, body["messages"], body["metadata"])
     return records.InboxEntry(n=n, messages=body)
 
 
@@ -202,10 +202,11 @@ class MemoryCheckpointStore:
     # -- producers -------------------------------------------------------------------------
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
+                     business_state: Any = None) -> int:
         """Queue input for a run (creating the run) and return its per-run inbox number.
 
-        ``metadata`` is kept with the input (see ``PostgresCheckpointStore.append_input``).
+        ``metadata`` and ``business_state`` are kept with the input (see ``PostgresCheckpointStore.append_input``).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
@@ -214,7 +215,8 @@ class MemoryCheckpointStore:
             CheckpointCorruptError: the stored run cannot be read.
             StorageError: the input holds a NUL (as Postgres refuses it).
         """
-        metadata = runs.check_metadata(metadata)
+        metadata = runs.stored_metadata(runs.check_metadata(metadata),
+                                        None if business_state is None else runs.check_business_state(business_state))
         body = run_rows.dump_messages(messages)
         if metadata is not None:
             body = f'{{"messages":{body},"metadata":{payloads.dumps(metadata)}}}'

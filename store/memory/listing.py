@@ -157,7 +157,8 @@ def waiting_leads(state: MemoryState, stale_after_s: float, limit: int) -> list[
             continue
         children = [child for child in state.runs.values() if child.parent_id == sid]
         if not children_moving(state, sid) and (
-                not children or any(child.updated_at > run.updated_at for child in children)
+                not children or any(child.updated_at > run.updated_at and not records.is_refused(child.last_error)
+                                    for child in children)
                 or _waits_on_settled(state, sid, run)):
             found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent, due=run.updated_at))
     return found[:limit]
@@ -171,7 +172,8 @@ def _waits_on_settled(state: MemoryState, session_id: str, run: RunRow) -> bool:
     for child_id in waited:
         child = state.runs.get(child_id)
         if child is not None and child.parent_id == session_id and (
-                child.status == "finished" or child.aborted or runs.is_parked(child.last_error)):
+                child.status == "finished" or child.aborted
+                or (runs.is_parked(child.last_error) and not records.is_refused(child.last_error))):
             return True
     return False
 

@@ -405,6 +405,50 @@ def test_a_childs_drift_is_judged_under_its_leads_policy(make_driver: Callable[.
     assert stored is not None and stored.last_error is not None and stored.last_error.code == "LOUSHO_AGENT_DRIFT"
 
 
+def test_a_childs_drift_refusal_keeps_its_lead_waiting_until_the_child_is_resumed(
+        make_driver: Callable[..., Driver], client: Client) -> None:
+    def child_answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "look", "args": {"topic": "drift"}}]}
+        return "child done"
+
+    child_v1 = Agent(name="drifter", model=MockModel(child_answer, model_id="v1"), tools=[look])
+    child_v2 = Agent(name="drifter", model=MockModel(child_answer, model_id="v2"), tools=[look])
+
+    def answer(messages: list[Message]) -> Any:
+        if not any(m.role == "tool" for m in messages):
+            return {"tool_calls": [{"name": "task", "args": {"agent": "drifter", "prompt": "p"}}]}
+        return "lead done: " + str(messages[-1].content)[:10]
+
+    def lead(child: Agent) -> Agent:
+        return Agent(name="strict-lead", model=MockModel(answer), subagents=[child], on_agent_drift="error")
+
+    # Given a child whose model turn was saved by v1, then refused by a v2 worker (the lead's policy is "error")
+    before = make_driver(lead(child_v1), child_v1)
+    run = client.agent("strict-lead").send("go", session_id="sub-15")
+    before.step("sub-15")
+    before.step()
+    (child,) = (client.agent("strict-lead").load("sub-15").delegated or {}).values()  # type: ignore[union-attr]
+    before.queue.clear()
+    before.step(child)
+    after = make_driver(lead(child_v2), child_v2)
+    after.drain(child)
+    after.drain("sub-15")
+    # Then the lead still waits on the child: its call has no result and nothing of its turn moved on
+    waiting = client.agent("strict-lead").load("sub-15")
+    assert waiting is not None and waiting.waiting and waiting.status == "in-progress", waiting
+    assert not [m for m in waiting.messages if m.role == "tool"]
+    assert [p.session_id for p in client.agent("strict-lead").pending()] == ["sub-15"]
+    # And the sweep does not keep waking it while the child waits for a person
+    assert "sub-15" not in [d.session_id for d in client.store.waiting_leads(0.0)]
+    # When the child is fixed (v1 again) and resumed, it finishes and the lead gets its text
+    fixed = make_driver(lead(child_v1), child_v1)
+    assert client.agent("drifter").resume(child) is not None
+    fixed.drain(child)
+    fixed.drain("sub-15")
+    assert run.wait(timeout=5).text == "lead done: child done"
+
+
 def test_a_question_inside_a_child_pauses_the_lead_and_its_answer_finishes_both(
         make_driver: Callable[..., Driver], client: Client) -> None:
     def asker_answer(messages: list[Message]) -> Any:

@@ -9,6 +9,7 @@ import pytest
 
 from store import errors
 from store.records import Message, ToolCall
+from worker import business
 from worker.agents import Agent, Tool, ToolArgsInvalid, ToolContext, load_agents, tool
 from worker.providers import MockModel
 
@@ -195,3 +196,26 @@ def test_a_scripted_error_is_a_provider_error_with_its_retryability(retryable: b
 def test_a_response_of_the_wrong_type_is_a_configuration_error() -> None:
     with pytest.raises(errors.ConfigurationError):
         MockModel([42]).generate(TURN_0, [])
+
+
+def test_a_tool_context_lets_a_tool_write_the_business_state_only() -> None:
+    ctx = ToolContext(tool_call_id="call_1", session_id="order-7", agent="shop", step=1, business_state={"n": 1})
+    ctx.business_state = {"n": 2}
+    assert ctx.business_state == {"n": 2}
+    with pytest.raises(AttributeError, match=r"ToolContext\.tool_call_id is read-only"):
+        ctx.tool_call_id = "call_2"
+    reading = business.read_only(ToolContext(tool_call_id="call_1", session_id="order-7", agent="shop", step=1))
+    with pytest.raises(AttributeError, match="cannot be written here"):
+        reading.business_state = {"n": 3}
+
+
+def test_a_write_is_what_differs_from_what_was_handed_and_must_be_json() -> None:
+    before = {"items": [1]}
+    handed = business.handed(before)
+    handed["items"].append(2)  # in place: the original is untouched, and the change is a write
+    assert before == {"items": [1]}
+    assert business.written(before, handed, "tool") == business.Write({"items": [1, 2]}, "tool")
+    assert business.written(before, {"items": [1]}, "tool") is None
+    assert business.written(before, None, "tool") == business.Write(None, "tool")
+    with pytest.raises(business.InvalidWrite, match="business_state must be JSON"):
+        business.written(before, {"at": float("nan")}, "tool")

@@ -275,6 +275,19 @@ def test_the_run_page_shows_steps_tool_calls_results_and_usage(site: Site) -> No
     assert 'id="fork"' in text and 'id="compare-link" href="/ui/compare?a=steps-1"' in text
 
 
+def test_the_run_page_shows_the_business_state_escaped(site: Site) -> None:
+    site.client.agent("hooks").send("handle it", "state-1", business_state={"order": "<b>7</b>", "paid": True})
+    site.driver.drain()
+    _sign_in(site)
+    text = site.http.get("/ui/runs/state-1").text
+    shown = re.search(r'<details id="business-state"[^>]*>.*?<pre>(.*?)</pre>', text, re.S)
+    assert shown, "no business state on the page"
+    assert "<b>" not in shown.group(1) and '"paid": true' in shown.group(1).replace("&#34;", '"')
+    site.start("hooks", "state-none")
+    page = site.http.get("/ui/runs/state-none").text
+    assert 'id="run-status"' in page and 'id="business-state"' not in page  # a run without one shows none
+
+
 def test_approving_and_rejecting_with_a_note_through_the_form(site: Site) -> None:
     site.start("desk", "appr-1", "refund 5")
     site.start("desk", "appr-2", "refund 5")

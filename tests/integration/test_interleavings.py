@@ -68,8 +68,10 @@ def _profile() -> settings:
 _SKIPPED = {name.strip() for name in os.environ.get("LOUSHO_INTERLEAVINGS_SKIP", "").split(",") if name.strip()}
 PLAN = st.sampled_from(sorted(PLANS))
 PICK = st.integers(0, 15)
-#: A producer action run inside the step (or the first step of a drain) just before a tool's effect, or none.
-DURING = st.one_of(st.none(), st.none(), st.sampled_from(ACTIONS))
+#: Steps the workers take after a producer's action.
+THEN = st.integers(0, 10)
+#: Most sends are small; a large one carries as much as one send may (``MAX_INPUT_TOTAL``).
+SIZE = st.sampled_from(["small"] * 7 + ["large"])
 
 
 def _rule(**arguments: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -107,33 +109,35 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- producers ------------------------------------------------------------------------------------
 
-    @_rule(run=PICK, plan=PLAN)
-    def send(self, run: int, plan: str) -> None:
-        self.world.send(self._top(run), plan)
+    # Each producer action is followed by ``then`` steps (the oldest queued messages): workers keep up.
 
-    @_rule(run=PICK)
-    def send_large(self, run: int) -> None:
-        self.world.send(self._top(run), "chat", large=True)
+    @_rule(run=PICK, plan=PLAN, steer=st.booleans(), size=SIZE, then=THEN)
+    def send(self, run: int, plan: str, steer: bool, size: str, then: int) -> None:
+        """A send (``steer``: a steer) of input following ``plan``; ``large``: as large as one send may be."""
+        self.world.send(self._top(run), plan, steer=steer, large=size == "large")
+        self.world.drain(then)
 
-    @_rule(run=PICK, plan=PLAN)
-    def steer(self, run: int, plan: str) -> None:
-        self.world.send(self._top(run), plan, steer=True)
-
-    @_rule(run=PICK)
-    def abort(self, run: int) -> None:
+    @_rule(run=PICK, then=THEN)
+    def abort(self, run: int, then: int) -> None:
         self.world.abort(self._any(run))
+        self.world.drain(then)
 
-    @_rule(run=PICK)
-    def resume(self, run: int) -> None:
+    @_rule(run=PICK, then=THEN)
+    def resume(self, run: int, then: int) -> None:
         self.world.resume(self._top(run))
+        self.world.drain(then)
 
-    @_rule(pick=PICK, decision=st.integers(0, 2))
-    def decide(self, pick: int, decision: int) -> None:
+    @_rule(pick=PICK, decision=st.integers(0, 2), then=THEN)
+    def decide(self, pick: int, decision: int, then: int) -> None:
+        """Decide a pending approval: approve or answer (0), reject or decline (1, 2)."""
         self.world.decide(pick, decision)
+        self.world.drain(then)
 
-    @_rule(run=PICK, back=st.integers(0, 3), plan=st.none() | PLAN, run_it=st.booleans())
-    def fork(self, run: int, back: int, plan: str | None, run_it: bool) -> None:
+    @_rule(run=PICK, back=st.integers(0, 3), plan=st.none() | PLAN, run_it=st.booleans(), then=THEN)
+    def fork(self, run: int, back: int, plan: str | None, run_it: bool, then: int) -> None:
+        """Fork a run from its latest step (``back``: that many steps earlier), with input, and resume it."""
         self.world.fork(self._top(run), back, plan, run_it=run_it)
+        self.world.drain(then)
 
     @_rule(run=PICK)
     def delete(self, run: int) -> None:
@@ -141,49 +145,43 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- time -----------------------------------------------------------------------------------------
 
-    @_rule()
-    def prune(self) -> None:
-        self.world.prune()
-
-    @_rule()
-    def sweep(self) -> None:
-        self.world.sweep()
-
-    @_rule()
-    def expire_approvals(self) -> None:
-        self.world.expire()
+    @_rule(what=st.sampled_from(["sweep", "prune", "expire"]))
+    def time_passes(self, what: str) -> None:
+        """Time passes; the recovery sweep runs, or retention, or (only) approvals' expiries come."""
+        {"sweep": self.world.sweep, "prune": self.world.prune, "expire": self.world.expire}[what]()
 
     # -- workers --------------------------------------------------------------------------------------
 
-    @_rule(pick=PICK, keep_copy=st.booleans(), during=DURING, choice=PICK, heard=st.booleans())
-    def step(self, pick: int, keep_copy: bool, during: str | None, choice: int, heard: bool) -> None:
-        if self.world.queue.messages:
-            with self.world.racing(during, choice, heard):
-                self.world.deliver(self.world.queue.pop(pick % len(self.world.queue)), keep_copy)
+    @_rule(pick=PICK, message=st.sampled_from(["taken", "kept", "late"]))
+    def step(self, pick: int, message: str) -> None:
+        """A worker takes a queued message (``kept``: the broker hands it out again later), or a late copy of one
+        delivered before."""
+        world = self.world
+        source = world.delivered if message == "late" else world.queue.messages
+        if source:
+            delivery = source[pick % len(source)] if message == "late" else world.queue.pop(pick % len(source))
+            world.deliver(delivery, keep_copy=message == "kept")
 
-    @_rule(during=DURING, choice=PICK, heard=st.booleans())
-    def step_oldest(self, during: str | None, choice: int, heard: bool) -> None:
-        if self.world.queue.messages:
-            with self.world.racing(during, choice, heard):
-                self.world.deliver(self.world.queue.pop(0))
-
-    @_rule(limit=st.integers(1, 40), during=DURING, choice=PICK, heard=st.booleans())
-    def drain(self, limit: int, during: str | None, choice: int, heard: bool) -> None:
-        with self.world.racing(during, choice, heard):
-            self.world.drain(limit)
+    @_rule(limit=st.integers(1, 40))
+    def drain(self, limit: int) -> None:
+        """Workers take the oldest queued messages, up to ``limit`` of them."""
+        self.world.drain(limit)
 
     @_rule()
     def children_settle(self) -> None:
         self.world.drain(60, only=lambda message: records.is_child_id(message.session_id))
 
-    @_rule(pick=PICK)
-    def late_duplicate(self, pick: int) -> None:
-        if self.world.delivered:
-            self.world.deliver(self.world.delivered[pick % len(self.world.delivered)])
-
     @_rule(run=PICK, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans())
     def crash(self, run: int, point: str, redeliver: bool) -> None:
         self.world.crash(self._any(run), point, redeliver)
+
+    @_rule(action=st.sampled_from(ACTIONS), choice=PICK, heard=st.booleans())
+    def during_next_tool(self, action: str, choice: int, heard: bool) -> None:
+        """``action`` happens inside the next step that runs a tool, just before its effect (a race inside a step).
+
+        Its target is the run of its own the step belongs to; ``heard``: the step's heartbeat hears it at once.
+        """
+        self.world.arm(action, choice, heard)
 
     # -- invariants -----------------------------------------------------------------------------------
 
@@ -199,6 +197,7 @@ class Interleavings(RuleBasedStateMachine):
                 self.world.settle()
                 self.world.check()
                 self.world.check_finished()
+                self.world.prune()
                 _assert_none(self.world.observer.violations)
         finally:
             self.world.close()

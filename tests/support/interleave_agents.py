@@ -57,10 +57,11 @@ PLANS: dict[str, list[list[dict[str, Any]]]] = {
     "gated": [[_look("ledger"), _charge("o-1")]],
     "question": [[{"name": "ask_question", "args": {"question": "Which sea?"}}]],
     "task": [[_look("charts"), _task("fine")]],
-    "task-broken": [[_task("broken")]],
-    "task-gated": [[_task("gated")]],
+    "task-broken": [[_look("charts"), _task("broken")]],
+    "task-gated": [[_look("charts"), _task("gated")]],
     "handoff": [[{"name": "transfer_to_billing", "args": {"reason": "a refund"}}, _charge("o-2")]],
-    "background": [[_task("fine", background=True)], [{"name": "agent_await", "args": {"task_id": _LATEST_TASK}}]],
+    "background": [[_look("charts"), _task("fine", background=True)],
+                   [{"name": "agent_await", "args": {"task_id": _LATEST_TASK}}]],
 }
 #: A child run's plans, by its prompt: ``broken`` parks the child (its tool stops the run), ``gated`` pauses it.
 CHILD_PLANS: dict[str, list[list[dict[str, Any]]]] = {

@@ -10,7 +10,6 @@ invariant. Actions can also run inside a step, just before a tool's effect (``ar
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 from collections import Counter
@@ -71,6 +70,7 @@ _PASS_TIME = (
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _TABLES = text("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
                " AND table_type = 'BASE TABLE' AND table_name <> 'alembic_version' ORDER BY table_name")
+_STEPS = text("SELECT DISTINCT step FROM checkpoint_history WHERE session_id = :sid")
 _PASS_EXPIRIES = text("UPDATE approvals SET expires_at = expires_at - :d WHERE status = 'pending'")
 _PENDING = text("SELECT approval_id, session_id, kind, expires_at <= now() AS expired FROM approvals"
                 " WHERE status = 'pending' ORDER BY approval_id")
@@ -274,17 +274,9 @@ class World:
             self.env.crashes.arm(point, session_id)
             self.redeliver[session_id] = redeliver
 
-    @contextlib.contextmanager
-    def racing(self, action: str | None, choice: int, heard: bool) -> Iterator[None]:
-        """Run ``action`` inside the steps of the block, at the first tool call (``heard``: the step hears it at once).
-
-        Its target is the run of its own the step belongs to (the step's run, or the lead of a child).
-        """
-        self.armed = None if action is None else (action, choice, heard)
-        try:
-            yield
-        finally:
-            self.armed = None
+    def arm(self, action: str, choice: int, heard: bool) -> None:
+        """Do ``action`` at the next tool call, whichever step makes it (``heard``: the step hears it at once)."""
+        self.armed = (action, choice, heard)
 
     def _during_tool(self, session_id: str) -> None:
         if self.armed is None or self._in_action:
@@ -403,7 +395,8 @@ class World:
 
     def fork(self, session_id: str, back: int, plan: str | None, *, run_it: bool) -> None:
         handle = self.client.agent(DESK)
-        steps = sorted({entry.step for entry in handle.history(session_id)})
+        with self.env.engine.connect() as conn:  # the steps kept, without reading every saved transcript
+            steps = sorted(conn.execute(_STEPS, {"sid": session_id}).scalars().all())
         if not steps:
             return
         patch = None
@@ -521,7 +514,6 @@ class World:
     def settle(self, rounds: int = 8) -> None:
         """Let every run finish: deliver, decide, resume what is stopped, sweep; note the runs that cannot."""
         self.env.crashes.disarm()
-        self.armed = None
         for _ in range(rounds):
             self.drain(400)
             with self.env.engine.connect() as conn:

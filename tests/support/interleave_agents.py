@@ -166,7 +166,10 @@ class Observer:
     def model_call(self, agent: str, messages: list[Message]) -> None:
         sid = self.current.session_id
         self.model_calls += 1
-        size = sum(len(payloads.dumps(m.dump()).encode("utf-8")) for m in messages)
+        # Characters first (cheap): only a transcript near the limit is measured as the store measures it.
+        rough = sum(len(m.content) if isinstance(m.content, str) else 0 for m in messages)
+        size = sum(len(payloads.dumps(m.dump()).encode("utf-8")) for m in messages) \
+            if rough > payloads.MAX_CHECKPOINT // 2 else rough
         if size > payloads.MAX_CHECKPOINT:
             self.note("unsavable-model-call", f"{sid}: the model was called with {size} bytes of transcript, over"
                                               f" the {payloads.MAX_CHECKPOINT} bytes a checkpoint may hold")

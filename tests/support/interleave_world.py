@@ -591,8 +591,8 @@ def _retention_due(rows: dict[str, Row]) -> tuple[set[str], set[str]]:
     """Runs retention must prune (finished leads whose every child is settled) and those it may (with their trees).
 
     A child is settled when it is finished, stopped (aborted or by a budget) or parked, with nothing left to do;
-    a lead with a child that can still move or waits on its own children stays. A child paused on a person may go
-    either way.
+    a lead with a child that can still move or waits on its own children stays. A child paused on a person, or
+    parked with an abort no step will settle, may go either way.
     """
     must, may = set(), set()
     for sid, row in rows.items():
@@ -601,8 +601,8 @@ def _retention_due(rows: dict[str, Row]) -> tuple[set[str], set[str]]:
         tree = _tree(rows, sid)
         if any(child.moving or child.waiting for child in tree):
             continue
-        if all(is_parked(child.last_error) or (not has_work(child) and (child.status == "finished" or child.aborted))
-               for child in tree):
+        if all((is_parked(child.last_error) and not child.abort_requested)
+               or (not has_work(child) and (child.status == "finished" or child.aborted)) for child in tree):
             must.add(sid)
         may.add(sid)
         may.update(child.session_id for child in tree)

@@ -146,7 +146,8 @@ class Interleavings(RuleBasedStateMachine):
 
     @_rule(run=PICK, back=st.integers(0, 3), plan=st.none() | PLAN, run_it=st.booleans(), then=THEN)
     def fork(self, run: int, back: int, plan: str | None, run_it: bool, then: int) -> None:
-        """Fork a run from its latest step (``back``: that many steps earlier), with input, and resume it."""
+        """Fork a run from its latest step (``back``: that many steps earlier), with ``plan``'s input if given, and
+        resume the fork (``run_it``)."""
         self.world.fork(self._top(run), back, plan, run_it=run_it)
         self.world.drain(then)
 
@@ -180,6 +181,7 @@ class Interleavings(RuleBasedStateMachine):
 
     @_rule()
     def children_settle(self) -> None:
+        """The children's queued messages only: sub-agents run ahead of their leads."""
         self.world.drain(60, only=lambda message: records.is_child_id(message.session_id))
 
     @_rule(run=PICK, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans())

@@ -109,7 +109,8 @@ def test_a_worker_killed_whole_and_restarted_resumes_its_runs_within_seconds(
 
     # When the whole worker dies (nothing acked, its processes' leases left for the TTL) and comes back
     fault = cluster.kill_group(first)
-    assert len(fault.runs) >= 2, f"the kill hit {fault.runs}"
+    # Both held a lease a moment before; one may have saved and released it in between (steps are short).
+    assert len(fault.runs) >= 1, f"the kill hit {fault.runs}"
     wait_until(lambda: not any(is_alive(pid) for pid in fault.pids), 5, "every process of the worker to die")
     cluster.start_worker("w2", concurrency=2)
     ready_at = time.time()

@@ -25,7 +25,7 @@ from tests.support.start_agents import AGENT, PLAIN_S, TICK_S
 from worker.starts import START_TASK, start_queue
 
 MODULE = "tests.support.start_agents"
-WINDOW_S = 30.0
+WINDOW_S = 20.0
 
 
 def _runs(cluster: Cluster, prefix: str) -> dict[str, tuple[str, int]]:

@@ -30,8 +30,8 @@ after every rule the whole state is read back and must hold:
 At the end every run must finish (I10: messages delivered, approvals decided, unfinished runs resumed, sweeps run),
 every call with exactly one result and every input applied, and retention then prunes every finished lead.
 
-``LOUSHO_INTERLEAVINGS_EXAMPLES`` sets the examples of the default profile (``interleavings-ci``: a fixed, bounded
-set); ``HYPOTHESIS_PROFILE=interleavings-long`` (or ``long``) runs many more and longer ones, new ones each time.
+``LOUSHO_INTERLEAVINGS_EXAMPLES`` sets the examples of either profile (default ``interleavings-ci``: a fixed, bounded
+set of 150); ``HYPOTHESIS_PROFILE=interleavings-long`` (or ``long``) runs many more and longer ones, new ones each time.
 ``LOUSHO_INTERLEAVINGS_SKIP`` leaves rules out by name, to study one seam while another is known.
 """
 
@@ -63,7 +63,8 @@ settings.register_profile(
     stateful_step_count=30, deadline=None, database=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 settings.register_profile(
-    "interleavings-long", max_examples=2000, stateful_step_count=60, deadline=None, database=None,
+    "interleavings-long", max_examples=int(os.environ.get("LOUSHO_INTERLEAVINGS_EXAMPLES", "2000")),
+    stateful_step_count=60, deadline=None, database=None,
     derandomize=False, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 

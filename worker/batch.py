@@ -951,6 +951,10 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         if batch.steered and not batch.fenced:
             for call in batch.checkpoint.pending_tool_calls:
                 batch.settle(machine.redirected(call))
+            if batch.checkpoint.delegated:
+                # A redirected ``task`` call no longer waits on its child (which runs on; its wake finds nothing
+                # left to do): the run must not stay ``waiting`` on a call that has its result.
+                batch.delegate(dict(batch.checkpoint.delegated), [], [])
     finally:
         with batch.lock:
             batch.closed = True

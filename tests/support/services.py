@@ -34,6 +34,11 @@ def test_database_url() -> str:
     return _with_database(SERVER_URL, TEST_DATABASE)
 
 
+def redis_url_with_db(db: int) -> str:
+    """The URL of database ``db`` on the Redis server the tests use (the machine's, or the embedded one)."""
+    return _with_redis_db(REDIS_URL, db)
+
+
 def test_redis_url() -> str:
     """URL of the Redis database the tests own (flushed per test)."""
     return _with_redis_db(REDIS_URL, TEST_REDIS_DB)

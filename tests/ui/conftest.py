@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -48,6 +49,21 @@ class UiServer:
     def tail(self, lines: int = 40) -> str:
         """The end of the server's log."""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def sign_in(new_context: Callable[..., Any], server: UiServer, **options: Any) -> Any:
+    """A page signed in with the ``ops`` key by the login form, on the runs list."""
+    page = new_context(**options).new_page()
+    page.goto("/ui/login")
+    page.locator("form#login input[name=key]").fill(server.keys["ops"])
+    page.locator("form#login button[type=submit]").click()
+    page.wait_for_url(re.compile(r"/ui/runs(\?.*)?$"))
+    return page
+
+
+def figure(name: str, started: float) -> None:
+    """Print how long a browser test's part took, as the figures of the other tiers are printed."""
+    print(f"figure: {name} {time.monotonic() - started:.1f} s")
 
 
 def _environment(keys: dict[str, str]) -> dict[str, str]:

@@ -25,26 +25,13 @@ from store.records import ListedRun, Usage
 from tests.support import ui_agents
 from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.ui import drawn_agents as drawn
-from tests.ui.conftest import UiServer
+from tests.ui.conftest import UiServer, figure, sign_in
 
 pytestmark = pytest.mark.crash
 
 PHONE_WIDTH = 390
 #: Bars are placed to the millisecond (their data-start and data-end carry milliseconds).
 MS = timedelta(milliseconds=1)
-
-
-def _sign_in(new_context: Callable[..., Any], server: UiServer, **options: Any) -> Any:
-    page = new_context(**options).new_page()
-    page.goto("/ui/login")
-    page.locator("form#login input[name=key]").fill(server.keys["ops"])
-    page.locator("form#login button[type=submit]").click()
-    page.wait_for_url(re.compile(r"/ui/runs(\?.*)?$"))
-    return page
-
-
-def _figure(name: str, started: float) -> None:
-    print(f"figure: {name} {time.monotonic() - started:.1f} s")
 
 
 def _when(text: str | None) -> datetime:
@@ -80,7 +67,7 @@ def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_re
     assert stored == {deep: lead_id, shallow: lead_id, grandchild: deep}
 
     # Given the lead's page
-    page = _sign_in(new_context, ui_server)
+    page = sign_in(new_context, ui_server)
     page.goto(f"/ui/runs/{lead_id}")
 
     # Then its children are a tree under it: each run nested in the node of its stored lead, with its state
@@ -119,7 +106,7 @@ def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_re
     page.locator("ol#timeline .tool-call[data-call-id='t-dig'] a.child-link").click()
     page.wait_for_url(f"**/ui/runs/{grandchild}")
     assert page.locator("section#children").count() == 0
-    _figure("tree and links", started)
+    figure("tree and links", started)
 
 
 def _three_runs(cluster: Cluster) -> tuple[str, str, str, list[ListedRun]]:
@@ -157,7 +144,7 @@ def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
     created = {run.session_id: run.created_at for run in listed}
 
     # Given the runs list with every run
-    page = _sign_in(new_context, ui_server)
+    page = sign_in(new_context, ui_server)
     assert _rows(page) == {old_id, done_id, paused_id}
 
     # When they keep the last hour only, the old run leaves the list
@@ -174,7 +161,7 @@ def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
     assert page.locator("form#filters select[name=since] option:checked").inner_text().startswith("since ")
     page.goto("/ui/runs?since=not-a-time")
     assert _rows(page) == {old_id, done_id, paused_id}
-    _figure("time filter", started)
+    figure("time filter", started)
 
 
 def test_the_runs_list_counts_runs_by_state_as_the_store_lists_them(
@@ -183,7 +170,7 @@ def test_the_runs_list_counts_runs_by_state_as_the_store_lists_them(
     old_id, _, paused_id, listed = _three_runs(cluster)
 
     # Given the runs list: a count per state, as the store lists them
-    page = _sign_in(new_context, ui_server)
+    page = sign_in(new_context, ui_server)
     assert _counts(page) == dict(Counter(run.state for run in listed)), _counts(page)
     assert int(str(page.locator("nav#state-counts").get_attribute("data-total"))) == 3
 
@@ -197,7 +184,7 @@ def test_the_runs_list_counts_runs_by_state_as_the_store_lists_them(
     page.goto("/ui/runs?since=1h")
     assert _counts(page) == dict(Counter(run.state for run in listed if run.session_id != old_id))
     assert int(str(page.locator("nav#state-counts").get_attribute("data-total"))) == 2
-    _figure("counts", started)
+    figure("counts", started)
 
 
 def _bars(page: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -225,7 +212,7 @@ def test_the_drawing_puts_each_step_call_and_wait_on_one_axis_at_its_stored_time
     wait_until(lambda: cluster.statuses([run_id])[run_id]["status"] == "awaiting-approval", 30, "the stamp's pause")
 
     # Given the page of the run waiting on a person, at a phone's width
-    page = _sign_in(new_context, ui_server, viewport={"width": PHONE_WIDTH, "height": 844})
+    page = sign_in(new_context, ui_server, viewport={"width": PHONE_WIDTH, "height": 844})
     page.goto(f"/ui/runs/{run_id}")
     waiting = _bars(page)
     approval = next(key for kind, key in waiting if kind == "approval")
@@ -291,4 +278,4 @@ def test_the_drawing_puts_each_step_call_and_wait_on_one_axis_at_its_stored_time
     cost = page.locator("#run-cost")
     assert float(str(cost.get_attribute("data-cost"))) == pytest.approx(sum(float(c or 0) for c in costs))
     print(f"figure: {len(bars)} bars over {span:.2f} s")
-    _figure("drawing", started)
+    figure("drawing", started)

@@ -8,7 +8,6 @@ their state, what they wait on (with links to decide the approvals and to the ch
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,26 +18,13 @@ from store.summaries import RunSummary
 from tests.support import ui_agents
 from tests.support.cluster import Cluster, fresh_id, wait_until
 from tests.ui import why_agents as why
-from tests.ui.conftest import UiServer
+from tests.ui.conftest import UiServer, figure, sign_in
 
 pytestmark = pytest.mark.crash
 
 PHONE_WIDTH = 390
 #: How soon a change of the run must show on a page left open (its live refresh), on a loaded machine.
 LIVE_MS = 10_000
-
-
-def _sign_in(new_context: Callable[..., Any], server: UiServer, **options: Any) -> Any:
-    page = new_context(**options).new_page()
-    page.goto("/ui/login")
-    page.locator("form#login input[name=key]").fill(server.keys["ops"])
-    page.locator("form#login button[type=submit]").click()
-    page.wait_for_url(re.compile(r"/ui/runs(\?.*)?$"))
-    return page
-
-
-def _figure(name: str, started: float) -> None:
-    print(f"figure: {name} {time.monotonic() - started:.1f} s")
 
 
 def _described(cluster: Cluster, run_id: str, state: str, what: Callable[[RunSummary], bool] = lambda _: True,
@@ -83,7 +69,7 @@ def test_a_run_awaiting_approval_says_so_and_links_to_each_approval_to_decide(
     assert told.waiting_on is not None
 
     # Given its page
-    page = _sign_in(new_context, ui_server)
+    page = sign_in(new_context, ui_server)
     page.goto(f"/ui/runs/{run_id}")
 
     # Then the why says it awaits approval, a person must act, and what moves it next, as describe does
@@ -104,7 +90,7 @@ def test_a_run_awaiting_approval_says_so_and_links_to_each_approval_to_decide(
     assert page.evaluate("() => document.querySelector(':target').dataset.approvalId") == second
     target = page.locator(f"#approval-{second}")
     assert target.locator("form.decide button[name=decision][value=approve]").is_visible()
-    _figure("why of a run awaiting approval", started)
+    figure("why of a run awaiting approval", started)
 
 
 def test_a_retrying_run_shows_when_it_tries_again_at_a_phones_width(
@@ -117,7 +103,7 @@ def test_a_retrying_run_shows_when_it_tries_again_at_a_phones_width(
     assert told.waiting_on is not None and told.waiting_on.retry_at is not None and told.last_error is not None
 
     # Given its page on a phone
-    page = _sign_in(new_context, ui_server, viewport={"width": PHONE_WIDTH, "height": 800})
+    page = sign_in(new_context, ui_server, viewport={"width": PHONE_WIDTH, "height": 800})
     page.goto(f"/ui/runs/{run_id}")
 
     # Then the why says it is retrying after its failures, at the time describe gives, and what moves it next
@@ -129,7 +115,7 @@ def test_a_retrying_run_shows_when_it_tries_again_at_a_phones_width(
     assert told.last_error.code in page.locator("#last-error").inner_text()
     assert shown.locator("li.approval-wait, li.child-wait, li.unserved").count() == 0
     assert int(page.evaluate("document.documentElement.scrollWidth")) <= PHONE_WIDTH + 1, "wider than a phone"
-    _figure("why of a retrying run", started)
+    figure("why of a retrying run", started)
 
 
 def test_a_lead_waiting_on_its_childs_approval_links_to_both_and_loses_its_why_once_finished(
@@ -144,7 +130,7 @@ def test_a_lead_waiting_on_its_childs_approval_links_to_both_and_loses_its_why_o
     assert {a.approval_id: a.session_id for a in cluster.client.approvals.list()}[approval_id] == child_id
 
     # Given the lead's page, and a second page of it left open
-    context = _sign_in(new_context, ui_server).context
+    context = sign_in(new_context, ui_server).context
     page = context.pages[0]
     page.goto(f"/ui/runs/{lead_id}")
     left_open = context.new_page()
@@ -176,4 +162,4 @@ def test_a_lead_waiting_on_its_childs_approval_links_to_both_and_loses_its_why_o
     assert left_open.locator("section#why").count() == 0
     assert left_open.evaluate("window.__notReloaded === true"), "the page reloaded instead of updating itself"
     assert cluster.client.describe(lead_id).state == "finished"  # type: ignore[union-attr]  # the run exists
-    _figure("why of a waiting lead", started)
+    figure("why of a waiting lead", started)

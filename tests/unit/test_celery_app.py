@@ -13,13 +13,14 @@ from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Que
 
 from store import errors
 from store.settings import Settings
+from tests.support import services
 from worker import celery as lousho_celery
 
-HOST_BROKER = "redis://127.0.0.1:6379/5"
+HOST_BROKER = services.redis_url_with_db(5)
 #: What the team's app sets itself (``_host_app``).
 HOST_SETTINGS = {
     "broker_url": HOST_BROKER,
-    "result_backend": "redis://127.0.0.1:6379/6",
+    "result_backend": services.redis_url_with_db(6),
     "task_default_queue": "billing",
     "task_queues": [Queue("billing"), Queue("billing-slow")],
     "task_routes": {"billing.slow_*": {"queue": "billing-slow"}},
@@ -97,16 +98,16 @@ def test_an_app_without_a_broker_gets_lousho_s() -> None:
 
     host = Celery("nobroker", set_as_current=False)
 
-    install(host, Settings(redis_url="redis://127.0.0.1:6379/3"))
+    install(host, Settings(redis_url=services.redis_url_with_db(3)))
 
-    assert host.conf.broker_url == "redis://127.0.0.1:6379/3"
+    assert host.conf.broker_url == services.redis_url_with_db(3)
 
 
 def test_install_refuses_a_broker_other_than_lousho_broker_url() -> None:
     host = _host_app()
 
     with pytest.raises(errors.ConfigurationError, match="broker_url is not LOUSHO_BROKER_URL") as raised:
-        lousho_celery.install(host, Settings(broker_url="redis://127.0.0.1:6379/9"))
+        lousho_celery.install(host, Settings(broker_url=services.redis_url_with_db(9)))
 
     assert raised.value.variable == "LOUSHO_BROKER_URL"
     assert host.conf.include == ["billing.tasks"]  # nothing added

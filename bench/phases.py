@@ -95,9 +95,10 @@ def instrument_step_calls(deps: StepDeps) -> dict[str, int | None]:
     next_seq: dict[str, int | None] = {}
     enqueue = timed("enqueue (Celery publish)", deps.enqueue)
 
-    def capture(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /) -> None:
+    def capture(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /,
+                **options: Any) -> None:
         next_seq[session_id] = seq
-        enqueue(session_id, seq, countdown, agent)
+        enqueue(session_id, seq, countdown, agent, **options)
 
     deps.enqueue = capture
     deps.leases.acquire = timed("lease acquire (Lua SET NX + INCR)", deps.leases.acquire)  # type: ignore[method-assign]

@@ -67,6 +67,10 @@ def follow(store: interfaces.ProducerStore, signals: RedisSignals | None, sessio
                 # Postgres is read on a note (every signal published before it has been heard) or when the
                 # poll interval passed; never just because a live signal came, so signals keep their place.
                 page = store.read_events(session_id, cursor.position, PAGE)
+                if live and not noted and any(event.type == "run.done" for event in page):
+                    # A poll read found the end before its note: the signals published before that save are
+                    # heard first (the note follows them on the channel), so the last turn's text is not cut.
+                    yield from _until_note(subscription, session_id)
                 for event in cursor.take(page):
                     yield event
                     if event.type == "run.done":
@@ -166,6 +170,18 @@ def _watch(signals: RedisSignals, session_id: str) -> float:
     except redis.RedisError as exc:
         log.debug("could not mark a run watched: %s", type(exc).__name__)
     return time.monotonic()
+
+
+def _until_note(subscription: Any, session_id: str) -> Iterator[Event]:
+    """Live signals heard until a note of saved events arrives, for at most ``POLL_S``."""
+    deadline = time.monotonic() + POLL_S
+    noted = False
+    while not noted and subscription is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        heard, noted = _heard(subscription, session_id, left)
+        yield from heard
 
 
 def _heard(subscription: Any, session_id: str, wait: float) -> tuple[list[Event], bool]:

@@ -20,8 +20,9 @@ from bench import payload
 from bench.results import RoundResult, Span, gaps_ms, read_lines, task_times
 from bench.watch import Consumers
 from bench.workers import BenchError
+from store import step_message
 
-ADVANCE = "lousho.advance"
+ADVANCE = step_message.ADVANCE
 
 
 @dataclass(frozen=True)

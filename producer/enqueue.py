@@ -8,10 +8,10 @@ from __future__ import annotations
 import kombu.exceptions
 from celery import Celery
 
-from store import errors, redis_client, telemetry
+from store import errors, redis_client, step_message, telemetry
 from store.settings import Settings
 
-ADVANCE = "lousho.advance"
+ADVANCE = step_message.ADVANCE
 
 
 class Enqueuer:
@@ -19,7 +19,7 @@ class Enqueuer:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        transport, broker_extra = redis_client.celery_broker_options(settings)
+        _, broker_extra = redis_client.celery_broker_options(settings)
         self._app = Celery("lousho-producer", set_as_current=False)
         self._app.conf.update(
             broker_url=settings.broker,
@@ -34,9 +34,7 @@ class Enqueuer:
             task_publish_retry=True,
             task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
                                        "interval_max": 2},
-            # Must equal the workers' value or the shortest wins on a shared Redis (celery#7651).
-            broker_transport_options={"visibility_timeout": settings.visibility_timeout_s,
-                                      "socket_connect_timeout": 5, "socket_timeout": 15, **transport},
+            broker_transport_options=step_message.broker_options(settings),
             **broker_extra,
         )
         telemetry.name_sent_events(self._app)
@@ -53,8 +51,8 @@ class Enqueuer:
                 recovery sweep sends the step once the broker is back).
         """
         try:
-            self._app.send_task(ADVANCE, kwargs={"session_id": session_id, "seq": seq},
-                                queue=self._settings.agent_queue(agent), shadow=telemetry.step_name(agent, kind))
+            self._app.send_task(step_message.ADVANCE, kwargs=step_message.arguments(session_id, seq),
+                                **step_message.routing(self._settings, agent, kind=kind))
         except (kombu.exceptions.OperationalError, OSError) as exc:
             raise errors.StorageError(f"broker unavailable: {type(exc).__name__}") from exc
 

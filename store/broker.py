@@ -18,10 +18,11 @@ from typing import Any
 
 import redis
 
+from store import step_message
 from store.summaries import MessagePlace
 
-#: The task whose messages carry a run's step (``producer.enqueue.ADVANCE``; the store imports neither side).
-ADVANCE = "lousho.advance"
+#: The task whose messages carry a run's step.
+ADVANCE = step_message.ADVANCE
 #: Where the transport keeps messages workers took and did not ack yet (kombu's defaults).
 UNACKED_KEY = "unacked"
 #: Kombu's separator between a queue's name and its priority, and the priorities it keeps lists for.

@@ -19,14 +19,14 @@ from celery import Celery, signals
 from celery.utils.imports import import_from_cwd
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 
-from store import errors, logs, redaction, redis_client, telemetry
+from store import errors, logs, redaction, redis_client, step_message, telemetry
 from store.settings import Settings, load_settings
 from worker import starts
 
 log = logging.getLogger("lousho.celery")
 
 #: Lousho's tasks; what a task can carry (serializer, acks, time limits, queue) is set on each in ``worker.tasks``.
-TASKS = ("lousho.advance", "lousho.recover", "lousho.schedules", "lousho.prune", "lousho.doctor", starts.START_TASK)
+TASKS = (step_message.ADVANCE, "lousho.recover", "lousho.schedules", "lousho.prune", "lousho.doctor", starts.START_TASK)
 #: The sweeps beat sends.
 SWEEPS = frozenset({"lousho.recover", "lousho.schedules", "lousho.prune", "lousho.doctor"})
 #: The module ``install`` adds to an app's ``include``: it defines the tasks.
@@ -59,21 +59,6 @@ def __getattr__(name: str) -> Any:
         return globals()[name]
 
 
-def broker_options(settings: Settings) -> dict[str, Any]:
-    """Redis transport options shared by the broker and result sides (one visibility timeout)."""
-    return {
-        # Only late duplicates depend on it; recovery is our sweep (celery#5935, kombu PR#2558).
-        "visibility_timeout": settings.visibility_timeout_s,
-        "unacked_restore_interval": 10,
-        "unacked_restore_throttle": 1,
-        "health_check_interval": 10,
-        "socket_timeout": 15,
-        "socket_connect_timeout": 5,
-        "socket_keepalive": True,
-        "retry_on_timeout": True,
-    }
-
-
 def control_queue(settings: Settings) -> str:
     """The queue of the recover, schedule and retention sweeps."""
     return f"{settings.queue}-control"
@@ -89,7 +74,6 @@ def worker_options(settings: Settings) -> dict[str, Any]:
 
     Set on the app when such a worker starts (``install``'s worker hook), for every task that worker runs.
     """
-    transport, _ = redis_client.celery_broker_options(settings)
     return {
         # JSON only: a pickle message in the queue is refused, never run.
         "accept_content": ["json"],
@@ -99,7 +83,7 @@ def worker_options(settings: Settings) -> dict[str, Any]:
         # A step that lost the broker connection cannot ack; cancel it (celery PR#6654, default in 6.0).
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_soft_shutdown_timeout": 10.0,
-        "broker_transport_options": {**broker_options(settings), **transport},
+        "broker_transport_options": step_message.broker_options(settings),
         # The visibility timeout must be the same everywhere or the shortest wins (celery#7651).
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "broker_connection_retry_on_startup": True,
@@ -436,6 +420,6 @@ def _redact_logs(logger: Any = None, **_: Any) -> None:
         logs.use_json(logger)
 
 
-__all__ = ["TASKS", "beat_module_entries", "beat_schedule", "broker_options", "check_configuration", "configure",
+__all__ = ["TASKS", "beat_module_entries", "beat_schedule", "check_configuration", "configure",
            "control_queue", "create_app", "install", "installed_settings", "queue_names", "serves_lousho",
            "worker_options"]

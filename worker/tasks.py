@@ -28,7 +28,18 @@ from celery.worker import state as worker_state
 from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Queue in __all__
 from sqlalchemy import Engine
 
-from store import doctor, errors, interfaces, metrics, observed, records, redis_client, retention, telemetry
+from store import (
+    doctor,
+    errors,
+    interfaces,
+    metrics,
+    observed,
+    records,
+    redis_client,
+    retention,
+    step_message,
+    telemetry,
+)
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
@@ -111,8 +122,8 @@ def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str
     ``name`` is what Flower and the worker's log call the step (``telemetry.step_name``); ``agent``'s name
     with a plain ``step`` when not given.
     """
-    advance.apply_async(kwargs={"session_id": session_id, "seq": seq}, countdown=countdown or None,
-                        queue=settings.agent_queue(agent), shadow=name or telemetry.step_name(agent, "step"))
+    advance.apply_async(kwargs=step_message.arguments(session_id, seq), countdown=countdown or None,
+                        **step_message.routing(settings, agent, name))
 
 
 def registration_refresh_s() -> float:
@@ -285,9 +296,9 @@ def _pool_children() -> list[int] | None:
 
 def _resend_step(step: orphans.PoolStep) -> None:
     """Send a dead pool process's step again, to the queue it came from under the name it had."""
-    advance.apply_async(kwargs={"session_id": step.session_id, "seq": None},
-                        queue=step.queue or settings.agent_queue(None),
-                        shadow=step.name or telemetry.step_name(None, telemetry.RECOVERY))
+    route = step_message.routing(settings, None, step.name, kind=telemetry.RECOVERY)
+    route["queue"] = step.queue or route["queue"]
+    advance.apply_async(kwargs=step_message.arguments(step.session_id, None), **route)
 
 
 def _resend_run(run: records.DueRun) -> None:
@@ -342,7 +353,7 @@ class StepFailed(Exception):
     """A step that parked its run (the run waits for ``resume()``): the task fails with the step's summary."""
 
 
-@shared_task(name="lousho.advance", bind=True, ignore_result=True, throws=(StepFailed,), queue=settings.queue,
+@shared_task(name=step_message.ADVANCE, bind=True, ignore_result=True, throws=(StepFailed,), queue=settings.queue,
              **TASK_OPTIONS)
 def advance(self: Any, session_id: str, seq: int | None = None) -> str:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates.

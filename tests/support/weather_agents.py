@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from store import step_message
 from store.records import Message
 from tests.providers.fake_server import Api, Call, Failure, Hangup, Reply, Turn
 from tests.support import agents as crash_agents
@@ -44,7 +45,7 @@ LOG_ENV = "LOUSHO_WEATHER_LOG"
 RELEASE_ENV = "LOUSHO_WEATHER_RELEASE"
 AGENT = "weather"
 NEW_AGENT = "weather-new"
-ADVANCE = "lousho.advance"
+ADVANCE = step_message.ADVANCE
 RECOVER = "lousho.recover"
 #: Nothing listens on the discard port: without the variable every call fails as a connection error.
 _UNSET_URL = "http://127.0.0.1:9/v1"

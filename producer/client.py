@@ -14,7 +14,6 @@ from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
@@ -173,8 +172,8 @@ class Client:
         #: Whether ``close`` disposes of the engine (made here, not given).
         self._owns_engine = engine is None
         self._store: interfaces.ProducerStore | None = None
-        self._redis: redis.Redis | None = None
-        self._broker: redis.Redis | None = None
+        self._redis: redis_client.Client | None = None
+        self._broker: redis_client.Client | None = None
         self._leases: interfaces.Leases | None = None
         self._enqueuer: Enqueuer | None = None
         self._signals: RedisSignals | None = None
@@ -208,12 +207,12 @@ class Client:
             self._signals = RedisSignals(self._redis_client())
         return self._signals
 
-    def _redis_client(self) -> redis.Redis:
+    def _redis_client(self) -> redis_client.Client:
         if self._redis is None:
             self._redis = redis_client.connect(self.settings, socket_timeout=5, socket_connect_timeout=5)
         return self._redis
 
-    def _broker_client(self) -> redis.Redis:
+    def _broker_client(self) -> redis_client.Client:
         """A Redis connection to the broker (the Redis of leases when the broker is the same URL)."""
         if self.settings.broker == self.settings.redis_url:
             return self._redis_client()
@@ -392,7 +391,7 @@ class Client:
             return False
         try:
             self.signals.ring_abort(session_id)
-        except redis.RedisError as exc:
+        except errors.StorageError as exc:
             # The request is durable: the running step sees it at its next save's claim, a new step at once.
             log.warning("could not ring the abort doorbell of %s (%s)", session_id, type(exc).__name__)
         checkpoint = self.store.load(session_id)
@@ -592,7 +591,7 @@ class AgentHandle:
         records.validate_session_id(session_id)
         try:
             self._client.signals.watch(session_id, streams.WATCH_TTL_MS)
-        except redis.RedisError as exc:
+        except errors.StorageError as exc:
             log.debug("could not mark %s watched (%s)", session_id, type(exc).__name__)
         return self.send(input, session_id, metadata=metadata).events(live=live, timeout=timeout)
 
@@ -628,7 +627,7 @@ class AgentHandle:
         run = self.send(message, session_id, metadata=metadata)
         try:
             self._client.signals.mark_steer(session_id, run.input_number)
-        except redis.RedisError as exc:
+        except errors.StorageError as exc:
             # The message is queued either way: without the mark it waits for the turn's calls to finish.
             log.warning("could not mark the steer of %s (%s); it applies after the running turn",
                         session_id, type(exc).__name__)

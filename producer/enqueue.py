@@ -39,6 +39,7 @@ class Enqueuer:
         )
         telemetry.name_sent_events(self._app)
 
+    @redis_client.translated  # kombu lets some of the Redis transport's errors through unwrapped
     def advance(self, session_id: str, seq: int | None = None, agent: str | None = None, *,
                 kind: str = telemetry.NEW_INPUT) -> None:
         """Ask a worker for the next step of ``session_id`` (on ``agent``'s queue when known).

@@ -11,10 +11,9 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-import redis
 from sqlalchemy import Engine
 
-from store import doctor, errors, explain, interfaces, observed, records
+from store import doctor, errors, explain, interfaces, observed, records, redis_client
 from store.database import Transaction
 from store.settings import Settings
 from store.summaries import RunPage, RunSummary
@@ -87,7 +86,7 @@ def runs(store: interfaces.ProducerStore, agent: str | Iterable[str] | None, sta
                    prev_cursor=page.prev_cursor)
 
 
-def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,
+def describe(engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings,
              session_id: str) -> RunSummary | None:
     """Run ``session_id``'s summary with what it waits on and what moves it next; None for an unknown run.
 
@@ -101,16 +100,13 @@ def describe(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, se
         state = observed.business_state(conn, session_id) if rows else None
     if not rows:
         return None
-    try:
-        seen = observed.look(rows, leases, broker_client, settings)
-    except redis.RedisError as exc:
-        raise errors.StorageError(f"Redis unavailable: {type(exc).__name__}") from exc
+    seen = observed.look(rows, leases, broker_client, settings)
     told = explain.explain(seen.observed[0], observed.grace(settings))
     return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action,
                                                  "business_state": state})
 
 
-def check(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,
+def check(engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings,
           wait: bool = True) -> doctor.Report:
     """Look for unexplained runs (``store.doctor``); with ``wait``, look again once suspects can be confirmed.
 

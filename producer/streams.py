@@ -19,8 +19,6 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
-
 from store import errors, events, interfaces
 from store.events import Event
 from store.signals import RedisSignals
@@ -114,7 +112,7 @@ def _close(subscription: Any) -> None:
     if subscription is not None:
         try:
             subscription.close()
-        except redis.RedisError:
+        except errors.StorageError:
             log.debug("could not close the channel of a run")
 
 
@@ -159,7 +157,7 @@ def _subscribe(signals: RedisSignals | None, session_id: str) -> Any:
         return None
     try:
         return signals.subscribe(session_id)
-    except redis.RedisError as exc:
+    except errors.StorageError as exc:
         log.info("event notes unavailable (%s); polling the run's events", type(exc).__name__)
         return None
 
@@ -167,7 +165,7 @@ def _subscribe(signals: RedisSignals | None, session_id: str) -> Any:
 def _watch(signals: RedisSignals, session_id: str) -> float:
     try:
         signals.watch(session_id, WATCH_TTL_MS)
-    except redis.RedisError as exc:
+    except errors.StorageError as exc:
         log.debug("could not mark a run watched: %s", type(exc).__name__)
     return time.monotonic()
 
@@ -203,7 +201,7 @@ def _heard(subscription: Any, session_id: str, wait: float) -> tuple[list[Event]
             else:
                 noted = True
             message = subscription.get_message(timeout=0)
-    except redis.RedisError as exc:
+    except errors.StorageError as exc:
         log.debug("lost the channel of a run (%s); polling", type(exc).__name__)
         time.sleep(wait)
     return heard, noted

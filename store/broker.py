@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from store import step_message
+from store.redis_client import translated
 from store.summaries import MessagePlace
 
 #: The task whose messages carry a run's step.
@@ -56,12 +57,13 @@ class Scan:
         return "reserved" if "reserved" in places else "queued" if "queued" in places else None
 
 
+@translated
 def scan(client: redis.Redis, queues: Iterable[str], wanted: set[str] | None = None,
          limit: int = MAX_MESSAGES) -> Scan:
     """The step messages in ``queues`` (queued) and in the unacked hash (reserved), of the runs ``wanted`` (None: all).
 
     Raises:
-        redis.RedisError: the broker could not be read.
+        StorageError: the broker could not be read.
     """
     found: list[StepMessage] = []
     read = 0

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 import redis
 from sqlalchemy import Engine, text
 
-from store import errors, explain, observed
+from store import explain, observed
 from store.database import Transaction
 from store.settings import Settings
 from store.summaries import RunSummary
@@ -84,10 +84,7 @@ def look(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settin
     grace = observed.grace(settings)
     with Transaction(engine) as conn:
         rows = observed.quiet(conn, settings, limit)
-    try:
-        seen = observed.look(rows, leases, broker_client, settings)
-    except redis.RedisError as exc:
-        raise errors.StorageError(f"Redis unavailable: {type(exc).__name__}") from exc
+    seen = observed.look(rows, leases, broker_client, settings)
     found = []
     for facts, summary in zip(seen.observed, seen.summarized, strict=True):
         told = explain.explain(facts, grace)

@@ -14,8 +14,9 @@ from typing import Any
 
 import redis
 
-from store import keys, owners, records
+from store import errors, keys, owners, records
 from store.records import Lease
+from store.redis_client import translated
 
 __all__ = ["Heartbeat", "LeaseManager"]
 
@@ -117,7 +118,7 @@ def _renewed(lease: Lease, answer: Any) -> bool:
 
 
 class LeaseManager:
-    """Takes, renews and releases run leases on one Redis client."""
+    """Takes, renews and releases run leases on one Redis client; Redis's errors come out as ``StorageError``."""
 
     def __init__(self, client: redis.Redis, ttl_ms: int) -> None:
         self._client = client
@@ -128,6 +129,7 @@ class LeaseManager:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
+    @translated
     def acquire(self, session_id: str, floor: int = 0) -> Lease | None:
         """Take the run's lease and mint a fencing token above ``floor``; ``None`` when held.
 
@@ -152,6 +154,7 @@ class LeaseManager:
         lease.hear(bool(watched), bool(abort), int(steer))
         return lease
 
+    @translated
     def raise_token(self, lease: Lease, floor: int) -> bool:
         """Give ``lease`` a new token above ``floor`` if it is still held; False when it is not."""
         token = int(self._raise(
@@ -162,12 +165,14 @@ class LeaseManager:
             lease.token = token
         return bool(token)
 
+    @translated
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry out by one TTL; False (and ``lost`` set) when not ours anymore."""
         answer = self._renew(keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
                              args=[lease.owner, self.ttl_ms])
         return _renewed(lease, answer)
 
+    @translated
     def renew_many(self, leases: list[Lease]) -> None:
         """Renew several leases in one round trip (and hear their runs' signals)."""
         if not leases:
@@ -182,14 +187,17 @@ class LeaseManager:
             else:
                 _renewed(lease, answer)
 
+    @translated
     def release(self, lease: Lease) -> bool:
         """Drop the lease if we still own it."""
         return bool(self._release(keys=[keys.lease_key(lease.session_id)], args=[lease.owner]))
 
+    @translated
     def holder(self, session_id: str) -> str | None:
         """The owner id of the live lease on a run, if any."""
         return _text(self._client.get(keys.lease_key(records.validate_session_id(session_id))))
 
+    @translated
     def release_gone(self, session_ids: list[str]) -> list[str]:
         """Release the leases on these runs whose holder is provably gone (``owners.is_gone``); the runs freed.
 
@@ -216,6 +224,7 @@ class LeaseManager:
                 log.info("lease of %s released: its holder (%s) is gone", sid, _described(holder))
         return freed
 
+    @translated
     def held(self, session_ids: list[str]) -> set[str]:
         """Which of these runs have a live lease (one round trip)."""
         if not session_ids:
@@ -263,6 +272,6 @@ class Heartbeat:
                 leases = list(self._held.values())
             try:
                 self._manager.renew_many(leases)
-            except redis.RedisError as exc:
+            except errors.StorageError as exc:
                 # Renewal failing repeatedly lets the lease expire; the fence keeps saves safe.
                 log.warning("lease heartbeat could not reach Redis: %s", type(exc).__name__)

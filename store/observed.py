@@ -18,6 +18,7 @@ from sqlalchemy import Connection, text
 
 from store import broker, keys, listing, records, runs, summaries
 from store.explain import Observed
+from store.redis_client import translated
 from store.settings import Settings
 
 #: A child that has not settled: it can still move by itself, waits on its own children, or on a person (a decision,
@@ -95,13 +96,14 @@ def quiet(conn: Connection, settings: Settings, limit: int) -> list[Any]:
                                       "window": registration_window_s(settings)}).all())
 
 
+@translated
 def look(rows: Sequence[Any], leases: redis.Redis, broker_client: redis.Redis, settings: Settings) -> Look:
     """The facts of ``rows`` (from ``one`` or ``quiet``) with their leases and step messages read now.
 
     Leases and the broker are read only for runs that have work (the others are explained without them).
 
     Raises:
-        redis.RedisError: Redis or the broker could not be read.
+        StorageError: Redis or the broker could not be read.
     """
     base = [_observed(row) for row in rows]
     moving = [o for o in base if o.state in ("running", "retrying", "waiting", "awaiting-approval")]

@@ -19,9 +19,11 @@ calls of the run's current tool batch without a recorded result), as after any l
 
 from __future__ import annotations
 
+import functools
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeAlias, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -29,6 +31,27 @@ from redis.sentinel import Sentinel
 
 from store import errors
 from store.settings import Settings
+
+#: A Redis client as the store builds it (``connect``): code outside ``store`` names its type by this, and never
+#: imports redis itself.
+Client: TypeAlias = redis.Redis
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def translated(call: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``call`` with Redis's errors raised as ``StorageError`` (the cause kept), as every store error is."""
+
+    @functools.wraps(call)
+    def translating(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return call(*args, **kwargs)
+        except redis.RedisError as exc:
+            raise errors.StorageError(f"Redis unavailable: {type(exc).__name__}") from exc
+
+    return translating
+
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 _TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
@@ -156,5 +179,5 @@ def celery_broker_options(settings: Settings) -> tuple[dict[str, Any], dict[str,
     return {}, ({"broker_use_ssl": tls} if tls is not None else {})
 
 
-__all__ = ["SentinelURL", "celery_broker_options", "connect", "is_sentinel", "parse_sentinel", "sentinel_kwargs",
-           "tls_options"]
+__all__ = ["Client", "SentinelURL", "celery_broker_options", "connect", "is_sentinel", "parse_sentinel",
+           "sentinel_kwargs", "tls_options", "translated"]

@@ -2,18 +2,21 @@
 
 Signals only make things faster: every request they carry is also durable in Postgres (an abort request is
 a column, a steer is input in the inbox), and a consumer that misses a note reads the events from Postgres
-anyway. Every call is best effort for the sender; a Redis failure is logged, never raised into a step.
+anyway. Publishing and clearing are best effort: a Redis failure is logged, never raised into a step. The calls a
+caller may want to know failed (watch, ring, mark, subscribe, and reading a subscription) raise ``StorageError``.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 
 from store import keys, records
+from store.redis_client import translated
 
-__all__ = ["RedisSignals"]
+__all__ = ["RedisSignals", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +34,12 @@ class RedisSignals:
         except redis.RedisError as exc:
             log.debug("could not publish to the channel of a run: %s", type(exc).__name__)
 
+    @translated
     def watch(self, session_id: str, ttl_ms: int) -> None:
         """Say that a consumer reads the run's events for the next ``ttl_ms`` (steps then publish)."""
         self._client.set(keys.watch_key(records.validate_session_id(session_id)), "1", px=ttl_ms)
 
+    @translated
     def ring_abort(self, session_id: str) -> None:
         """Ring the abort doorbell: the step holding the run hears it at its next lease renewal."""
         self._client.set(keys.abort_key(records.validate_session_id(session_id)), "1", px=keys.SIGNAL_EXPIRE_MS)
@@ -46,6 +51,7 @@ class RedisSignals:
         except redis.RedisError as exc:
             log.debug("could not clear the abort doorbell of a run: %s", type(exc).__name__)
 
+    @translated
     def mark_steer(self, session_id: str, number: int) -> None:
         """Mark inbox entry ``number`` as a steer: the step holding the run starts no more calls of its turn."""
         self._client.set(keys.steer_key(records.validate_session_id(session_id)), str(number),
@@ -58,8 +64,27 @@ class RedisSignals:
         except redis.RedisError as exc:
             log.debug("could not clear the steer mark of a run: %s", type(exc).__name__)
 
-    def subscribe(self, session_id: str) -> redis.client.PubSub:
+    @translated
+    def subscribe(self, session_id: str) -> Subscription:
         """A subscription to the run's channel (the caller closes it)."""
         pubsub: redis.client.PubSub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         pubsub.subscribe(keys.channel(records.validate_session_id(session_id)))
-        return pubsub
+        return Subscription(pubsub)
+
+
+class Subscription:
+    """A subscription to one run's channel, raising ``StorageError`` when Redis fails under it."""
+
+    def __init__(self, pubsub: redis.client.PubSub) -> None:
+        self._pubsub = pubsub
+
+    @translated
+    def get_message(self, timeout: float) -> dict[str, Any] | None:
+        """The next message heard within ``timeout`` seconds (0: only one already received), or None."""
+        message: dict[str, Any] | None = self._pubsub.get_message(timeout=timeout)
+        return message
+
+    @translated
+    def close(self) -> None:
+        """Unsubscribe and give the connection back."""
+        self._pubsub.close()

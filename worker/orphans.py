@@ -72,7 +72,7 @@ class DeadSteps:
         that recovery).
 
         Raises:
-            redis.RedisError: the leases could not be read or released (the next check tries again).
+            StorageError: the leases could not be read or released (the next check tries again).
         """
         listed = list(steps)
         self._handled &= {step.task_id for step in listed}
@@ -109,7 +109,7 @@ def resend_at_start(store: interfaces.RecoveryStore, leases: interfaces.Leases,
 
     Raises:
         StorageError: Postgres could not be read (the sweep recovers the runs later).
-        redis.RedisError: the leases could not be read or released.
+        StorageError: the leases could not be read or released.
     """
     stop = time.monotonic() + deadline_s
     sent, after = 0, None

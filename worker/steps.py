@@ -15,8 +15,6 @@ import logging
 import time
 from datetime import datetime
 
-import redis
-
 from store import errors, inputs, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
 from worker import abort, budgets, business, drift, dynamic, handoffs, machine, retry, subagents
@@ -54,7 +52,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         deps.heartbeat.drop(lease)
         try:
             deps.leases.release(lease)
-        except redis.RedisError:
+        except errors.StorageError:
             log.warning("could not release lease of %s; it expires by itself", session_id)
     follow_up = result.follow_up
     report = telemetry.current()

@@ -20,7 +20,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
-import redis
 from billiard.pool import EX_RECYCLE
 from celery import shared_task, signals
 from celery.exceptions import Retry
@@ -337,7 +336,7 @@ def _warm_process(**_: Any) -> None:
     def warm() -> None:
         try:
             deps()
-        except (errors.LoushoError, redis.RedisError) as exc:
+        except errors.LoushoError as exc:
             log.warning("pool process starts cold (%s); its first task builds what it needs", type(exc).__name__)
 
     threading.Thread(target=warm, name="lousho-warm", daemon=True).start()
@@ -379,7 +378,7 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
             log.error("worker misconfigured, step of %s not run: %s", session_id, exc)
             report.outcome, report.error_code = "misconfigured", exc.code
             raise StepFailed(f"worker misconfigured: {exc.code}") from None
-        except (errors.StorageError, redis.RedisError) as exc:
+        except errors.StorageError as exc:
             # The sweep re-enqueues the run once the services are back; no broker loop here.
             log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
             return f"services unreachable ({type(exc).__name__}); the sweep sends the step again"
@@ -557,13 +556,13 @@ def fire_schedules() -> None:
                  " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
 
 
-def _redis_clients() -> tuple[redis.Redis, redis.Redis]:
+def _redis_clients() -> tuple[redis_client.Client, redis_client.Client]:
     """This process's Redis connections: the leases', and the broker's for reading step messages.
 
     One connection when the broker is the same URL.
     """
     deps()  # the leases' connection is made with the process's step dependencies
-    leases: redis.Redis = _state["redis"]
+    leases: redis_client.Client = _state["redis"]
     if settings.broker == settings.redis_url:
         return leases, leases
     if "broker" not in _state:

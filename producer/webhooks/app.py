@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import metadata
 
-import redis
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -139,7 +138,6 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(errors.StorageError, _on_storage)
-    app.add_exception_handler(redis.RedisError, _on_storage)
     keyed, unavailable = openapi.keyed(), openapi.errors(503)
     if config is None or config.intake:
         app.add_api_route("/webhooks/{agent}", _receive, methods=["POST"], status_code=202, tags=["intake"],

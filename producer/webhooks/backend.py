@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis
-
 from store import errors, interfaces
 from store.approvals import PostgresApprovalStore
 from store.deliveries import PostgresDeliveryStore
@@ -24,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lousho.webhooks")
 
 #: What a publish can fail with once the broker is unreachable (kombu wraps the transport's errors).
-_BROKER_ERRORS = (errors.StorageError, redis.RedisError, OSError)
+_BROKER_ERRORS = (errors.StorageError, OSError)
 
 
 @dataclass

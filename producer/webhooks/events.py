@@ -13,7 +13,6 @@ import re
 from collections.abc import AsyncIterator
 
 import anyio
-import redis
 from starlette.requests import Request
 
 from producer.webhooks import headers
@@ -110,10 +109,6 @@ async def stream(session_id: str, source: AsyncIterator[Event]) -> AsyncIterator
             except errors.LoushoError as exc:
                 log.warning("the event stream of run %s failed: %s", session_id, exc.code)
                 yield error_frame(exc.code)
-                return
-            except redis.RedisError as exc:
-                log.warning("the event stream of run %s failed: %s", session_id, type(exc).__name__)
-                yield error_frame(errors.StorageError.code)
                 return
             finally:
                 pending = None

@@ -26,9 +26,9 @@ from sqlalchemy import text
 
 from bench.retention import fill_states
 from producer.client import Client
+from producer.http.backend import Backend
+from producer.http.config import WebhookConfig
 from producer.server import create_app
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import WebhookConfig
 from store import listing
 from store.database import make_engine, migrate
 from store.settings import Settings

@@ -1,6 +1,6 @@
 """The project's HTTP server: intake, JSON routes and run pages on one app, and ``lousho webhooks serve``.
 
-Webhook intake and the JSON routes come from ``producer.webhooks``, the run pages from ``producer.ui``.
+Webhook intake and the JSON routes come from ``producer.http``, the run pages from ``producer.ui``.
 
 Either part can be turned off: ``LOUSHO_WEBHOOKS_ENABLED=false`` leaves intake out, and the pages answer 404
 unless ``LOUSHO_UI_ENABLED`` is true and an API key is set.
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from producer import ui
-from producer.webhooks import app as webhooks_app
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import WebhookConfig
-from producer.webhooks.serve import GRACEFUL_SHUTDOWN_S, log_config
+from producer.http import app as webhooks_app
+from producer.http.backend import Backend
+from producer.http.config import WebhookConfig
+from producer.http.serve import GRACEFUL_SHUTDOWN_S, log_config
 from store import redaction
 from store.settings import Settings
 
@@ -32,7 +32,7 @@ APP_FACTORY = "producer.server:create_app"
 
 def create_app(config: WebhookConfig | None = None, backend: Backend | None = None, *,
                clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
-    """The whole server: ``producer.webhooks.app.create_app`` with the run pages mounted under ``/ui``.
+    """The whole server: ``producer.http.app.create_app`` with the run pages mounted under ``/ui``.
 
     Raises:
         ConfigurationError: ``config`` takes webhooks without a secret, or has no usable body cap.

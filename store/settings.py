@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     retention_keys_days: float | None = None
     #: Period of the beat's retention sweep (each pass does a bounded amount of work).
     retention_interval_s: float = 300.0
-    # The webhook receiver's fields; ``producer.webhooks.config.WebhookConfig.from_settings`` interprets them.
+    # The webhook receiver's fields; ``producer.http.config.WebhookConfig.from_settings`` interprets them.
     #: Standard Webhooks secrets (``whsec_...``), comma-separated: two of them during a rotation; an item
     #: ``agent=whsec_...`` verifies only that agent's deliveries.
     webhook_secrets: SecretStr = SecretStr("")
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     github_webhook_secrets: SecretStr = SecretStr("")
     #: Bearer key of ``GET /runs/{id}`` and ``POST /approvals/{id}``; unset or empty refuses both routes.
     api_key: SecretStr | None = None
-    #: Named API keys, comma-separated ``name=key[;read][;agents=a|b]`` (``producer.webhooks.access``): read-only
+    #: Named API keys, comma-separated ``name=key[;read][;agents=a|b]`` (``producer.http.access``): read-only
     #: keys and keys limited to some agents' runs, on the JSON routes, the event stream and the browser pages.
     api_keys: SecretStr = SecretStr("")
     #: The HTTP server's parts: webhook intake (``POST /webhooks/{agent}``) and the run pages (``/ui``; only with

@@ -19,12 +19,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from producer.http import bodies
+from producer.http.access import Principal
+from producer.http.backend import Backend
+from producer.http.config import WebhookConfig
+from producer.http.rejections import Rejected
 from producer.ui import drawing, sessions
-from producer.webhooks import bodies
-from producer.webhooks.access import Principal
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import WebhookConfig
-from producer.webhooks.rejections import Rejected
 from store.settings import Settings
 
 _HERE = Path(__file__).parent

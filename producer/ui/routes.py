@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from producer.client import Client, continue_after
+from producer.http import events
+from producer.http import routes as wh_routes
+from producer.http.access import Principal
+from producer.http.backend import Backend
+from producer.http.rejections import Rejected
 from producer.trajectories import compare_trajectories
 from producer.ui import app as pages
 from producer.ui import drawing, runs_list, sessions, spend, tree, views, why
-from producer.webhooks import events
-from producer.webhooks import routes as wh_routes
-from producer.webhooks.access import Principal
-from producer.webhooks.backend import Backend
-from producer.webhooks.rejections import Rejected
 from store import errors, inputs, records
 from store.records import Checkpoint
 

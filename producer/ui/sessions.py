@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from producer.webhooks import access
-from producer.webhooks.access import Keys, Principal
+from producer.http import access
+from producer.http.access import Keys, Principal
 
 #: The session cookie; the pages live under ``COOKIE_PATH``.
 SESSION_COOKIE = "lousho_session"

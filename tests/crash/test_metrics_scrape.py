@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from producer.webhooks import Backend, WebhookConfig, create_app, sign
+from producer.http import Backend, WebhookConfig, create_app, sign
 from store import metrics
 from tests.providers.fake_server import FakeProviderServer
 from tests.support import abort_agents, weather_agents

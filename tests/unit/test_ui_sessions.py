@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from producer.http.access import Keys, Principal
 from producer.ui import sessions
-from producer.webhooks.access import Keys, Principal
 
 NOW = 1_900_000_000.0
 OPS = Principal("ops", read_only=True, agents=frozenset({"desk"}))

@@ -10,8 +10,8 @@ from functools import partial
 
 import pytest
 
-from producer.webhooks import signatures
-from producer.webhooks.rejections import Rejected
+from producer.http import signatures
+from producer.http.rejections import Rejected
 
 KEY = b"unit-key-0123456789abcdef"
 OTHER = b"other-key-0123456789abcde"

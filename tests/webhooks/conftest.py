@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 
 from producer.client import Client
-from producer.webhooks import Backend, WebhookConfig, create_app, sign
+from producer.http import Backend, WebhookConfig, create_app, sign
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine

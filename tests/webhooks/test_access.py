@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from producer.webhooks.access import Keys, Principal
+from producer.http.access import Keys, Principal
 from store import errors
 from tests.webhooks.conftest import Receiver, signed_headers
 

@@ -18,8 +18,8 @@ import uvicorn
 from pydantic import SecretStr
 
 from producer.client import Client
-from producer.webhooks import Backend, WebhookConfig, create_app
-from producer.webhooks import events as sse
+from producer.http import Backend, WebhookConfig, create_app
+from producer.http import events as sse
 from store.events import Event
 from store.settings import Settings
 from tests.support.driver import Driver, make_driver  # noqa: F401  # the fixture, registered here

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from producer import webhooks
+from producer import http as webhooks
 from tests.webhooks.conftest import API_KEY, OLD_SECRET, Receiver, noted, signed_headers
 from tests.webhooks.recovery import run_recover_sweep
 

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from producer.client import Client
-from producer.webhooks import Backend, WebhookConfig, create_app
+from producer.http import Backend, WebhookConfig, create_app
 from store.database import make_engine
 from tests.support import services
 from tests.webhooks.conftest import API_KEY, SECRET, Receiver, noted, signed_headers, webhook_config

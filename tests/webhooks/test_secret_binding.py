@@ -10,7 +10,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from producer.webhooks import Backend, WebhookConfig, create_app
+from producer.http import Backend, WebhookConfig, create_app
 from store import errors
 from tests.webhooks.conftest import OLD_SECRET, SECRET, key, signed_headers, webhook_config
 from tests.webhooks.test_signatures import Recorder

@@ -15,7 +15,7 @@ import httpx2 as httpx
 import pytest
 
 from producer.client import Client
-from producer.webhooks import serve
+from producer.http import serve
 from tests.support import services
 from tests.support.driver import client  # noqa: F401  # the fixture, registered here
 

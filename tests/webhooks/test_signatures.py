@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from starlette.datastructures import Headers
 
-from producer import webhooks
-from producer.webhooks import Backend, Rejected, WebhookConfig, create_app, sign
+from producer import http as webhooks
+from producer.http import Backend, Rejected, WebhookConfig, create_app, sign
 from store import errors, payloads
 from tests.webhooks.conftest import API_KEY, OLD_SECRET, SECRET, key, signed_headers, webhook_config
 

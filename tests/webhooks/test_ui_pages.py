@@ -16,8 +16,8 @@ from pydantic import SecretStr
 from sqlalchemy import event
 
 from producer.client import Client
+from producer.http import Backend, WebhookConfig
 from producer.server import create_app
-from producer.webhooks import Backend, WebhookConfig
 from store import errors, keys
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore

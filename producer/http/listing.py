@@ -2,7 +2,7 @@
 
 Runs are listed as ``Client.runs`` lists them (the same filters, states and cursors), within the agents the
 key sees: a scoped key never learns of another agent's run. Deleting takes an acting key. Every refusal is a
-``Rejected`` (one error body for every 4xx, ``producer.webhooks.app``); nothing here echoes the request.
+``Rejected`` (one error body for every 4xx, ``producer.http.app``); nothing here echoes the request.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from producer import inspection
-from producer.webhooks import routes
-from producer.webhooks.access import Principal
-from producer.webhooks.backend import Backend
-from producer.webhooks.rejections import Rejected, bad_request
+from producer.http import routes
+from producer.http.access import Principal
+from producer.http.backend import Backend
+from producer.http.rejections import Rejected, bad_request
 from store import errors, records
 from store.summaries import RunSummary
 

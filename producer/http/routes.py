@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from producer.client import Client, continue_after
-from producer.webhooks import bodies, events, headers, intake
-from producer.webhooks.access import Principal
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import AGENT_NAME, WebhookConfig
-from producer.webhooks.rejections import Rejected, bad_request
+from producer.http import bodies, events, headers, intake
+from producer.http.access import Principal
+from producer.http.backend import Backend
+from producer.http.config import AGENT_NAME, WebhookConfig
+from producer.http.rejections import Rejected, bad_request
 from store import errors, inputs, records, telemetry
 from store.database import Transaction
 from store.records import Approval

@@ -19,10 +19,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from producer.webhooks import events, listing, openapi, routes
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import WebhookConfig
-from producer.webhooks.rejections import Rejected
+from producer.http import events, listing, openapi, routes
+from producer.http.backend import Backend
+from producer.http.config import WebhookConfig
+from producer.http.rejections import Rejected
 from store import errors, metrics, redaction, telemetry
 from store.settings import Settings, load_settings
 

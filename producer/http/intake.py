@@ -14,10 +14,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from producer.webhooks import bodies, headers, signatures
-from producer.webhooks.backend import Backend
-from producer.webhooks.config import WebhookConfig
-from producer.webhooks.rejections import Rejected, bad_request
+from producer.http import bodies, headers, signatures
+from producer.http.backend import Backend
+from producer.http.config import WebhookConfig
+from producer.http.rejections import Rejected, bad_request
 from store import errors, inputs, payloads, records
 from store.faults import crash_point
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from producer.webhooks import access, signatures
+from producer.http import access, signatures
 from store import errors, inputs
 from store.settings import Settings
 
@@ -111,7 +111,7 @@ class WebhookConfig:
     secrets: tuple[bytes, ...] = field(default=(), repr=False)
     github_secrets: tuple[bytes, ...] = field(default=(), repr=False)
     api_key: SecretStr | None = None
-    #: ``LOUSHO_API_KEYS``: named keys, read-only or limited to agents (``producer.webhooks.access``).
+    #: ``LOUSHO_API_KEYS``: named keys, read-only or limited to agents (``producer.http.access``).
     api_keys: SecretStr | None = field(default=None, repr=False)
     max_body_bytes: int = MAX_BODY_BYTES
     tolerance_s: int = signatures.TOLERANCE_S

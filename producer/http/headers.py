@@ -9,7 +9,7 @@ import re
 
 from starlette.datastructures import Headers
 
-from producer.webhooks.rejections import Rejected, bad_request
+from producer.http.rejections import Rejected, bad_request
 from store import errors
 from store.deliveries import check_delivery_id
 

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import anyio
 from starlette.requests import Request
 
-from producer.webhooks import headers
-from producer.webhooks.rejections import bad_request
+from producer.http import headers
+from producer.http.rejections import bad_request
 from store import errors
 from store.events import Event
 

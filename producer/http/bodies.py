@@ -10,8 +10,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from producer.webhooks import headers
-from producer.webhooks.rejections import bad_request, too_large
+from producer.http import headers
+from producer.http.rejections import bad_request, too_large
 from store import errors, payloads
 
 

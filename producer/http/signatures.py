@@ -10,7 +10,7 @@ import binascii
 import hashlib
 import hmac
 
-from producer.webhooks.rejections import Rejected, unsigned
+from producer.http.rejections import Rejected, unsigned
 
 #: How far a signed ``webhook-timestamp`` may be from now, in seconds (the replay window).
 TOLERANCE_S = 300

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -181,7 +183,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",
-                     "retention_interval_s", "agent_grace_s")
+                     "schedule_grace_s", "retention_interval_s", "agent_grace_s")
     @classmethod
     def _positive(cls, value: float) -> float:
         if not value > 0:
@@ -211,6 +213,15 @@ class Settings(BaseSettings):
             if url.startswith(prefix):
                 return "postgresql+psycopg://" + url[len(prefix):]
         raise errors.ConfigurationError("LOUSHO_DATABASE_URL must be a postgresql:// URL")
+
+    @property
+    def schedule_grace(self) -> timedelta:
+        """How late a tick may still fire as itself: ``schedule_grace_s``, and never under three sweep periods.
+
+        A tick is normally up to one period late, and a beat restarting during a deploy must not turn on-time
+        ticks into missed ones.
+        """
+        return timedelta(seconds=max(self.schedule_grace_s, 3 * self.schedule_interval_s))
 
     @property
     def broker(self) -> str:

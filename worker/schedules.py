@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -33,26 +32,6 @@ MAX_SCHEDULES = 500
 NEVER = datetime(9999, 12, 31, tzinfo=UTC)
 _JUST_BEFORE = timedelta(microseconds=1)
 _MAX_COUNTED = 10_000
-
-
-def sweep_timing(environ: Mapping[str, str] | None = None) -> tuple[float, timedelta]:
-    """The beat period and the grace from ``LOUSHO_SCHEDULE_INTERVAL_S`` (5) and ``LOUSHO_SCHEDULE_GRACE_S`` (60).
-
-    The grace is at least three periods: a tick is normally up to one period late, and a beat
-    restarting during a deploy must not turn on-time ticks into missed ones.
-
-    Raises:
-        ConfigurationError: a value is not a positive number.
-    """
-    env = os.environ if environ is None else environ
-    try:
-        interval = float(env.get("LOUSHO_SCHEDULE_INTERVAL_S", "5"))
-        grace = float(env.get("LOUSHO_SCHEDULE_GRACE_S", str(DEFAULT_GRACE.total_seconds())))
-    except ValueError as exc:
-        raise errors.ConfigurationError("LOUSHO_SCHEDULE_INTERVAL_S and _GRACE_S must be numbers") from exc
-    if interval <= 0 or grace <= 0:
-        raise errors.ConfigurationError("LOUSHO_SCHEDULE_INTERVAL_S and _GRACE_S must be positive")
-    return interval, timedelta(seconds=max(grace, 3 * interval))
 
 
 def _next_or_never(schedule: Schedule, after: datetime) -> datetime:

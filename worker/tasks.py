@@ -16,7 +16,6 @@ import os
 import random
 import socket
 import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -543,8 +542,7 @@ def _wake_leads(built: StepDeps, stale_after: float) -> int:
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
     result = schedule_sweep.sweep(PostgresScheduleStore(_engine()),
-                                  grace=timedelta(seconds=max(settings.schedule_grace_s,
-                                                              3 * settings.schedule_interval_s)))
+                                  grace=settings.schedule_grace)
     sent = schedule_sweep.publish(result, lambda session_id: enqueue(
         session_id, None, 0.0, result.agents.get(session_id),
         name=telemetry.step_name(result.agents.get(session_id), telemetry.NEW_INPUT)))

@@ -10,8 +10,9 @@ import pytest
 from store import errors, records
 from store.schedule_records import Schedule, ScheduleSpec, build_spec
 from store.schedules import Swept
+from store.settings import Settings, load_settings
 from store.ticks import tick_session_id
-from worker.schedules import NEVER, declare, plan_ticks, publish, sweep, sweep_timing
+from worker.schedules import NEVER, declare, plan_ticks, publish, sweep
 
 MSG = [records.Message(role="user", content="Send the report")]
 NY = ZoneInfo("America/New_York")
@@ -158,14 +159,17 @@ def test_a_schedule_whose_next_tick_cannot_be_computed_waits_far_away(monkeypatc
     assert plan.fire == [utc(2026, 1, 1)] and plan.next_fire_at == NEVER
 
 
-def test_sweep_timing_comes_from_the_environment_with_a_grace_of_at_least_three_periods() -> None:
-    assert sweep_timing({}) == (5.0, timedelta(seconds=60))
-    short = {"LOUSHO_SCHEDULE_INTERVAL_S": "1", "LOUSHO_SCHEDULE_GRACE_S": "2"}
-    assert sweep_timing(short) == (1.0, timedelta(seconds=3))
-    assert sweep_timing({"LOUSHO_SCHEDULE_INTERVAL_S": "30"})[1] == timedelta(seconds=90)
-    for bad in ({"LOUSHO_SCHEDULE_INTERVAL_S": "0"}, {"LOUSHO_SCHEDULE_GRACE_S": "soon"}):
+def test_the_schedule_grace_comes_from_settings_and_is_at_least_three_periods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (Settings().schedule_interval_s, Settings().schedule_grace) == (5.0, timedelta(seconds=60))
+    assert Settings(schedule_interval_s=1, schedule_grace_s=2).schedule_grace == timedelta(seconds=3)
+    assert Settings(schedule_interval_s=30).schedule_grace == timedelta(seconds=90)
+    for variable, bad in (("LOUSHO_SCHEDULE_INTERVAL_S", "0"), ("LOUSHO_SCHEDULE_GRACE_S", "soon"),
+                          ("LOUSHO_SCHEDULE_GRACE_S", "-1")):
+        monkeypatch.setenv(variable, bad)
         with pytest.raises(errors.ConfigurationError):
-            sweep_timing(bad)
+            load_settings()
+        monkeypatch.delenv(variable)
 
 
 def test_a_sweep_that_loses_the_database_midway_still_returns_what_it_committed() -> None:

@@ -6,57 +6,18 @@ Imports neither Celery nor the worker or producer packages.
 
 from __future__ import annotations
 
-from store.errors import (
-    AgentDriftError,
-    AgentNotFoundError,
-    ApprovalNotFoundError,
-    ApprovalOrphanedError,
-    CheckpointCorruptError,
-    CheckpointFormatError,
-    CheckpointNotFoundError,
-    ConfigurationError,
-    InputTooLargeError,
-    LeadGoneError,
-    LoushoError,
-    ProviderError,
-    ReconcileFailedError,
-    ResumeToolMissingError,
-    RunTimeoutError,
-    SessionAwaitingApprovalError,
-    SessionBusyError,
-    SessionIdInvalidError,
-    StepAttemptsExceededError,
-    StorageError,
-)
+from store import errors
+from store.errors import *  # noqa: F403  # the public errors, listed once in store.errors.__all__
 from store.records import Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
 from store.settings import Settings
 
 __all__ = [
-    "AgentDriftError",
-    "AgentNotFoundError",
-    "ApprovalNotFoundError",
-    "ApprovalOrphanedError",
     "Checkpoint",
-    "CheckpointCorruptError",
-    "CheckpointFormatError",
-    "CheckpointNotFoundError",
-    "ConfigurationError",
     "HistoryEntry",
-    "InputTooLargeError",
-    "LeadGoneError",
-    "LoushoError",
     "Message",
     "PendingRun",
-    "ProviderError",
-    "ReconcileFailedError",
-    "ResumeToolMissingError",
-    "RunTimeoutError",
-    "SessionAwaitingApprovalError",
-    "SessionBusyError",
-    "SessionIdInvalidError",
     "Settings",
-    "StepAttemptsExceededError",
-    "StorageError",
     "ToolCall",
     "Usage",
 ]
+__all__ += errors.__all__

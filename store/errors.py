@@ -22,8 +22,10 @@ class LoushoError(Exception):
     ``str()`` is the message.
     """
 
-    code: ClassVar[str] = "LOUSHO_GENERIC_ERROR"
-    retryable: ClassVar[bool] = False
+    #: Set by each class; an error rebuilt from a stored record carries the stored code (``RunFailedError``).
+    code: str = "LOUSHO_GENERIC_ERROR"
+    #: The class's answer; the errors whose ``__init__`` takes ``retryable`` answer per instance.
+    retryable: bool = False
     #: The typed attributes ``fields`` lists, in order; each subclass's ``__init__`` sets them.
     field_names: ClassVar[tuple[str, ...]] = ()
 
@@ -213,7 +215,7 @@ class ProviderError(LoushoError):
     def __init__(self, message: str, *, retryable: bool = True, category: str = "unknown",
                  retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
-        self.retryable = retryable  # type: ignore[misc]  # per instance: 5xx retry, 400 does not
+        self.retryable = retryable  # per instance: 5xx retry, 400 does not
         self.category: str = category
         self.retry_after: float | None = retry_after
         self.status: int | None = status
@@ -242,7 +244,7 @@ class PropagatingToolError(LoushoError):
 
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
-        self.retryable = retryable  # type: ignore[misc]  # chosen by the tool
+        self.retryable = retryable  # chosen by the tool
 
 
 class HookFailedError(LoushoError):
@@ -324,8 +326,8 @@ class RunFailedError(LoushoError):
 
     def __init__(self, code: str, message: str, retryable: bool) -> None:
         super().__init__(message)
-        self.code = code  # type: ignore[misc]  # carries the stored code verbatim
-        self.retryable = retryable  # type: ignore[misc]
+        self.code = code  # carries the stored code verbatim
+        self.retryable = retryable
 
 
 _BY_CODE: dict[str, type[LoushoError]] = {
@@ -357,7 +359,7 @@ def from_record(record: dict[str, Any]) -> LoushoError:
         return PropagatingToolError(message, retryable=retryable)
     if code == ProviderRateLimitedError.code:
         limited = ProviderRateLimitedError(message)
-        limited.retryable = retryable  # type: ignore[misc]  # parked after too many attempts
+        limited.retryable = retryable  # parked after too many attempts
         return limited
     cls = _BY_CODE.get(code)
     if cls is None:
@@ -404,3 +406,16 @@ class ScheduleBrokenError(LoushoError):
         super().__init__(f"{reason}: {detail}")
         self.name: str = name
         self.reason: BrokenReason = reason
+
+
+#: The public errors, listed once: ``store``, ``worker`` and ``producer`` re-export exactly these (every error class
+#: here but ``FencedOutError``, which stays inside the step machine).
+__all__ = [
+    "AgentDriftError", "AgentNotFoundError", "ApprovalExpiredError", "ApprovalNotFoundError",
+    "ApprovalOrphanedError", "CheckpointCorruptError", "CheckpointFormatError", "CheckpointNotFoundError",
+    "ConfigResolverError", "ConfigurationError", "HookFailedError", "InputTooLargeError", "LeadGoneError",
+    "LoushoError", "PropagatingToolError", "ProviderError", "ProviderRateLimitedError", "ReconcileFailedError",
+    "ResumeToolMissingError", "RunFailedError", "RunTimeoutError", "ScheduleBrokenError", "ScheduleNotFoundError",
+    "SessionAwaitingApprovalError", "SessionBusyError", "SessionIdInvalidError", "StepAttemptsExceededError",
+    "StorageError",
+]

@@ -78,3 +78,17 @@ def test_an_error_survives_celery_s_json_result_backend_with_its_code_and_messag
 
     assert type(again) is type(error)
     assert (again.code, str(again)) == (error.code, str(error))
+
+
+def test_the_public_errors_are_listed_once_and_every_package_exports_exactly_them() -> None:
+    import producer
+    import store
+    import worker
+
+    classes = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, errors.LoushoError)}
+    assert set(errors.__all__) == classes - {"FencedOutError"}
+    for package in (store, worker, producer):
+        exported = {name for name in package.__all__ if name in classes}
+        assert exported == set(errors.__all__), package.__name__
+        assert all(getattr(package, name) is getattr(errors, name) for name in errors.__all__)

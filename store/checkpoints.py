@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.engine import Row
 
 from store import approvals as approval_rows
-from store import errors, events, history, listing, payloads, records, registry, runs, transcripts
+from store import errors, event_log, events, history, listing, payloads, records, registry, runs, transcripts
 from store.database import Direct, Transaction, driver_sql
 from store.records import Claim
 
@@ -91,7 +91,7 @@ _SAVE_TAIL = "\nSELECT updated_at, transcript_id FROM saved"
 _SAVES = {
     (keeps, inbox, gone, evented): text(
         _SAVE_HEAD + (_SAVE_GONE if gone else "") + (history.SAVE_ENTRY if keeps else "")
-        + (_SAVE_INBOX if inbox else "") + (events.SAVE_EVENTS if evented else "") + _SAVE_TAIL)
+        + (_SAVE_INBOX if inbox else "") + (event_log.SAVE_EVENTS if evented else "") + _SAVE_TAIL)
     for keeps in (True, False) for inbox in (True, False) for gone in (True, False) for evented in (True, False)
 }
 
@@ -101,7 +101,7 @@ WITH saved AS (
   UPDATE runs SET last_error = CAST(:error AS jsonb), updated_at = now(), next_attempt_at = NULL,
     events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence RETURNING attempts, events_next, updated_at
-){events.SAVE_EVENTS}
+){event_log.SAVE_EVENTS}
 SELECT attempts FROM saved
 """)
 # A failure the step itself recorded is not a crash: the crash-loop count starts again, and the retry
@@ -112,7 +112,7 @@ WITH saved AS (
     retry_since = COALESCE(retry_since, now()), next_attempt_at = now() + make_interval(secs => :delay),
     events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence RETURNING seq, events_next, updated_at
-){events.SAVE_EVENTS}
+){event_log.SAVE_EVENTS}
 SELECT seq FROM saved
 """)
 _NOTE_USAGE = text(
@@ -293,7 +293,7 @@ def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:
     else:
         conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid"), {"sid": session_id})
     conn.execute(text("DELETE FROM run_messages WHERE session_id = :sid"), {"sid": session_id})
-    conn.execute(events.DELETE, {"sid": session_id})
+    conn.execute(event_log.DELETE, {"sid": session_id})
     return deleted
 
 
@@ -633,19 +633,19 @@ class PostgresCheckpointStore:
     def read_events(self, session_id: str, after: int, limit: int = 500) -> builtins.list[events.Event]:
         """Durable events of the run with a seq above ``after``, oldest first, at most ``limit``."""
         with self._single() as conn:
-            rows = conn.execute(events.READ, {"sid": session_id, "after": after, "limit": limit}).all()
+            rows = conn.execute(event_log.READ, {"sid": session_id, "after": after, "limit": limit}).all()
         return events.from_rows(session_id, rows)
 
     def input_start(self, session_id: str, number: int) -> int | None:
         """The seq of the ``run.start`` that merged input ``number`` (None while it is not merged)."""
         with self._single() as conn:
-            found = conn.execute(events.INPUT_START, {"sid": session_id, "n": number}).scalar()
+            found = conn.execute(event_log.INPUT_START, {"sid": session_id, "n": number}).scalar()
         return None if found is None else int(found)
 
     def latest_start(self, session_id: str) -> int | None:
         """The seq of the run's latest ``run.start`` event (None when it has none)."""
         with self._single() as conn:
-            found = conn.execute(events.LATEST_START, {"sid": session_id}).scalar()
+            found = conn.execute(event_log.LATEST_START, {"sid": session_id}).scalar()
         return None if found is None else int(found)
 
     def load(self, session_id: str) -> records.Checkpoint | None:

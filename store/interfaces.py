@@ -16,8 +16,7 @@ from store import records
 from store.events import Event
 
 if TYPE_CHECKING:
-    from store.schedule_records import Fire, Origin, Schedule, ScheduleSpec
-    from store.schedules import Planner, Swept
+    from store.schedule_records import Fire, Origin, Planner, Schedule, ScheduleSpec, Swept
 
 __all__ = [
     "AgentRegistry",

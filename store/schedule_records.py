@@ -6,8 +6,8 @@ Pure: no SQL, no I/O. The tick arithmetic is ``store.ticks``; the Postgres store
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -196,3 +196,21 @@ def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cr
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise errors.ConfigurationError(f"invalid schedule {where or name!r}: {first['msg']}", field=where) from None
+
+
+#: (schedule, the database's now, whether its previous run is unfinished) -> plan.
+Planner = Callable[[Schedule, datetime, bool], TickPlan]
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one locked schedule did: the runs it created (to enqueue after commit) and the rest.
+
+    A ``schedule`` with ``broken_error`` set was marked broken by this sweep and did nothing else.
+    """
+
+    schedule: Schedule
+    now: datetime
+    fired: list[tuple[datetime, str]] = field(default_factory=list)
+    skipped: list[datetime] = field(default_factory=list)
+    missed: int = 0

@@ -10,8 +10,6 @@ by every sweep ahead of the healthy ones. Records are ``store.schedule_records``
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +22,10 @@ from store.errors import ScheduleBrokenError, ScheduleNotFoundError
 from store.schedule_records import (
     Fire,
     Origin,
+    Planner,
     Schedule,
     ScheduleSpec,
-    TickPlan,
+    Swept,
 )
 from store.ticks import tick_session_id
 
@@ -90,24 +89,6 @@ UPDATE schedules SET next_fire_at = :next, last_fire_at = COALESCE(:last_fire, l
   last_session_id = COALESCE(:last_sid, last_session_id), updated_at = now()
 WHERE schedule_id = :id
 """)
-
-
-#: (schedule, the database's now, whether its previous run is unfinished) -> plan.
-Planner = Callable[[Schedule, datetime, bool], TickPlan]
-
-
-@dataclass(frozen=True)
-class Swept:
-    """What one locked schedule did: the runs it created (to enqueue after commit) and the rest.
-
-    A ``schedule`` with ``broken_error`` set was marked broken by this sweep and did nothing else.
-    """
-
-    schedule: Schedule
-    now: datetime
-    fired: list[tuple[datetime, str]] = field(default_factory=list)
-    skipped: list[datetime] = field(default_factory=list)
-    missed: int = 0
 
 
 def _params(spec: ScheduleSpec, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:

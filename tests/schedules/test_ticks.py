@@ -8,8 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from store import errors, records
-from store.schedule_records import Schedule, ScheduleSpec, build_spec
-from store.schedules import Swept
+from store.schedule_records import Schedule, ScheduleSpec, Swept, build_spec
 from store.settings import Settings, load_settings
 from store.ticks import tick_session_id
 from worker.schedules import NEVER, declare, plan_ticks, publish, sweep

@@ -1,7 +1,9 @@
-"""Durable state of Lousho Worker: records, the ports callers type against, their stores, errors.
+"""Durable state of Lousho Worker, and the kernel every package shares.
 
-The ports are ``store.interfaces``; Postgres and Redis implement them, ``store.memory`` for unit tests.
-Imports neither Celery nor the worker or producer packages.
+Durable state: the records (pure), the ports callers type against (``store.interfaces``, pure), and the stores
+that implement them: Postgres, Redis, and ``store.memory`` for unit tests. The kernel: settings, errors,
+telemetry, metrics, logs, redaction, crash points and the step message. docs/architecture.md maps each module to
+its kind and tables. Imports neither Celery nor the worker, producer or devkit packages.
 """
 
 from __future__ import annotations

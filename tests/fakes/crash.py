@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from store import interfaces
 from store.records import Lease
-from worker import batch, steps
+from worker import batch, batch_state, steps
 
 #: Modules that imported ``crash_point`` by name; each gets the in-process version.
-_PATCHED_MODULES = (steps, batch)
+_PATCHED_MODULES = (steps, batch, batch_state)
 
 
 class SimulatedCrash(BaseException):

@@ -2,6 +2,8 @@
 
 Input is written to the run's inbox in Postgres before ``advance`` is enqueued, so a send is
 never lost: a lost message is repaired by the recovery sweep.
+
+Stays whole: ``Client``, ``AgentHandle`` and ``Run`` are one public API sharing connections and a lifecycle.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ statement on the step's hot path is one round trip of plain SQL (``text()``, com
 Postgres ``now()``, never from worker clocks. It stays whole: every statement a step or the sweep makes on a
 run's control columns (fence, seq, attempts, retry times) is here; new input, which also clears them, is in
 ``store.runs``.
+
+Stays whole: the Postgres checkpoint store implements one port, and its statements share CTE fragments.
 """
 
 from __future__ import annotations

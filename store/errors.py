@@ -1,6 +1,8 @@
 """The one error family of Lousho Worker: every error has a stable ``code`` and ``retryable``.
 
 Producers, workers and the CLI raise and catch these; nothing here does I/O.
+
+Stays whole: the one error family and its single public list; codes must stay unique across it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Only ``typing.Protocol`` classes over ``store.records``; implementations (Postgres, Redis, memory) need no
 inheritance and are held to them by the contract suites in ``tests/``. Nothing here does I/O.
+
+Stays whole: the ports are one contract, read together by every store that implements them.
 """
 
 from __future__ import annotations

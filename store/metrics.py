@@ -36,6 +36,8 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 - ``lousho_runs_unexplained`` and ``lousho_doctor_look_age_seconds``: unfinished runs with no owner, timer or
   waiter past the grace (invariant I19; 0 when all is well) at the latest look of the checker (``store.doctor``),
   and how long ago that look was; read from Postgres at scrape time, absent until a first look.
+
+Stays whole: every metric family of the registry side by side, so names and labels stay consistent.
 """
 
 from __future__ import annotations

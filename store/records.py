@@ -4,6 +4,8 @@ Messages, checkpoints, history and pending runs, and what the ports of ``store.i
 callers (claims, step writes, decisions, leases, deliveries). Rows become these records inside ``store/`` only;
 nothing here touches a database. It stays whole so that every record a run's callers hold has one address
 (schedule records live in ``store.schedule_records``, next to their checks).
+
+Stays whole: the records that cross package boundaries, in one module so every package imports one definition.
 """
 
 from __future__ import annotations

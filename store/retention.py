@@ -16,6 +16,8 @@ of their own (``Retention``). A delivery id stays while its run exists, whatever
 redelivery would queue its body again as new input. Ages are measured against Postgres ``now()``. This module
 must not touch Redis (its keys expire by themselves) nor decide when to run: the beat's task and
 ``lousho prune`` do.
+
+Stays whole: each prune statement sits beside the rule that says which rows are due; they change together.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Agent and tool definitions, the agent registry, and agent fingerprints.
 
 An ``Agent`` is configuration only; running it is the step machine's and the task's job.
+
+Stays whole: ``Agent``, ``tool`` and ``ToolContext`` are the user's API, documented and read together.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Importing this module changes nothing in the process: ``app`` and ``settings`` a
 points: the ``celery`` command, the worker, beat, Flower), and the logging, redaction and signal hooks are set up
 there. Each setting below exists for a reason listed in RELIABILITY.md section 2; the comments name the Celery or
 kombu issue behind the ones that guard against known bugs.
+
+Stays whole: every Celery setting Lousho needs, for its own app and for a team's (``install``), side by side.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Framework-free: Celery calls ``run_step`` from ``worker.tasks`` and tests call i
 write is fenced, so a stalled holder's late save is refused and leaves no trace. A step parks a run
 only for a condition that will not heal by itself; transient failures and a worker that cannot run
 the step during a deploy are retried with backoff for ``retry_for_s``.
+
+Stays whole: one step's path from lease to release, each phase a function, read in order.
 """
 
 from __future__ import annotations

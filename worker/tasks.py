@@ -7,6 +7,9 @@ shows as retried, so Flower and the worker's log show each for what it is. Per-p
 heartbeat, agents) is created lazily in the process that uses it, so prefork children never
 share a connection inherited from the parent. The worker's parent registers the agents it loads
 (and consumes their queues) before it reports ready, and keeps the registration fresh.
+
+Stays whole: the Celery tasks and the process state they share (engine, clients, heartbeat); each task is a
+thin wrapper over the step, the sweeps or retention.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Each handler checks the viewer's scope (a run of an agent they do not see is 404) and runs blocking store calls
 in the thread pool; what a page shows is built by ``producer.ui.views``.
+
+Stays whole: the pages' URL map, one thin handler per route over ``views``; split, the map would scatter.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Every method is atomic under the state's lock; times come from the state's clock. Runs are created and
 given input by ``store.memory.runs``, listed by ``store.memory.listing``.
+
+Stays whole: the memory twin of ``store.checkpoints``, method for method, held to the same contract.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     else:
         checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
                    "examples", "dev.py"],
-                  [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit"],
+                  [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit", "tests"],
                   [str(VENV / "bin" / "lint-imports")]]
     for check in checks:
         if subprocess.run(check, cwd=ROOT, env=env).returncode != 0:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -192,9 +192,21 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
     return context_param, model
 
 
+@overload
+def tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
+         once: bool = False, reconcile: Reconcile | None = None) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, description: str | None = None,
+         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
+         once: bool = False, reconcile: Reconcile | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
          needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
-         once: bool = False, reconcile: Reconcile | None = None) -> Any:
+         once: bool = False, reconcile: Reconcile | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
     ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of

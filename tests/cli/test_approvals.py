@@ -98,8 +98,9 @@ def test_approve_without_an_id_prints_the_configuration_code(lousho: Lousho) -> 
     assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_CONFIG_INVALID"
 
 
+
 def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
-        lousho: Lousho, paused: tuple[Driver, str], make_driver, client: Client) -> None:  # type: ignore[no-untyped-def]
+        lousho: Lousho, paused: tuple[Driver, str], make_driver: Callable[..., Driver], client: Client) -> None:
     from worker import Agent
     from worker.providers import MockModel
 
@@ -159,7 +160,7 @@ def test_a_reconciliation_is_listed_and_answered_with_the_call_s_result(
     from worker import Agent, tool
     from worker.providers import MockModel
 
-    @tool(once=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+    @tool(once=True)
     def charge(order: str) -> str:
         """Charge the card for an order."""
         return f"charged {order}"

@@ -12,7 +12,7 @@ from producer.client import Client
 from store.checkpoints import PostgresCheckpointStore
 from store.records import LastError
 from tests.cli.conftest import Lousho, drive_in_background
-from tests.support.driver import Driver
+from tests.support.driver import Driver, postgres
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_send_wait_prints_how_the_run_settled(lousho: Lousho, weather: Driver) -
     assert printed.out == "w-1: stop after 2 step(s)\nSunny in Oslo.\n"
 
     # A finished run is listed pending again once its follow-up input is queued.
-    thread = drive_in_background(weather, "w-1", lambda: bool(weather.deps.store.pending("weather")))
+    thread = drive_in_background(weather, "w-1", lambda: bool(postgres(weather.deps.store).pending("weather")))
     as_json = lousho("send", "weather", "And now?", "--session", "w-1", "--wait", "--json", "--timeout", "30")
     thread.join(30)
 

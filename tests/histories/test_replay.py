@@ -8,7 +8,7 @@ with today's code: later schema changes must keep old runs working.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,11 @@ from psycopg.types.json import Jsonb
 from producer.client import Client
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine, migrate
+from store.leases import LeaseManager
 from store.settings import Settings
 from tests.histories.agents import effects, travel_agent
 from tests.support import services
+from tests.support.driver import no_enqueue
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +56,14 @@ def _restore(settings: Settings, fixture: dict[str, Any]) -> None:
             for row in fixture[table]:
                 columns = list(row)
                 values = [Jsonb(row[c]) if c in JSON_COLUMNS and row[c] is not None else row[c] for c in columns]
-                conn.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                    sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)),
-                    sql.SQL(", ").join(sql.Placeholder() * len(columns))), values)
+                conn.execute(
+                    sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                        sql.Identifier(table),
+                        sql.SQL(", ").join(map(sql.Identifier, columns)),
+                        sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                    ),
+                    values,
+                )
     migrate(settings)
 
 
@@ -71,8 +78,15 @@ def _driver(replay_settings: Settings, leases, make_store):  # type: ignore[no-u
     from worker.steps import StepDeps
 
     store = make_store(replay_settings)
-    driver = Driver(StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, 500),
-                             agents={"travel": travel_agent()}, enqueue=lambda *a: None))
+    driver = Driver(
+        StepDeps(
+            store=store,
+            leases=leases,
+            heartbeat=Heartbeat(leases, 500),
+            agents={"travel": travel_agent()},
+            enqueue=no_enqueue,
+        )
+    )
     driver.deps.enqueue = driver.enqueue
     return store, driver
 
@@ -91,8 +105,9 @@ def make_store() -> Iterator[Any]:
         engine.dispose()
 
 
-def test_a_run_interrupted_mid_batch_resumes_without_rerunning_the_recorded_call(replay_settings, leases,
-                                                                                  make_store):
+def test_a_run_interrupted_mid_batch_resumes_without_rerunning_the_recorded_call(
+    replay_settings: Settings, leases: LeaseManager, make_store: Callable[[Settings], PostgresCheckpointStore]
+) -> None:
     _restore(replay_settings, _load("v1_interrupted_batch"))
     store, driver = _driver(replay_settings, leases, make_store)
     assert [e.step for e in store.history("hist-batch")] == [1, 1]
@@ -110,7 +125,9 @@ def test_a_run_interrupted_mid_batch_resumes_without_rerunning_the_recorded_call
     assert [m.tool_call_id for m in result.messages if m.role == "tool"] == ["call_0_0", "call_0_1", "call_1_0"]
 
 
-def test_a_run_paused_on_an_approval_is_decided_and_finished(replay_settings, leases, make_store):
+def test_a_run_paused_on_an_approval_is_decided_and_finished(
+    replay_settings: Settings, leases: LeaseManager, make_store: Callable[[Settings], PostgresCheckpointStore]
+) -> None:
     fixture = _load("v1_awaiting_approval")
     _restore(replay_settings, fixture)
     store, driver = _driver(replay_settings, leases, make_store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -14,6 +15,7 @@ from store.checkpoints import PostgresCheckpointStore
 from store.records import Message, ToolCall
 from tests.fakes.store_contract.subject import save_next
 from tests.support import services
+from tests.support.driver import Driver
 from worker import Agent, tool
 from worker.providers import MockModel
 
@@ -50,8 +52,8 @@ def _per_save(session_id: str) -> dict[int, int]:
     return stored
 
 
-def test_a_save_stores_the_same_bytes_at_step_20_and_at_step_280(make_driver, client: Client,
-                                                                store: PostgresCheckpointStore):
+def test_a_save_stores_the_same_bytes_at_step_20_and_at_step_280(make_driver: Callable[..., Driver], client: Client,
+                                                                store: PostgresCheckpointStore) -> None:
     ring = PostgresCheckpointStore(store.engine, history_limit=STEPS + 10)  # keep every entry to measure it
     driver = make_driver(_long_agent())
     driver.deps.store = ring

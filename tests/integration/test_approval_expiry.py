@@ -33,7 +33,7 @@ ROUNDS = 60
 refunded: list[int] = []
 
 
-@tool(needs_approval=True, expires_in=TOOL_EXPIRES_S)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(needs_approval=True, expires_in=TOOL_EXPIRES_S)
 def refund(amount: int) -> str:
     """Refund money."""
     refunded.append(amount)

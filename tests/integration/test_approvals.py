@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from producer.client import Client
 from store import errors
+from store.checkpoints import PostgresCheckpointStore
+from store.settings import Settings
+from tests.support.driver import Driver, postgres
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
@@ -42,9 +46,14 @@ def _bank(script: list[Any]) -> Agent:
     return Agent(name="bank", model=MockModel(script), tools=[read_balance, transfer, refund])
 
 
-FOUR_CALLS = {"tool_calls": [
-    {"name": "read_balance", "args": {"account": "a"}}, {"name": "transfer", "args": {"amount": 10}},
-    {"name": "read_balance", "args": {"account": "b"}}, {"name": "transfer", "args": {"amount": 20}}]}
+FOUR_CALLS = {
+    "tool_calls": [
+        {"name": "read_balance", "args": {"account": "a"}},
+        {"name": "transfer", "args": {"amount": 10}},
+        {"name": "read_balance", "args": {"account": "b"}},
+        {"name": "transfer", "args": {"amount": 20}},
+    ]
+}
 
 
 @pytest.fixture(autouse=True)
@@ -59,22 +68,28 @@ def _paused(make_driver, client: Client, script: list[Any]):  # type: ignore[no-
     return driver, run.wait(timeout=5)
 
 
-def test_a_turn_runs_its_ungated_calls_and_pauses_once_on_every_gated_call(make_driver, client: Client):
+def test_a_turn_runs_its_ungated_calls_and_pauses_once_on_every_gated_call(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     _, paused = _paused(make_driver, client, [FOUR_CALLS, "done"])
     assert paused.finish_reason == "awaiting-approval"
     assert len(paused.approval_ids) == 2 and paused.approval_id == paused.approval_ids[0]
     assert sorted(name for name, _ in ran) == ["read_balance", "read_balance"]
     listed = client.agent("bank").approvals.list()
     assert [(a.tool_name, a.args, a.tool_call_id) for a in listed] == [
-        ("transfer", {"amount": 10}, "call_0_1"), ("transfer", {"amount": 20}, "call_0_3")]
+        ("transfer", {"amount": 10}, "call_0_1"),
+        ("transfer", {"amount": 20}, "call_0_3"),
+    ]
     assert all(a.session_id == "b-1" and a.created_at is not None for a in listed)
     (pending,) = client.agent("bank").pending()
     assert pending.status == "awaiting-approval" and pending.approval_id == paused.approval_id
     assert pending.approval_kind == "tool"
-    assert client.store.stale_runs(0) == []  # the sweep leaves paused runs alone
+    assert postgres(client.store).stale_runs(0) == []  # the sweep leaves paused runs alone
 
 
-def test_sending_to_a_paused_run_is_refused_and_runs_nothing(make_driver, client: Client):
+def test_sending_to_a_paused_run_is_refused_and_runs_nothing(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver, paused = _paused(make_driver, client, [FOUR_CALLS, "done"])
     with pytest.raises(errors.SessionAwaitingApprovalError) as caught:
         client.agent("bank").send("hurry up", session_id="b-1")
@@ -85,7 +100,9 @@ def test_sending_to_a_paused_run_is_refused_and_runs_nothing(make_driver, client
     assert len(ran) == 2
 
 
-def test_deciding_each_approval_continues_the_run_with_results_in_call_order(make_driver, client: Client):
+def test_deciding_each_approval_continues_the_run_with_results_in_call_order(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver, paused = _paused(make_driver, client, [FOUR_CALLS, "done"])
     first, second = paused.approval_ids
     approvals = client.agent("bank").approvals
@@ -105,20 +122,29 @@ def test_deciding_each_approval_continues_the_run_with_results_in_call_order(mak
     assert approvals.list() == []
 
 
-def test_an_approval_rule_can_clear_small_calls_and_gate_large_ones(make_driver, client: Client):
-    script = [{"tool_calls": [{"name": "refund", "args": {"amount": 5}}, {"name": "refund", "args": {"amount": 500}}]},
-              "ok"]
+def test_an_approval_rule_can_clear_small_calls_and_gate_large_ones(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    script = [
+        {"tool_calls": [{"name": "refund", "args": {"amount": 5}}, {"name": "refund", "args": {"amount": 500}}]},
+        "ok",
+    ]
     _, paused = _paused(make_driver, client, script)
     assert paused.finish_reason == "awaiting-approval" and len(paused.approval_ids) == 1
     assert ran == [("refund", "call_0_0")]
 
 
-def test_a_gated_call_in_a_later_turn_pauses_again_with_a_new_approval(make_driver, client: Client):
-    script = [{"tool_calls": [{"name": "transfer", "args": {"amount": 1}}]},
-              {"tool_calls": [{"name": "transfer", "args": {"amount": 2}}]}, "done"]
+def test_a_gated_call_in_a_later_turn_pauses_again_with_a_new_approval(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    script = [
+        {"tool_calls": [{"name": "transfer", "args": {"amount": 1}}]},
+        {"tool_calls": [{"name": "transfer", "args": {"amount": 2}}]},
+        "done",
+    ]
     driver, paused = _paused(make_driver, client, script)
     approvals = client.agent("bank").approvals
-    run = approvals.resolve(paused.approval_id, approved=True)  # type: ignore[arg-type]
+    run = approvals.resolve(paused.approval_id, approved=True)
     driver.drain("b-1")
     again = run.wait(timeout=5)
     assert again.finish_reason == "awaiting-approval" and again.approval_id != paused.approval_id
@@ -129,7 +155,8 @@ def test_a_gated_call_in_a_later_turn_pauses_again_with_a_new_approval(make_driv
 
 
 def test_an_approved_call_interrupted_mid_run_gets_an_interrupted_result_not_a_second_run(
-        make_driver, client: Client, monkeypatch: pytest.MonkeyPatch):
+    make_driver: Callable[..., Driver], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = [{"tool_calls": [{"name": "transfer", "args": {"amount": 7}}]}, "checked"]
     driver, paused = _paused(make_driver, client, script)
 
@@ -143,7 +170,7 @@ def test_an_approved_call_interrupted_mid_run_gets_an_interrupted_result_not_a_s
     import worker.batch
 
     monkeypatch.setattr(worker.batch, "crash_point", die_after_marker)
-    client.agent("bank").approvals.resolve(paused.approval_id, approved=True)  # type: ignore[arg-type]
+    client.agent("bank").approvals.resolve(paused.approval_id, approved=True)
     with pytest.raises(Died):
         driver.drain("b-1")
     checkpoint = client.store.load("b-1")
@@ -158,7 +185,9 @@ def test_an_approved_call_interrupted_mid_run_gets_an_interrupted_result_not_a_s
     assert ran == [] and result.text == "checked"
 
 
-def test_ten_concurrent_resolves_decide_an_approval_once(make_driver, client: Client, settings, store):
+def test_ten_concurrent_resolves_decide_an_approval_once(
+    make_driver: Callable[..., Driver], client: Client, settings: Settings, store: PostgresCheckpointStore
+) -> None:
     _, paused = _paused(make_driver, client, [{"tool_calls": [{"name": "transfer", "args": {"amount": 3}}]}, "x"])
     outcomes: list[str] = []
     lock = threading.Lock()
@@ -166,7 +195,7 @@ def test_ten_concurrent_resolves_decide_an_approval_once(make_driver, client: Cl
     def decide(k: int) -> None:
         with Client(settings, engine=store.engine) as other:
             try:
-                other.agent("bank").approvals.resolve(paused.approval_id, approved=k % 2 == 0)  # type: ignore[arg-type]
+                other.agent("bank").approvals.resolve(paused.approval_id, approved=k % 2 == 0)
                 outcome = "decided"
             except errors.ApprovalNotFoundError:
                 outcome = "already"
@@ -181,20 +210,22 @@ def test_ten_concurrent_resolves_decide_an_approval_once(make_driver, client: Cl
     assert sorted(outcomes) == ["already"] * 9 + ["decided"]
 
 
-def test_resolving_after_the_run_was_deleted_is_orphaned_and_runs_nothing(make_driver, client: Client):
+def test_resolving_after_the_run_was_deleted_is_orphaned_and_runs_nothing(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     _driver, paused = _paused(make_driver, client, [{"tool_calls": [{"name": "transfer", "args": {"amount": 4}}]}, "x"])
     assert client.agent("bank").delete("b-1")
     # A new run under the same id must not be touched by the stale approval.
     client.agent("bank").send("new request", session_id="b-1")
     with pytest.raises(errors.ApprovalOrphanedError):
-        client.agent("bank").approvals.resolve(paused.approval_id, approved=True)  # type: ignore[arg-type]
+        client.agent("bank").approvals.resolve(paused.approval_id, approved=True)
     with pytest.raises(errors.ApprovalOrphanedError):
-        client.agent("bank").approvals.resolve(paused.approval_id, approved=True)  # type: ignore[arg-type]
+        client.agent("bank").approvals.resolve(paused.approval_id, approved=True)
     assert ran == []
     assert client.agent("bank").approvals.list() == []
 
 
-def test_unknown_approval_ids_are_not_found(make_driver, client: Client):
+def test_unknown_approval_ids_are_not_found(make_driver: Callable[..., Driver], client: Client) -> None:
     make_driver(_bank(["x"]))
     for bad in ["nope", "", "x" * 500]:
         with pytest.raises(errors.ApprovalNotFoundError):

@@ -11,7 +11,7 @@ import pytest
 
 from producer.client import Client, Run, RunResult
 from store.limits import Limits, Prices
-from tests.support.driver import Driver
+from tests.support.driver import Driver, postgres
 from worker import Agent, ConfigurationError, tool
 from worker.providers import MockModel
 
@@ -60,7 +60,7 @@ def test_a_token_budget_stops_the_run_and_a_resume_with_a_raised_limit_finishes_
     checkpoint = client.agent("metered").load("bud-1")
     assert checkpoint is not None and checkpoint.status == "in-progress"
     # The sweep leaves it alone: nothing is due, and a stray step does nothing.
-    assert "bud-1" not in [d.session_id for d in client.store.due_runs(0.0)]
+    assert "bud-1" not in [d.session_id for d in postgres(client.store).due_runs(0.0)]
     driver.drain("bud-1")
     assert client.agent("metered").load("bud-1").seq == checkpoint.seq  # type: ignore[union-attr]
     (listed,) = client.agent("metered").pending()

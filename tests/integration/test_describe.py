@@ -86,10 +86,17 @@ def _drop_messages(redis_client: redis.Redis) -> None:
             redis_client.delete(key)
 
 
-def _describe(client: Client, session_id: str) -> summaries.RunSummary:
+class _Described(summaries.RunSummary):
+    """What ``describe`` always fills in (the listing leaves these None)."""
+
+    waiting_on: summaries.WaitingOn
+    next_action: str
+
+
+def _describe(client: Client, session_id: str) -> _Described:
     found = client.describe(session_id)
     assert found is not None and found.waiting_on is not None and found.next_action is not None
-    return found
+    return _Described.model_validate(found.model_dump())
 
 
 def test_describe_of_a_finished_run(make_driver: Callable[..., Driver], client: Client) -> None:
@@ -210,7 +217,7 @@ def test_describe_of_a_running_run_says_who_holds_it_or_where_its_step_message_i
     # A worker took the message and has not acked it yet (the transport keeps it in its unacked hash).
     (key,) = [k for k in redis_client.scan_iter("lousho*") if redis_client.type(k) == b"list"]
     message = redis_client.rpop(key)
-    assert message is not None
+    assert isinstance(message, bytes)
     redis_client.hset("unacked", "tag-1", json.dumps([json.loads(message), "", key.decode()]))
     assert _describe(client, "d-run").waiting_on.step_message == "reserved"
 

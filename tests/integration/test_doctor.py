@@ -52,7 +52,7 @@ def _drop_messages(redis_client: redis.Redis, session_id: str) -> None:
             for raw in redis_client.lrange(key, 0, -1):
                 _, kwargs, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))
                 if kwargs.get("session_id") == session_id:
-                    redis_client.lrem(key, 0, raw)
+                    redis_client.lrem(key, 0, raw)  # type: ignore[arg-type]  # redis-py types values as str only
 
 
 def _gauge(store: PostgresCheckpointStore) -> float | None:

@@ -93,7 +93,7 @@ def _transcript_matches(events: list[Event], messages: list[Message]) -> None:
     """Every result of the transcript has exactly one tool event, every model turn one step.done."""
     results = [m for m in messages if m.role == "tool"]
     tool_events = [e for e in events if e.type in ("tool.done", "tool.error")]
-    assert sorted(e.data["tool_call_id"] for e in tool_events) == sorted(m.tool_call_id for m in results)
+    assert sorted(e.data["tool_call_id"] for e in tool_events) == sorted(str(m.tool_call_id) for m in results)
     for event in tool_events:
         message = next(m for m in results if m.tool_call_id == event.data["tool_call_id"])
         assert event.data["result"] == message.content
@@ -186,7 +186,8 @@ def test_approvals_pauses_and_decisions_are_events(make_driver: Callable[..., Dr
     driver.drain("ev-5")
     rest = _all(resumed.events(timeout=5))
     assert [e.type for e in rest] == ["tool.done", "step.done", "run.done"]
-    assert rest[0].data["result"] == "paid 5" and rest[0].seq == paused[-1].seq + 1
+    last = paused[-1].seq
+    assert last is not None and rest[0].data["result"] == "paid 5" and rest[0].seq == last + 1
 
 
 def test_failures_are_events_a_retry_and_a_parked_run(make_driver: Callable[..., Driver], client: Client) -> None:

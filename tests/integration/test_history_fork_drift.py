@@ -7,7 +7,7 @@ import itertools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 import psycopg
 import pytest
@@ -18,8 +18,8 @@ from producer.trajectories import Drift
 from store import errors
 from store.records import Message
 from tests.support import services
-from tests.support.driver import Driver
-from worker import Agent, ToolContext, tool
+from tests.support.driver import Driver, postgres
+from worker import Agent, Tool, ToolContext, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
 
@@ -40,9 +40,13 @@ def book(city: str) -> str:
     return f"booked {city}"
 
 
-def _planner(model_id: str = "mock", instructions: str = "Plan trips.", tools=(weather, book),  # type: ignore[no-untyped-def]
-             drift: str = "warn") -> Agent:
-    def script(messages):  # type: ignore[no-untyped-def]
+def _planner(
+    model_id: str = "mock",
+    instructions: str = "Plan trips.",
+    tools: tuple[Tool, ...] = (weather, book),
+    drift: Literal["warn", "error", "ignore"] = "warn",
+) -> Agent:
+    def script(messages: list[Message]) -> Any:
         turn = sum(1 for m in messages if m.role == "assistant")
         last_user = [m.content for m in messages if m.role == "user"][-1]
         if turn == 0:
@@ -51,8 +55,14 @@ def _planner(model_id: str = "mock", instructions: str = "Plan trips.", tools=(w
             return "Pack an umbrella."
         results = [m.content for m in messages if m.role == "tool"]
         return f"Plan based on: {results[-1]}"
-    return Agent(name="planner", model=MockModel(script, model_id=model_id), instructions=instructions,
-                 tools=list(tools), on_agent_drift=drift)  # type: ignore[arg-type]
+
+    return Agent(
+        name="planner",
+        model=MockModel(script, model_id=model_id),
+        instructions=instructions,
+        tools=list(tools),
+        on_agent_drift=drift,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +77,7 @@ def _finished_trip(make_driver, client: Client, agent: Agent | None = None):  # 
     return driver, run.wait(timeout=5)
 
 
-def test_history_lists_each_save_newest_first(make_driver, client: Client):
+def test_history_lists_each_save_newest_first(make_driver: Callable[..., Driver], client: Client) -> None:
     _, _result = _finished_trip(make_driver, client)
     entries = client.agent("planner").history("trip")
     assert [e.step for e in entries] == [2, 1, 1]
@@ -77,7 +87,9 @@ def test_history_lists_each_save_newest_first(make_driver, client: Client):
     assert client.agent("planner").history("no-such-run") == []
 
 
-def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(make_driver, client: Client):
+def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver, original = _finished_trip(make_driver, client)
     planner = client.agent("planner")
     fork = planner.fork("trip", from_step=1, patch={"append_input": "It will rain, plan for that."})
@@ -94,12 +106,20 @@ def test_fork_from_a_step_with_appended_input_leaves_the_source_untouched(make_d
     assert comparison.drift.tool_order == [] and comparison.drift.step_count is None
 
 
-def test_fork_patches_a_tool_result_in_place_and_replaces_business_state(make_driver, client: Client):
+def test_fork_patches_a_tool_result_in_place_and_replaces_business_state(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     _driver, _ = _finished_trip(make_driver, client)
     planner = client.agent("planner")
-    fork = planner.fork("trip", from_step=2, new_session_id="trip-b", patch={
-        "tool_result": {"tool_call_id": "call_0_0", "result": {"forecast": "storm"}},
-        "business_state": {"budget": 10}})
+    fork = planner.fork(
+        "trip",
+        from_step=2,
+        new_session_id="trip-b",
+        patch={
+            "tool_result": {"tool_call_id": "call_0_0", "result": {"forecast": "storm"}},
+            "business_state": {"budget": 10},
+        },
+    )
     tool_messages = [m for m in fork.checkpoint.messages if m.role == "tool"]
     assert json.loads(tool_messages[0].content) == {"forecast": "storm"}
     assert tool_messages[0].tool_call_id == "call_0_0" and tool_messages[0].name == "weather"
@@ -109,16 +129,19 @@ def test_fork_patches_a_tool_result_in_place_and_replaces_business_state(make_dr
     assert len(calls) == 1
 
 
-def test_forking_an_unkept_step_lists_the_steps_kept(make_driver, client: Client):
+def test_forking_an_unkept_step_lists_the_steps_kept(make_driver: Callable[..., Driver], client: Client) -> None:
     _finished_trip(make_driver, client)
     with pytest.raises(errors.CheckpointNotFoundError) as caught:
         client.agent("planner").fork("trip", from_step=7)
     assert caught.value.code == "LOUSHO_CHECKPOINT_NOT_FOUND" and "1, 2" in str(caught.value)
 
 
-def test_a_fork_of_a_paused_entry_asks_for_a_new_approval(make_driver, client: Client):
-    agent = Agent(name="planner", model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
-                                                   "done"]), tools=[book])
+def test_a_fork_of_a_paused_entry_asks_for_a_new_approval(make_driver: Callable[..., Driver], client: Client) -> None:
+    agent = Agent(
+        name="planner",
+        model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]}, "done"]),
+        tools=[book],
+    )
     driver = make_driver(agent)
     client.agent("planner").send("Book Rome", session_id="trip")
     driver.drain("trip")
@@ -134,16 +157,22 @@ def test_a_fork_of_a_paused_entry_asks_for_a_new_approval(make_driver, client: C
     assert calls == []
 
 
-def test_compare_trajectories_reports_tool_order_arguments_and_length():
-    a = [{"role": "user", "content": "go"},
-         {"role": "assistant", "tool_calls": [{"id": "1", "name": "x", "args": {"n": 1}}]},
-         {"role": "tool", "tool_call_id": "1", "content": "ok"}, {"role": "assistant", "content": "end"}]
-    b = [{"role": "user", "content": "go"},
-         {"role": "assistant", "tool_calls": [{"id": "9", "name": "x", "args": {"n": 2}}]},
-         {"role": "tool", "tool_call_id": "9", "content": "ok"},
-         {"role": "assistant", "tool_calls": [{"id": "8", "name": "y", "args": {}}]},
-         {"role": "tool", "tool_call_id": "8", "content": "ok"}, {"role": "assistant", "content": "end"}]
-    result = compare_trajectories(a, b)
+def test_compare_trajectories_reports_tool_order_arguments_and_length() -> None:
+    a = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "tool_calls": [{"id": "1", "name": "x", "args": {"n": 1}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "ok"},
+        {"role": "assistant", "content": "end"},
+    ]
+    b = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "tool_calls": [{"id": "9", "name": "x", "args": {"n": 2}}]},
+        {"role": "tool", "tool_call_id": "9", "content": "ok"},
+        {"role": "assistant", "tool_calls": [{"id": "8", "name": "y", "args": {}}]},
+        {"role": "tool", "tool_call_id": "8", "content": "ok"},
+        {"role": "assistant", "content": "end"},
+    ]
+    result = compare_trajectories(cast(list[dict[str, Any]], a), cast(list[dict[str, Any]], b))
     assert result.diverged_at == 1
     assert result.drift.arguments == [{"step": 1, "tool": "x", "a": {"n": 1}, "b": {"n": 2}}]
     assert result.drift.tool_order == [{"step": 2, "a": [], "b": ["y"]}]
@@ -156,9 +185,14 @@ def _id_minting_planner() -> Agent:
 
     def script(messages: list[Message]) -> str | dict[str, Any]:
         if not any(m.role == "assistant" for m in messages):
-            return {"tool_calls": [{"id": f"call_{next(minted):04d}", "name": "weather", "args": {"city": city}}
-                                   for city in ("Oslo", "Rome")]}
+            return {
+                "tool_calls": [
+                    {"id": f"call_{next(minted):04d}", "name": "weather", "args": {"city": city}}
+                    for city in ("Oslo", "Rome")
+                ]
+            }
         return "Plan based on: " + ", ".join(str(m.content) for m in messages if m.role == "tool")
+
     return Agent(name="planner", model=MockModel(script), instructions="Plan trips.", tools=[weather])
 
 
@@ -189,7 +223,8 @@ def _with_ids(messages: list[dict[str, Any]], ids: dict[str, str]) -> list[dict[
 
 
 def test_two_runs_that_differ_only_in_ids_have_the_same_trajectory(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_id_minting_planner())
     for session_id in ("trip-a", "trip-b"):
         client.agent("planner").send("Plan my trip", session_id=session_id)
@@ -218,7 +253,9 @@ def _interrupted_after_model_turn(make_driver, client: Client, agent: Agent):  #
     return run
 
 
-def test_a_changed_agent_warns_and_continues_by_default(make_driver, client: Client, caplog):
+def test_a_changed_agent_warns_and_continues_by_default(
+    make_driver: Callable[..., Driver], client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
     run = _interrupted_after_model_turn(make_driver, client, _planner())
     changed = make_driver(_planner(model_id="mock-2", instructions="Plan cheap trips."))
     with caplog.at_level(logging.WARNING, logger="lousho.drift"):
@@ -229,7 +266,9 @@ def test_a_changed_agent_warns_and_continues_by_default(make_driver, client: Cli
     assert "Plan cheap" not in record.getMessage()  # prompts are never logged
 
 
-def test_a_changed_agent_with_drift_error_refuses_and_leaves_the_checkpoint(make_driver, client: Client):
+def test_a_changed_agent_with_drift_error_refuses_and_leaves_the_checkpoint(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     run = _interrupted_after_model_turn(make_driver, client, _planner())
     before = client.store.load("trip")
     strict = make_driver(_planner(model_id="mock-2", drift="error"))
@@ -242,15 +281,21 @@ def test_a_changed_agent_with_drift_error_refuses_and_leaves_the_checkpoint(make
     assert after.messages == before.messages and after.seq == before.seq and calls == []
 
 
-def test_drift_error_puts_a_decided_approval_back_for_the_right_agent(make_driver, client: Client):
-    gated = Agent(name="planner", model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
-                                                   "booked"]), tools=[book])
+def test_drift_error_puts_a_decided_approval_back_for_the_right_agent(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    gated = Agent(
+        name="planner",
+        model=MockModel([{"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]}, "booked"]),
+        tools=[book],
+    )
     driver = make_driver(gated)
     paused = client.agent("planner").send("Book", session_id="trip")
     driver.drain("trip")
     approval_id = paused.wait(timeout=2).approval_id
-    strict = make_driver(Agent(name="planner", model=MockModel(["x"], model_id="other"), tools=[book],
-                               on_agent_drift="error"))
+    strict = make_driver(
+        Agent(name="planner", model=MockModel(["x"], model_id="other"), tools=[book], on_agent_drift="error")
+    )
     client.agent("planner").approvals.resolve(approval_id, approved=True)  # type: ignore[arg-type]
     assert strict.drain("trip") == [Outcome.PARKED]
     assert [a.approval_id for a in client.agent("planner").approvals.list()] == [approval_id]
@@ -260,7 +305,9 @@ def test_drift_error_puts_a_decided_approval_back_for_the_right_agent(make_drive
     assert run.wait(timeout=5).text == "booked" and calls == ["book Rome"]
 
 
-def test_a_pending_call_whose_tool_was_removed_fails_whatever_the_drift_option(make_driver, client: Client):
+def test_a_pending_call_whose_tool_was_removed_fails_whatever_the_drift_option(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     run = _interrupted_after_model_turn(make_driver, client, _planner())
     without = make_driver(_planner(tools=(book,), drift="ignore"))
     assert without.drain("trip") == [Outcome.PARKED]
@@ -268,7 +315,9 @@ def test_a_pending_call_whose_tool_was_removed_fails_whatever_the_drift_option(m
         run.wait(timeout=2)
 
 
-def test_a_checkpoint_without_fingerprint_resumes_without_a_warning(make_driver, client: Client, caplog):
+def test_a_checkpoint_without_fingerprint_resumes_without_a_warning(
+    make_driver: Callable[..., Driver], client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
     run = _interrupted_after_model_turn(make_driver, client, _planner())
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
         conn.execute("UPDATE runs SET document = document - 'fingerprint'")
@@ -278,7 +327,9 @@ def test_a_checkpoint_without_fingerprint_resumes_without_a_warning(make_driver,
     assert run.wait(timeout=5).finish_reason == "stop" and caplog.records == []
 
 
-def test_a_corrupt_checkpoint_is_parked_listed_refused_and_deletable(make_driver, client: Client):
+def test_a_corrupt_checkpoint_is_parked_listed_refused_and_deletable(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     run = _interrupted_after_model_turn(make_driver, client, _planner())
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
         conn.execute("""UPDATE runs SET document = '{"messages": 42}'""")
@@ -293,6 +344,6 @@ def test_a_corrupt_checkpoint_is_parked_listed_refused_and_deletable(make_driver
         client.agent("planner").resume("trip")
     with pytest.raises(errors.CheckpointCorruptError):
         run.wait(timeout=1)
-    assert client.store.stale_runs(0) == []
+    assert postgres(client.store).stale_runs(0) == []
     assert client.agent("planner").delete("trip")
     assert client.agent("planner").pending() == []

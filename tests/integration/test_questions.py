@@ -97,7 +97,7 @@ def test_decisions_that_do_not_fit_the_kind_are_refused_and_leave_it_pending(
 
 
 def test_an_answer_is_refused_for_a_tool_approval(make_driver: Callable[..., Driver], client: Client) -> None:
-    @tool(needs_approval=True)  # type: ignore[untyped-decorator]
+    @tool(needs_approval=True)
     def pay(amount: int) -> str:
         """Pay."""
         return f"paid {amount}"

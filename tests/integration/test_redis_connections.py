@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -152,7 +153,7 @@ def test_leases_and_the_broker_work_over_tls_with_a_password(tls_url: str, setti
     tls = settings.model_copy(update={"redis_url": tls_url, "broker_url": None})
     _roundtrip(tls)
     _, extra = redis_client.celery_broker_options(tls)
-    assert extra["broker_use_ssl"]["ssl_cert_reqs"] == redis_client.ssl.CERT_REQUIRED
+    assert extra["broker_use_ssl"]["ssl_cert_reqs"] == ssl.CERT_REQUIRED
     # A client that does not trust the server's CA is refused.
     untrusted = tls_url.split("?")[0]
     with pytest.raises(redis.ConnectionError):
@@ -168,6 +169,7 @@ def test_sentinel_urls_are_taken_apart_and_malformed_ones_refused_without_their_
             redis_client.parse_sentinel(bad)
         assert "p@ss" not in refused.value.message
     assert redis_client.tls_options("redis://a") is None
-    assert redis_client.tls_options("rediss://a?ssl_cert_reqs=none")["ssl_cert_reqs"] == redis_client.ssl.CERT_NONE
+    options = redis_client.tls_options("rediss://a?ssl_cert_reqs=none")
+    assert options is not None and options["ssl_cert_reqs"] == ssl.CERT_NONE
     with pytest.raises(errors.ConfigurationError):
         redis_client.tls_options("rediss://a?ssl_cert_reqs=maybe")

@@ -32,7 +32,7 @@ MONTH = timedelta(days=30)
 RUN_TABLES = ("runs", "checkpoint_history", "run_messages", "run_events", "inbox", "sends", "approvals")
 
 
-@tool(needs_approval=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(needs_approval=True)
 def ship(order: int, ctx: ToolContext) -> str:
     """Ship an order."""
     return f"shipped {order}"

@@ -13,8 +13,9 @@ from sqlalchemy import Connection, event
 from producer.client import Client
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
+from store.leases import LeaseManager
 from store.settings import Settings
-from tests.support.driver import Driver
+from tests.support.driver import Driver, postgres
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 from worker.steps import Outcome
@@ -46,13 +47,25 @@ def odd_output(kind: str) -> object:
 
 
 def _three_turns() -> Agent:
-    return Agent(name="weather", model=MockModel([
-        {"tool_calls": [{"name": "lookup", "args": {"city": "Oslo"}}, {"name": "lookup", "args": {"city": "Rome"}}]},
-        {"tool_calls": [{"name": "lookup", "args": {"city": "Lima"}}]},
-        "All sunny.",
-        "Still sunny.",
-        "Sunny again.",
-    ]), instructions="Report the weather.", tools=[lookup])
+    return Agent(
+        name="weather",
+        model=MockModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "lookup", "args": {"city": "Oslo"}},
+                        {"name": "lookup", "args": {"city": "Rome"}},
+                    ]
+                },
+                {"tool_calls": [{"name": "lookup", "args": {"city": "Lima"}}]},
+                "All sunny.",
+                "Still sunny.",
+                "Sunny again.",
+            ]
+        ),
+        instructions="Report the weather.",
+        tools=[lookup],
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -60,20 +73,30 @@ def _reset() -> None:
     executions.clear()
 
 
-def test_a_three_turn_run_with_parallel_calls_finishes_with_every_result_in_order(make_driver, client: Client):
+def test_a_three_turn_run_with_parallel_calls_finishes_with_every_result_in_order(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_three_turns())
     run = client.agent("weather").send("Weather please", session_id="w-1")
     driver.drain("w-1")
     result = run.wait(timeout=5)
     assert result.finish_reason == "stop" and result.text == "All sunny." and result.steps == 3
-    assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "tool", "assistant",
-                                                 "tool", "assistant"]
+    assert [m.role for m in result.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert [m.tool_call_id for m in result.messages if m.role == "tool"] == ["call_0_0", "call_0_1", "call_1_0"]
     assert sorted(executions) == ["call_0_0", "call_0_1", "call_1_0"]
     assert result.usage.total_tokens > 0 and len(result.tool_calls) == 3
 
 
-def test_duplicate_and_late_messages_do_nothing(make_driver, client: Client):
+def test_duplicate_and_late_messages_do_nothing(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(_three_turns())
     client.agent("weather").send("Weather please", session_id="w-1")
     driver.drain("w-1")
@@ -88,7 +111,9 @@ def test_duplicate_and_late_messages_do_nothing(make_driver, client: Client):
     assert client.store.load("w-1").seq == final.seq  # type: ignore[union-attr]
 
 
-def test_a_finished_run_continues_as_a_conversation_counting_from_zero(make_driver, client: Client):
+def test_a_finished_run_continues_as_a_conversation_counting_from_zero(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_three_turns())
     agent = client.agent("weather")
     agent.send("Weather please", session_id="w-1")
@@ -97,8 +122,9 @@ def test_a_finished_run_continues_as_a_conversation_counting_from_zero(make_driv
     assert first is not None
     history = [m.dump() for m in first.messages]
     # Re-sending the stored history followed by a new message: the history is recognised.
-    run = agent.send([*history, {"role": "system", "content": "ignored"}, {"role": "user", "content": "And now?"}],
-                     session_id="w-1")
+    run = agent.send(
+        [*history, {"role": "system", "content": "ignored"}, {"role": "user", "content": "And now?"}], session_id="w-1"
+    )
     driver.drain("w-1")
     result = run.wait(timeout=5)
     assert result.text == "Still sunny." and result.steps == 1 and result.tool_calls == []
@@ -107,7 +133,7 @@ def test_a_finished_run_continues_as_a_conversation_counting_from_zero(make_driv
     assert sum(1 for m in result.messages if m.role == "system") == 1
 
 
-def test_input_sent_mid_run_lands_after_the_pending_results(make_driver, client: Client):
+def test_input_sent_mid_run_lands_after_the_pending_results(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(_three_turns())
     agent = client.agent("weather")
     agent.send("Weather please", session_id="w-1")
@@ -120,12 +146,13 @@ def test_input_sent_mid_run_lands_after_the_pending_results(make_driver, client:
     result = run.wait(timeout=5)
     roles = [(m.role, m.content) for m in result.messages]
     paris = roles.index(("user", "Also Paris"))
-    assert [r for r, _ in roles[paris - 2:paris]] == ["tool", "tool"]
+    assert [r for r, _ in roles[paris - 2 : paris]] == ["tool", "tool"]
     assert sum(1 for r in roles if r == ("user", "Weather please")) == 1
 
 
 def test_sends_from_many_threads_are_all_applied_in_commit_order(
-        make_driver: Callable[..., Driver], settings: Settings, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], settings: Settings, store: PostgresCheckpointStore
+) -> None:
     agent_def = Agent(name="echo", model=MockModel(lambda messages: f"seen {len(messages)}"))
     driver = make_driver(agent_def)
     sends = 12
@@ -135,8 +162,9 @@ def test_sends_from_many_threads_are_all_applied_in_commit_order(
 
     # The commit order, seen from the connections: a send holds the run's row lock from its inbox
     # insert to its commit, so the next send's commit hook cannot run before this one's commit.
-    def on_execute(conn: Connection, cursor: object, statement: str, parameters: Any, context: object,
-                   executemany: bool) -> None:
+    def on_execute(
+        conn: Connection, cursor: object, statement: str, parameters: Any, context: object, executemany: bool
+    ) -> None:
         if statement.lstrip().upper().startswith("INSERT INTO INBOX"):
             [message] = json.loads(parameters["messages"])
             conn.info["inbox_entry"] = (parameters["n"], message["content"])
@@ -160,7 +188,10 @@ def test_sends_from_many_threads_are_all_applied_in_commit_order(
             numbers[f"message {k}"] = run.input_number
 
     hooks: list[tuple[str, Callable[..., None]]] = [
-        ("after_cursor_execute", on_execute), ("commit", on_commit), ("rollback", on_rollback)]
+        ("after_cursor_execute", on_execute),
+        ("commit", on_commit),
+        ("rollback", on_rollback),
+    ]
     for name, hook in hooks:
         event.listen(store.engine, name, hook)
     try:
@@ -187,7 +218,9 @@ def test_sends_from_many_threads_are_all_applied_in_commit_order(
     assert store.inbox("e-1", 0) == []
 
 
-def test_invalid_session_ids_fail_before_anything_is_written(make_driver, client: Client):
+def test_invalid_session_ids_fail_before_anything_is_written(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     make_driver(_three_turns())
     for bad in ["", "has space", ".lead", "trail.", "x" * 201, "run.turn-2", "run.paused", "run.fire", "ünï"]:
         with pytest.raises(errors.SessionIdInvalidError) as caught:
@@ -196,7 +229,9 @@ def test_invalid_session_ids_fail_before_anything_is_written(make_driver, client
     assert client.store.list() == []
 
 
-def test_unknown_agents_fail_at_send_time_and_as_the_runs_last_error(make_driver, client: Client):
+def test_unknown_agents_fail_at_send_time_and_as_the_runs_last_error(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_three_turns())
     with pytest.raises(errors.AgentNotFoundError):
         client.agent("nobody").send("hi", session_id="n-1")
@@ -213,14 +248,28 @@ def test_unknown_agents_fail_at_send_time_and_as_the_runs_last_error(make_driver
     assert client.agent("nobody").pending()[0].last_error.code == "LOUSHO_AGENT_NOT_FOUND"  # type: ignore[union-attr]
 
 
-def test_bad_tool_arguments_raising_tools_and_odd_outputs_become_results(make_driver, client: Client):
-    agent_def = Agent(name="messy", model=MockModel([
-        {"tool_calls": [{"name": "lookup", "args": {"town": "Oslo"}}, {"name": "explode", "args": {"reason": "x"}},
-                        {"name": "missing", "args": {}}, {"name": "odd_output", "args": {"kind": "nul"}},
+def test_bad_tool_arguments_raising_tools_and_odd_outputs_become_results(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    agent_def = Agent(
+        name="messy",
+        model=MockModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "lookup", "args": {"town": "Oslo"}},
+                        {"name": "explode", "args": {"reason": "x"}},
+                        {"name": "missing", "args": {}},
+                        {"name": "odd_output", "args": {"kind": "nul"}},
                         {"name": "odd_output", "args": {"kind": "nan"}},
-                        {"name": "odd_output", "args": {"kind": "big"}}]},
-        "Done anyway.",
-    ]), tools=[lookup, explode, odd_output])
+                        {"name": "odd_output", "args": {"kind": "big"}},
+                    ]
+                },
+                "Done anyway.",
+            ]
+        ),
+        tools=[lookup, explode, odd_output],
+    )
     driver = make_driver(agent_def)
     run = client.agent("messy").send("go", session_id="m-1")
     driver.drain("m-1")
@@ -235,7 +284,7 @@ def test_bad_tool_arguments_raising_tools_and_odd_outputs_become_results(make_dr
     assert executions == []
 
 
-def test_oversized_or_too_deep_input_is_refused(make_driver, client: Client):
+def test_oversized_or_too_deep_input_is_refused(make_driver: Callable[..., Driver], client: Client) -> None:
     make_driver(_three_turns())
     agent = client.agent("weather")
     with pytest.raises(errors.InputTooLargeError):
@@ -250,12 +299,13 @@ def test_oversized_or_too_deep_input_is_refused(make_driver, client: Client):
     with pytest.raises(errors.InputTooLargeError):
         agent.send([deep], session_id="deep-1")
     run = agent.send("nul \x00 inside", session_id="nul-1")
-    assert client.store.inbox("nul-1", 0)[0].messages[0].content == "nul \ufffd inside"
+    assert postgres(client.store).inbox("nul-1", 0)[0].messages[0].content == "nul \ufffd inside"
     assert run.input_number == 1
 
 
 def test_a_failing_model_is_retried_past_the_attempts_cap_then_parked_when_the_budget_is_spent(
-        make_driver, client: Client):
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     flaky = Agent(name="flaky", model=MockModel([{"error": "upstream 503", "retryable": True}]))
     driver = make_driver(flaky, max_attempts=3)
     run = client.agent("flaky").send("hi", session_id="f-1")
@@ -278,7 +328,9 @@ def test_a_failing_model_is_retried_past_the_attempts_cap_then_parked_when_the_b
     assert driver.drain("f-1") == [Outcome.IDLE]
 
 
-def test_resume_reports_nothing_pending_for_finished_and_unknown_runs(make_driver, client: Client):
+def test_resume_reports_nothing_pending_for_finished_and_unknown_runs(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_three_turns())
     agent = client.agent("weather")
     assert agent.resume("never-seen") is None
@@ -287,7 +339,7 @@ def test_resume_reports_nothing_pending_for_finished_and_unknown_runs(make_drive
     assert agent.resume("w-1") is None
 
 
-def test_resume_of_a_live_run_is_busy(make_driver, client: Client, leases):
+def test_resume_of_a_live_run_is_busy(make_driver: Callable[..., Driver], client: Client, leases: LeaseManager) -> None:
     driver = make_driver(_three_turns())
     agent = client.agent("weather")
     agent.send("Weather please", session_id="w-1")
@@ -300,7 +352,7 @@ def test_resume_of_a_live_run_is_busy(make_driver, client: Client, leases):
     assert agent.resume("w-1") is not None
 
 
-def test_sending_no_input_only_resumes(make_driver, client: Client):
+def test_sending_no_input_only_resumes(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(_three_turns())
     agent = client.agent("weather")
     with pytest.raises(errors.CheckpointNotFoundError):
@@ -318,9 +370,11 @@ class BilledModel(MockModel):
 
 
 def test_usage_of_a_model_call_lost_to_a_crash_before_its_save_still_counts(
-        make_driver, client: Client, monkeypatch: pytest.MonkeyPatch):
-    billed = Agent(name="billed", model=BilledModel(
-        [{"text": "hello", "usage": {"input_tokens": 100, "output_tokens": 10}}]))
+    make_driver: Callable[..., Driver], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    billed = Agent(
+        name="billed", model=BilledModel([{"text": "hello", "usage": {"input_tokens": 100, "output_tokens": 10}}])
+    )
     driver = make_driver(billed)
 
     class Died(BaseException):

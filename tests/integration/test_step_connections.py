@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 import pytest
 from sqlalchemy import event
@@ -12,6 +14,7 @@ from store.database import make_engine
 from store.records import Message
 from store.settings import Settings
 from tests.support import services
+from tests.support.driver import Driver
 from worker import Agent, tool
 from worker.providers import MockModel
 
@@ -29,17 +32,20 @@ def _agent() -> Agent:
         if any(m.role == "tool" for m in messages):
             return "done"
         return {"tool_calls": [{"name": "lookup", "args": {"key": "a"}}, {"name": "lookup", "args": {"key": "b"}}]}
+
     return Agent(name="pinned", model=MockModel(script), tools=[lookup])
 
 
-def test_a_step_checks_out_one_pooled_connection(make_driver, client: Client, settings: Settings) -> None:
+def test_a_step_checks_out_one_pooled_connection(
+    make_driver: Callable[..., Driver], client: Client, settings: Settings
+) -> None:
     engine = make_engine(settings)
     checkouts: list[int] = []
     event.listen(engine, "checkout", lambda *_: checkouts.append(1))
     driver = make_driver(_agent())
     driver.deps.store = PostgresCheckpointStore(engine, settings.history_limit)
     client.agent("pinned").send("look things up", session_id="pin-1")
-    per_step = []
+    per_step: list[int] = []
     while driver.step("pin-1").value != "idle" and len(per_step) < 10:
         per_step.append(len(checkouts))
         checkouts.clear()
@@ -60,9 +66,11 @@ def test_a_pinned_connection_the_server_closed_is_replaced_before_its_next_state
         claim = store.claim("pin-2", 1, None)
         assert claim.checkpoint is not None
         with psycopg.connect(services.test_database_url(), autocommit=True) as admin:
-            killed = admin.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                                   " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                                   " AND application_name = 'lousho' AND state = 'idle'").fetchall()
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name = 'lousho' AND state = 'idle'"
+            ).fetchall()
         assert killed, "the pinned connection should have been idle and terminated"
         # No ping, yet the next statement of the step runs on a new connection.
         assert store.inbox("pin-2", 0)[0].messages[0].content == "hi"

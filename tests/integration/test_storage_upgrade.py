@@ -99,11 +99,11 @@ def _old_runs() -> None:
 
 
 def _documents() -> dict[str, dict[str, Any]]:
-    return dict(_sql("SELECT session_id, document FROM runs"))  # type: ignore[arg-type]
+    return dict(_sql("SELECT session_id, document FROM runs"))
 
 
 def _rows(session_id: str) -> list[tuple[int, int, dict[str, Any]]]:
-    return _sql("SELECT slot, seq, message FROM run_messages WHERE session_id = %s ORDER BY slot", session_id)  # type: ignore[return-value]
+    return _sql("SELECT slot, seq, message FROM run_messages WHERE session_id = %s ORDER BY slot", session_id)
 
 
 CONVERTED = ("done-1", "paused-1", "mixed-1", "empty-1")

@@ -12,6 +12,7 @@ from store import errors
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.records import Checkpoint, Message
+from store.settings import Settings
 from tests.support import services
 
 
@@ -27,7 +28,9 @@ def _claimed(store: PostgresCheckpointStore, leases: LeaseManager, sid: str = "r
     return claim.checkpoint
 
 
-def test_fenced_save_accepts_the_holder_and_refuses_a_stale_token(store, leases, redis_client):
+def test_fenced_save_accepts_the_holder_and_refuses_a_stale_token(
+    store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     _new_run(store)
     old = _claimed(store, leases)
     assert store.save(old.model_copy(update={"seq": 1, "step": 1})) is not None
@@ -42,7 +45,9 @@ def test_fenced_save_accepts_the_holder_and_refuses_a_stale_token(store, leases,
     assert [e.checkpoint.fence for e in reversed(store.history("run-1"))] == [old.fence, new.fence]
 
 
-def test_a_claim_with_a_lower_token_than_stored_is_refused(store, leases, redis_client):
+def test_a_claim_with_a_lower_token_than_stored_is_refused(
+    store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     _new_run(store)
     first = _claimed(store, leases)
     redis_client.delete("lousho:lease:run-1")
@@ -51,7 +56,9 @@ def test_a_claim_with_a_lower_token_than_stored_is_refused(store, leases, redis_
     assert claim.checkpoint is None and claim.stored_fence == second.fence
 
 
-def test_redis_losing_every_key_neither_blocks_the_run_nor_lets_an_old_token_win(store, leases, redis_client):
+def test_redis_losing_every_key_neither_blocks_the_run_nor_lets_an_old_token_win(
+    store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     _new_run(store)
     for _ in range(3):
         _claimed(store, leases)
@@ -67,7 +74,9 @@ def test_redis_losing_every_key_neither_blocks_the_run_nor_lets_an_old_token_win
     assert store.claim("run-1", lease.token, None).checkpoint is not None
 
 
-def test_history_keeps_a_ring_of_the_newest_saves(settings, store, leases):
+def test_history_keeps_a_ring_of_the_newest_saves(
+    settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager
+) -> None:
     ring = PostgresCheckpointStore(store.engine, history_limit=3)
     _new_run(ring)
     checkpoint = _claimed(ring, leases)
@@ -80,7 +89,7 @@ def test_history_keeps_a_ring_of_the_newest_saves(settings, store, leases):
     assert ring.history("unknown-run") == []
 
 
-def test_history_limit_zero_keeps_none(store, leases):
+def test_history_limit_zero_keeps_none(store: PostgresCheckpointStore, leases: LeaseManager) -> None:
     none_kept = PostgresCheckpointStore(store.engine, history_limit=0)
     _new_run(none_kept)
     checkpoint = _claimed(none_kept, leases)
@@ -88,7 +97,7 @@ def test_history_limit_zero_keeps_none(store, leases):
     assert none_kept.history("run-1") == []
 
 
-def test_delete_can_keep_the_history(store, leases):
+def test_delete_can_keep_the_history(store: PostgresCheckpointStore, leases: LeaseManager) -> None:
     _new_run(store)
     checkpoint = _claimed(store, leases)
     store.save(checkpoint.model_copy(update={"seq": 1}))
@@ -100,7 +109,7 @@ def test_delete_can_keep_the_history(store, leases):
     assert store.history("run-2") == []
 
 
-def test_prune_drops_old_finished_runs_and_old_history(store, leases):
+def test_prune_drops_old_finished_runs_and_old_history(store: PostgresCheckpointStore, leases: LeaseManager) -> None:
     _new_run(store)
     checkpoint = _claimed(store, leases)
     store.save(checkpoint.model_copy(update={"seq": 1, "status": "finished", "inbox_cursor": 1}))
@@ -112,7 +121,9 @@ def test_prune_drops_old_finished_runs_and_old_history(store, leases):
         store.prune(datetime.now())  # naive datetimes are refused
 
 
-def test_list_filters_by_status_and_reports_corrupt_checkpoints(store, leases):
+def test_list_filters_by_status_and_reports_corrupt_checkpoints(
+    store: PostgresCheckpointStore, leases: LeaseManager
+) -> None:
     _new_run(store, "run-a")
     _new_run(store, "run-b")
     checkpoint = _claimed(store, leases, "run-b")
@@ -127,7 +138,7 @@ def test_list_filters_by_status_and_reports_corrupt_checkpoints(store, leases):
         store.load("run-a")
 
 
-def test_sends_to_a_paused_run_are_refused(store):
+def test_sends_to_a_paused_run_are_refused(store: PostgresCheckpointStore) -> None:
     _new_run(store)
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
         conn.execute("""UPDATE runs SET status = 'awaiting-approval',
@@ -137,13 +148,13 @@ def test_sends_to_a_paused_run_are_refused(store):
     assert caught.value.approval_id == "ap-1"
 
 
-def test_a_session_belongs_to_one_agent(store):
+def test_a_session_belongs_to_one_agent(store: PostgresCheckpointStore) -> None:
     _new_run(store)
     with pytest.raises(errors.ConfigurationError):
         store.append_input("run-1", "other", [Message(role="user", content="x")])
 
 
-def test_sql_shaped_ids_and_payloads_are_stored_verbatim(store):
+def test_sql_shaped_ids_and_payloads_are_stored_verbatim(store: PostgresCheckpointStore) -> None:
     sid = "x'--_%_.y"
     text = "'; DROP TABLE runs; -- %s %% _ \u00e9\u6f22"
     store.append_input(sid, "shop", [Message(role="user", content=text)])
@@ -151,7 +162,9 @@ def test_sql_shaped_ids_and_payloads_are_stored_verbatim(store):
     assert entry.messages[0].content == text
 
 
-def test_leases_are_taken_once_and_only_their_owner_renews_or_releases(leases, redis_client):
+def test_leases_are_taken_once_and_only_their_owner_renews_or_releases(
+    leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     first = leases.acquire("run-1")
     assert first is not None
     assert leases.acquire("run-1") is None
@@ -164,7 +177,7 @@ def test_leases_are_taken_once_and_only_their_owner_renews_or_releases(leases, r
     assert second is not None and second.token > first.token
 
 
-def test_a_lease_expires_by_itself(leases, redis_client):
+def test_a_lease_expires_by_itself(leases: LeaseManager, redis_client: redis.Redis) -> None:
     short = LeaseManager(redis_client, ttl_ms=50)
     assert short.acquire("run-1") is not None
     import time
@@ -173,7 +186,7 @@ def test_a_lease_expires_by_itself(leases, redis_client):
     assert leases.acquire("run-1") is not None
 
 
-def test_invalid_ids_never_reach_redis(leases, redis_client):
+def test_invalid_ids_never_reach_redis(leases: LeaseManager, redis_client: redis.Redis) -> None:
     with pytest.raises(errors.SessionIdInvalidError):
         leases.acquire("bad id")
     with pytest.raises(errors.SessionIdInvalidError):
@@ -181,5 +194,5 @@ def test_invalid_ids_never_reach_redis(leases, redis_client):
     assert redis_client.keys("lousho:*bad*") == [] and redis_client.keys("lousho:*xxxx*") == []
 
 
-def test_redis_is_reachable(redis_client):
+def test_redis_is_reachable(redis_client: redis.Redis) -> None:
     assert isinstance(redis_client, redis.Redis) and redis_client.ping()

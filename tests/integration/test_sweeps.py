@@ -114,7 +114,7 @@ def test_the_sweep_tells_the_agent_once_how_a_run_it_sent_on_came_out(
     _run(store, "refused")
     # When the sweep sends both on, the first finishes and the second fails for good
     assert tasks.recover() == 2
-    assert tasks.recover() == 0 and recovered == failed == []          # nothing came out yet
+    assert tasks.recover() == 0 and recovered == [] and failed == []   # nothing came out yet
     assert run_step(tasks.deps(), "stalled") is Outcome.FINISHED
     store.record_failure("refused", _claim(store, "refused"), LastError(code="X", message="no", retryable=False))
     tasks.recover()

@@ -171,7 +171,11 @@ def test_a_timed_call_that_finds_every_thread_busy_is_recorded_not_run_and_never
     monkeypatch.setattr(tool_threads, "_threads", (os.getpid(), threads))
     other_call = threading.Event()
     entered = threading.Event()
-    busy = threads.submit(lambda: (entered.set(), other_call.wait(10)))
+    def occupy() -> None:
+        entered.set()
+        other_call.wait(10)
+
+    busy = threads.submit(occupy)
     assert entered.wait(10)
     driver = make_driver(Agent(name="cashier", model=MockModel([
         {"tool_calls": [{"name": "charge", "args": {"order": "o9"}}]}, "could not charge"]), tools=[charge],

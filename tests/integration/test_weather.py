@@ -47,7 +47,8 @@ def _reset() -> None:
 class CountingModel(MockModel):
     """``MockModel`` counting its calls per turn (a turn generated twice is a lost turn)."""
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    def generate(  # type: ignore[override]  # takes no listener: this model never streams
+            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         model_calls[sum(1 for m in messages if m.role == "assistant")] += 1
         return super().generate(messages, tools)
 

@@ -20,8 +20,8 @@ from producer.client import Client
 from store import errors
 from store.checkpoints import PostgresCheckpointStore
 from store.records import Usage
-from tests.providers.conftest import Driver
 from tests.providers.fake_server import Api, Call, Failure, FakeProviderServer, Hangup, Reply, Slow, Turn, by_turn
+from tests.support.driver import Driver
 from worker import Agent, tool
 from worker.providers.anthropic import AnthropicModel
 from worker.providers.openai import OpenAIModel

@@ -190,7 +190,8 @@ def _args_of(shape: RunShape, turn: int, index: int) -> dict[str, Any]:
 class LoggedModel(MockModel):
     """``MockModel`` that logs each call (start and end) and the validity of what it received."""
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    def generate(  # type: ignore[override]  # takes no listener: this model never streams
+            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         shape = _shape_of(messages)
         turn = sum(1 for m in messages if m.role == "assistant")
         call = uuid.uuid4().hex[:12]

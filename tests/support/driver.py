@@ -24,6 +24,17 @@ from worker.agents import Agent
 from worker.steps import Outcome, StepDeps, run_step
 
 
+def postgres(store: object) -> PostgresCheckpointStore:
+    """``store`` as the Postgres store it is in these tests (for the methods the ports leave out)."""
+    assert isinstance(store, PostgresCheckpointStore)
+    return store
+
+
+def no_enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
+               name: str | None = None) -> None:
+    """An enqueue that sends nothing: a ``Driver`` takes the steps itself (it replaces this once built)."""
+
+
 @dataclass
 class Driver:
     """Runs steps in this process, delivering the messages steps enqueue, until the run settles."""
@@ -70,7 +81,7 @@ def make_driver(store: PostgresCheckpointStore, leases: LeaseManager, redis_clie
         heartbeat = Heartbeat(leases, settings.lease_renew_ms)
         heartbeats.append(heartbeat)
         driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
-                                 agents={a.name: a for a in agents}, enqueue=lambda *a: None,
+                                 agents={a.name: a for a in agents}, enqueue=no_enqueue,
                                  max_attempts=max_attempts, signals=RedisSignals(redis_client)))
         driver.deps.enqueue = driver.enqueue
         store.register_agents({a.name: a.fingerprint() for a in agents})

@@ -52,7 +52,7 @@ def _script(messages: list[Message]) -> dict[str, Any]:
     return {"text": DONE}
 
 
-@tool(needs_approval=True, expires_in=EXPIRES_IN_S)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(needs_approval=True, expires_in=EXPIRES_IN_S)
 def refund(amount: int, ctx: ToolContext) -> str:
     """Refund money once a person approved it."""
     log_event({"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id, "phase": "start"})

@@ -129,7 +129,7 @@ class EventTap:
 
     def __init__(self) -> None:
         self._client = redis.Redis.from_url(services.test_redis_url())
-        self._pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        self._pubsub = self._client.pubsub()
         self._pubsub.psubscribe(f"/{services.TEST_REDIS_DB}.celeryev/*")
         self.events: list[dict[str, Any]] = []
 

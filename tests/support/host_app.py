@@ -23,7 +23,7 @@ app.conf.update(
     broker_url=os.environ[URL_ENV],
     result_backend=os.environ[URL_ENV],
     task_default_queue="billing",
-    task_queues=[Queue("billing"), Queue("billing-slow")],
+    task_queues=[Queue("billing"), Queue("billing-slow")],  # type: ignore[no-untyped-call]  # kombu is untyped
     task_routes={"billing.slow_*": {"queue": "billing-slow"}},
     beat_schedule={"invoices": {"task": "billing.invoice", "schedule": 3600.0, "args": ("nightly",)},
                    # A run of the start tests' agent every 2 s, however many of the app's beats run.

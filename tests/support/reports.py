@@ -10,4 +10,4 @@ FAILED = pytest.StashKey[bool]()
 
 def failed(request: pytest.FixtureRequest) -> bool:
     """Whether the test that ``request`` belongs to failed in its call phase."""
-    return request.node.stash.get(FAILED, False)
+    return bool(request.node.stash.get(FAILED, False))

@@ -96,7 +96,8 @@ def _first_user_text(messages: list[Message]) -> str:
 class LoggedOpenAIModel(OpenAIModel):
     """``OpenAIModel`` that logs every call it makes and how it ended (the count of provider calls)."""
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    def generate(  # type: ignore[override]  # takes no listener: this model never streams
+            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
         run_id = _shape(_first_user_text(messages))[0]
         turn = sum(1 for m in messages if m.role == "assistant")
         log_event({"kind": "provider", "phase": "start", "run_id": run_id, "turn_index": turn})

@@ -22,7 +22,7 @@ HOST_SETTINGS = {
     "broker_url": HOST_BROKER,
     "result_backend": services.redis_url_with_db(6),
     "task_default_queue": "billing",
-    "task_queues": [Queue("billing"), Queue("billing-slow")],
+    "task_queues": [Queue("billing"), Queue("billing-slow")],  # type: ignore[no-untyped-call]  # kombu is untyped
     "task_routes": {"billing.slow_*": {"queue": "billing-slow"}},
     "beat_schedule": {"invoices": {"task": "billing.invoices", "schedule": crontab(minute=0, hour=6)}},
     "timezone": "Europe/Paris",

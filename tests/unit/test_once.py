@@ -99,7 +99,7 @@ def test_reconcile_needs_once_and_a_function() -> None:
     with pytest.raises(errors.ConfigurationError, match="once=True"):
         tool(reconcile=lambda args, ctx: None)(charge)
     with pytest.raises(errors.ConfigurationError, match="callable"):
-        tool(once=True, reconcile="charge_happened")(charge)  # type: ignore[arg-type]  # refused at definition
+        tool(once=True, reconcile="charge_happened")(charge)  # type: ignore[call-overload]  # refused at definition
     assert tool(once=True)(charge).once and tool(charge).once is False
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 
@@ -21,9 +23,16 @@ def _client() -> redis.Redis:
 def test_lease_calls_raise_storage_error_with_the_redis_error_as_cause() -> None:
     leases = LeaseManager(_client(), ttl_ms=1000)
     lease = Lease("r-1", "owner", 1)
-    calls = [lambda: leases.acquire("r-1"), lambda: leases.renew(lease), lambda: leases.release(lease),
-             lambda: leases.holder("r-1"), lambda: leases.held(["r-1"]), lambda: leases.release_gone(["r-1"]),
-             lambda: leases.renew_many([lease]), lambda: leases.raise_token(lease, 3)]
+    calls: list[Callable[[], object]] = [
+        lambda: leases.acquire("r-1"),
+        lambda: leases.renew(lease),
+        lambda: leases.release(lease),
+        lambda: leases.holder("r-1"),
+        lambda: leases.held(["r-1"]),
+        lambda: leases.release_gone(["r-1"]),
+        lambda: leases.renew_many([lease]),
+        lambda: leases.raise_token(lease, 3),
+    ]
     for call in calls:
         with pytest.raises(errors.StorageError) as raised:
             call()
@@ -33,8 +42,12 @@ def test_lease_calls_raise_storage_error_with_the_redis_error_as_cause() -> None
 
 def test_signals_that_callers_check_raise_storage_error_and_best_effort_ones_stay_quiet() -> None:
     signals = RedisSignals(_client())
-    for call in (lambda: signals.watch("r-1", 100), lambda: signals.ring_abort("r-1"),
-                 lambda: signals.mark_steer("r-1", 2), lambda: signals.subscribe("r-1")):
+    for call in (
+        lambda: signals.watch("r-1", 100),
+        lambda: signals.ring_abort("r-1"),
+        lambda: signals.mark_steer("r-1", 2),
+        lambda: signals.subscribe("r-1"),
+    ):
         with pytest.raises(errors.StorageError):
             call()
     signals.publish("r-1", "{}")

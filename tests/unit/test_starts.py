@@ -40,7 +40,7 @@ def test_beat_entry_names_the_task_queue_and_tick_and_refuses_bad_names() -> Non
     with pytest.raises(errors.ConfigurationError):
         beat_entry("no spaces", "shop", "x", 60)
     with pytest.raises(errors.ConfigurationError):
-        beat_entry("ok", "shop", "x", "hourly")  # type: ignore[arg-type]
+        beat_entry("ok", "shop", "x", "hourly")
 
 
 def test_the_run_a_message_starts() -> None:

@@ -10,12 +10,12 @@ import pytest
 from celery.exceptions import Retry
 
 from store import logs, redaction, telemetry
-from store.records import Checkpoint, Message, ToolCall
+from store.records import Checkpoint, Message, Status, ToolCall
 from worker import tasks
 from worker.context import Outcome
 
 
-def _checkpoint(messages: list[Message], status: str = "in-progress") -> Checkpoint:
+def _checkpoint(messages: list[Message], status: Status = "in-progress") -> Checkpoint:
     return Checkpoint(session_id="r-1", agent="support", seq=3, fence=1, status=status, messages=messages)
 
 

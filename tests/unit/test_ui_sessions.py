@@ -15,7 +15,7 @@ OPS = Principal("ops", read_only=True, agents=frozenset({"desk"}))
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The time the signer reads, settable by the test."""
     now = [NOW]
-    monkeypatch.setattr(sessions.time, "time", lambda: now[0])
+    monkeypatch.setattr("producer.ui.sessions.time.time", lambda: now[0])
     return now
 
 

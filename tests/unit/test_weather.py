@@ -3,6 +3,7 @@ across a crash, rolling deploys (formats, tools), settings and input rules. Memo
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -178,6 +179,21 @@ class FakeRegistry:
 
     def serving(self, agent: str, within_s: float, exclude: str = "") -> list[Serving]:
         return [s for s in self.live if s.worker_id != exclude]
+
+    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
+        raise AssertionError("a step never registers workers")
+
+    def refresh(self, worker_id: str) -> None:
+        raise AssertionError("a step never refreshes workers")
+
+    def forget(self, worker_id: str) -> None:
+        raise AssertionError("a step never forgets workers")
+
+    def live_agents(self, within_s: float) -> set[str]:
+        return {"shop"} if self.live else set()
+
+    def unregistered_for(self, agent: str, session_id: str) -> float | None:
+        return None  # some worker registered every agent of these tests
 
 
 def test_a_checkpoint_in_a_newer_format_is_handed_back_never_parked(shop: Shop) -> None:

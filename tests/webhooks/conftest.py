@@ -21,6 +21,7 @@ from store.database import make_engine
 from store.deliveries import PostgresDeliveryStore
 from store.leases import Heartbeat, LeaseManager
 from store.settings import Settings, load_settings
+from tests.support import driver as driver_support
 from tests.support import services
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
@@ -39,7 +40,7 @@ def note(text: str, ctx: ToolContext) -> str:
     return f"noted {text}"
 
 
-@tool(needs_approval=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(needs_approval=True)
 def refund(amount: int) -> str:
     """Refund money."""
     return f"refunded {amount}"
@@ -115,7 +116,7 @@ def receiver(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMa
     noted.clear()
     heartbeat = Heartbeat(leases, settings.lease_renew_ms)
     driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents={"hooks": HOOKS, "desk": DESK},
-                             enqueue=lambda *a: None))
+                             enqueue=driver_support.no_enqueue))
     driver.deps.enqueue = driver.enqueue
     store.register_agents({a.name: a.fingerprint() for a in (HOOKS, DESK)})
     # The receiver gets a pool of its own, sized like the one `lousho webhooks serve` uses.

@@ -38,7 +38,7 @@ def pack(item: str, ctx: ToolContext) -> str:
     return f"packed {item}"
 
 
-@tool(needs_approval=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(needs_approval=True)
 def ship(box: str) -> str:
     """Ship a box."""
     return f"shipped {box}"

@@ -67,7 +67,7 @@ SCRIPTY = Agent(name="scripty", model=MockModel(["<script>alert(1)</script> done
 BROKEN = Agent(name="broken", model=MockModel([{"error": "boom", "retryable": False}]), instructions="Fail.")
 
 
-@tool(once=True)  # type: ignore[untyped-decorator]  # tool() returns Any
+@tool(once=True)
 def charge(order: str) -> str:
     """Charge the card for an order."""
     return f"charged {order}"

@@ -56,8 +56,9 @@ class Listener(Protocol):
     saved (the returned ``ModelResponse`` is).
     """
 
-    #: Set when the call should stop now (the run was aborted, or steered before anything was emitted).
-    cancelled: Cancellation
+    @property
+    def cancelled(self) -> Cancellation:
+        """Set when the call should stop now (the run was aborted, or steered before anything was emitted)."""
 
     def text(self, delta: str) -> None:
         """A piece of the answer's text, as it streams."""

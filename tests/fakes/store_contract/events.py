@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from store import errors
-from store.records import EventDraft, LastError, Message, StepWrite, ToolCall
+from store.records import Checkpoint, EventDraft, LastError, Message, StepWrite, ToolCall
 from tests.fakes.store_contract.subject import AGENT, StoreFactory, new_run, user_message
 
 
-def _evented(store, checkpoint, drafts, **update):  # type: ignore[no-untyped-def]
+def _evented(store: Any, checkpoint: Checkpoint, drafts: Sequence[EventDraft], **update: Any) -> Checkpoint:
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1, **update})
     assert store.record_step(StepWrite(checkpoint=new, events=tuple(drafts),
                                        drained_inbox=new.inbox_cursor != checkpoint.inbox_cursor)) is not None

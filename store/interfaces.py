@@ -16,6 +16,7 @@ from store import records
 from store.events import Event
 
 if TYPE_CHECKING:
+    from store.model_limit import ModelLimit, SlotAnswer, SlotUsage
     from store.schedule_records import Fire, Origin, Schedule, ScheduleSpec
     from store.schedules import Planner, Swept
 
@@ -26,6 +27,7 @@ __all__ = [
     "DeliveryStore",
     "Heartbeat",
     "Leases",
+    "ModelSlots",
     "ProducerStore",
     "RecoveryStore",
     "ScheduleStore",
@@ -328,6 +330,42 @@ class Heartbeat(Protocol):
 
     def stop(self) -> None:
         """Stop renewing anything (shutdown)."""
+
+
+class ModelSlots(Protocol):
+    """``ModelLimit`` slots, buckets and cool-downs shared by the fleet: what a step, the sweep and metrics use."""
+
+    ttl_ms: int
+
+    def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
+                weight: int = 1) -> SlotAnswer:
+        """Take a slot (and a request of the minute) for one model call of the run, or say why it waits.
+
+        A run that finds no free slot waits in line under ``fairness_key`` (weighted by ``weight``) and is named
+        in a later answer's ``woken`` when a slot is kept for it; the freed slots go round-robin by fairness key.
+
+        Raises:
+            SessionIdInvalidError: the run id is not valid (nothing is touched).
+            ConfigurationError: the fairness key is not valid.
+        """
+
+    def renew(self, key: str, session_ids: builtins.list[str]) -> int:
+        """Push out the expiry of the slots of ``key`` these runs hold; how many were still held."""
+
+    def release(self, limit: ModelLimit, session_id: str, tokens: int = 0) -> tuple[tuple[str, str], ...]:
+        """Give back the run's slot, counting ``tokens`` (reported usage); the runs ``(id, agent)`` woken."""
+
+    def cool_down(self, key: str, seconds: float) -> None:
+        """Hold every caller of ``key`` for ``seconds`` (a 429's ``Retry-After``); a longer cool-down stays."""
+
+    def waiting(self, session_ids: builtins.list[str]) -> dict[str, tuple[str, str]]:
+        """The runs among these that wait on a model limit: run id -> (limit key, reason)."""
+
+    def wake(self) -> tuple[tuple[str, str], ...]:
+        """For every limit key: drop dead holders' slots and give the free ones to waiters; the runs woken."""
+
+    def usage(self) -> builtins.list[SlotUsage]:
+        """Slots in use, runs waiting and cool-down left (seconds), per limit key."""
 
 
 # -- agent registry, deliveries, schedules ---------------------------------------------------------

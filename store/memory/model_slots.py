@@ -63,16 +63,16 @@ class MemoryModelSlots:
                 return SlotAnswer(granted=False, reason="cool-down", wait_s=math.ceil(wait) / 1000)
             woken: tuple[tuple[str, str], ...] = ()
             if state.concurrent > 0 and session_id not in state.held:
-                waits, woken = self._take_slot(limit.key, state, session_id, agent, fkey, weight, now)
-                if waits is not None:
-                    return waits
+                held, woken = self._take_slot(limit.key, state, session_id, agent, fkey, weight, now)
+                if held is not None:
+                    return held
             rpm_level = self._level(state, "rpm", limit.requests_per_minute or 0, now)
             tpm_level = self._level(state, "tpm", limit.tokens_per_minute or 0, now)
-            waits = [(math.ceil((1 - level) * 60000 / per_minute), reason) for level, per_minute, reason in (
+            timed = [(math.ceil((1 - level) * 60000 / per_minute), why) for level, per_minute, why in (
                 (rpm_level, limit.requests_per_minute, "requests"), (tpm_level, limit.tokens_per_minute, "tokens"))
                 if per_minute and level < 1]
-            if waits:
-                wait, reason = max(waits, key=lambda w: w[0])
+            if timed:
+                wait, reason = max(timed, key=lambda w: w[0])
                 self._marks[session_id] = (limit.key, reason, now + wait + 15_000)
                 return SlotAnswer.model_validate({"granted": False, "reason": reason, "wait_s": wait / 1000,
                                                   "woken": woken})

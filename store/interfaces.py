@@ -69,6 +69,9 @@ class StepStore(Protocol):
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is written; False when fenced out."""
 
+    def note_wait(self, session_id: str, fence: int) -> bool:
+        """Take back the attempt the step's claim counted: it waits on a model limit; False when fenced out."""
+
     def record_failure(self, session_id: str, fence: int, error: records.LastError,
                        drafts: Sequence[records.EventDraft] = ()) -> int | None:
         """Store why a step failed, with ``drafts`` as its events; the attempts count, None when fenced out."""
@@ -149,11 +152,12 @@ class ProducerStore(Protocol):
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
                      idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None) -> int:
+                     business_state: Any = None, fairness_key: str | None = None) -> int:
         """Queue input for a run (creating it) and return its inbox number.
 
         ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks);
-        ``business_state`` (not None) replaces the run's when the input is merged.
+        ``business_state`` (not None) replaces the run's when the input is merged, and ``fairness_key`` (not None)
+        the run's fairness key (its waits for a model slot go round-robin by it).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.

@@ -6,11 +6,13 @@ decide what a step does with an answer (``worker.slots`` does) nor hold a worker
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import redis
 
-from store import keys, records
+from store import errors, keys, records
 from store.model_limit import ModelLimit, SlotAnswer, SlotUsage, validate_fairness_key, validate_limit_key
 
 __all__ = ["DEFAULT_FAIRNESS_KEY", "RedisModelSlots"]
@@ -221,6 +223,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _translated(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Redis failures become ``StorageError`` (callers never see driver errors)."""
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except redis.RedisError as exc:
+            raise errors.StorageError(f"model limits unavailable: {type(exc).__name__}") from exc
+    return call
+
+
 def _pairs(flat: list[Any]) -> tuple[tuple[str, str], ...]:
     return tuple((_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat) - 1, 2))
 
@@ -238,6 +255,7 @@ class RedisModelSlots:
         self._cool = client.register_script(_COOL)
         self._usage = client.register_script(_USAGE)
 
+    @_translated
     def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
                 weight: int = 1) -> SlotAnswer:
         """Take a slot (and a request from the minute's bucket) for one model call of the run, or say why not.
@@ -260,22 +278,26 @@ class RedisModelSlots:
         return SlotAnswer.model_validate({"granted": bool(granted), "reason": None if granted else _text(reason),
                                           "wait_s": int(wait_ms) / 1000, "woken": _pairs(woken)})
 
+    @_translated
     def renew(self, key: str, session_ids: list[str]) -> int:
         """Push out the expiry of the slots of ``key`` these runs hold; how many were still held."""
         if not session_ids:
             return 0
         return int(self._renew(keys=_keys_of(validate_limit_key(key)), args=[self.ttl_ms, *session_ids]))
 
+    @_translated
     def release(self, limit: ModelLimit, session_id: str, tokens: int = 0) -> tuple[tuple[str, str], ...]:
         """Give back the run's slot, counting ``tokens`` (reported usage) in the minute's bucket; the runs woken."""
         records.validate_session_id(session_id)
         return self._run_release(limit.key, session_id, tokens, limit.tokens_per_minute or 0)
 
+    @_translated
     def cool_down(self, key: str, seconds: float) -> None:
         """Hold every caller of ``key`` for ``seconds`` (a provider's ``Retry-After``); a longer one stays."""
         ms = max(1, int(seconds * 1000))
         self._cool(keys=_keys_of(validate_limit_key(key)), args=[ms])
 
+    @_translated
     def waiting(self, session_ids: list[str]) -> dict[str, tuple[str, str]]:
         """The runs among these that wait on a model limit: run id -> (limit key, reason)."""
         if not session_ids:
@@ -288,6 +310,7 @@ class RedisModelSlots:
                 found[sid] = (key, reason)
         return found
 
+    @_translated
     def wake(self) -> tuple[tuple[str, str], ...]:
         """For every limit key: drop the slots of dead holders and give the free ones to waiters; the runs woken."""
         woken: list[tuple[str, str]] = []
@@ -295,6 +318,7 @@ class RedisModelSlots:
             woken.extend(self._run_release(validate_limit_key(key), "", 0, 0))
         return tuple(woken)
 
+    @_translated
     def usage(self) -> list[SlotUsage]:
         """Slots in use (kept for a woken waiter included), runs waiting and cool-down left, per limit key."""
         found = []

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import Row, RowMapping
 
-from store import errors, inputs, payloads, records, transcripts
+from store import errors, inputs, model_limit, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
@@ -251,15 +251,22 @@ def check_business_state(value: object) -> Any:
     return clean
 
 
-def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None) -> dict[str, Any] | None:
-    """What the inbox row keeps in its ``metadata`` column: the sender's metadata, and the business state sent.
+def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None,
+                    fairness_key: str | None = None) -> dict[str, Any] | None:
+    """What the inbox row keeps in its ``metadata`` column: the sender's metadata, the business state and fairness key.
 
-    The state rides under ``records.BUSINESS_STATE_KEY`` so the input and the state it comes with are one row
-    (``records.InboxEntry.from_stored`` splits them again). Both are checked already.
+    The state rides under ``records.BUSINESS_STATE_KEY`` (the fairness key under ``records.FAIRNESS_KEY``) so the
+    input and what it comes with are one row (``records.InboxEntry.from_stored`` splits them again). All are
+    checked already.
     """
-    if business_state is None:
+    if business_state is None and fairness_key is None:
         return metadata
-    return {**(metadata or {}), records.BUSINESS_STATE_KEY: business_state}
+    stored = dict(metadata or {})
+    if business_state is not None:
+        stored[records.BUSINESS_STATE_KEY] = business_state
+    if fairness_key is not None:
+        stored[records.FAIRNESS_KEY] = fairness_key
+    return stored
 
 
 def check_metadata(metadata: object) -> dict[str, Any] | None:
@@ -278,6 +285,8 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
     if records.BUSINESS_STATE_KEY in metadata:
         raise errors.ConfigurationError(f"metadata key {records.BUSINESS_STATE_KEY!r} is reserved; send the business"
                                         " state as business_state=")
+    if records.FAIRNESS_KEY in metadata:
+        raise errors.ConfigurationError(f"metadata key {records.FAIRNESS_KEY!r} is reserved; send it as fairness_key=")
     payloads.check_depth(metadata)
     try:
         json.dumps(metadata, allow_nan=False)
@@ -292,26 +301,29 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
 
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
                 idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                business_state: Any = None) -> int:
+                business_state: Any = None, fairness_key: str | None = None) -> int:
     """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
     used on this run queues nothing and returns the first send's number (the first send's ``metadata``
-    stays). ``business_state`` (not None) replaces the run's when the step that merges this input saves it.
+    stays). ``business_state`` (not None) replaces the run's when the step that merges this input saves it, and so
+    does ``fairness_key`` (not None): the run's waits for a model slot go round-robin by it.
     New input clears a parked or waiting run's error: the run tries again with it. Input that
     would leave the run less than a reply's room under the checkpoint limit, with its transcript and the
     input queued before, is refused: a step could never save it (``inputs.leaves_room``).
 
     Raises:
         SessionAwaitingApprovalError: the run waits on an approval.
-        ConfigurationError: the run belongs to another agent, or ``metadata`` is not a JSON object.
+        ConfigurationError: the run belongs to another agent, ``metadata`` is not a JSON object, or the fairness key
+            is not valid.
         InputTooLargeError: ``metadata`` or ``business_state`` is too large or too deep, or the run has no room for
             the input (nothing is written).
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
     metadata = stored_metadata(check_metadata(metadata),
-                               None if business_state is None else check_business_state(business_state))
+                               None if business_state is None else check_business_state(business_state),
+                               None if fairness_key is None else model_limit.validate_fairness_key(fairness_key))
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
     if row.document:

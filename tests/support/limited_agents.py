@@ -57,13 +57,15 @@ class FussyProvider(LoggedModel):
         super().__init__(_script, model_id=f"fussy-{account}")
         self.account = account
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+    def generate(self, messages: list[Message], tools: list[ToolSpec]  # type: ignore[override]  # never streams
+                 ) -> ModelResponse:
         key = _INFLIGHT.format(account=self.account)
         call = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
         client = _redis()
         client.sadd(key, call)
         # A call whose process was killed ends with it, as a real provider's connection would.
-        inflight = sum(1 for member in client.smembers(key) if _alive(int(member.split(b":")[0])))
+        pids = [int((m.decode() if isinstance(m, bytes) else str(m)).split(":")[0]) for m in client.smembers(key)]
+        inflight = len([pid for pid in pids if _alive(pid)])
         record: dict[str, Any] = {"kind": "provider", "account": self.account, "inflight": inflight}
         try:
             if inflight > PROVIDER_CAPACITY:

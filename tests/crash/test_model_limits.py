@@ -6,6 +6,7 @@ Workers load ``tests.support.limited_agents`` beside the crash-test agents: a fa
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -148,3 +149,34 @@ def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cl
     # ... and a new worker finishes every run, the waiter included
     cluster.start_worker("w2", concurrency=2)
     cluster.wait_finished(runs, timeout=60)
+
+
+#: Key A's backlog: 20 runs in CI (about 5 s); a benchmark by hand sets ``LOUSHO_FAIRNESS_RUNS`` (say 200).
+FAIRNESS_RUNS = int(os.environ.get("LOUSHO_FAIRNESS_RUNS") or 20)
+
+
+def test_one_keys_backlog_does_not_starve_another_keys_run(make_cluster: Callable[..., Cluster]) -> None:
+    # Given 2 workers x 2 processes and a limit of 2 concurrent calls, with key A's backlog queued first
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": AGENTS})
+    workers = [cluster.start_worker(name, concurrency=2, wait=False) for name in ("w1", "w2")]
+    for worker in workers:
+        cluster.wait_ready(worker)
+    cluster.start_beat()
+    shop = cluster.client.agent("limited")
+    backlog = [f"guarded-a{n}" for n in range(FAIRNESS_RUNS)]
+    for run in backlog:
+        shop.send(run_input(run, turns=1, model=250), session_id=run, check_agent=False, fairness_key="tenant-a")
+    # When key B's one run is sent after all of them
+    shop.send(run_input("guarded-b", turns=1, model=250), session_id="guarded-b", check_agent=False,
+              fairness_key="tenant-b")
+    cluster.wait_finished([*backlog, "guarded-b"], timeout=30 + FAIRNESS_RUNS * 0.5)
+    # Then B's model call started before A's tenth run finished
+    events = [e for e in cluster.events() if e.get("kind") == "model"]
+    b_start = min(e["ts"] for e in events if e["run_id"] == "guarded-b" and e["phase"] == "start")
+    a_ends = sorted(e["ts"] for e in events if e["run_id"].startswith("guarded-a") and e["phase"] == "end")
+    first = min(e["ts"] for e in events if e["phase"] == "start")
+    before = sum(1 for end in a_ends if end < b_start)
+    print(f"fairness: {FAIRNESS_RUNS} runs of key A queued first; B's model call started {b_start - first:.2f} s"
+          f" after the first call, after {before} of A's runs finished (A's tenth finished at"
+          f" {a_ends[9] - first:.2f} s, its last at {a_ends[-1] - first:.2f} s)")
+    assert b_start < a_ends[9]

@@ -133,6 +133,8 @@ class StepReport:
     waited: str | None = None
     #: The limit key the step waited on or called under.
     limit_key: str | None = None
+    #: The model answered 429/529 with ``Retry-After``: the step cooled its limit key down.
+    cooled: bool = False
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
     checkpoint: Checkpoint | None = None
 

@@ -511,7 +511,7 @@ def _limited_generate(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live
         if cool is None:
             raise
         # Every caller of the key now waits the provider's Retry-After out; this one too, as a wait, not a failure.
-        telemetry.note(waited="cool-down")
+        telemetry.note(waited="cool-down", cooled=True)
         return _wait(deps, checkpoint, min(cool, retry.COUNTDOWN_MAX_S))
     _give_back(deps, held, live, response.usage.total_tokens if response is not None else 0)
     return response, write

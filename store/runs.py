@@ -350,8 +350,10 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
 
 
 def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-               metadata: dict[str, Any] | None = None) -> bool:
+               metadata: dict[str, Any] | None = None, fairness_key: str | None = None) -> bool:
     """Create the run ``session_id`` with ``messages`` (and ``metadata``) as its first input, in ``conn``'s transaction.
+
+    ``fairness_key`` (checked already) rides with the input and becomes the run's when it is merged.
 
     Returns False, writing nothing, when a run with that id exists.
 
@@ -360,7 +362,7 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
         InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
     """
     return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages,
-                   metadata=check_metadata(metadata))
+                   metadata=stored_metadata(check_metadata(metadata), fairness_key=fairness_key))
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:

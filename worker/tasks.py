@@ -423,20 +423,21 @@ SWEEP_LIMIT = 500
 @shared_task(name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue),
              **TASK_OPTIONS)
 def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-          beat_entry: str | None = None, every_s: float | None = None) -> str:
+          beat_entry: str | None = None, every_s: float | None = None, fairness_key: str | None = None) -> str:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
 
     For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
-    "session_id": ..., "metadata": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and ``every_s`` come
-    from entries made by ``worker.starts.beat_entry``.
+    "session_id": ..., "metadata": ..., "fairness_key": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and
+    ``every_s`` come from entries made by ``worker.starts.beat_entry``; ``fairness_key`` as ``send``'s.
 
     Returns:
         The run's id (``session_id``, or the one made from the task id or the beat entry's tick): the task's
         result, for a caller whose app shares the worker's result backend.
 
     Raises:
-        SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError: the message
-            cannot start anything; the task fails (Flower shows it) and is not retried.
+        SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError,
+            ConfigurationError: the message cannot start anything (a bad fairness key, say); the task fails (Flower
+            shows it) and is not retried.
     """
     sent_at = self.request.get(starts.SENT_AT_HEADER)
     run_id, key = starts.run_id_for(str(self.request.id or ""), session_id, beat_entry, every_s,
@@ -448,7 +449,7 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
     if agent not in built.agents and agent not in served:
         raise errors.AgentNotFoundError(agent, sorted(set(built.agents) | served))
     store = cast(interfaces.CheckpointStore, built.store)
-    number = store.append_input(run_id, agent, messages, key, metadata)
+    number = store.append_input(run_id, agent, messages, key, metadata, fairness_key=fairness_key)
     enqueue(run_id, None, 0.0, agent if agent in served else None,
             name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)

@@ -405,8 +405,8 @@ class DeliveryStore(Protocol):
     """Webhook deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""
 
     def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
-               messages: Sequence[records.Message]) -> records.Intake:
-        """Record a verified delivery and start its run, in one transaction.
+               messages: Sequence[records.Message], fairness_key: str | None = None) -> records.Intake:
+        """Record a verified delivery and start its run (with ``fairness_key``), in one transaction.
 
         Raises:
             ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.

@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
     webhook_input: str = ""
+    #: Where a webhook delivery's fairness key is read, per agent (``*``: every agent): ``agent=header:X-Tenant``
+    #: (a request header) or ``agent=/json/pointer`` (a field of the body), comma-separated. Unset: no key.
+    webhook_fairness: str = ""
 
     #: Limits shared by the whole fleet, per provider account or model (``store.model_limit``):
     #: ``"openai-main=concurrent:8,rpm:500,tpm:200000;anthropic=concurrent:4"``. A key named here wins over the

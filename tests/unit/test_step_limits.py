@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
+from producer.webhooks.config import WebhookConfig
 from store import errors
 from store.inputs import normalize_input
 from store.memory import MemoryModelSlots
 from store.model_limit import ModelLimit
+from store.settings import Settings
 from tests.fakes.runtime import MemoryRuntime
 from worker import slots
 from worker.agents import Agent
@@ -123,3 +125,12 @@ def test_the_fairness_key_sent_with_input_becomes_the_runs() -> None:
     model_slots.release(ONE, "elsewhere")
     assert runtime.step("r-1") == Outcome.FINISHED
     assert runtime.checkpoint("r-1").fairness_key == "tenant-acme"
+
+
+def test_the_webhook_fairness_setting_parses_and_refuses_nonsense() -> None:
+    config = WebhookConfig.from_settings(Settings(webhook_secrets="whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                                                  webhook_fairness="desk=/tenant, *=header:X-Tenant"))
+    assert config.fairness_source("desk") == "/tenant" and config.fairness_source("other") == "header:x-tenant"
+    with pytest.raises(errors.ConfigurationError, match="LOUSHO_WEBHOOK_FAIRNESS"):
+        WebhookConfig.from_settings(Settings(webhook_secrets="whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                                             webhook_fairness="desk=tenant"))

@@ -23,6 +23,8 @@ DEFAULT_FAIRNESS_KEY = "~"
 SLOT_WAIT_MARK_MS = 6 * 3600 * 1000
 #: How long past its due time a timed wait's mark lives (its countdown message should have come by then).
 TIMED_WAIT_MARGIN_MS = 15_000
+#: How long the numbers a caller held a key to count after its last call: within it, the smallest holds.
+NUMBERS_WINDOW_MS = 60_000
 #: How long the fairness passes of a limit key are kept without any change.
 PASSES_EXPIRE_MS = 24 * 3600 * 1000
 
@@ -39,7 +41,7 @@ local function purge(now)
 end
 
 -- Give up to n freed slots to waiters, the fairness key with the lowest pass first; {sid, agent, sid, agent...}.
-local function pop(n, now, queue_prefix, mark_prefix, woken_ms, key)
+local function pop(n, now, queue_prefix, mark_prefix, woken_ms, key, passes_ms)
   local out = {}
   while n > 0 do
     local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
@@ -54,7 +56,7 @@ local function pop(n, now, queue_prefix, mark_prefix, woken_ms, key)
       local weight = tonumber(redis.call('HGET', KEYS[4], 'w:' .. fkey) or '1') or 1
       local after = pass + 1 / weight
       redis.call('HSET', KEYS[4], '~vt', pass, fkey, after)
-      redis.call('PEXPIRE', KEYS[4], ARGV[#ARGV])
+      redis.call('PEXPIRE', KEYS[4], passes_ms)
       if redis.call('ZCARD', queue) == 0 then redis.call('ZREM', KEYS[3], fkey)
       else redis.call('ZADD', KEYS[3], after, fkey) end
       redis.call('ZADD', KEYS[2], now + woken_ms, sid)
@@ -72,6 +74,26 @@ local function free_slots(concurrent)
   return concurrent - redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
 end
 
+-- Each caller notes the number it holds the key to; the smallest noted within the window holds (two releases giving
+-- one key different numbers during a deploy). 0 is unlimited: any number is smaller.
+local function smallest(field, mine, now, window)
+  redis.call('HSET', KEYS[9], field .. ':' .. mine, now)
+  local best = mine
+  local noted = redis.call('HGETALL', KEYS[9])
+  for i = 1, #noted, 2 do
+    local kind, number = string.match(noted[i], '^(%a+):(%d+)$')
+    if kind == field then
+      if tonumber(noted[i + 1]) < now - window then
+        redis.call('HDEL', KEYS[9], noted[i])
+      else
+        number = tonumber(number)
+        if number > 0 and (best == 0 or number < best) then best = number end
+      end
+    end
+  end
+  return best
+end
+
 local function level(bucket, per_minute, now)
   local v = redis.call('HMGET', bucket, 'level', 'ts')
   local lvl, ts = tonumber(v[1]), tonumber(v[2])
@@ -86,17 +108,22 @@ end
 """
 
 # ARGV: 1 sid, 2 agent, 3 fairness key, 4 weight, 5 concurrent, 6 rpm, 7 tpm, 8 ttl ms, 9 queue prefix,
-# 10 mark prefix, 11 limit key, 12 slot-wait mark ms, 13 timed-wait margin ms, 14 woken ms, 15 passes expiry ms.
+# 10 mark prefix, 11 limit key, 12 slot-wait mark ms, 13 timed-wait margin ms, 14 woken ms, 15 passes expiry ms,
+# 16 how long a caller's numbers count (ms).
 # Answer: {granted, reason, wait ms, woken sid, woken agent, ...}.
 _ACQUIRE = _COMMON + """
 local sid, fkey = ARGV[1], ARGV[3]
-local concurrent, rpm, tpm = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local queue_prefix, mark_prefix, key = ARGV[9], ARGV[10], ARGV[11]
 local woken_ms = tonumber(ARGV[14])
 local mark = mark_prefix .. sid
 local now = now_ms()
+local window = tonumber(ARGV[16])
+local concurrent = smallest('concurrent', tonumber(ARGV[5]), now, window)
+local rpm = smallest('rpm', tonumber(ARGV[6]), now, window)
+local tpm = smallest('tpm', tonumber(ARGV[7]), now, window)
 redis.call('SADD', KEYS[10], key)
 redis.call('HSET', KEYS[9], 'concurrent', concurrent)
+redis.call('PEXPIRE', KEYS[9], window * 10)
 purge(now)
 local cool = redis.call('PTTL', KEYS[6])
 if cool > 0 then
@@ -122,7 +149,7 @@ if concurrent > 0 and not redis.call('ZSCORE', KEYS[1], sid) then
         redis.call('ZADD', KEYS[3], math.max(vt, own), fkey)
       end
     end
-    if free > 0 then woken = pop(free, now, queue_prefix, mark_prefix, woken_ms, key) end
+    if free > 0 then woken = pop(free, now, queue_prefix, mark_prefix, woken_ms, key, ARGV[15]) end
     local others, mine = {}, false
     for i = 1, #woken, 2 do
       if woken[i] == sid then mine = true else
@@ -177,7 +204,7 @@ if tpm > 0 and tokens > 0 then keep(KEYS[8], level(KEYS[8], tpm, now) - tokens, 
 local concurrent = tonumber(redis.call('HGET', KEYS[9], 'concurrent') or '0') or 0
 -- A key no longer limited lets its last waiters go.
 local free = concurrent > 0 and free_slots(concurrent) or 100
-if free > 0 then return pop(free, now, ARGV[4], ARGV[5], tonumber(ARGV[7]), ARGV[6]) end
+if free > 0 then return pop(free, now, ARGV[4], ARGV[5], tonumber(ARGV[7]), ARGV[6], ARGV[8]) end
 return {}
 """
 
@@ -273,7 +300,7 @@ class RedisModelSlots:
         answer = self._acquire(keys=_keys_of(limit.key), args=[
             session_id, agent, fkey, max(1, weight), limit.concurrent or 0, limit.requests_per_minute or 0,
             limit.tokens_per_minute or 0, self.ttl_ms, keys.limit_key(limit.key, "queue:"), keys.WAIT_PREFIX,
-            limit.key, SLOT_WAIT_MARK_MS, TIMED_WAIT_MARGIN_MS, self.ttl_ms, PASSES_EXPIRE_MS])
+            limit.key, SLOT_WAIT_MARK_MS, TIMED_WAIT_MARGIN_MS, self.ttl_ms, PASSES_EXPIRE_MS, NUMBERS_WINDOW_MS])
         granted, reason, wait_ms, *woken = answer
         return SlotAnswer.model_validate({"granted": bool(granted), "reason": None if granted else _text(reason),
                                           "wait_s": int(wait_ms) / 1000, "woken": _pairs(woken)})

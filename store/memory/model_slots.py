@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from store import records
 from store.memory.state import Clock, utc_now
 from store.model_limit import ModelLimit, SlotAnswer, SlotUsage, validate_fairness_key, validate_limit_key
-from store.model_slots import DEFAULT_FAIRNESS_KEY
+from store.model_slots import DEFAULT_FAIRNESS_KEY, NUMBERS_WINDOW_MS
 
 
 @dataclass
@@ -29,6 +29,7 @@ class _Key:
     concurrent: int = 0
     cool_until: float = 0.0
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # "rpm"/"tpm" -> (level, ts ms)
+    noted: dict[tuple[str, int], float] = field(default_factory=dict)  # (field, number) -> last noted (ms)
 
 
 @dataclass
@@ -55,6 +56,9 @@ class MemoryModelSlots:
         with self._lock:
             now = self._now()
             state = self._keys.setdefault(limit.key, _Key())
+            limit = ModelLimit(limit.key, *(self._smallest(state, name, number or 0, now) or None for name, number in (
+                ("concurrent", limit.concurrent), ("rpm", limit.requests_per_minute),
+                ("tpm", limit.tokens_per_minute))))
             state.concurrent = limit.concurrent or 0
             self._purge(state, now)
             if state.cool_until > now:
@@ -182,6 +186,15 @@ class MemoryModelSlots:
         for table in (state.held, state.woken):
             for sid in [sid for sid, expiry in table.items() if expiry <= now]:
                 del table[sid]
+
+    @staticmethod
+    def _smallest(state: _Key, name: str, mine: int, now: float) -> int:
+        """Note ``mine``; the smallest number noted for ``name`` within the window (0: unlimited, the largest)."""
+        state.noted[(name, mine)] = now
+        for stale in [k for k, seen in state.noted.items() if seen < now - NUMBERS_WINDOW_MS]:
+            del state.noted[stale]
+        numbers = [number for (kind, number) in state.noted if kind == name and number > 0]
+        return min(numbers) if numbers else 0
 
     @staticmethod
     def _level(state: _Key, name: str, per_minute: int, now: float) -> float:

@@ -129,6 +129,16 @@ def check_a_cool_down_holds_every_caller_of_the_key(make: SlotFactory) -> None:
     assert slots.acquire(limit, "sc-c1", "agent").granted
 
 
+def check_the_smallest_number_two_callers_give_a_key_holds(make: SlotFactory) -> None:
+    # Two releases of a fleet give one key different numbers during a deploy: neither exceeds the smaller.
+    slots = make().slots
+    older, newer = ModelLimit("sc-deploy", concurrent=3), ModelLimit("sc-deploy", concurrent=1)
+    assert slots.acquire(older, "sc-d1", "agent").granted
+    assert not slots.acquire(newer, "sc-d2", "agent").granted
+    assert not slots.acquire(older, "sc-d3", "agent").granted
+    assert slots.usage()[0].in_use == 1
+
+
 def check_everything_lost_grants_again(make: SlotFactory) -> None:
     subject = make()
     limit = ModelLimit("sc-lost", concurrent=1)
@@ -142,4 +152,5 @@ CHECKS = [check_concurrent_slots_hold_and_a_release_wakes_the_next_waiter,
           check_freed_slots_go_round_robin_by_fairness_key, check_a_weight_gives_a_key_more_of_the_freed_slots,
           check_a_dead_holder_frees_its_slot_within_the_ttl_and_a_renewal_keeps_it,
           check_requests_per_minute_make_the_next_call_wait, check_tokens_are_counted_from_reported_usage,
-          check_a_cool_down_holds_every_caller_of_the_key, check_everything_lost_grants_again]
+          check_a_cool_down_holds_every_caller_of_the_key, check_the_smallest_number_two_callers_give_a_key_holds,
+          check_everything_lost_grants_again]

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client import parser
 
 from store.model_slots import RedisModelSlots
 from tests.support.agents import run_input
@@ -24,6 +27,22 @@ pytestmark = pytest.mark.crash
 AGENTS = "tests.support.agents,tests.support.limited_agents"
 #: A waiting step returns at once; anything near a model call's latency would mean it sat on a slot.
 _WAIT_STEP = re.compile(r"succeeded in ([0-9.]+)s: 'waiting on a model slot'")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return [(s.name, dict(s.labels), s.value)
+                for family in parser.text_string_to_metric_families(response.read().decode()) for s in family.samples]
+
+
+def _sample(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    return sum(value for found, got, value in samples if found == name and labels.items() <= got.items())
 
 
 def _most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -120,7 +139,10 @@ def test_a_429_with_retry_after_holds_every_caller_of_the_key(make_cluster: Call
 
 def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cluster: Callable[..., Cluster]) -> None:
     # Given a worker whose two processes each hold a slot through a long model call, and a third run waiting
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": AGENTS})
+    port = _free_port()
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": AGENTS, "LOUSHO_METRICS_PORT": str(port),
+                                      "LOUSHO_METRICS_DIR": ""})
+    cluster.extra_env["LOUSHO_METRICS_DIR"] = str(cluster.workdir / "metrics")
     worker = cluster.start_worker("w1", concurrency=3)
     cluster.start_beat()
     settings = cluster.settings()
@@ -137,6 +159,11 @@ def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cl
     cluster.send("limited", runs[2], run_input(runs[2], turns=1))
 
     wait_until(lambda: usage() == (2, 1), 5, "two slots held and one run waiting")
+    # The worker's /metrics shows the fleet's slots (read from Redis) and the wait it counted
+    scraped = _scrape(port)
+    assert _sample(scraped, "lousho_model_slots_in_use", key="crash-guarded") == 2
+    assert _sample(scraped, "lousho_model_slots_waiting", key="crash-guarded") == 1
+    assert _sample(scraped, "lousho_model_limit_waits_total", key="crash-guarded", reason="slot") >= 1
     # When the whole worker is killed
     cluster.kill_group(worker)
     killed = time.monotonic()

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from store.records import Message
-from tests.support.agents import TOOLS, LoggedModel, _script, log_event
+from tests.support.agents import TOOLS, LoggedModel, _script, _shape_of, log_event
 from worker import Agent, ModelLimit, ProviderRateLimitedError
 from worker.providers import ModelResponse, ToolSpec
 
@@ -66,7 +66,8 @@ class FussyProvider(LoggedModel):
         # A call whose process was killed ends with it, as a real provider's connection would.
         pids = [int((m.decode() if isinstance(m, bytes) else str(m)).split(":")[0]) for m in client.smembers(key)]
         inflight = len([pid for pid in pids if _alive(pid)])
-        record: dict[str, Any] = {"kind": "provider", "account": self.account, "inflight": inflight}
+        record: dict[str, Any] = {"kind": "provider", "account": self.account, "inflight": inflight,
+                                  "run_id": _shape_of(messages).run_id}
         try:
             if inflight > PROVIDER_CAPACITY:
                 log_event({**record, "phase": "refused"})

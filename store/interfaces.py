@@ -354,7 +354,10 @@ class ModelSlots(Protocol):
         """
 
     def renew(self, key: str, session_ids: builtins.list[str]) -> int:
-        """Push out the expiry of the slots of ``key`` these runs hold; how many were still held."""
+        """Push out the expiry of the slots of ``key`` these runs' calls in flight hold; how many were still held.
+
+        A lost slot (Redis lost its keys, a holder stalled past its expiry) is taken again: the call counts.
+        """
 
     def release(self, limit: ModelLimit, session_id: str, tokens: int = 0) -> tuple[tuple[str, str], ...]:
         """Give back the run's slot, counting ``tokens`` (reported usage); the runs ``(id, agent)`` woken."""

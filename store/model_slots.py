@@ -208,15 +208,14 @@ if free > 0 then return pop(free, now, ARGV[4], ARGV[5], tonumber(ARGV[7]), ARGV
 return {}
 """
 
-# ARGV: ttl ms, then run ids. Pushes out the expiry of the slots these runs still hold.
+# ARGV: ttl ms, then run ids. Pushes out the expiry of the slots of these runs, whose calls are in flight: a slot
+# lost (Redis lost its keys, or the holder stalled past its expiry) counts again, as the call does.
 _RENEW = _COMMON + """
 local now = now_ms()
 local kept = 0
 for i = 2, #ARGV do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
-    kept = kept + 1
-  end
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then kept = kept + 1 end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
 end
 return kept
 """
@@ -307,7 +306,11 @@ class RedisModelSlots:
 
     @_translated
     def renew(self, key: str, session_ids: list[str]) -> int:
-        """Push out the expiry of the slots of ``key`` these runs hold; how many were still held."""
+        """Push out the expiry of the slots of ``key`` these runs' calls in flight hold; how many were still held.
+
+        A slot that was lost (Redis lost its keys, or the holder stalled past its expiry) is taken again: the call
+        is in flight, so it counts, and calls admitted in between are the only excess (I20).
+        """
         if not session_ids:
             return 0
         return int(self._renew(keys=_keys_of(validate_limit_key(key)), args=[self.ttl_ms, *session_ids]))

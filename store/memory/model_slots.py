@@ -114,16 +114,17 @@ class MemoryModelSlots:
         return SlotAnswer(granted=False, reason="slot", woken=others), ()
 
     def renew(self, key: str, session_ids: list[str]) -> int:
-        """Push out the expiry of the slots of ``key`` these runs hold; how many were still held."""
+        """Push out the expiry of the slots of ``key`` these runs' calls hold; how many were still held.
+
+        A lost slot is taken again, as in Redis: the call is in flight.
+        """
         validate_limit_key(key)
         with self._lock:
             now = self._now()
-            state = self._keys.get(key)
-            if state is None:
-                return 0
+            state = self._keys.setdefault(key, _Key())
             self._purge(state, now)
             kept = [sid for sid in session_ids if sid in state.held]
-            for sid in kept:
+            for sid in session_ids:
                 state.held[sid] = now + self.ttl_ms
             return len(kept)
 

@@ -538,7 +538,8 @@ class AgentHandle:
         return Approvals(self._client, self.name)
 
     def send(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
-             idempotency_key: str | None = None, check_agent: bool = True, business_state: Any = None) -> Run:
+             idempotency_key: str | None = None, check_agent: bool = True, business_state: Any = None,
+             fairness_key: str | None = None) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.
 
         A new id starts a run; an unfinished run resumes (pending calls first, input after
@@ -550,7 +551,9 @@ class AgentHandle:
         dynamic agent's ``resolve`` and hooks read it; it is never shown to the model, nor logged.
         ``business_state`` (JSON, at most 64 KiB; None leaves it as it is) replaces the run's business state when
         the step that takes this input saves it (a ``business_state.changed`` event says so); tools and hooks read
-        it from then on.
+        it from then on. ``fairness_key`` (a tenant, say; None leaves the run's as it is) shares contended model
+        slots out round-robin by key (weighted by ``LOUSHO_FAIRNESS_WEIGHTS``), so one key's backlog cannot starve
+        another's.
 
         Raises:
             SessionIdInvalidError: the id breaks the id rules (nothing is written).
@@ -561,7 +564,8 @@ class AgentHandle:
             AgentNotFoundError: workers registered agents and this name is not among them.
             SessionAwaitingApprovalError: the run waits on an approval.
             ConfigurationError: the idempotency key is not 1-200 printable characters, the metadata is
-                not a JSON object, or the business state is not JSON (nothing is written).
+                not a JSON object, the business state is not JSON, or the fairness key is not 1-128 letters, digits,
+                ``.``, ``_``, ``:``, ``@`` or ``-`` (nothing is written).
         """
         records.validate_session_id(session_id)
         if records.is_child_id(session_id):
@@ -570,14 +574,14 @@ class AgentHandle:
             _check_idempotency_key(idempotency_key)
         messages = normalize_input(input)
         if not messages:
-            if metadata is not None or business_state is not None:
+            if metadata is not None or business_state is not None or fairness_key is not None:
                 raise errors.ConfigurationError("metadata and business_state ride with input: send some input with"
                                                 " them")
             return self._resume_or_current(session_id)
         if check_agent:
             inputs.check_agent(self.name, self._client.known_agents())
         number = self._client.store.append_input(session_id, self.name, messages, idempotency_key, metadata,
-                                                 business_state)
+                                                 business_state, fairness_key)
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 

@@ -102,8 +102,11 @@ def describe(engine: Engine, leases: redis_client.Client, broker_client: redis_c
         return None
     seen = observed.look(rows, leases, broker_client, settings)
     told = explain.explain(seen.observed[0], observed.grace(settings))
-    return seen.summarized[0].model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action,
-                                                 "business_state": state})
+    summary = seen.summarized[0]
+    # "waiting" is on children or on a model slot (DESIGN.md's vocabulary); the listing's state reads no Redis.
+    waits = told.waiting_on.model_limit is not None and summary.state == "running"
+    return summary.model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action,
+                                      "business_state": state, **({"state": "waiting"} if waits else {})})
 
 
 def check(engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings,

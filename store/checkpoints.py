@@ -117,6 +117,9 @@ WITH saved AS (
 ){event_log.SAVE_EVENTS}
 SELECT seq FROM saved
 """)
+# A step that waits on a model limit did no work: its start does not count toward the crash-loop guard.
+_NOTE_WAIT = text("UPDATE runs SET attempts = GREATEST(attempts - 1, 0) WHERE session_id = :sid AND fence = :fence"
+                  " RETURNING 1")
 _NOTE_USAGE = text(
     "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
 # A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given,
@@ -225,7 +228,7 @@ _PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
 _DIRECT = {statement: driver_sql(statement)
-           for statement in (_CLAIM, _FENCE_OF, _TAIL, _STORED, _INBOX, _NOTE_USAGE, _FAIL, _RETRY_LATER,
+           for statement in (_CLAIM, _FENCE_OF, _TAIL, _STORED, _INBOX, _NOTE_USAGE, _NOTE_WAIT, _FAIL, _RETRY_LATER,
                              _ABORT_PENDING,
                              *_SAVES.values())}
 #: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
@@ -497,6 +500,12 @@ class PostgresCheckpointStore:
                                                       "usage": payloads.dumps(usage.model_dump())}).fetchone()
         return row is not None
 
+    def note_wait(self, session_id: str, fence: int) -> bool:
+        """Take back the attempt this step's claim counted: it waits on a model limit; False when fenced out."""
+        with self._direct.connection() as conn:
+            row = conn.execute(_DIRECT[_NOTE_WAIT], {"sid": session_id, "fence": fence}).fetchone()
+        return row is not None
+
     def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
                        fence: int) -> builtins.list[str]:
         """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input.
@@ -565,7 +574,7 @@ class PostgresCheckpointStore:
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
                      idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None) -> int:
+                     business_state: Any = None, fairness_key: str | None = None) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
@@ -585,7 +594,8 @@ class PostgresCheckpointStore:
         """
         metadata = runs.check_metadata(metadata)
         with self._begin() as conn:
-            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata, business_state)
+            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata, business_state,
+                                    fairness_key)
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""

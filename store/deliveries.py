@@ -104,14 +104,15 @@ class PostgresDeliveryStore:
         self.engine = engine
 
     def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
-               messages: Sequence[records.Message]) -> Intake:
+               messages: Sequence[records.Message], fairness_key: str | None = None) -> Intake:
         """Record a verified delivery and start its run, all in one transaction.
 
         Concurrent copies of one delivery wait on the unique key: exactly one creates the run,
         the others get the existing row back (``created=False``) and write nothing. A GitHub
         delivery whose body the agent accepted before under another delivery id writes nothing
         and returns that earlier delivery with ``replay_of`` set (GitHub signs the body only, so
-        a captured delivery could otherwise be replayed under fresh ids).
+        a captured delivery could otherwise be replayed under fresh ids). ``fairness_key`` (checked already)
+        becomes the run's with its input.
 
         Raises:
             ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.
@@ -132,8 +133,8 @@ class PostgresDeliveryStore:
                 if source == "github" and conn.execute(_CLAIM_BODY, params).first() is None:
                     raise _Replay(_original(conn, params))
                 # The run is almost always new: one insert; a run made by hand under the id gets the input queued.
-                if not runs.create_run(conn, session_id, agent, messages):
-                    runs.queue_input(conn, session_id, agent, messages)
+                if not runs.create_run(conn, session_id, agent, messages, fairness_key=fairness_key):
+                    runs.queue_input(conn, session_id, agent, messages, fairness_key=fairness_key)
         except _Replay as replay:
             return Intake(replay.original, created=False, replay_of=replay.original.delivery_id)
         return Intake(Delivery.model_validate(dict(row._mapping)), created=True)

@@ -44,6 +44,8 @@ class Observed:
     step_message: MessagePlace | None = None
     #: A live worker serves the run's agent (it registered within the registration window).
     agent_served: bool = True
+    #: The model limit the run waits on: (limit key, reason: ``slot``, ``requests``, ``tokens``, ``cool-down``).
+    model_limit: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ def explain(observed: Observed, grace: timedelta) -> Explanation:
     waiting = WaitingOn(lease_holder=o.lease_holder, lease_age_ms=o.lease_age_ms, step_message=o.step_message,
                         retry_at=retry_at, approval_ids=list(o.approval_ids), children=list(o.children),
                         unserved_agent=None if o.agent_served or o.state == "finished" else o.agent,
-                        person=o.state in ("parked", "aborted", "budget-exceeded") or bool(o.approval_ids))
+                        person=o.state in ("parked", "aborted", "budget-exceeded") or bool(o.approval_ids),
+                        model_limit=o.model_limit[0] if o.model_limit is not None else None,
+                        model_limit_reason=o.model_limit[1] if o.model_limit is not None else None)
     if o.state == "finished":
         return Explanation(WaitingOn(), "nothing: it is finished; a new send continues it", True)
     if o.state == "parked":
@@ -93,6 +97,9 @@ def explain(observed: Observed, grace: timedelta) -> Explanation:
         return Explanation(waiting, f"its next attempt at {_at(retry_at)} (resume() tries at once)", True)
     if o.lease_holder is not None:
         return Explanation(waiting, f"the worker {o.lease_holder} runs its step now", True)
+    if o.model_limit is not None:
+        return Explanation(waiting, _LIMIT_WAITS.get(o.model_limit[1], _LIMIT_WAITS["slot"]).format(
+            key=o.model_limit[0]), True)
     if o.step_message is not None:
         action = f"a worker takes its step message ({o.step_message})"
         if not o.agent_served:
@@ -106,6 +113,17 @@ def explain(observed: Observed, grace: timedelta) -> Explanation:
     return Explanation(waiting, f"nothing seen moves it: no lease, no step message, no timer, no waiter since"
                                 f" {_at(o.since)}; the recovery sweep should have sent it a step by {_at(due)}"
                                 " (is a beat running?); lousho resume ID sends one now", False, overdue=True)
+
+
+#: What moves a run waiting on a model limit, by reason.
+_LIMIT_WAITS = {
+    "slot": "waiting on a model slot of limit {key!r}: the step that frees one wakes it (the sweep, if its holder"
+            " died)",
+    "requests": "waiting on the requests per minute of limit {key!r}: its step comes back when the minute allows",
+    "tokens": "waiting on the tokens per minute of limit {key!r}: its step comes back when the minute allows",
+    "cool-down": "waiting out the cool-down of limit {key!r} (the provider answered 429/529 with Retry-After):"
+                 " its step comes back when it ends",
+}
 
 
 def _names(ids: tuple[str, ...]) -> str:

@@ -18,6 +18,7 @@ from store import records
 from store.events import Event
 
 if TYPE_CHECKING:
+    from store.model_limit import ModelLimit, SlotAnswer, SlotUsage
     from store.schedule_records import Fire, Origin, Planner, Schedule, ScheduleSpec, Swept
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DeliveryStore",
     "Heartbeat",
     "Leases",
+    "ModelSlots",
     "ProducerStore",
     "RecoveryStore",
     "ScheduleStore",
@@ -67,6 +69,9 @@ class StepStore(Protocol):
 
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is written; False when fenced out."""
+
+    def note_wait(self, session_id: str, fence: int) -> bool:
+        """Take back the attempt the step's claim counted: it waits on a model limit; False when fenced out."""
 
     def record_failure(self, session_id: str, fence: int, error: records.LastError,
                        drafts: Sequence[records.EventDraft] = ()) -> int | None:
@@ -148,11 +153,12 @@ class ProducerStore(Protocol):
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
                      idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None) -> int:
+                     business_state: Any = None, fairness_key: str | None = None) -> int:
         """Queue input for a run (creating it) and return its inbox number.
 
         ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks);
-        ``business_state`` (not None) replaces the run's when the input is merged.
+        ``business_state`` (not None) replaces the run's when the input is merged, and ``fairness_key`` (not None)
+        the run's fairness key (its waits for a model slot go round-robin by it).
 
         Raises:
             SessionAwaitingApprovalError: the run waits on an approval.
@@ -331,6 +337,45 @@ class Heartbeat(Protocol):
         """Stop renewing anything (shutdown)."""
 
 
+class ModelSlots(Protocol):
+    """``ModelLimit`` slots, buckets and cool-downs shared by the fleet: what a step, the sweep and metrics use."""
+
+    ttl_ms: int
+
+    def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
+                weight: int = 1) -> SlotAnswer:
+        """Take a slot (and a request of the minute) for one model call of the run, or say why it waits.
+
+        A run that finds no free slot waits in line under ``fairness_key`` (weighted by ``weight``) and is named
+        in a later answer's ``woken`` when a slot is kept for it; the freed slots go round-robin by fairness key.
+
+        Raises:
+            SessionIdInvalidError: the run id is not valid (nothing is touched).
+            ConfigurationError: the fairness key is not valid.
+        """
+
+    def renew(self, key: str, session_ids: builtins.list[str]) -> int:
+        """Push out the expiry of the slots of ``key`` these runs' calls in flight hold; how many were still held.
+
+        A lost slot (Redis lost its keys, a holder stalled past its expiry) is taken again: the call counts.
+        """
+
+    def release(self, limit: ModelLimit, session_id: str, tokens: int = 0) -> tuple[tuple[str, str], ...]:
+        """Give back the run's slot, counting ``tokens`` (reported usage); the runs ``(id, agent)`` woken."""
+
+    def cool_down(self, key: str, seconds: float) -> None:
+        """Hold every caller of ``key`` for ``seconds`` (a 429's ``Retry-After``); a longer cool-down stays."""
+
+    def waiting(self, session_ids: builtins.list[str]) -> dict[str, tuple[str, str]]:
+        """The runs among these that wait on a model limit: run id -> (limit key, reason)."""
+
+    def wake(self) -> tuple[tuple[str, str], ...]:
+        """For every limit key: drop dead holders' slots and give the free ones to waiters; the runs woken."""
+
+    def usage(self) -> builtins.list[SlotUsage]:
+        """Slots in use, runs waiting and cool-down left (seconds), per limit key."""
+
+
 # -- agent registry, deliveries, schedules ---------------------------------------------------------
 
 
@@ -364,8 +409,8 @@ class DeliveryStore(Protocol):
     """Webhook deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""
 
     def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
-               messages: Sequence[records.Message]) -> records.Intake:
-        """Record a verified delivery and start its run, in one transaction.
+               messages: Sequence[records.Message], fairness_key: str | None = None) -> records.Intake:
+        """Record a verified delivery and start its run (with ``fairness_key``), in one transaction.
 
         Raises:
             ConfigurationError: the delivery id is malformed, or its run id belongs to another agent.

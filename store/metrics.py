@@ -36,6 +36,12 @@ Families (counters are exposed with ``_total``; histograms as ``_bucket``, ``_su
 - ``lousho_runs_unexplained`` and ``lousho_doctor_look_age_seconds``: unfinished runs with no owner, timer or
   waiter past the grace (invariant I19; 0 when all is well) at the latest look of the checker (``store.doctor``),
   and how long ago that look was; read from Postgres at scrape time, absent until a first look.
+- ``lousho_model_limit_waits_total{key,reason}``: steps that waited before their model call on a ``ModelLimit`` key,
+  by reason: ``slot``, ``requests``, ``tokens`` or ``cool-down``.
+- ``lousho_model_limit_cool_downs_total{key}``: 429/529 answers with ``Retry-After`` that cooled a key down.
+- ``lousho_model_slots_in_use{key}``, ``lousho_model_slots_waiting{key}`` and ``lousho_model_limit_cooling_seconds
+  {key}``: slots held (or kept for a woken waiter), runs waiting in line for one, and the cool-down left, read from
+  Redis at scrape time by a worker's ``/metrics`` (the fleet's figures, whatever process holds the slots).
 
 Stays whole: every metric family of the registry side by side, so names and labels stay consistent.
 """
@@ -54,8 +60,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from store import errors, telemetry
+from store import errors, interfaces, redis_client, telemetry
 from store.database import Transaction, make_engine
+from store.model_slots import RedisModelSlots
 from store.settings import Settings
 
 if TYPE_CHECKING:
@@ -75,7 +82,8 @@ FAMILIES = (
     "lousho_busy_drops_total", "lousho_sweep_resends_total", "lousho_schedule_fires_total",
     "lousho_schedule_skips_total", "lousho_schedule_misses_total", "lousho_webhook_deliveries_total",
     "lousho_approvals_waiting", "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained",
-    "lousho_doctor_look_age_seconds",
+    "lousho_doctor_look_age_seconds", "lousho_model_limit_waits_total", "lousho_model_limit_cool_downs_total",
+    "lousho_model_slots_in_use", "lousho_model_slots_waiting", "lousho_model_limit_cooling_seconds",
 )
 #: From a mock model turn (milliseconds) to a long tool batch (minutes).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -153,6 +161,10 @@ class Metrics:
         self.schedule_misses = counter("schedule_misses", "Overdue schedule ticks dropped by catch-up.")
         self.webhook_deliveries = counter("webhook_deliveries", "Webhook deliveries by result.",
                                           "agent", "source", "result", "reason")
+        self.limit_waits = counter("model_limit_waits", "Steps that waited on a model limit, by reason.", "key",
+                                   "reason")
+        self.cool_downs = counter("model_limit_cool_downs", "429/529 answers that cooled a model limit key down.",
+                                  "key")
         self._events: dict[str, Callable[[int, Mapping[str, str]], None]] = {
             "sweep.resent": lambda n, _: self.sweep_resends.inc(n),
             "schedule.fired": lambda n, _: self.schedule_fires.inc(n),
@@ -196,6 +208,10 @@ class Metrics:
             self.tool_seconds.labels(*labels).observe(max(0, tool_call.ended_ns - tool_call.started_ns) / 1e9)
         for tool, found in report.reconciliations:
             self.reconciliations.labels(_label(tool, "unknown"), _label(found, "unknown")).inc()
+        if report.waited is not None:
+            self.limit_waits.labels(_label(report.limit_key, "unknown"), _label(report.waited, "unknown")).inc()
+        if report.cooled:
+            self.cool_downs.labels(_label(report.limit_key, "unknown")).inc()
 
     def _run_changes(self, report: telemetry.StepReport, agent: str, outcome: str) -> None:
         if report.input_started:
@@ -265,6 +281,38 @@ class ApprovalsCollector:
                                 value=float(row.oldest_s))
 
 
+class LimitsCollector:
+    """The model limits' gauges, read from Redis at each scrape (``ModelSlots.usage``); left out when it fails."""
+
+    def __init__(self, slots: interfaces.ModelSlots) -> None:
+        self.slots = slots
+
+    def describe(self) -> list[Metric]:
+        """Nothing: registering the collector must not reach Redis."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Slots in use, runs waiting and cool-down left, per limit key."""
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        try:
+            usage = self.slots.usage()
+        except errors.StorageError as exc:
+            log.warning("model limit gauges left out of this scrape: %s", exc.code)
+            return
+        families = [
+            GaugeMetricFamily("lousho_model_slots_in_use", "Model slots held or kept for a woken waiter.",
+                              labels=["key"]),
+            GaugeMetricFamily("lousho_model_slots_waiting", "Runs waiting in line for a model slot.", labels=["key"]),
+            GaugeMetricFamily("lousho_model_limit_cooling_seconds", "Seconds left of a key's cool-down.",
+                              labels=["key"]),
+        ]
+        for found in usage:
+            for family, value in zip(families, (found.in_use, found.waiting, found.cooling_s), strict=True):
+                family.add_metric([_label(found.key, "unknown")], float(value))
+        yield from families
+
+
 class _Joined:
     """Collects from several collectors, as one (the sink's registry and the approvals gauges)."""
 
@@ -276,10 +324,11 @@ class _Joined:
             yield from part.collect()
 
 
-def exposition(sink: Metrics | None, engine: Engine | None) -> CollectorRegistry:
+def exposition(sink: Metrics | None, engine: Engine | None,
+               slots: interfaces.ModelSlots | None = None) -> CollectorRegistry:
     """The registry a scrape reads: every process's files in multiprocess mode, else ``sink``'s registry.
 
-    Plus the approvals gauges when ``engine`` is given.
+    Plus the approvals gauges when ``engine`` is given, and the model limits' when ``slots`` is.
     """
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -291,6 +340,8 @@ def exposition(sink: Metrics | None, engine: Engine | None) -> CollectorRegistry
         registry.register(_Joined(sink.registry))
     if engine is not None:
         registry.register(ApprovalsCollector(engine))
+    if slots is not None:
+        registry.register(LimitsCollector(slots))
     return registry
 
 
@@ -346,7 +397,8 @@ def prepare(settings: Settings) -> Path:
     return folder
 
 
-def serve(port: int, engine: Engine | None, sink: Metrics | None = None, addr: str = "0.0.0.0") -> int:
+def serve(port: int, engine: Engine | None, sink: Metrics | None = None, addr: str = "0.0.0.0",
+          slots: interfaces.ModelSlots | None = None) -> int:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the port bound (``port`` 0 picks one).
 
     Raises:
@@ -354,7 +406,7 @@ def serve(port: int, engine: Engine | None, sink: Metrics | None = None, addr: s
     """
     from prometheus_client import start_http_server
 
-    server, _ = start_http_server(port, addr=addr, registry=exposition(sink, engine))
+    server, _ = start_http_server(port, addr=addr, registry=exposition(sink, engine, slots))
     bound = int(server.server_port)
     log.info("metrics served on %s:%d/metrics", addr, bound)
     return bound
@@ -383,7 +435,11 @@ def enable_worker(settings: Settings, engine: Engine | None = None) -> bool:
     sink = Metrics()
     telemetry.attach(sink)
     try:
-        serve(settings.metrics_port, engine if engine is not None else make_engine(settings, pooled=False))
+        # Redis clients connect on first use (a scrape), so no pool process inherits a connection.
+        slots = RedisModelSlots(redis_client.connect(settings, socket_timeout=2, socket_connect_timeout=2),
+                                settings.lease_ttl_ms)
+        serve(settings.metrics_port, engine if engine is not None else make_engine(settings, pooled=False),
+              slots=slots)
     except OSError as exc:
         telemetry.detach(sink)
         log.error("metrics off: port %d cannot be served (%s)", settings.metrics_port, exc)
@@ -401,5 +457,6 @@ def mark_dead(pid: int) -> None:
     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 
-__all__ = ["FAMILIES", "MULTIPROC_ENV", "ApprovalsCollector", "Metrics", "available", "enable_worker", "exposition",
+__all__ = ["FAMILIES", "MULTIPROC_ENV", "ApprovalsCollector", "LimitsCollector", "Metrics", "available",
+           "enable_worker", "exposition",
            "is_multiprocess", "make_sink", "mark_dead", "prepare", "render", "serve"]

@@ -108,6 +108,7 @@ def look(rows: Sequence[Any], leases: redis.Redis, broker_client: redis.Redis, s
     base = [_observed(row) for row in rows]
     moving = [o for o in base if o.state in ("running", "retrying", "waiting", "awaiting-approval")]
     holders = _leases(leases, [o.session_id for o in moving], settings.lease_ttl_ms)
+    limited = _limit_waits(leases, [o.session_id for o in moving])
     seqs = {row.session_id: int(row.seq) for row in rows}
     complete = True
     scan = broker.Scan((), True)
@@ -118,7 +119,8 @@ def look(rows: Sequence[Any], leases: redis.Redis, broker_client: redis.Redis, s
     observed = tuple(
         replace(o, lease_holder=holders.get(o.session_id, (None, None))[0],
                 lease_age_ms=holders.get(o.session_id, (None, None))[1],
-                step_message=scan.for_run(o.session_id, seqs[o.session_id]))
+                step_message=scan.for_run(o.session_id, seqs[o.session_id]),
+                model_limit=limited.get(o.session_id))
         for o in base)
     return Look(observed, tuple(_summary(row) for row in rows), complete)
 
@@ -143,6 +145,18 @@ def _summary(row: Any) -> summaries.RunSummary:
 def _cost(row: Any) -> float | None:
     cost = getattr(row, "cost", None)
     return None if cost is None else float(cost)
+
+
+def _limit_waits(client: redis.Redis, session_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """The runs among ``session_ids`` waiting on a model limit: (limit key, reason) by run (one round trip)."""
+    if not session_ids:
+        return {}
+    found = {}
+    for session_id, mark in zip(session_ids, client.mget([keys.wait_key(s) for s in session_ids]), strict=True):
+        if mark is not None:
+            key, _, reason = (mark.decode() if isinstance(mark, bytes) else str(mark)).partition(" ")
+            found[session_id] = (key, reason)
+    return found
 
 
 def _leases(client: redis.Redis, session_ids: list[str], ttl_ms: int) -> dict[str, tuple[str, int | None]]:

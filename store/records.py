@@ -208,7 +208,7 @@ _COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "s
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
 FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated",
-                   "lead_agent", "background", "trace")
+                   "lead_agent", "background", "trace", "fairness_key")
 
 
 class Checkpoint(_Record):
@@ -264,6 +264,8 @@ class Checkpoint(_Record):
     clock_since: datetime | None = None
     #: Metadata sent with the input the run works on (``send(..., metadata=...)``; format 3).
     metadata: dict[str, Any] | None = None
+    #: The fairness key of the input (``send(..., fairness_key=...)``): waits for a model slot go round-robin by it.
+    fairness_key: str | None = None
     #: The agent the run was handed to (``transfer_to_<name>``); None while it is on ``agent`` (format 3).
     active_agent: str | None = None
     #: Calls of the last turn delegated to child runs: call id -> child run id (format 3).
@@ -410,6 +412,8 @@ class Progress(_Record):
 #: Key of an inbox row's stored metadata object that carries the business state sent with the input
 #: (``send(..., business_state=...)``); senders may not use it in their own metadata.
 BUSINESS_STATE_KEY = "lousho.business_state"
+#: Key of an inbox row's stored metadata object that carries the fairness key sent with the input.
+FAIRNESS_KEY = "lousho.fairness_key"
 
 
 class InboxEntry(_Record):
@@ -421,14 +425,18 @@ class InboxEntry(_Record):
     metadata: dict[str, Any] | None = None
     #: The business state sent with the input (``send(..., business_state=...)``); None leaves the run's as it is.
     business_state: Any = None
+    #: The fairness key sent with the input; None leaves the run's as it is.
+    fairness_key: str | None = None
 
     @classmethod
     def from_stored(cls, n: int, messages: Any, stored: dict[str, Any] | None) -> InboxEntry:
-        """The entry of an inbox row whose ``metadata`` column may carry the business state sent with it."""
-        if not stored or BUSINESS_STATE_KEY not in stored:
+        """The entry of an inbox row whose ``metadata`` column may carry the business state and fairness key."""
+        if not stored or (BUSINESS_STATE_KEY not in stored and FAIRNESS_KEY not in stored):
             return cls(n=n, messages=messages, metadata=stored)
-        metadata = {key: value for key, value in stored.items() if key != BUSINESS_STATE_KEY}
-        return cls(n=n, messages=messages, metadata=metadata or None, business_state=stored[BUSINESS_STATE_KEY])
+        metadata = {key: value for key, value in stored.items() if key not in (BUSINESS_STATE_KEY, FAIRNESS_KEY)}
+        fairness = stored.get(FAIRNESS_KEY)
+        return cls(n=n, messages=messages, metadata=metadata or None, business_state=stored.get(BUSINESS_STATE_KEY),
+                   fairness_key=fairness if isinstance(fairness, str) else None)
 
 
 class HistoryEntry(_Record):

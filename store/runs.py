@@ -3,6 +3,8 @@
 Every statement that creates a run or queues input for one is here, in the caller's transaction, so sends,
 forks, webhook deliveries and schedule ticks follow the same rules. Steps' own writes (claim, fenced save,
 failures) stay in ``store.checkpoints``.
+
+Stays whole: the run row's statements and the has-work rule they share (in SQL and in memory) change together.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import Row, RowMapping
 
-from store import errors, inputs, payloads, records, transcripts
+from store import errors, inputs, model_limit, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
 COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
@@ -251,15 +253,22 @@ def check_business_state(value: object) -> Any:
     return clean
 
 
-def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None) -> dict[str, Any] | None:
-    """What the inbox row keeps in its ``metadata`` column: the sender's metadata, and the business state sent.
+def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None,
+                    fairness_key: str | None = None) -> dict[str, Any] | None:
+    """What the inbox row keeps in its ``metadata`` column: the sender's metadata, the business state and fairness key.
 
-    The state rides under ``records.BUSINESS_STATE_KEY`` so the input and the state it comes with are one row
-    (``records.InboxEntry.from_stored`` splits them again). Both are checked already.
+    The state rides under ``records.BUSINESS_STATE_KEY`` (the fairness key under ``records.FAIRNESS_KEY``) so the
+    input and what it comes with are one row (``records.InboxEntry.from_stored`` splits them again). All are
+    checked already.
     """
-    if business_state is None:
+    if business_state is None and fairness_key is None:
         return metadata
-    return {**(metadata or {}), records.BUSINESS_STATE_KEY: business_state}
+    stored = dict(metadata or {})
+    if business_state is not None:
+        stored[records.BUSINESS_STATE_KEY] = business_state
+    if fairness_key is not None:
+        stored[records.FAIRNESS_KEY] = fairness_key
+    return stored
 
 
 def check_metadata(metadata: object) -> dict[str, Any] | None:
@@ -278,6 +287,8 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
     if records.BUSINESS_STATE_KEY in metadata:
         raise errors.ConfigurationError(f"metadata key {records.BUSINESS_STATE_KEY!r} is reserved; send the business"
                                         " state as business_state=")
+    if records.FAIRNESS_KEY in metadata:
+        raise errors.ConfigurationError(f"metadata key {records.FAIRNESS_KEY!r} is reserved; send it as fairness_key=")
     payloads.check_depth(metadata)
     try:
         json.dumps(metadata, allow_nan=False)
@@ -292,26 +303,29 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
 
 def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
                 idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                business_state: Any = None) -> int:
+                business_state: Any = None, fairness_key: str | None = None) -> int:
     """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
     used on this run queues nothing and returns the first send's number (the first send's ``metadata``
-    stays). ``business_state`` (not None) replaces the run's when the step that merges this input saves it.
+    stays). ``business_state`` (not None) replaces the run's when the step that merges this input saves it, and so
+    does ``fairness_key`` (not None): the run's waits for a model slot go round-robin by it.
     New input clears a parked or waiting run's error: the run tries again with it. Input that
     would leave the run less than a reply's room under the checkpoint limit, with its transcript and the
     input queued before, is refused: a step could never save it (``inputs.leaves_room``).
 
     Raises:
         SessionAwaitingApprovalError: the run waits on an approval.
-        ConfigurationError: the run belongs to another agent, or ``metadata`` is not a JSON object.
+        ConfigurationError: the run belongs to another agent, ``metadata`` is not a JSON object, or the fairness key
+            is not valid.
         InputTooLargeError: ``metadata`` or ``business_state`` is too large or too deep, or the run has no room for
             the input (nothing is written).
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
     metadata = stored_metadata(check_metadata(metadata),
-                               None if business_state is None else check_business_state(business_state))
+                               None if business_state is None else check_business_state(business_state),
+                               None if fairness_key is None else model_limit.validate_fairness_key(fairness_key))
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
     if row.document:
@@ -338,8 +352,10 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
 
 
 def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-               metadata: dict[str, Any] | None = None) -> bool:
+               metadata: dict[str, Any] | None = None, fairness_key: str | None = None) -> bool:
     """Create the run ``session_id`` with ``messages`` (and ``metadata``) as its first input, in ``conn``'s transaction.
+
+    ``fairness_key`` (checked already) rides with the input and becomes the run's when it is merged.
 
     Returns False, writing nothing, when a run with that id exists.
 
@@ -348,7 +364,7 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
         InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
     """
     return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages,
-                   metadata=check_metadata(metadata))
+                   metadata=stored_metadata(check_metadata(metadata), fairness_key=fairness_key))
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from store import errors, records, ticks
+from store import errors, model_limit, records, ticks
 
 Overlap = Literal["skip", "allow"]
 CatchUp = Literal["skip", "one"]
@@ -54,6 +54,18 @@ class ScheduleSpec(BaseModel):
     timezone: str = "UTC"
     overlap: Overlap = "skip"
     catch_up: CatchUp = "one"
+    #: The fairness key of the runs it starts (``send(..., fairness_key=...)``); None: none.
+    fairness_key: str | None = None
+
+    @field_validator("fairness_key")
+    @classmethod
+    def _fairness_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                model_limit.validate_fairness_key(value)
+            except errors.ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("name")
     @classmethod
@@ -181,7 +193,7 @@ class TickPlan:
 
 def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cron: str | None = None,
                every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-               catch_up: CatchUp = "one") -> ScheduleSpec:
+               catch_up: CatchUp = "one", fairness_key: str | None = None) -> ScheduleSpec:
     """A checked ``ScheduleSpec``.
 
     Raises:
@@ -191,7 +203,7 @@ def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cr
     try:
         return ScheduleSpec(name=name, agent=agent, messages=list(messages), cron=cron,
                             every_s=None if every is None else ticks.every_seconds(every), timezone=timezone,
-                            overlap=overlap, catch_up=catch_up)
+                            overlap=overlap, catch_up=catch_up, fairness_key=fairness_key)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

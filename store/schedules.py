@@ -30,11 +30,14 @@ from store.schedule_records import (
 from store.ticks import tick_session_id
 
 _COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
-            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at")
+            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at,"
+            " fairness_key")
 _NOW = text("SELECT now()")
 _INSERT = text(f"""
-INSERT INTO schedules (name, agent, input, cron, every_s, timezone, overlap, catch_up, origin, next_fire_at)
-VALUES (:name, :agent, CAST(:input AS jsonb), :cron, :every_s, :timezone, :overlap, :catch_up, :origin, :next)
+INSERT INTO schedules (name, agent, input, cron, every_s, timezone, overlap, catch_up, origin, next_fire_at,
+  fairness_key)
+VALUES (:name, :agent, CAST(:input AS jsonb), :cron, :every_s, :timezone, :overlap, :catch_up, :origin, :next,
+  :fairness_key)
 ON CONFLICT (name) DO NOTHING RETURNING {_COLUMNS}
 """)
 _BY_NAME = text(f"SELECT {_COLUMNS} FROM schedules WHERE name = :name")
@@ -43,7 +46,7 @@ _LIST = text(f"SELECT {_COLUMNS} FROM schedules ORDER BY name")
 _REDEFINE = text(f"""
 UPDATE schedules SET agent = :agent, input = CAST(:input AS jsonb), cron = :cron, every_s = :every_s,
   timezone = :timezone, overlap = :overlap, catch_up = :catch_up, origin = :origin, next_fire_at = :next,
-  broken_error = NULL, broken_at = NULL, updated_at = now()
+  fairness_key = :fairness_key, broken_error = NULL, broken_at = NULL, updated_at = now()
 WHERE name = :name RETURNING {_COLUMNS}
 """)
 _PAUSE = text(f"UPDATE schedules SET paused = true, updated_at = now() WHERE name = :name RETURNING {_COLUMNS}")
@@ -95,7 +98,7 @@ def _params(spec: ScheduleSpec, origin: Origin, next_fire_at: datetime) -> dict[
     """Bound parameters for inserting or redefining ``spec``."""
     return {"name": spec.name, "agent": spec.agent, "input": payloads.dumps([m.dump() for m in spec.messages]),
             "cron": spec.cron, "every_s": spec.every_s, "timezone": spec.timezone, "overlap": spec.overlap,
-            "catch_up": spec.catch_up, "origin": origin, "next": next_fire_at}
+            "catch_up": spec.catch_up, "origin": origin, "next": next_fire_at, "fairness_key": spec.fairness_key}
 
 
 def _schedule(row: Row[Any]) -> Schedule:
@@ -255,7 +258,7 @@ class PostgresScheduleStore:
         if session_id is None:
             swept.skipped.append(tick)
             return
-        if runs.create_run(conn, session_id, schedule.agent, schedule.messages):
+        if runs.create_run(conn, session_id, schedule.agent, schedule.messages, fairness_key=schedule.fairness_key):
             swept.fired.append((tick, session_id))
         else:  # a run made by hand under this id: leave it alone, the tick is still claimed once
             conn.execute(_UNFIRE, {"id": schedule.schedule_id, "fire_at": tick})

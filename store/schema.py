@@ -263,6 +263,8 @@ schedules = Table(
     #: Why the schedule cannot fire (set by the sweep, which then skips it); NULL when healthy.
     Column("broken_error", Text, nullable=True),
     Column("broken_at", DateTime(timezone=True), nullable=True),
+    #: The fairness key of the runs it starts (their waits for a model slot go round-robin by it); NULL: none.
+    Column("fairness_key", Text, nullable=True),
     CheckConstraint("(cron IS NULL) <> (every_s IS NULL)", name="schedules_one_timing"),
     Index("schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused AND broken_error IS NULL")),
 )

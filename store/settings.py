@@ -8,6 +8,7 @@ from pydantic import SecretStr, ValidationError, field_validator, model_validato
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from store import errors
+from store.model_limit import ModelLimit, parse_fairness_weights, parse_model_limits
 
 
 class Settings(BaseSettings):
@@ -132,6 +133,16 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = 1024 * 1024
     #: ``agent=/json/pointer`` pairs: the part of a webhook body that becomes that agent's input.
     webhook_input: str = ""
+    #: Where a webhook delivery's fairness key is read, per agent (``*``: every agent): ``agent=header:X-Tenant``
+    #: (a request header) or ``agent=/json/pointer`` (a field of the body), comma-separated. Unset: no key.
+    webhook_fairness: str = ""
+
+    #: Limits shared by the whole fleet, per provider account or model (``store.model_limit``):
+    #: ``"openai-main=concurrent:8,rpm:500,tpm:200000;anthropic=concurrent:4"``. A key named here wins over the
+    #: numbers agents give it in code.
+    model_limits: str = ""
+    #: Shares of fairness keys when model slots are contended: ``"acme=2,globex=3"`` (unnamed keys: 1).
+    fairness_weights: str = ""
 
     @field_validator("history_limit")
     @classmethod
@@ -198,6 +209,8 @@ class Settings(BaseSettings):
             raise errors.ConfigurationError("the soft step time limit must be below the hard one")
         if self.visibility_timeout_s < 2 * self.step_time_limit_s:
             raise errors.ConfigurationError("LOUSHO_VISIBILITY_TIMEOUT_S must be at least twice the step time limit")
+        self.model_limit_table  # noqa: B018  # refused at start, not at the first model call
+        self.fairness_weight_table  # noqa: B018
         if (self.retention_days is not None and self.retention_keys_days is not None
                 and self.retention_keys_days < self.retention_days):
             raise errors.ConfigurationError("LOUSHO_RETENTION_KEYS_DAYS must be at least LOUSHO_RETENTION_DAYS: a"
@@ -235,6 +248,24 @@ class Settings(BaseSettings):
         reaches a worker that can run it; the shared queue stays consumed by every worker.
         """
         return f"{self.queue}.{agent}" if agent else self.queue
+
+    @property
+    def model_limit_table(self) -> dict[str, ModelLimit]:
+        """``LOUSHO_MODEL_LIMITS`` by key.
+
+        Raises:
+            ConfigurationError: it does not parse.
+        """
+        return parse_model_limits(self.model_limits)
+
+    @property
+    def fairness_weight_table(self) -> dict[str, int]:
+        """``LOUSHO_FAIRNESS_WEIGHTS`` by fairness key.
+
+        Raises:
+            ConfigurationError: it does not parse.
+        """
+        return parse_fairness_weights(self.fairness_weights)
 
     @property
     def agent_modules(self) -> list[str]:

@@ -43,6 +43,10 @@ class WaitingOn(_Record):
     unserved_agent: str | None = None
     #: A person must act: the run is parked, aborted, stopped at a budget, or waits on decisions.
     person: bool = False
+    #: The ``ModelLimit`` key the run waits on before its model call, and why (``slot``: no free slot; ``requests``,
+    #: ``tokens``: the minute's budget is spent; ``cool-down``: the provider answered 429/529 with Retry-After).
+    model_limit: str | None = None
+    model_limit_reason: str | None = None
 
 
 class RunSummary(_Record):

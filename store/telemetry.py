@@ -31,8 +31,9 @@ RETRY = "retry"
 RESUME_RUN = "resume"
 ABORT = "abort"
 CHILDREN_SETTLED = "sub-agents settled"
+SLOT_FREED = "model slot freed"
 #: What a step message may be named for: what the step does when the sender knows it, else why it was sent.
-KINDS = (MODEL_TURN, TOOL_BATCH, RESUME, NEW_INPUT, RECOVERY, RETRY, RESUME_RUN, ABORT, CHILDREN_SETTLED)
+KINDS = (MODEL_TURN, TOOL_BATCH, RESUME, NEW_INPUT, RECOVERY, RETRY, RESUME_RUN, ABORT, CHILDREN_SETTLED, SLOT_FREED)
 #: Longest agent name shown in a step's name (agent names are limited to 64 characters anyway).
 _NAME_MAX = 64
 
@@ -128,6 +129,12 @@ class StepReport:
     children: int = 0
     #: ``(tool, outcome)`` of each reconciliation of a ``once`` call the step made (``worker.once``).
     reconciliations: list[tuple[str, str]] = field(default_factory=list)
+    #: Why the step waits before its model call (``store.model_limit.WaitReason``), when it does.
+    waited: str | None = None
+    #: The limit key the step waited on or called under.
+    limit_key: str | None = None
+    #: The model answered 429/529 with ``Retry-After``: the step cooled its limit key down.
+    cooled: bool = False
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
     checkpoint: Checkpoint | None = None
 
@@ -141,6 +148,8 @@ class StepReport:
         outcome = self.outcome or "unknown"
         if outcome == "handed-back" and self.hand_back:
             return f"handed back: {self.hand_back}"
+        if outcome == "waiting":
+            return _WAITS.get(self.waited or "", "waiting on a model limit")
         if outcome in _DROPPED:
             return _DROPPED[outcome]
         if outcome == "parked":
@@ -169,7 +178,7 @@ class StepReport:
 
 
 #: Step outcomes that did no work on the run: counted, never timed or traced.
-NO_WORK = frozenset({"busy", "stale", "unknown", "idle", "handed-back"})
+NO_WORK = frozenset({"busy", "stale", "unknown", "idle", "handed-back", "waiting"})
 #: Summaries of steps that did nothing to the run.
 _DROPPED = {
     "busy": "busy: another worker holds the run; dropped",
@@ -179,6 +188,9 @@ _DROPPED = {
     "idle": "idle: nothing to do",
     "handed-back": "handed back: a worker of another release runs this step",
 }
+_WAITS = {"slot": "waiting on a model slot", "requests": "waiting on the requests per minute of a model limit",
+          "tokens": "waiting on the tokens per minute of a model limit",
+          "cool-down": "waiting out a model limit's cool-down (429/529)"}
 _ENDED = {"aborted": "aborted", "delegated": "waiting on sub-agents"}
 
 

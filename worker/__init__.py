@@ -3,7 +3,8 @@
 ``celery -A worker`` finds the app in ``worker.celery``; importing this package does not start
 or configure Celery, so agent modules can ``from worker import Agent, tool`` cheaply. The error
 family of ``store.errors`` is re-exported here as well (every class but the step machine's internal
-``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``), ``SweptRun`` and
+``FencedOutError``), and so are ``Limits`` and ``Prices`` (``Agent(limits=..., prices=...)``),
+``ModelLimit`` (``Agent(model_limit=...)``), ``SweptRun`` and
 ``LastError`` (what ``Agent(on_recovered=..., on_error=...)`` are called with), and ``install``
 (``worker.celery.install``, which imports Celery only when called).
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from store import errors
 from store.errors import *  # noqa: F403  # the public errors, listed once in store.errors.__all__
 from store.limits import Limits, Prices
+from store.model_limit import ModelLimit
 from store.records import LastError, SweptRun
 from worker.agents import Agent, Tool, ToolContext, tool
 from worker.dynamic import ResolveContext, RunConfig
@@ -44,6 +46,7 @@ __all__ = [
     "Input",
     "LastError",
     "Limits",
+    "ModelLimit",
     "ModelRequest",
     "Prices",
     "ResolveContext",

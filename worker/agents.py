@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from store import errors, records
 from store.limits import Limits, Prices
+from store.model_limit import ModelLimit
 from worker import business
 from worker.providers.base import Model, ToolSpec
 
@@ -317,6 +318,8 @@ class Agent:
       chosen is saved with the run, and a worker that picks the run up later uses it. ``model`` is then a
       default for ``RunConfig`` fields left None, and ``models`` lists the models a saved choice may name that
       cannot be rebuilt from their spec alone (a ``MockModel``, a model with custom client options).
+    - ``model_limit`` (``ModelLimit``): concurrent calls, requests and tokens per minute shared by every worker of
+      the fleet with every agent naming the same key; a step that must wait holds no worker process.
     - ``on_recovered(run)`` and ``on_error(error, run)``: the recovery sweep's report on a run of this agent that it
       sent on (one that stopped moving, or was due for a retry). ``on_recovered`` once the run's input ended
       (finished, paused on a person, stopped), ``on_error`` once it failed again (``run.last_error``); each at most
@@ -331,7 +334,8 @@ class Agent:
                  handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
                  max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel",
                  on_recovered: Callable[[records.SweptRun], Any] | None = None,
-                 on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None) -> None:
+                 on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None,
+                 model_limit: ModelLimit | None = None) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -353,7 +357,7 @@ class Agent:
             "approval_expires_in": approval_expires_in, "resolve": resolve, "models": tuple(models),
             "handoffs": tuple(handoffs), "max_handoffs": max_handoffs, "subagents": tuple(subagents),
             "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish,
-            "on_recovered": on_recovered, "on_error": on_error}
+            "on_recovered": on_recovered, "on_error": on_error, "model_limit": model_limit}
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -392,6 +396,11 @@ class Agent:
         #: The recovery sweep's report on a run it sent on: its input ended since, or it failed again.
         self.on_recovered = on_recovered
         self.on_error = on_error
+        if model_limit is not None and not isinstance(model_limit, ModelLimit):
+            raise errors.ConfigurationError(f"agent {name!r}: model_limit must be a ModelLimit")
+        #: The fleet-wide limit its model calls share with every agent naming the same key (``LOUSHO_MODEL_LIMITS``
+        #: wins over its numbers).
+        self.model_limit = model_limit
 
     def _add_subagents(self, children: list[Agent]) -> None:
         for child in children:

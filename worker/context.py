@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from store import errors, interfaces, telemetry
+from store.model_limit import ModelLimit
 from store.records import Approval, Checkpoint, EventDraft, Serving, StepWrite
 from worker import budgets
 from worker import live as live_events
 from worker.agents import Agent
 from worker.live import Live
+from worker.slots import SlotKeeper
 
 log = logging.getLogger("lousho.step")
 
@@ -46,6 +48,7 @@ class Outcome(enum.StrEnum):
     PARKED = "parked"        #: the run stopped with a non-retryable error
     ABORTED = "aborted"      #: the run stopped on an abort request; every call has its result
     DELEGATED = "delegated"  #: the run waits on child runs (sub-agents); the last to settle wakes it
+    WAITING = "waiting"      #: the run waits on its model limit (a slot, the minute's rate, a cool-down); no failure
 
 
 @dataclass
@@ -73,6 +76,15 @@ class StepDeps:
     signals: interfaces.Signals | None = None
     #: Seconds after its input a run of an agent no worker ever registered is parked (``LOUSHO_AGENT_GRACE_S``).
     agent_grace_s: float = 600.0
+    #: The fleet's model limits (slots, buckets, cool-downs); None: agents' ``model_limit`` is not enforced (a test
+    #: without Redis).
+    slots: interfaces.ModelSlots | None = None
+    #: Renews the slots this process's model calls hold (made with ``slots``).
+    slot_keeper: SlotKeeper | None = None
+    #: ``LOUSHO_MODEL_LIMITS`` by key: these numbers win over the ones agents give the key.
+    model_limits: dict[str, ModelLimit] = field(default_factory=dict)
+    #: ``LOUSHO_FAIRNESS_WEIGHTS`` by fairness key.
+    fairness_weights: dict[str, int] = field(default_factory=dict)
 
     def serving(self, agent: str) -> list[Serving]:
         """Other live workers that registered ``agent``."""

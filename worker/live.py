@@ -174,6 +174,9 @@ class Live:
         self.end_owed: Checkpoint | None = None
         self._claimed_at: datetime | None = None
         self._claimed_mono = 0.0
+        #: Runs ``(id, agent)`` a model slot this step freed or found free went to: each is sent a step once the
+        #: lease is released.
+        self.woken: list[tuple[str, str | None]] = []
 
     def claimed(self, now: datetime | None, end_hooks: bool) -> None:
         """The step claimed the run at ``now`` (Postgres's clock); its agent has ``on_run_end`` hooks or not."""

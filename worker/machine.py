@@ -127,6 +127,8 @@ def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instruct
             update["metadata"] = entry.metadata
         if entry.business_state is not None:
             update["business_state"] = entry.business_state
+        if entry.fairness_key is not None:
+            update["fairness_key"] = entry.fairness_key
         current = current.model_copy(update=update)
     return current
 

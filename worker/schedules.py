@@ -157,8 +157,10 @@ def publish(result: SweepResult, enqueue: Callable[[str], None]) -> int:
 
 def declare(name: str, agent: str, input: inputs.Input, *, cron: str | None = None,
             every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-            catch_up: CatchUp = "one") -> ScheduleSpec:
+            catch_up: CatchUp = "one", fairness_key: str | None = None) -> ScheduleSpec:
     """A schedule declared in code, next to its agent; workers sync it at start (see ``sync_declared``).
+
+    ``fairness_key``: the runs it starts share contended model slots round-robin with other keys' runs.
 
     Raises:
         ConfigurationError: an invalid field, or input that is not a string or chat messages.
@@ -169,7 +171,7 @@ def declare(name: str, agent: str, input: inputs.Input, *, cron: str | None = No
     except errors.ConfigurationError as exc:
         raise errors.ConfigurationError(f"schedule {name!r}: {exc}") from exc
     return build_spec(name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap,
-                      catch_up=catch_up)
+                      catch_up=catch_up, fairness_key=fairness_key)
 
 
 def declared_schedules(modules: Iterable[str]) -> list[ScheduleSpec]:

@@ -64,11 +64,13 @@ class Every(schedules.schedule):  # type: ignore[misc]  # celery ships no type h
 
 
 def beat_entry(name: str, agent: str, input: Any, schedule: float | schedules.crontab, *,
-               queue: str = "lousho", metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+               queue: str = "lousho", metadata: dict[str, Any] | None = None,
+               fairness_key: str | None = None) -> dict[str, Any]:
     """A ``beat_schedule`` entry that starts one run of ``agent`` per tick, however many beats send it.
 
     ``schedule`` is seconds (fired on the epoch's grid) or a ``crontab`` (at most one tick a minute). Each tick's
-    run is ``<name>-<tick time, UTC, YYYYmmddTHHMMSS>``. ``queue`` is ``LOUSHO_QUEUE``.
+    run is ``<name>-<tick time, UTC, YYYYmmddTHHMMSS>``. ``queue`` is ``LOUSHO_QUEUE``. ``fairness_key`` is the runs'
+    (as ``send``'s).
 
     Raises:
         ConfigurationError: the name is not 1-100 letters, digits, ``_`` or ``-``, or the schedule is neither.
@@ -84,7 +86,8 @@ def beat_entry(name: str, agent: str, input: Any, schedule: float | schedules.cr
     else:
         raise errors.ConfigurationError("a beat entry's schedule is seconds or a crontab", field="schedule")
     return {"task": START_TASK, "schedule": fired,
-            "kwargs": {"agent": agent, "input": input, "metadata": metadata, "beat_entry": name, "every_s": every_s},
+            "kwargs": {"agent": agent, "input": input, "metadata": metadata, "beat_entry": name, "every_s": every_s,
+                       **({"fairness_key": fairness_key} if fairness_key is not None else {})},
             "options": {"queue": start_queue(queue), "expires": 3600}}
 
 

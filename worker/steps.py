@@ -19,7 +19,7 @@ from datetime import datetime
 
 from store import errors, inputs, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, budgets, business, drift, dynamic, handoffs, machine, retry, subagents
+from worker import abort, budgets, business, drift, dynamic, handoffs, machine, retry, slots, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
@@ -48,8 +48,9 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
     try:
+        live = Live(deps.signals, lease)
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
-            result = _claim_and_step(deps, lease, session_id, seq, Live(deps.signals, lease))
+            result = _claim_and_step(deps, lease, session_id, seq, live)
     finally:
         deps.heartbeat.drop(lease)
         try:
@@ -68,6 +69,10 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         crash_point("after_enqueue_before_ack", session_id)
     for other, agent in result.also:
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
+    for other, agent in live.woken:
+        # A model slot this step freed (or found free) is kept for these waiters; without their step it would
+        # stay kept until its expiry.
+        deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.SLOT_FREED))
     if result.watch and _moved_on(deps, result.watch):
         # A child settled while this step held the lease: its wake-up found the run busy and was dropped.
         deps.enqueue(session_id, None, 0.0, None,
@@ -439,14 +444,88 @@ def _cut_short(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, live: Live)
     return None
 
 
+def _take_slot(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live: Live) -> slots.Held | StepResult | None:
+    """A slot of the agent's ``ModelLimit`` for this model call; the step's waiting result when there is none.
+
+    None when the agent has no limit. A wait is no failure and no attempt: the claim's count is taken back and the
+    run comes back by a countdown (a timed wait) or by a wake-up when a slot is kept for it.
+
+    Raises:
+        FencedOutError: another holder took the run over.
+        StorageError: the limits cannot be read (recorded as a retryable failure).
+    """
+    limit = slots.limit_of(agent, deps.model_limits)
+    if limit is None or deps.slots is None:
+        return None
+    sid = checkpoint.session_id
+    fairness, weight = slots.fairness_of(checkpoint, deps.fairness_weights)
+    answer = deps.slots.acquire(limit, sid, checkpoint.current_agent, fairness, weight)
+    live.woken.extend(slots.woken_names(answer.woken))
+    telemetry.note(limit_key=limit.key)
+    if answer.granted:
+        held = slots.Held(limit, sid)
+        if deps.slot_keeper is not None:
+            deps.slot_keeper.hold(held)
+        return held
+    slots.noted(limit, answer)
+    return _wait(deps, checkpoint, slots.wait_countdown(answer, retry.COUNTDOWN_MAX_S))
+
+
+def _wait(deps: StepDeps, checkpoint: Checkpoint, countdown: float | None) -> StepResult:
+    """End the step as waiting on a model limit, back in ``countdown`` seconds (None: when woken)."""
+    if not deps.store.note_wait(checkpoint.session_id, checkpoint.fence):
+        raise errors.FencedOutError(checkpoint.session_id, checkpoint.fence)
+    follow_up = None if countdown is None else Next(checkpoint.seq, countdown, checkpoint.current_agent)
+    return StepResult(Outcome.WAITING, follow_up)
+
+
+def _give_back(deps: StepDeps, held: slots.Held | None, live: Live, tokens: int = 0,
+               failed: BaseException | None = None) -> float | None:
+    """Release the call's slot, counting the ``tokens`` it reported; the key's cool-down when ``failed`` asks one."""
+    if held is None or deps.slots is None:
+        return None
+    if deps.slot_keeper is not None:
+        deps.slot_keeper.drop(held)
+    cool = slots.cool_down_of(failed) if failed is not None else None
+    try:
+        if cool is not None:
+            deps.slots.cool_down(held.limit.key, cool)
+        live.woken.extend(slots.woken_names(deps.slots.release(held.limit, held.session_id, tokens)))
+    except errors.StorageError:
+        log.warning("could not give back the model slot of %s; it expires by itself", held.session_id)
+    return cool
+
+
+def _limited_generate(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live: Live
+                      ) -> tuple[ModelResponse | None, business.Write | None] | StepResult:
+    """``_generate`` under the agent's model limit: the answer, or the step's result when the run must wait."""
+    held = _take_slot(deps, agent, checkpoint, live)
+    if isinstance(held, StepResult):
+        return held
+    crash_point("during_model_call", checkpoint.session_id)
+    live.emit("step.start", {"step": checkpoint.step + 1})
+    try:
+        response, write = _generate(agent, checkpoint, live)
+    except Exception as exc:  # the slot goes back whatever happened; the error is the step's to classify
+        cool = _give_back(deps, held, live, failed=exc)
+        if cool is None:
+            raise
+        # Every caller of the key now waits the provider's Retry-After out; this one too, as a wait, not a failure.
+        telemetry.note(waited="cool-down", cooled=True)
+        return _wait(deps, checkpoint, min(cool, retry.COUNTDOWN_MAX_S))
+    _give_back(deps, held, live, response.usage.total_tokens if response is not None else 0)
+    return response, write
+
+
 def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: Lease, live: Live,
                 status_before: str) -> StepResult:
     checkpoint = action.checkpoint
     sid = checkpoint.session_id
-    crash_point("during_model_call", sid)
     started = time.perf_counter()
-    live.emit("step.start", {"step": checkpoint.step + 1})
-    response, write = _generate(agent, checkpoint, live)
+    generated = _limited_generate(deps, agent, checkpoint, live)
+    if isinstance(generated, StepResult):
+        return generated
+    response, write = generated
     log.debug("model turn of %s took %.1f ms", sid, (time.perf_counter() - started) * 1000)
     if response is not None and getattr(agent.model, "reports_usage", True) and response.usage.total_tokens:
         # Billed usage must survive a crash before the save (the turn is then generated again).

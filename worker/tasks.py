@@ -45,12 +45,13 @@ from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
 from store.inputs import normalize_input
 from store.leases import Heartbeat, LeaseManager
+from store.model_slots import RedisModelSlots
 from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from store.signals import RedisSignals
 from worker import agents as agent_registry
 from worker import celery as lousho_celery
-from worker import orphans, probes, recovery, starts, tool_threads, tracing
+from worker import orphans, probes, recovery, slots, starts, tool_threads, tracing
 from worker import schedules as schedule_sweep
 from worker.celery import settings
 from worker.retry import COUNTDOWN_MAX_S
@@ -99,12 +100,15 @@ def _build() -> StepDeps:
                                                     health_check_interval=10)
     leases = LeaseManager(client, settings.lease_ttl_ms)
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
+    model_slots = RedisModelSlots(client, settings.lease_ttl_ms)
     built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
                      agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
                      retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
                      registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
                      signals=RedisSignals(client),
-                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s)
+                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s,
+                     slots=model_slots, slot_keeper=slots.SlotKeeper(model_slots),
+                     model_limits=settings.model_limit_table, fairness_weights=settings.fairness_weight_table)
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
@@ -173,6 +177,12 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     except errors.ConfigurationError as exc:
         log.error("agent modules could not be loaded: %s", exc)
         return
+    try:
+        slots.settled_limits(agents.values(), settings.model_limit_table)
+    except errors.ConfigurationError as exc:
+        # One key with two sets of numbers in one worker: which would hold is a guess, so the worker does not start.
+        log.critical("worker cannot start: %s", exc)
+        raise SystemExit(1) from exc
     for name in sorted(agents):
         sender.app.amqp.queues.select_add(Queue(settings.agent_queue(name)))
     worker_id = _state["worker_id"] = f"{socket.gethostname()}:{os.getpid()}"
@@ -425,20 +435,21 @@ SWEEP_LIMIT = 500
 @shared_task(name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue),
              **TASK_OPTIONS)
 def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-          beat_entry: str | None = None, every_s: float | None = None) -> str:
+          beat_entry: str | None = None, every_s: float | None = None, fairness_key: str | None = None) -> str:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
 
     For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
-    "session_id": ..., "metadata": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and ``every_s`` come
-    from entries made by ``worker.starts.beat_entry``.
+    "session_id": ..., "metadata": ..., "fairness_key": ...}, queue="<LOUSHO_QUEUE>-start")``. ``beat_entry`` and
+    ``every_s`` come from entries made by ``worker.starts.beat_entry``; ``fairness_key`` as ``send``'s.
 
     Returns:
         The run's id (``session_id``, or the one made from the task id or the beat entry's tick): the task's
         result, for a caller whose app shares the worker's result backend.
 
     Raises:
-        SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError: the message
-            cannot start anything; the task fails (Flower shows it) and is not retried.
+        SessionIdInvalidError, InputTooLargeError, AgentNotFoundError, SessionAwaitingApprovalError,
+            ConfigurationError: the message cannot start anything (a bad fairness key, say); the task fails (Flower
+            shows it) and is not retried.
     """
     sent_at = self.request.get(starts.SENT_AT_HEADER)
     run_id, key = starts.run_id_for(str(self.request.id or ""), session_id, beat_entry, every_s,
@@ -450,7 +461,7 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
     if agent not in built.agents and agent not in served:
         raise errors.AgentNotFoundError(agent, sorted(set(built.agents) | served))
     store = cast(interfaces.CheckpointStore, built.store)
-    number = store.append_input(run_id, agent, messages, key, metadata)
+    number = store.append_input(run_id, agent, messages, key, metadata, fairness_key=fairness_key)
     enqueue(run_id, None, 0.0, agent if agent in served else None,
             name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)
@@ -505,6 +516,8 @@ def recover() -> int:
             break
         after = page[-1]
         live = built.leases.held([run.session_id for run in page])
+        # A run waiting on a model limit has a waiter (I19): its wake-up or countdown brings it back.
+        live |= set(_waiting_on_limits(built, [run.session_id for run in page]))
         swept = []
         for run in page:
             if run.session_id in live or sent >= SWEEP_LIMIT:
@@ -523,10 +536,37 @@ def recover() -> int:
         if len(page) < SWEEP_LIMIT:
             break
     sent += _wake_leads(built, stale_after)
+    sent += _wake_slot_waiters(built)
     telemetry.count("sweep.resent", sent)
     if sent:
         log.info("recover: re-enqueued %d run(s)", sent)
     return sent
+
+
+def _waiting_on_limits(built: StepDeps, session_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Which of these runs wait on a model limit (Redis down: none, and the sweep sends them like the others)."""
+    if built.slots is None:
+        return {}
+    try:
+        return built.slots.waiting(session_ids)
+    except errors.StorageError:
+        return {}
+
+
+def _wake_slot_waiters(built: StepDeps) -> int:
+    """Give the model slots of dead holders (expired, never released) to the runs waiting for one."""
+    if built.slots is None:
+        return 0
+    try:
+        woken = built.slots.wake()
+    except errors.StorageError as exc:
+        log.warning("recover: could not look at the model limits (%s)", exc.code)
+        return 0
+    served = _served()
+    for session_id, agent in woken:
+        enqueue(session_id, None, 0.0, agent if agent in served else None,
+                name=telemetry.step_name(agent or None, telemetry.SLOT_FREED))
+    return len(woken)
 
 
 def _wake_leads(built: StepDeps, stale_after: float) -> int:

@@ -95,6 +95,20 @@ def _parse_input_pointers(value: str) -> dict[str, str]:
     return pointers
 
 
+def _parse_fairness_sources(value: str) -> dict[str, str]:
+    """``LOUSHO_WEBHOOK_FAIRNESS``: ``agent=header:Name`` or ``agent=/json/pointer`` pairs (``*``: every agent)."""
+    sources: dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        agent, sep, source = item.partition("=")
+        source = source.strip()
+        header = source.removeprefix("header:").strip() if source.startswith("header:") else None
+        if not sep or not agent.strip() or not (source.startswith("/") or header):
+            raise errors.ConfigurationError("LOUSHO_WEBHOOK_FAIRNESS is agent=header:Name or agent=/json/pointer,"
+                                            " comma-separated (* for every agent)", variable="LOUSHO_WEBHOOK_FAIRNESS")
+        sources[agent.strip()] = f"header:{header.lower()}" if header else source
+    return sources
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
     """Signing secrets, the API key of the read and approval routes, limits, input mapping.
@@ -121,6 +135,13 @@ class WebhookConfig:
     github_agent_secrets: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict, repr=False)
     #: Whether ``POST /webhooks/{agent}`` is served (``LOUSHO_WEBHOOKS_ENABLED``); off, no secret is needed.
     intake: bool = True
+    #: Where each agent's deliveries carry their fairness key (``LOUSHO_WEBHOOK_FAIRNESS``): ``header:<name>``
+    #: (lower case) or a JSON pointer into the body; ``*`` for every agent not named.
+    fairness_sources: Mapping[str, str] = field(default_factory=dict)
+
+    def fairness_source(self, agent: str) -> str | None:
+        """Where ``agent``'s deliveries carry their fairness key, or None."""
+        return self.fairness_sources.get(agent, self.fairness_sources.get("*"))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookConfig:
@@ -129,7 +150,8 @@ class WebhookConfig:
         ``LOUSHO_WEBHOOK_SECRETS`` and ``LOUSHO_GITHUB_WEBHOOK_SECRETS`` take comma-separated items, each
         ``secret`` (every agent) or ``agent=secret`` (that agent only); ``*=secret`` is a secret for every
         agent that may contain ``=`` itself. Also used: ``LOUSHO_API_KEY`` (empty means unset),
-        ``LOUSHO_WEBHOOK_MAX_BODY_BYTES`` and ``LOUSHO_WEBHOOK_INPUT`` (``agent=/json/pointer,...``).
+        ``LOUSHO_WEBHOOK_MAX_BODY_BYTES``, ``LOUSHO_WEBHOOK_INPUT`` (``agent=/json/pointer,...``) and
+        ``LOUSHO_WEBHOOK_FAIRNESS`` (``agent=header:Name`` or ``agent=/json/pointer``).
 
         Raises:
             ConfigurationError: a malformed secret or input mapping, a body cap that is not positive, or no
@@ -141,7 +163,8 @@ class WebhookConfig:
         config = cls(secrets=secrets, github_secrets=github, api_key=api_key, api_keys=settings.api_keys,
                      max_body_bytes=settings.webhook_max_body_bytes,
                      input_pointers=_parse_input_pointers(settings.webhook_input), agent_secrets=agent_secrets,
-                     github_agent_secrets=github_agents, intake=settings.webhooks_enabled)
+                     github_agent_secrets=github_agents, intake=settings.webhooks_enabled,
+                     fairness_sources=_parse_fairness_sources(settings.webhook_fairness))
         config.check()
         config.keys  # noqa: B018  # a malformed LOUSHO_API_KEYS is refused here, before a port is bound
         return config

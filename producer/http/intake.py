@@ -18,7 +18,7 @@ from producer.http import bodies, headers, signatures
 from producer.http.backend import Backend
 from producer.http.config import WebhookConfig
 from producer.http.rejections import Rejected, bad_request
-from store import errors, inputs, payloads, records
+from store import errors, inputs, model_limit, payloads, records
 from store.faults import crash_point
 
 log = logging.getLogger("lousho.webhooks")
@@ -31,6 +31,8 @@ class Verified:
     source: records.DeliverySource
     delivery_id: str
     body: bytes
+    #: The value of the header that carries the agent's fairness key (``LOUSHO_WEBHOOK_FAIRNESS``), when it does.
+    fairness_header: str | None = None
 
 
 async def verified(request: Request, config: WebhookConfig, agent: str, now: float) -> Verified:
@@ -45,17 +47,19 @@ async def verified(request: Request, config: WebhookConfig, agent: str, now: flo
     """
     found = request.headers
     headers.check_json_type(found)
+    source = config.fairness_source(agent)
+    fairness = found.get(source.removeprefix("header:")) if source and source.startswith("header:") else None
     if config.takes_standard and "webhook-signature" in found:
         delivery_id, timestamp, offered = headers.standard_headers(found)
         signatures.check_timestamp(timestamp, now, config.tolerance_s)
         body = await bodies.read_body(request, config.max_body_bytes)
         signatures.verify_standard(config.standard_keys(agent), delivery_id, timestamp, body, offered)
-        return Verified("standard-webhooks", delivery_id, body)
+        return Verified("standard-webhooks", delivery_id, body, fairness)
     if config.takes_github and "x-hub-signature-256" in found:
         github_id, signature = headers.github_headers(found)
         body = await bodies.read_body(request, config.max_body_bytes)
         signatures.verify_github(config.github_keys(agent), signature, body)
-        return Verified("github", github_id, body)
+        return Verified("github", github_id, body, fairness)
     raise bad_request("signature headers are required")
 
 
@@ -94,6 +98,30 @@ def input_messages(config: WebhookConfig, agent: str, document: Any) -> list[rec
     return messages
 
 
+def fairness_key(config: WebhookConfig, agent: str, delivery: Verified, document: Any) -> str | None:
+    """The delivery's fairness key, from the header or body field ``LOUSHO_WEBHOOK_FAIRNESS`` names.
+
+    None when none is configured for the agent or the delivery does not carry it (its run has no key).
+
+    Raises:
+        Rejected: 422 when the configured header or field holds something that is not a fairness key.
+    """
+    source = config.fairness_source(agent)
+    if source is None:
+        return None
+    try:
+        value = delivery.fairness_header if source.startswith("header:") else _pointer(document, source)
+    except KeyError:
+        return None
+    if value is None:
+        return None
+    try:
+        return model_limit.validate_fairness_key(value)
+    except errors.ConfigurationError:
+        raise Rejected(422, "LOUSHO_WEBHOOK_FAIRNESS_INVALID", "the delivery's fairness key is not 1-128 letters,"
+                       " digits, '.', '_', ':', '@' or '-'") from None
+
+
 def settled_status(backend: Backend, session_id: str) -> str:
     """How a known delivery's run stands; an interrupted one is enqueued again (harmless if it was not)."""
     try:
@@ -121,8 +149,8 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
 
     Raises:
         Rejected: 400 for a body that is not acceptable JSON, 404 for an agent no worker serves, 422 for a
-            body without usable input, 409 when the delivery's run id belongs to another run, 413 when that run
-            has no room left for the input.
+            body without usable input or with a malformed fairness key, 409 when the delivery's run id belongs
+            to another run, 413 when that run has no room left for the input.
     """
     document = bodies.parse_json(delivery.body)
     try:
@@ -130,9 +158,11 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
     except errors.AgentNotFoundError:
         raise Rejected(404, "LOUSHO_AGENT_NOT_FOUND", "no such agent") from None  # the list of agents stays private
     messages = input_messages(config, agent, document)
+    fairness = fairness_key(config, agent, delivery, document)
     digest = hashlib.sha256(delivery.body).hexdigest()
     try:
-        intake = backend.deliveries.record(agent, delivery.delivery_id, delivery.source, digest, messages)
+        intake = backend.deliveries.record(agent, delivery.delivery_id, delivery.source, digest, messages,
+                                           fairness_key=fairness)
     except (errors.ConfigurationError, errors.SessionAwaitingApprovalError, errors.CheckpointCorruptError,
             errors.CheckpointFormatError):
         raise Rejected(409, "LOUSHO_WEBHOOK_CONFLICT", "the delivery's run id is used by another run") from None

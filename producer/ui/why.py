@@ -61,10 +61,18 @@ class Why:
     unserved_agent: str | None = None
     #: A person must act before the run moves.
     person: bool = False
+    #: The model limit the run waits on before its model call, and why, in words.
+    model_limit: str | None = None
+    model_limit_reason: str | None = None
 
 
 #: What a page shows when ``describe`` could not be read (the rest of the page still shows).
 UNREADABLE = "What the run waits on cannot be read now (Postgres, Redis or the broker did not answer)."
+
+
+#: Why a run waits on its model limit, as the page says it.
+_LIMIT_REASONS = {"slot": "a model slot", "requests": "the requests per minute", "tokens": "the tokens per minute",
+                  "cool-down": "the cool-down after a 429/529"}
 
 
 def anchor(approval_id: str) -> str:
@@ -120,7 +128,8 @@ def why(summary: RunSummary, run_id: str, approvals: Mapping[str, Approval], und
                step_message=_PLACES.get(waiting.step_message or ""), retry_at=views.iso(waiting.retry_at),
                failures=summary.failures, approvals=shown,
                children=[ChildWait(child, states.get(child)) for child in waiting.children],
-               unserved_agent=waiting.unserved_agent, person=waiting.person)
+               unserved_agent=waiting.unserved_agent, person=waiting.person, model_limit=waiting.model_limit,
+               model_limit_reason=_LIMIT_REASONS.get(waiting.model_limit_reason or "", waiting.model_limit_reason))
 
 
 __all__ = ["UNREADABLE", "ApprovalWait", "ChildWait", "Why", "anchor", "describe", "why"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from store.memory.approvals import MemoryApprovalStore
 from store.memory.checkpoints import MemoryCheckpointStore
 from store.memory.leases import MemoryLeaseManager
+from store.memory.model_slots import MemoryModelSlots
 from store.memory.state import Clock, MemoryState
 
-__all__ = ["Clock", "MemoryApprovalStore", "MemoryCheckpointStore", "MemoryLeaseManager", "MemoryState"]
+__all__ = ["Clock", "MemoryApprovalStore", "MemoryCheckpointStore", "MemoryLeaseManager", "MemoryModelSlots",
+           "MemoryState"]

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
-from store import errors, events, history, payloads, records, runs
+from store import errors, events, history, model_limit, payloads, records, runs
 from store import listing as run_listing
 from store.memory import approvals as approval_rows
 from store.memory import listing
@@ -136,6 +136,15 @@ class MemoryCheckpointStore:
             run.uncounted_usage = record
             return True
 
+    def note_wait(self, session_id: str, fence: int) -> bool:
+        """Take back the attempt this step's claim counted: it waits on a model limit; False when fenced out."""
+        with self.state.lock:
+            run = self.state.runs.get(session_id)
+            if run is None or run.fence != fence:
+                return False
+            run.attempts = max(run.attempts - 1, 0)
+            return True
+
     def _failed(self, session_id: str, fence: int, error: records.LastError) -> RunRow | None:
         """The run with ``error`` recorded under its fence (call with the lock held); None if fenced out."""
         record = error.model_dump()
@@ -205,7 +214,7 @@ class MemoryCheckpointStore:
 
     def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
                      idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None) -> int:
+                     business_state: Any = None, fairness_key: str | None = None) -> int:
         """Queue input for a run (creating the run) and return its per-run inbox number.
 
         ``metadata`` and ``business_state`` are kept with the input (see ``PostgresCheckpointStore.append_input``).
@@ -217,8 +226,10 @@ class MemoryCheckpointStore:
             CheckpointCorruptError: the stored run cannot be read.
             StorageError: the input holds a NUL (as Postgres refuses it).
         """
-        metadata = runs.stored_metadata(runs.check_metadata(metadata),
-                                        None if business_state is None else runs.check_business_state(business_state))
+        metadata = runs.stored_metadata(
+            runs.check_metadata(metadata),
+            None if business_state is None else runs.check_business_state(business_state),
+            None if fairness_key is None else model_limit.validate_fairness_key(fairness_key))
         body = run_rows.dump_messages(messages)
         if metadata is not None:
             body = f'{{"messages":{body},"metadata":{payloads.dumps(metadata)}}}'

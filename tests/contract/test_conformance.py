@@ -16,13 +16,15 @@ import pytest
 import redis
 from sqlalchemy import create_engine
 
+import store.model_limit
 import store.schedules
 from store import interfaces
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.deliveries import PostgresDeliveryStore
 from store.leases import Heartbeat, LeaseManager
-from store.memory import MemoryApprovalStore, MemoryCheckpointStore, MemoryLeaseManager
+from store.memory import MemoryApprovalStore, MemoryCheckpointStore, MemoryLeaseManager, MemoryModelSlots
+from store.model_slots import RedisModelSlots
 from store.registry import PostgresAgentRegistry
 from store.schedules import PostgresScheduleStore
 from tests.fakes.heartbeat import NullHeartbeat
@@ -35,6 +37,8 @@ IMPLEMENTATIONS: list[tuple[type, type]] = [
     (interfaces.ApprovalStore, MemoryApprovalStore),
     (interfaces.Leases, LeaseManager),
     (interfaces.Leases, MemoryLeaseManager),
+    (interfaces.ModelSlots, RedisModelSlots),
+    (interfaces.ModelSlots, MemoryModelSlots),
     (interfaces.Heartbeat, Heartbeat),
     (interfaces.Heartbeat, NullHeartbeat),
     (interfaces.AgentRegistry, PostgresAgentRegistry),
@@ -43,7 +47,7 @@ IMPLEMENTATIONS: list[tuple[type, type]] = [
 ]
 
 # The schedule records are imported by ``store.interfaces`` for type checking only.
-_PORT_NAMES = {**vars(store.schedules), **vars(interfaces)}
+_PORT_NAMES = {**vars(store.schedules), **vars(store.model_limit), **vars(interfaces)}
 
 
 def _methods(port: type) -> Iterator[str]:
@@ -89,12 +93,14 @@ def test_every_implementation_is_typed_as_its_port() -> None:
     approvals: list[interfaces.ApprovalStore] = [PostgresApprovalStore(engine), MemoryApprovalStore(memory)]
     lease_managers: list[interfaces.Leases] = [leases, MemoryLeaseManager(1000)]
     heartbeats: list[interfaces.Heartbeat] = [Heartbeat(leases, 500), NullHeartbeat()]
+    slots: list[interfaces.ModelSlots] = [RedisModelSlots(client, 1000), MemoryModelSlots(1000)]
     registries: list[interfaces.AgentRegistry] = [PostgresAgentRegistry(engine)]
     deliveries: list[interfaces.DeliveryStore] = [PostgresDeliveryStore(engine)]
     schedules: list[interfaces.ScheduleStore] = [PostgresScheduleStore(engine)]
     # Then every port has its implementations, and the leases carry their TTL
-    implemented = [checkpoints, approvals, lease_managers, heartbeats, registries, deliveries, schedules]
+    implemented = [checkpoints, approvals, lease_managers, heartbeats, slots, registries, deliveries, schedules]
     assert all(implemented)
     assert [manager.ttl_ms for manager in lease_managers] == [1000, 1000]
+    assert [keeper.ttl_ms for keeper in slots] == [1000, 1000]
     client.close()
     engine.dispose()

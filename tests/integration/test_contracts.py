@@ -15,8 +15,9 @@ from store import keys
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
+from store.model_slots import RedisModelSlots
 from store.settings import Settings
-from tests.fakes import lease_contract, store_contract
+from tests.fakes import lease_contract, slot_contract, store_contract
 from tests.support import services
 
 
@@ -76,3 +77,25 @@ def redis_subjects(settings: Settings) -> Iterator[lease_contract.LeaseFactory]:
 def test_redis_keeps_the_lease_contract(check: Callable[[lease_contract.LeaseFactory], None],
                                         redis_subjects: lease_contract.LeaseFactory) -> None:
     check(redis_subjects)
+
+
+@pytest.fixture
+def redis_slot_subjects(settings: Settings) -> Iterator[slot_contract.SlotFactory]:
+    clients: list[redis.Redis] = []
+
+    def make() -> slot_contract.SlotSubject:
+        client = redis.Redis.from_url(settings.redis_url)
+        clients.append(client)
+        client.flushdb()
+        return slot_contract.SlotSubject(slots=RedisModelSlots(client, slot_contract.TTL_MS), elapse=time.sleep,
+                                         lose_everything=client.flushdb)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.mark.parametrize("check", slot_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+def test_redis_keeps_the_model_slot_contract(check: Callable[[slot_contract.SlotFactory], None],
+                                             redis_slot_subjects: slot_contract.SlotFactory) -> None:
+    check(redis_slot_subjects)

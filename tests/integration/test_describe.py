@@ -17,11 +17,13 @@ from store import errors, summaries
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.limits import Limits, Prices
+from store.model_slots import RedisModelSlots
 from store.records import LastError, Message, Usage
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Driver
-from worker import Agent, tool
+from worker import Agent, ModelLimit, tool
 from worker.providers import MockModel
+from worker.steps import Outcome
 
 pytestmark = pytest.mark.integration
 
@@ -278,3 +280,24 @@ def test_run_waits_on_a_run_started_elsewhere_and_delete_drops_it(
     assert [e.type for e in handle.events(timeout=5)][-1] == "run.done"
     assert client.delete("d-handle") is True and client.describe("d-handle") is None
     assert client.delete("d-handle") is False
+
+
+def test_describe_of_a_run_waiting_on_a_model_slot(make_driver: Callable[..., Driver], client: Client,
+                                                   redis_client: redis.Redis, store: PostgresCheckpointStore) -> None:
+    # Given the one slot of a limit held elsewhere, and a run of an agent under it
+    limit = ModelLimit("d-acct", concurrent=1)
+    driver = make_driver(Agent(name="capped", model=MockModel(["Hello."]), model_limit=limit))
+    driver.deps.slots = RedisModelSlots(redis_client, 2000)
+    assert driver.deps.slots.acquire(limit, "d-elsewhere", "capped").granted
+    client.agent("capped").send("hi", session_id="d-slot")
+    # When its step finds no free slot
+    assert driver.step("d-slot") == Outcome.WAITING
+    # Then describe says it waits on a model slot (no failure, no attempt) and what wakes it
+    found = _describe(client, "d-slot")
+    assert found.state == "waiting" and found.last_error is None and found.attempts == 0
+    assert (found.waiting_on.model_limit, found.waiting_on.model_limit_reason) == ("d-acct", "slot")
+    assert found.next_action.startswith("waiting on a model slot of limit 'd-acct'")
+    # ... and once the slot is freed and the woken step runs, the run finishes
+    assert driver.deps.slots.release(limit, "d-elsewhere") == (("d-slot", "capped"),)
+    driver.drain("d-slot")
+    assert _describe(client, "d-slot").state == "finished"

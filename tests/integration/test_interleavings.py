@@ -11,6 +11,8 @@ task functions (``tests/support/interleave_world.py``). Rules:
 - time passes, then the recovery sweep runs, or retention, or only approvals' expiries come;
 - a step (any queued message, one the broker hands out again later, or a late copy of one delivered before), a
   drain of the oldest messages, the children's messages only, a crash at a named crash point;
+- another process takes the desk's one model slot (``ModelLimit(concurrent=1)``) or gives it back: the desk's
+  model turns wait without failing, and the run the freed slot goes to is sent its step;
 - any producer action inside the next step that runs a tool, just before its effect (a race inside a step).
 
 Each action checks its own answer (the reference model: what it must return, and what it must write or leave alone);
@@ -174,6 +176,13 @@ class Interleavings(RuleBasedStateMachine):
         if source:
             delivery = source[pick % len(source)] if message == "late" else world.queue.pop(pick % len(source))
             world.deliver(delivery, keep_copy=message == "kept")
+
+    @_rule(hold=st.booleans(), then=THEN)
+    def model_slot(self, hold: bool, then: int) -> None:
+        """Another process takes the desk's one model slot (the desk's model turns wait for it), or gives it back
+        (the next run in line is sent its step)."""
+        self.world.hold_slot(hold)
+        self.world.drain(then)
 
     @_rule(limit=st.integers(1, 40))
     def drain(self, limit: int) -> None:

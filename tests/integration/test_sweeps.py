@@ -6,15 +6,19 @@ move (parked, paused, waiting for its retry time), however many of those there a
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import redis
 from sqlalchemy import text
 
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
+from store.model_slots import RedisModelSlots
 from store.records import LastError, Message, SweptRun
 from store.registry import PostgresAgentRegistry
 from tests.support.driver import Sent
-from worker import Agent, tasks
+from worker import Agent, ModelLimit, tasks
 from worker.providers import MockModel
 from worker.steps import Outcome, run_step
 
@@ -123,3 +127,22 @@ def test_the_sweep_tells_the_agent_once_how_a_run_it_sent_on_came_out(
     assert [(r.session_id, r.status, r.finish_reason) for r in recovered] == [("stalled", "finished", "stop")]
     assert [(e.code, r.session_id) for e, r in failed] == [("X", "refused")]
     assert store.settle_recoveries([AGENT]) == []
+
+
+def test_the_sweep_leaves_a_run_waiting_on_a_model_slot_alone_and_gives_a_dead_holders_slot_to_it(
+        store: PostgresCheckpointStore, sent: Sent, redis_client: redis.Redis) -> None:
+    # Given a run whose step found no free slot long ago (its save is old), the slot held by a process that died
+    limit = ModelLimit("sweep-acct", concurrent=1)
+    slots = tasks.deps().slots
+    assert slots is not None
+    # The holder's slot lives 300 ms unless renewed (a step's slot lives a lease TTL).
+    holder = RedisModelSlots(redis_client, 300)
+    assert holder.acquire(limit, "holder", AGENT).granted
+    _run(store, "slot-waiter", age_s=3600)
+    assert not slots.acquire(limit, "slot-waiter", AGENT).granted
+    # When the sweep passes while the holder's slot is live: the waiter is explained, nothing is sent
+    assert tasks.recover() == 0 and sent.session_ids == set()
+    # When the holder's slot has expired (it never renewed it), the next pass gives it to the waiter
+    time.sleep(0.4)
+    assert tasks.recover() == 1
+    assert sent.messages[0][0] == "slot-waiter" and sent.messages[0][3] is None

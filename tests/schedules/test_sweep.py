@@ -17,7 +17,7 @@ from store import errors
 from store.checkpoints import PostgresCheckpointStore
 from store.schedule_records import Schedule, TickPlan
 from store.schedules import PostgresScheduleStore
-from worker.schedules import SweepResult, publish, sweep, sync_declared
+from worker.schedules import SweepResult, declare, publish, sweep, sync_declared
 
 pytestmark = pytest.mark.integration
 
@@ -228,3 +228,16 @@ def test_the_cli_creates_lists_pauses_and_deletes(schedules: Schedules, capsys: 
     assert lousho("schedules", "delete", "nightly") == (0, "deleted nightly\n")
     with pytest.raises(SystemExit):
         parser.parse_args(["schedules", "create", "x", "reporter", "hi"])  # neither --cron nor --every
+
+
+def test_a_declared_fairness_key_rides_with_the_runs_the_schedule_starts(
+        schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore) -> None:
+    with pytest.raises(errors.ConfigurationError, match="fairness key"):
+        declare("fair", "reporter", "Send the report", every=1, fairness_key="no spaces")
+    schedule_store.sync(declare("fair", "reporter", "Send the report", every=1, fairness_key="tenant-acme"))
+    assert schedule_store.get("fair").fairness_key == "tenant-acme"
+    _wait_for_tick(schedule_store, "fair")
+    fired = _sweep(schedule_store, grace=GRACE).fired
+    assert fired
+    (entry,) = store.inbox(fired[0][2], 0)
+    assert entry.fairness_key == "tenant-acme" and entry.metadata is None

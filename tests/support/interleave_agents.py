@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 
 from store import errors, payloads, records
 from store.records import Message
-from worker import Agent, ToolContext
+from worker import Agent, ModelLimit, ToolContext
 from worker.agents import Tool
 from worker.providers import MockModel
 from worker.providers.base import ModelResponse, ToolSpec
@@ -213,6 +213,10 @@ class ScriptedModel:
         return self._inner.generate(messages, tools)
 
 
+#: The desk's model calls share one slot with another process (the ``model_slot`` rule takes and frees it).
+DESK_LIMIT = ModelLimit("interleave-desk", concurrent=1)
+
+
 def build_agents(observer: Observer) -> dict[str, Agent]:
     """The desk (every kind of turn), its researcher sub-agent and its billing handoff target, by name.
 
@@ -239,5 +243,5 @@ def build_agents(observer: Observer) -> dict[str, Agent]:
                     tools=[looking], tool_concurrency=1)
     desk = Agent(DESK, ScriptedModel(DESK, observer), instructions="You are the front desk.",
                  tools=[looking, charging], subagents=[researcher], handoffs=[billing], ask_question=True,
-                 tool_concurrency=1, max_steps=20)
+                 tool_concurrency=1, max_steps=20, model_limit=DESK_LIMIT)
     return {agent.name: agent for agent in (desk, researcher, billing)}

@@ -26,6 +26,7 @@ from producer.client import Client
 from store import errors, keys, payloads, records, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
+from store.model_slots import RedisModelSlots
 from store.records import Checkpoint, Message
 from store.runs import has_work, is_parked
 from store.settings import Settings
@@ -33,7 +34,7 @@ from store.signals import RedisSignals
 from tests.fakes.crash import Crashes, SimulatedCrash
 from tests.fakes.manual_heartbeat import ManualHeartbeat
 from tests.fakes.queue import StepMessage, StepQueue
-from tests.support.interleave_agents import DESK, Observer, build_agents, input_tag, input_text
+from tests.support.interleave_agents import DESK, DESK_LIMIT, Observer, build_agents, input_tag, input_text
 from worker import Agent, machine, tasks
 from worker.steps import Outcome, StepDeps, run_step
 
@@ -44,6 +45,10 @@ TIME_STEP = timedelta(minutes=40)
 #: ``LOUSHO_RETENTION_DAYS`` of the test (28.8 minutes, under ``TIME_STEP``).
 RETENTION_DAYS = 0.02
 MAX_ATTEMPTS = 5
+#: Model slots outlive any step, as leases do here: only time passing (or a release) frees one.
+SLOT_TTL_MS = 60_000
+#: The other process that holds the desk's model slot in the ``model_slot`` rule.
+ELSEWHERE = "another-process"
 #: Crashes per run, below ``MAX_ATTEMPTS``: no run is parked by a crash loop.
 FAULT_BUDGET = 2
 CRASH_POINTS = (
@@ -196,7 +201,10 @@ class World:
         agents = env.agents
         self.heartbeat = ManualHeartbeat(env.leases)
         self.deps = StepDeps(store=self.store, leases=env.leases, heartbeat=self.heartbeat, agents=agents,
-                             enqueue=self.queue, max_attempts=MAX_ATTEMPTS, signals=RedisSignals(env.redis))
+                             enqueue=self.queue, max_attempts=MAX_ATTEMPTS, signals=RedisSignals(env.redis),
+                             slots=RedisModelSlots(env.redis, SLOT_TTL_MS))
+        #: Whether another process holds the desk's model slot now (the ``model_slot`` rule).
+        self.slot_taken = False
         self.store.register_agents({name: agent.fingerprint() for name, agent in agents.items()})
         env.crashes.disarm()
         env.crashes.recovered()
@@ -434,6 +442,25 @@ class World:
 
     # -- time, the sweep, retention ---------------------------------------------------------------------
 
+    def hold_slot(self, hold: bool) -> None:
+        """Another process takes the desk's one model slot (waiting for it, when in use), or gives it back.
+
+        Given back, the slot goes to the next run in line, whose step is sent, as the step that frees a slot does.
+        """
+        slots = self.deps.slots
+        assert slots is not None
+        if hold and not self.slot_taken:
+            answer = slots.acquire(DESK_LIMIT, ELSEWHERE, DESK)
+            self.slot_taken = answer.granted
+            woken = answer.woken
+        elif not hold and self.slot_taken:
+            woken = slots.release(DESK_LIMIT, ELSEWHERE)
+            self.slot_taken = False
+        else:
+            return
+        for session_id, agent in woken:
+            self.queue(session_id, None, 0.0, agent, name=telemetry.SLOT_FREED)
+
     def pass_time(self) -> None:
         """``TIME_STEP`` passes: every stored time moves back by it, and every lease expires."""
         with self.env.engine.begin() as conn:
@@ -441,6 +468,10 @@ class World:
                 conn.execute(statement, {"d": TIME_STEP})
         for key in self.env.redis.scan_iter(keys.LEASE_PREFIX + "*"):
             self.env.redis.delete(key)
+        # Model slots expire like leases (no holder renews one that long), the other process's too.
+        for part in ("held", "woken"):
+            self.env.redis.delete(keys.limit_key(DESK_LIMIT.key, part))
+        self.slot_taken = False
 
     def sweep(self) -> None:
         self.pass_time()
@@ -528,6 +559,7 @@ class World:
     def settle(self, rounds: int = 8) -> None:
         """Let every run finish: deliver, decide, resume what is stopped, sweep; note the runs that cannot."""
         self.env.crashes.disarm()
+        self.hold_slot(False)
         for _ in range(rounds):
             self.drain(400)
             with self.env.engine.connect() as conn:

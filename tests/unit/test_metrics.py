@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
 from store import errors, metrics, telemetry
+from store.memory import MemoryModelSlots
+from store.model_limit import ModelLimit
 from store.settings import Settings
 from store.telemetry import ModelCallRecord, StepReport, ToolCallRecord
 
@@ -208,13 +210,16 @@ def test_every_documented_family_is_exposed_and_nothing_else() -> None:
     for outcome, ended in (("awaiting-approval", "awaiting-approval"), ("aborted", "aborted"), ("fenced", None),
                            ("busy", None)):
         sink.step_done(report(outcome, ended_as=ended))
+    sink.step_done(report("waiting", waited="cool-down", limit_key="acct", cooled=True))
     for event in telemetry.EVENTS:
         sink.count(event, 1, {})
 
     assert sink.registry is not None
     exposed = {f.name + ("_total" if f.type == "counter" else "") for f in sink.registry.collect()}
     read_at_scrape = {"lousho_approvals_waiting", "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained",
-                      "lousho_doctor_look_age_seconds"}  # by ApprovalsCollector, from Postgres
+                      "lousho_doctor_look_age_seconds",  # by ApprovalsCollector, from Postgres
+                      "lousho_model_slots_in_use", "lousho_model_slots_waiting",
+                      "lousho_model_limit_cooling_seconds"}  # by LimitsCollector, from Redis
     assert exposed | read_at_scrape == set(metrics.FAMILIES)
 
 
@@ -321,3 +326,22 @@ def test_the_dashboard_is_valid_json_with_a_panel_for_every_family() -> None:
                if word.startswith("lousho_") and not any(word.startswith(f) for f in metrics.FAMILIES)}
     assert not unknown, f"panels query families the code does not expose: {unknown}"
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_model_limit_waits_are_counted_by_key_and_reason_and_the_gauges_read_the_fleets_slots() -> None:
+    sink = metrics.Metrics()
+    sink.step_done(report("waiting", waited="slot", limit_key="acct"))
+    sink.step_done(report("waiting", waited="cool-down", limit_key="acct", cooled=True))
+    assert sink.registry is not None
+    assert value(sink.registry, "lousho_model_limit_waits_total", key="acct", reason="slot") == 1
+    assert value(sink.registry, "lousho_model_limit_cool_downs_total", key="acct") == 1
+    # The gauges come from the slots as Redis holds them (here the in-memory twin)
+    slots = MemoryModelSlots(2000)
+    limit = ModelLimit("acct", concurrent=1)
+    slots.acquire(limit, "r-1", "a")
+    slots.acquire(limit, "r-2", "a")
+    slots.cool_down("other", 30)
+    registry = metrics.exposition(None, None, slots)
+    assert value(registry, "lousho_model_slots_in_use", key="acct") == 1
+    assert value(registry, "lousho_model_slots_waiting", key="acct") == 1
+    assert 29 < value(registry, "lousho_model_limit_cooling_seconds", key="other") <= 30

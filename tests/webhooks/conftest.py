@@ -127,7 +127,8 @@ def receiver(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMa
                       lease_holder=leases.holder, known_agents=client.known_agents)
     config = WebhookConfig(secrets=(key(SECRET), key(OLD_SECRET)), github_secrets=(b"gh-secret",),
                            api_key=SecretStr(API_KEY),
-                           input_pointers={"desk": "/request"})
+                           input_pointers={"desk": "/request"},
+                           fairness_sources={"desk": "/tenant", "hooks": "header:x-tenant"})
     app = create_app(config, backend)
     yield Receiver(app=app, driver=driver, store=store, engine=store.engine, settings=settings)
     heartbeat.stop()

@@ -214,3 +214,16 @@ def test_a_decision_after_the_expiry_is_410_and_the_run_goes_on_with_the_rejecti
     again = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"approved": True}),
                         headers={**AUTH, "content-type": "application/json"})
     assert again.status_code == 404
+
+
+def test_a_configured_header_or_field_gives_the_deliverys_run_its_fairness_key(receiver: Receiver) -> None:
+    client = TestClient(receiver.app)
+    raw = json.dumps({"n": 1}).encode()
+    by_header = client.post("/webhooks/hooks", content=raw, headers={
+        **signed_headers(raw, "fair-1", int(time.time())), "x-tenant": "tenant-acme"}).json()
+    by_field = _post(client, "desk", {"request": "Refund 5", "tenant": "globex"}, "fair-2").json()
+    without = _post(client, "desk", {"request": "Refund 6"}, "fair-3").json()
+    keys = [receiver.store.inbox(sent["session_id"], 0)[0].fairness_key for sent in (by_header, by_field, without)]
+    assert keys == ["tenant-acme", "globex", None]
+    malformed = _post(client, "desk", {"request": "Refund 7", "tenant": "no spaces"}, "fair-4")
+    assert malformed.status_code == 422 and "LOUSHO_WEBHOOK_FAIRNESS_INVALID" in malformed.text

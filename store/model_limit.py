@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from store import errors
+from store import errors, records
 
 __all__ = ["ModelLimit", "SlotAnswer", "SlotUsage", "WaitReason", "parse_fairness_weights", "parse_model_limits",
            "settle", "validate_fairness_key", "validate_limit_key"]
@@ -33,10 +33,7 @@ def validate_limit_key(key: object) -> str:
     Raises:
         ConfigurationError: the key breaks the rule.
     """
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise errors.ConfigurationError(
-            f"invalid model limit key {str(key)[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'")
-    return key
+    return records.matching(key, _KEY, "model limit key", "1-64 letters, digits, '.', '_' or '-'")
 
 
 def validate_fairness_key(key: object) -> str:
@@ -45,10 +42,7 @@ def validate_fairness_key(key: object) -> str:
     Raises:
         ConfigurationError: the key breaks the rule.
     """
-    if not isinstance(key, str) or not _FAIRNESS_KEY.fullmatch(key):
-        raise errors.ConfigurationError(
-            f"invalid fairness key {str(key)[:80]!r}: use 1-128 letters, digits, '.', '_', ':', '@' or '-'")
-    return key
+    return records.matching(key, _FAIRNESS_KEY, "fairness key", "1-128 letters, digits, '.', '_', ':', '@' or '-'")
 
 
 class ModelLimit(BaseModel):

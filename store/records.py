@@ -111,16 +111,24 @@ def validate_session_id(session_id: object) -> str:
 _AGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
+def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:
+    """Return ``value`` when it is text that ``pattern`` matches whole (names that reach keys, queues and ids).
+
+    Raises:
+        ConfigurationError: it does not; the message names ``what`` and says the ``rule``.
+    """
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise errors.ConfigurationError(f"invalid {what} {str(value)[:80]!r}: use {rule}")
+    return value
+
+
 def validate_agent_name(name: object) -> str:
     """Return ``name`` when it can name an agent: 1-100 letters, digits, ``_`` or ``-``.
 
     Raises:
         ConfigurationError: the name breaks the rule.
     """
-    if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
-        raise errors.ConfigurationError(
-            f"invalid agent name {str(name)[:80]!r}: use 1-100 letters, digits, '_' or '-'")
-    return name
+    return matching(name, _AGENT_NAME, "agent name", "1-100 letters, digits, '_' or '-'")
 
 
 class _Record(BaseModel):

@@ -44,8 +44,12 @@ def bootstrap() -> None:
 #: Debian packages some tests drive, by the program they install: the Flower and page tests' browser, the
 #: connection pooler of the PgBouncer test, and the private Redis servers and certificates of the Sentinel and TLS
 #: tests. Playwright drives /usr/bin/chromium; it downloads no browser itself.
-SYSTEM_PACKAGES = {"/usr/bin/chromium": "chromium", "/usr/sbin/pgbouncer": "pgbouncer",
-                   "/usr/bin/redis-server": "redis-server", "/usr/bin/openssl": "openssl"}
+SYSTEM_PACKAGES = {
+    "/usr/bin/chromium": "chromium",
+    "/usr/sbin/pgbouncer": "pgbouncer",
+    "/usr/bin/redis-server": "redis-server",
+    "/usr/bin/openssl": "openssl",
+}
 
 
 def system_packages() -> None:
@@ -62,8 +66,12 @@ def system_packages() -> None:
     say(f"installing Debian packages for the tests: {', '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "-qq", "update"], check=False, env=env)
-    if subprocess.run(["apt-get", "-qq", "install", "-y", *missing], check=False, env=env,
-                      stdout=subprocess.DEVNULL).returncode != 0:
+    if (
+        subprocess.run(
+            ["apt-get", "-qq", "install", "-y", *missing], check=False, env=env, stdout=subprocess.DEVNULL
+        ).returncode
+        != 0
+    ):
         say("could not install them: the tests that need them will be skipped")
 
 
@@ -84,8 +92,8 @@ def services_env() -> tuple[dict[str, str], list[str]]:
 def main(argv: list[str]) -> int:
     """Run ``demo``, ``lousho`` or ``test`` in the bootstrapped environment; the usage and 2 otherwise.
 
-    ``test`` first runs ruff, mypy and import-linter, and pytest (with ``argv``'s other arguments)
-    only when they pass. Returns the command's exit status.
+    ``test`` first runs ruff (lint and format check), mypy and import-linter, and pytest (with ``argv``'s other
+    arguments) only when they pass. Returns the command's exit status.
     """
     if sys.version_info < (3, 11):  # noqa: UP036  # this file runs before any venv exists
         sys.exit("Lousho Worker needs Python 3.11 or newer")
@@ -105,10 +113,13 @@ def main(argv: list[str]) -> int:
         rest = rest[1:]
         checks = []
     else:
-        checks = [[str(PYTHON), "-m", "ruff", "check", "store", "worker", "producer", "devkit", "tests", "bench",
-                   "examples", "dev.py"],
-                  [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit", "tests"],
-                  [str(VENV / "bin" / "lint-imports")]]
+        sources = ["store", "worker", "producer", "devkit", "tests", "bench", "examples", "dev.py"]
+        checks = [
+            [str(PYTHON), "-m", "ruff", "check", *sources],
+            [str(PYTHON), "-m", "ruff", "format", "--check", *sources],
+            [str(PYTHON), "-m", "mypy", "store", "worker", "producer", "devkit", "tests"],
+            [str(VENV / "bin" / "lint-imports")],
+        ]
     for check in checks:
         if subprocess.run(check, cwd=ROOT, env=env).returncode != 0:
             return 1

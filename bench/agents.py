@@ -47,7 +47,7 @@ def _request(messages: list[Message]) -> tuple[int, int]:
     """The run's tool-calling turns and result size, from its first ``bench`` input (0, 0 when none)."""
     for message in messages:
         if message.role == "user" and isinstance(message.content, str) and message.content.startswith(PREFIX):
-            words = message.content[len(PREFIX):].split()
+            words = message.content[len(PREFIX) :].split()
             return int(words[0]), int(words[1]) if len(words) > 1 else 0
     return 0, 0
 
@@ -73,9 +73,21 @@ class _UsageReportingModel(MockModel):
     reports_usage = True
 
 
-bench = Agent(name=AGENT, model=MockModel(_script, model_id="bench-mock"), instructions="",
-              tools=[noop], max_steps=100_000, tool_concurrency=1)
-bench_usage = Agent(name=USAGE_AGENT, model=_UsageReportingModel(_script, model_id="bench-mock"), instructions="",
-                    tools=[noop], max_steps=100_000, tool_concurrency=1)
+bench = Agent(
+    name=AGENT,
+    model=MockModel(_script, model_id="bench-mock"),
+    instructions="",
+    tools=[noop],
+    max_steps=100_000,
+    tool_concurrency=1,
+)
+bench_usage = Agent(
+    name=USAGE_AGENT,
+    model=_UsageReportingModel(_script, model_id="bench-mock"),
+    instructions="",
+    tools=[noop],
+    max_steps=100_000,
+    tool_concurrency=1,
+)
 
 timing.install()

@@ -94,46 +94,98 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     """The command line as a ``Config``."""
     defaults = Config()
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description="Lousho steps/s and per-step overhead against a bare Celery chain.")
+        prog="python -m bench", description="Lousho steps/s and per-step overhead against a bare Celery chain."
+    )
     parser.add_argument("--runs", type=int, default=defaults.runs, help="concurrent runs (and chains) per round")
-    parser.add_argument("--hops", type=_lengths, default=defaults.hops, metavar="N[,N...]",
-                        help="steps per run, one or more comma-separated lengths measured in turn; each rounded up "
-                             "to odd (tool turns come in pairs, plus the final turn)")
-    parser.add_argument("--result-bytes", type=int, default=defaults.result_bytes, metavar="N",
-                        help="bytes of text each tool call returns (0: 'ok'); the bare chain carries as many")
-    parser.add_argument("--peer", choices=["dbos"], help="also measure the same work as DBOS workflow steps "
-                        "(needs the optional dbos package)")
-    parser.add_argument("--dbos-polling", type=float, default=defaults.dbos_polling_s, metavar="S",
-                        help="queue polling interval of the DBOS peer's processes (DBOS's default is 1 s)")
+    parser.add_argument(
+        "--hops",
+        type=_lengths,
+        default=defaults.hops,
+        metavar="N[,N...]",
+        help="steps per run, one or more comma-separated lengths measured in turn; each rounded up "
+        "to odd (tool turns come in pairs, plus the final turn)",
+    )
+    parser.add_argument(
+        "--result-bytes",
+        type=int,
+        default=defaults.result_bytes,
+        metavar="N",
+        help="bytes of text each tool call returns (0: 'ok'); the bare chain carries as many",
+    )
+    parser.add_argument(
+        "--peer",
+        choices=["dbos"],
+        help="also measure the same work as DBOS workflow steps (needs the optional dbos package)",
+    )
+    parser.add_argument(
+        "--dbos-polling",
+        type=float,
+        default=defaults.dbos_polling_s,
+        metavar="S",
+        help="queue polling interval of the DBOS peer's processes (DBOS's default is 1 s)",
+    )
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="rounds of each system, interleaved")
-    parser.add_argument("--concurrency", type=int, default=defaults.concurrency,
-                        help="prefork processes of each worker")
-    parser.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
-                        help="write the results as JSON (default path: bench/results/bench-<time>.json)")
-    parser.add_argument("--server-url", default=os.environ.get("LOUSHO_BENCH_SERVER_URL", defaults.server_url),
-                        help="Postgres server URL (the bench database is created next to it)")
+    parser.add_argument(
+        "--concurrency", type=int, default=defaults.concurrency, help="prefork processes of each worker"
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="write the results as JSON (default path: bench/results/bench-<time>.json)",
+    )
+    parser.add_argument(
+        "--server-url",
+        default=os.environ.get("LOUSHO_BENCH_SERVER_URL", defaults.server_url),
+        help="Postgres server URL (the bench database is created next to it)",
+    )
     parser.add_argument("--database", default=defaults.database, help="database to drop and recreate")
     parser.add_argument("--redis-url", default=os.environ.get("LOUSHO_BENCH_REDIS_URL", defaults.redis_url))
     parser.add_argument("--redis-db", type=int, default=defaults.redis_db, help="Redis db to flush and use")
     parser.add_argument("--loglevel", default=defaults.loglevel, help="worker log level (both workers)")
     parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds allowed per round")
-    parser.add_argument("--usage", action="store_true",
-                        help="the model reports token usage like a real provider (one more write per model turn)")
-    parser.add_argument("--other-tree", metavar="PATH",
-                        help="also measure a Lousho worker started from this copy of the project (same schema)")
-    parser.add_argument("--storage", action="store_true",
-                        help="after the rounds, the bytes the Lousho runs' rows occupy per table, and the WAL "
-                             "bytes per step early and late in one run of the longest length, alone")
-    parser.add_argument("--rss-steps", type=int, default=defaults.rss_steps, metavar="N",
-                        help="instead of the rounds: Lousho rounds of --runs runs of the longest --hops until N "
-                             "steps are done, the pool processes' RSS read after each")
-    parser.add_argument("--events", type=_variants, default=defaults.events, metavar="on,off[,watched]",
-                        help="Lousho workers side by side with saves writing events (on), writing none "
-                             "(off: LOUSHO_EVENTS=0), or writing them with a consumer following every run "
-                             "(watched), and what events cost per step")
-    parser.add_argument("--task-events", choices=["on", "off"], default="on" if defaults.task_events else "off",
-                        help="Celery task events, sent by workers and senders, on both sides (LOUSHO_TASK_EVENTS; "
-                             "on: as deployed, where Flower lists the steps)")
+    parser.add_argument(
+        "--usage",
+        action="store_true",
+        help="the model reports token usage like a real provider (one more write per model turn)",
+    )
+    parser.add_argument(
+        "--other-tree",
+        metavar="PATH",
+        help="also measure a Lousho worker started from this copy of the project (same schema)",
+    )
+    parser.add_argument(
+        "--storage",
+        action="store_true",
+        help="after the rounds, the bytes the Lousho runs' rows occupy per table, and the WAL "
+        "bytes per step early and late in one run of the longest length, alone",
+    )
+    parser.add_argument(
+        "--rss-steps",
+        type=int,
+        default=defaults.rss_steps,
+        metavar="N",
+        help="instead of the rounds: Lousho rounds of --runs runs of the longest --hops until N "
+        "steps are done, the pool processes' RSS read after each",
+    )
+    parser.add_argument(
+        "--events",
+        type=_variants,
+        default=defaults.events,
+        metavar="on,off[,watched]",
+        help="Lousho workers side by side with saves writing events (on), writing none "
+        "(off: LOUSHO_EVENTS=0), or writing them with a consumer following every run "
+        "(watched), and what events cost per step",
+    )
+    parser.add_argument(
+        "--task-events",
+        choices=["on", "off"],
+        default="on" if defaults.task_events else "off",
+        help="Celery task events, sent by workers and senders, on both sides (LOUSHO_TASK_EVENTS; "
+        "on: as deployed, where Flower lists the steps)",
+    )
     args = parser.parse_args(argv)
     for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
@@ -143,19 +195,36 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     if args.rss_steps < 0:
         parser.error("--rss-steps must be at least 0")
     if args.rss_steps and (args.peer or args.other_tree or args.storage or args.events):
-        parser.error("--rss-steps measures the Lousho worker alone: without --peer, --other-tree, --storage or "
-                     "--events")
+        parser.error(
+            "--rss-steps measures the Lousho worker alone: without --peer, --other-tree, --storage or --events"
+        )
     if args.other_tree is not None:
         other = Path(args.other_tree).resolve()
         if not (other / "worker" / "celery.py").exists():
             parser.error(f"--other-tree {other} does not look like a copy of the project")
         args.other_tree = str(other)
-    return Config(runs=args.runs, hops=args.hops, rounds=args.rounds, concurrency=args.concurrency,
-                  server_url=args.server_url, database=args.database, redis_url=args.redis_url,
-                  redis_db=args.redis_db, loglevel=args.loglevel, timeout_s=args.timeout, json_path=args.json,
-                  usage=args.usage, other_tree=args.other_tree, result_bytes=args.result_bytes, peer=args.peer,
-                  dbos_polling_s=args.dbos_polling, storage=args.storage, rss_steps=args.rss_steps,
-                  events=args.events, task_events=args.task_events == "on")
+    return Config(
+        runs=args.runs,
+        hops=args.hops,
+        rounds=args.rounds,
+        concurrency=args.concurrency,
+        server_url=args.server_url,
+        database=args.database,
+        redis_url=args.redis_url,
+        redis_db=args.redis_db,
+        loglevel=args.loglevel,
+        timeout_s=args.timeout,
+        json_path=args.json,
+        usage=args.usage,
+        other_tree=args.other_tree,
+        result_bytes=args.result_bytes,
+        peer=args.peer,
+        dbos_polling_s=args.dbos_polling,
+        storage=args.storage,
+        rss_steps=args.rss_steps,
+        events=args.events,
+        task_events=args.task_events == "on",
+    )
 
 
 def _lengths(text: str) -> tuple[int, ...]:

@@ -81,13 +81,19 @@ def serve(database_url: str, index: int, polling_s: float, ready: Path, loglevel
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # The bench pauses these processes (SIGSTOP) outside their rounds: keep the server's idle-in-transaction
     # setting (normally off) rather than DBOS's 60 s, which could end a session paused inside a poll.
-    config = dbos_module.DBOSConfig(name=APP_NAME, system_database_url=database_url, application_version=APP_VERSION,
-                                    executor_id=f"bench-{index}", log_level=loglevel,
-                                    sys_db_idle_transaction_timeout_sec=0)
+    config = dbos_module.DBOSConfig(
+        name=APP_NAME,
+        system_database_url=database_url,
+        application_version=APP_VERSION,
+        executor_id=f"bench-{index}",
+        log_level=loglevel,
+        sys_db_idle_transaction_timeout_sec=0,
+    )
     dbos_module.DBOS(config=config)
     dbos_module.DBOS.launch()
-    dbos_module.DBOS.register_queue(QUEUE, worker_concurrency=1, polling_interval_sec=polling_s,
-                                    on_conflict="always_update")
+    dbos_module.DBOS.register_queue(
+        QUEUE, worker_concurrency=1, polling_interval_sec=polling_s, on_conflict="always_update"
+    )
     ready.touch()
     stop.wait()
     dbos_module.DBOS.destroy()
@@ -116,9 +122,21 @@ def supervise(args: argparse.Namespace) -> int:
     try:
         for index in range(args.processes):
             marker = Path(f"{args.ready}.{index}")
-            command = [sys.executable, "-m", "bench.dbos_app", "--database-url", args.database_url,
-                       "--polling-s", str(args.polling_s), "--ready", str(marker), "--loglevel", args.loglevel,
-                       "--index", str(index)]
+            command = [
+                sys.executable,
+                "-m",
+                "bench.dbos_app",
+                "--database-url",
+                args.database_url,
+                "--polling-s",
+                str(args.polling_s),
+                "--ready",
+                str(marker),
+                "--loglevel",
+                args.loglevel,
+                "--index",
+                str(index),
+            ]
             children.append(subprocess.Popen(command, env=os.environ.copy()))
             _wait_for(marker, children[-1])
         Path(args.ready).touch()

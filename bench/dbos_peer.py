@@ -28,8 +28,10 @@ def missing() -> str | None:
     try:
         import dbos  # noqa: F401  # only whether it imports
     except ImportError as exc:
-        return (f"--peer dbos needs the optional dbos package, which is not importable here ({exc}); "
-                "install it with `.venv/bin/pip install dbos`. Measuring the other systems without it.")
+        return (
+            f"--peer dbos needs the optional dbos package, which is not importable here ({exc}); "
+            "install it with `.venv/bin/pip install dbos`. Measuring the other systems without it."
+        )
     return None
 
 
@@ -56,9 +58,21 @@ class DbosPeer:
 
     def command(self) -> list[str]:
         """The worker's command line: ``--concurrency`` serving processes under one supervisor."""
-        return [sys.executable, "-m", "bench.dbos_app", "--database-url", self.url,
-                "--processes", str(self.config.concurrency), "--polling-s", str(self.config.dbos_polling_s),
-                "--ready", str(self.ready), "--loglevel", self.config.loglevel]
+        return [
+            sys.executable,
+            "-m",
+            "bench.dbos_app",
+            "--database-url",
+            self.url,
+            "--processes",
+            str(self.config.concurrency),
+            "--polling-s",
+            str(self.config.dbos_polling_s),
+            "--ready",
+            str(self.ready),
+            "--loglevel",
+            self.config.loglevel,
+        ]
 
     def connect(self, alive: Any, timeout_s: float = 90.0) -> None:
         """Wait until every serving process is ready (``alive()`` false means it died), then open the client."""
@@ -92,15 +106,21 @@ class DbosPeer:
         db = self._db
         started = time.time()
         for i in range(spec.runs):
-            options = {"workflow_name": WORKFLOW, "queue_name": QUEUE, "workflow_id": spec.run_id(i),
-                       "app_version": APP_VERSION}
+            options = {
+                "workflow_name": WORKFLOW,
+                "queue_name": QUEUE,
+                "workflow_id": spec.run_id(i),
+                "app_version": APP_VERSION,
+            }
             self._client.enqueue(options, spec.length // 2, spec.result_bytes)
 
         def succeeded() -> int:
-            row = db.execute("SELECT count(*) FILTER (WHERE status = 'SUCCESS'),"
-                             " count(*) FILTER (WHERE status = ANY(%s))"
-                             " FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
-                             (list(FAILED), spec.prefix + "%")).fetchone()
+            row = db.execute(
+                "SELECT count(*) FILTER (WHERE status = 'SUCCESS'),"
+                " count(*) FILTER (WHERE status = ANY(%s))"
+                " FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
+                (list(FAILED), spec.prefix + "%"),
+            ).fetchone()
             done, failed = (int(row[0]), int(row[1])) if row else (0, 0)
             if failed:
                 raise BenchError(f"{failed} DBOS workflow(s) {spec.prefix}* failed")
@@ -113,7 +133,8 @@ class DbosPeer:
             "SELECT o.workflow_uuid, s.created_at, o.completed_at_epoch_ms FROM dbos.operation_outputs o"
             " JOIN dbos.workflow_status s USING (workflow_uuid)"
             " WHERE o.workflow_uuid LIKE %s AND o.function_name = ANY(%s) ORDER BY o.workflow_uuid, o.function_id",
-            (spec.prefix + "%", [MODEL_STEP, TOOL_STEP])).fetchall()
+            (spec.prefix + "%", [MODEL_STEP, TOOL_STEP]),
+        ).fetchall()
         for workflow_id, created_ms, completed_ms in rows:
             created[workflow_id] = int(created_ms) / 1000
             completed[workflow_id].append(int(completed_ms) / 1000)

@@ -54,17 +54,19 @@ def _figure(name: str, times: Sequence[float]) -> str:
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     target = TARGETS_MS.get(name)
     verdict = "" if target is None else f"  (target {target:.0f} ms: {'met' if p95 < target else 'MISSED'})"
-    return (f"{name:<28} median {statistics.median(times):7.1f} ms  p95 {p95:7.1f} ms  max {max(times):7.1f} ms"
-            f"{verdict}")
+    return f"{name:<28} median {statistics.median(times):7.1f} ms  p95 {p95:7.1f} ms  max {max(times):7.1f} ms{verdict}"
 
 
 def _plans(client: Client) -> None:
     """The plan of the first page's and of the counts' statements (a page reads one index range)."""
     with client.engine.connect() as conn:
         for name, statement in (
-                ("first page", "SELECT session_id FROM runs ORDER BY created_at DESC, session_id DESC LIMIT 51"),
-                ("counts by state", f"SELECT state, count(*) FROM (SELECT {listing.STATE} AS state FROM runs"
-                                    " OFFSET 0) s GROUP BY state")):
+            ("first page", "SELECT session_id FROM runs ORDER BY created_at DESC, session_id DESC LIMIT 51"),
+            (
+                "counts by state",
+                f"SELECT state, count(*) FROM (SELECT {listing.STATE} AS state FROM runs OFFSET 0) s GROUP BY state",
+            ),
+        ):
             plan = [row[0] for row in conn.execute(text(f"EXPLAIN {statement}"))]
             print(f"plan of the {name}: " + " / ".join(line.strip()[:160] for line in plan[:3]))
 
@@ -87,8 +89,9 @@ def _signed_in(settings: Settings, client: Client) -> TestClient:
 def main(argv: Sequence[str] | None = None) -> int:
     """Fill the database, time the listings, print the figures; 1 when the counts by state are wrong."""
     parser = argparse.ArgumentParser(prog="python -m bench.listing", description=__doc__.splitlines()[0])
-    parser.add_argument("--server-url", default=os.environ.get("LOUSHO_DATABASE_URL",
-                                                               "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--server-url", default=os.environ.get("LOUSHO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--database", default="lousho_bench_listing")
     parser.add_argument("--runs", type=int, default=100_000, help="stored runs (default 100000)")
     parser.add_argument("--repeat", type=int, default=50, help="timed repetitions of each listing (default 50)")
@@ -97,15 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{args.database}"')
-    settings = Settings(database_url=f"{base}/{args.database}", redis_url=os.environ.get(
-        "LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    settings = Settings(
+        database_url=f"{base}/{args.database}",
+        redis_url=os.environ.get("LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/13"),
+    )
     migrate(settings)
     started = time.perf_counter()
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         expected = fill_states(conn, args.runs)
         conn.execute("VACUUM ANALYZE runs")
-    print(f"filled {args.runs} runs in {time.perf_counter() - started:.1f} s: "
-          + ", ".join(f"{state} {n}" for state, n in expected.items()))
+    print(
+        f"filled {args.runs} runs in {time.perf_counter() - started:.1f} s: "
+        + ", ".join(f"{state} {n}" for state, n in expected.items())
+    )
     engine = make_engine(settings, pool_size=4)
     client = Client(settings, engine=engine)
     try:

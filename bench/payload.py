@@ -7,9 +7,44 @@ from __future__ import annotations
 
 import random
 
-_WORDS = ("the", "run", "step", "tool", "result", "file", "line", "error", "value", "search", "found", "match",
-          "def", "return", "import", "class", "data", "page", "query", "status", "ok", "test", "passed", "failed",
-          "config", "path", "node", "token", "model", "output", "input", "cache", "index", "table", "row", "text")
+_WORDS = (
+    "the",
+    "run",
+    "step",
+    "tool",
+    "result",
+    "file",
+    "line",
+    "error",
+    "value",
+    "search",
+    "found",
+    "match",
+    "def",
+    "return",
+    "import",
+    "class",
+    "data",
+    "page",
+    "query",
+    "status",
+    "ok",
+    "test",
+    "passed",
+    "failed",
+    "config",
+    "path",
+    "node",
+    "token",
+    "model",
+    "output",
+    "input",
+    "cache",
+    "index",
+    "table",
+    "row",
+    "text",
+)
 _BLOCK_BYTES = 1 << 16
 _block: list[str] = []
 
@@ -37,7 +72,7 @@ def result_text(size: int, position: int) -> str:
         return "ok"
     block = _text_block()
     start = (position * 7919) % _BLOCK_BYTES
-    text = block[start:start + size]
+    text = block[start : start + size]
     while len(text) < size:
-        text += block[:size - len(text)]
+        text += block[: size - len(text)]
     return text

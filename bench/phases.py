@@ -26,6 +26,7 @@ current = ["warm-up"]
 
 def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` recording its wall and CPU duration under ``name`` for the variant being measured."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started, thread_cpu = time.perf_counter(), time.thread_time()
@@ -34,6 +35,7 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             spent[current[0]][name].append(time.perf_counter() - started)
             cpu[current[0]][name].append(time.thread_time() - thread_cpu)
+
     return wrapper
 
 
@@ -52,9 +54,13 @@ def engine_for(deps: StepDeps, settings: Settings, variant: str) -> Engine:
         if not isinstance(deps.store, PostgresCheckpointStore):
             raise TypeError("profile_step measures the Postgres checkpoint store")
         return deps.store.engine
-    options: dict[str, Any] = {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": True,
-                               "hide_parameters": True,
-                               "connect_args": {"connect_timeout": 5, "application_name": "lousho"}}
+    options: dict[str, Any] = {
+        "pool_size": 2,
+        "max_overflow": 4,
+        "pool_pre_ping": True,
+        "hide_parameters": True,
+        "connect_args": {"connect_timeout": 5, "application_name": "lousho"},
+    }
     return create_engine(settings.sqlalchemy_url, **options)
 
 
@@ -71,9 +77,11 @@ def instrument_stores(deps: StepDeps, settings: Settings, engines: list[str]) ->
         variant_store.claim = timed("claim-and-load", variant_store.claim)  # type: ignore[method-assign]
         variant_store.inbox = timed("inbox read (first step only)", variant_store.inbox)  # type: ignore[method-assign]
         variant_store.record_step = timed(  # type: ignore[method-assign]
-            "fenced save + history", variant_store.record_step)
+            "fenced save + history", variant_store.record_step
+        )
         variant_store.note_usage = timed(  # type: ignore[method-assign]
-            "usage note (model turns, --usage)", variant_store.note_usage)
+            "usage note (model turns, --usage)", variant_store.note_usage
+        )
         dialect = variant_store.engine.dialect
         if variant == "pre-ping":
             dialect.do_ping = timed("  pool pre-ping", dialect.do_ping)  # type: ignore[method-assign]
@@ -95,8 +103,9 @@ def instrument_step_calls(deps: StepDeps) -> dict[str, int | None]:
     next_seq: dict[str, int | None] = {}
     enqueue = timed("enqueue (Celery publish)", deps.enqueue)
 
-    def capture(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /,
-                **options: Any) -> None:
+    def capture(
+        session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, **options: Any
+    ) -> None:
         next_seq[session_id] = seq
         enqueue(session_id, seq, countdown, agent, **options)
 

@@ -57,11 +57,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=10, help="runs stepped round-robin per batch")
     parser.add_argument("--hops", type=int, default=41, help="steps per run (rounded up to odd)")
     parser.add_argument("--repeat", type=int, default=3, help="measured batches per engine variant")
-    parser.add_argument("--engine", default="default",
-                        help=f"comma-separated store engine variants, measured in alternation: {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--engine",
+        default="default",
+        help=f"comma-separated store engine variants, measured in alternation: {', '.join(ENGINES)}",
+    )
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the top N functions")
-    parser.add_argument("--usage", action="store_true",
-                        help="the model reports token usage like a real provider (adds the usage note)")
+    parser.add_argument(
+        "--usage", action="store_true", help="the model reports token usage like a real provider (adds the usage note)"
+    )
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     unknown = set(args.engines) - set(ENGINES)
@@ -85,11 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     config = Config(database=DATABASE, redis_db=REDIS_DB)
     # The worker modules read their settings at import: point them at the profile's services first.
-    os.environ.update({
-        "LOUSHO_DATABASE_URL": config.database_url, "LOUSHO_REDIS_URL": config.bench_redis_url,
-        "LOUSHO_AGENTS": "bench.agents", "LOUSHO_QUEUE": QUEUE,
-        "LOUSHO_HISTORY_LIMIT": str(config.history_limit),
-    })
+    os.environ.update(
+        {
+            "LOUSHO_DATABASE_URL": config.database_url,
+            "LOUSHO_REDIS_URL": config.bench_redis_url,
+            "LOUSHO_AGENTS": "bench.agents",
+            "LOUSHO_QUEUE": QUEUE,
+            "LOUSHO_HISTORY_LIMIT": str(config.history_limit),
+        }
+    )
     os.environ.pop("BENCH_TIMINGS", None)
 
     from producer import Client
@@ -131,8 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _measure(args: argparse.Namespace, deps: StepDeps, stores: dict[str, PostgresCheckpointStore],
-             next_seq: dict[str, int | None], handle: Any, profiler: cProfile.Profile | None) -> _Tally:
+def _measure(
+    args: argparse.Namespace,
+    deps: StepDeps,
+    stores: dict[str, PostgresCheckpointStore],
+    next_seq: dict[str, int | None],
+    handle: Any,
+    profiler: cProfile.Profile | None,
+) -> _Tally:
     """A warm-up batch, then ``--repeat`` batches of each variant in alternating order, each stepped to its end."""
     message = bench_agents.input_for(args.hops)
     tally = _Tally()
@@ -158,8 +172,9 @@ def _measure(args: argparse.Namespace, deps: StepDeps, stores: dict[str, Postgre
     return tally
 
 
-def _step_to_the_end(deps: StepDeps, ids: list[str], next_seq: dict[str, int | None], tally: _Tally,
-                     label: str) -> None:
+def _step_to_the_end(
+    deps: StepDeps, ids: list[str], next_seq: dict[str, int | None], tally: _Tally, label: str
+) -> None:
     """Call ``run_step`` round-robin over the runs ``ids`` until each has finished, timing every call."""
     from worker.steps import run_step
 
@@ -185,19 +200,24 @@ def _compare(engines: list[str], totals: dict[str, list[float]]) -> None:
         claim = sum(spent["claim-and-load"]) * 1000 / steps
         save = sum(spent["fenced save + history"]) * 1000 / steps
         total = sum(totals[variant]) * 1000 / steps
-        print(f"  {variant:<12} claim {claim:6.3f}  save {save:6.3f}  run_step {total:6.3f}  "
-              f"p50 {percentile(totals[variant], 50) * 1000:6.3f}")
+        print(
+            f"  {variant:<12} claim {claim:6.3f}  save {save:6.3f}  run_step {total:6.3f}  "
+            f"p50 {percentile(totals[variant], 50) * 1000:6.3f}"
+        )
 
 
-def _report(args: argparse.Namespace, variant: str, totals: list[float], cpu_totals: list[float],
-            loop_time: float) -> None:
+def _report(
+    args: argparse.Namespace, variant: str, totals: list[float], cpu_totals: list[float], loop_time: float
+) -> None:
     """Print ``variant``'s table: wall and CPU time per step of each phase, the rest, and the whole step."""
     steps = len(totals)
     total_ms = sum(totals) * 1000
     cpu_ms = sum(cpu_totals) * 1000
-    print(f"\nengine={variant}: {steps} steps ({args.runs} runs x {args.repeat} batch(es)), "
-          f"{steps / loop_time:.0f} steps/s in one process, run_step p50 {percentile(totals, 50) * 1000:.2f} ms, "
-          f"p99 {percentile(totals, 99) * 1000:.2f} ms")
+    print(
+        f"\nengine={variant}: {steps} steps ({args.runs} runs x {args.repeat} batch(es)), "
+        f"{steps / loop_time:.0f} steps/s in one process, run_step p50 {percentile(totals, 50) * 1000:.2f} ms, "
+        f"p99 {percentile(totals, 99) * 1000:.2f} ms"
+    )
     print("  wall = elapsed time, cpu = this process's CPU time; per step = total over steps")
     print(f"{'phase':<42} {'calls':>6} {'p50 ms':>7} {'wall/step':>9} {'cpu/step':>8} {'wall %':>7}")
     accounted = accounted_cpu = 0.0
@@ -207,13 +227,19 @@ def _report(args: argparse.Namespace, variant: str, totals: list[float], cpu_tot
         if not name.startswith("  "):
             accounted += ms
             accounted_cpu += cpu
-        print(f"{name:<42} {len(spent):>6} {percentile(spent, 50) * 1000:>7.3f} {ms / steps:>9.3f} "
-              f"{cpu / steps:>8.3f} {ms / total_ms:>7.1%}")
+        print(
+            f"{name:<42} {len(spent):>6} {percentile(spent, 50) * 1000:>7.3f} {ms / steps:>9.3f} "
+            f"{cpu / steps:>8.3f} {ms / total_ms:>7.1%}"
+        )
     rest, rest_cpu = total_ms - accounted, cpu_ms - accounted_cpu
-    print(f"{'rest (step Python: copies, checks, logging)':<42} {'':>6} {'':>7} {rest / steps:>9.3f} "
-          f"{rest_cpu / steps:>8.3f} {rest / total_ms:>7.1%}")
-    print(f"{'total run_step':<42} {steps:>6} {percentile(totals, 50) * 1000:>7.3f} {total_ms / steps:>9.3f} "
-          f"{cpu_ms / steps:>8.3f} {1:>7.1%}")
+    print(
+        f"{'rest (step Python: copies, checks, logging)':<42} {'':>6} {'':>7} {rest / steps:>9.3f} "
+        f"{rest_cpu / steps:>8.3f} {rest / total_ms:>7.1%}"
+    )
+    print(
+        f"{'total run_step':<42} {steps:>6} {percentile(totals, 50) * 1000:>7.3f} {total_ms / steps:>9.3f} "
+        f"{cpu_ms / steps:>8.3f} {1:>7.1%}"
+    )
 
 
 if __name__ == "__main__":

@@ -30,17 +30,21 @@ EVENT_LEGEND = {
     "watched": "watched writes them and a consumer follows every run (client.events, live=True)",
 }
 
-HEADER = (f"{'len':>4} {'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
-          f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
-          f"{'wrk cpu':>8} {'pg cpu':>7}")
+HEADER = (
+    f"{'len':>4} {'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
+    f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
+    f"{'wrk cpu':>8} {'pg cpu':>7}"
+)
 
 
 def format_row(s: dict[str, Any]) -> str:
     """One line of the table for a round's (or a system's overall) summary, under ``HEADER``."""
-    return (f"{s['steps_per_run']:>4} {s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} "
-            f"{s['steps_per_s']:>8.1f} "
-            f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f} "
-            f"{s['gap_p50_ms']:>8.2f} {s['worker_cpu_ms_per_step']:>8.2f} {s['postgres_cpu_ms_per_step']:>7.2f}")
+    return (
+        f"{s['steps_per_run']:>4} {s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} "
+        f"{s['steps_per_s']:>8.1f} "
+        f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f} "
+        f"{s['gap_p50_ms']:>8.2f} {s['worker_cpu_ms_per_step']:>8.2f} {s['postgres_cpu_ms_per_step']:>7.2f}"
+    )
 
 
 def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: int) -> dict[str, Any]:
@@ -51,12 +55,18 @@ def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: in
     gaps = [x for r in mine for x in r.gap_ms]
     count = sum(r.steps for r in mine)
     row: dict[str, Any] = {
-        "system": system, "round": "all", "steps_per_run": length, "steps": count,
+        "system": system,
+        "round": "all",
+        "steps_per_run": length,
+        "steps": count,
         "wall_s": round(sum(r.wall_s for r in mine), 4),
         "steps_per_s": round(statistics.median(rates), 2),
-        "steps_per_s_min": round(min(rates), 2), "steps_per_s_max": round(max(rates), 2),
-        "step_p50_ms": round(percentile(steps, 50), 3), "step_p99_ms": round(percentile(steps, 99), 3),
-        "task_p50_ms": round(percentile(tasks, 50), 3), "task_p99_ms": round(percentile(tasks, 99), 3),
+        "steps_per_s_min": round(min(rates), 2),
+        "steps_per_s_max": round(max(rates), 2),
+        "step_p50_ms": round(percentile(steps, 50), 3),
+        "step_p99_ms": round(percentile(steps, 99), 3),
+        "task_p50_ms": round(percentile(tasks, 50), 3),
+        "task_p99_ms": round(percentile(tasks, 99), 3),
         "gap_p50_ms": round(percentile(gaps, 50), 3),
         "worker_cpu_ms_per_step": round(sum(r.worker_cpu_s for r in mine) * 1000 / count, 3),
         "worker_main_cpu_ms_per_step": round(sum(r.worker_main_cpu_s for r in mine) * 1000 / count, 3),
@@ -68,8 +78,11 @@ def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: in
     stored = [r.events_stored for r in mine if r.events_stored is not None]
     if stored:
         row["events_stored_per_run"] = round(sum(stored) / runs, 2)
-    followed = [(r.events_followed or 0, r.live_followed or 0, r.consumer_cpu_s or 0.0)
-                for r in mine if r.consumer_cpu_s is not None]
+    followed = [
+        (r.events_followed or 0, r.live_followed or 0, r.consumer_cpu_s or 0.0)
+        for r in mine
+        if r.consumer_cpu_s is not None
+    ]
     if followed:
         row["events_followed_per_run"] = round(sum(f[0] for f in followed) / runs, 2)
         row["live_followed_per_run"] = round(sum(f[1] for f in followed) / runs, 2)
@@ -126,12 +139,14 @@ def _event_costs(rows: dict[str, dict[str, Any]], results: list[RoundResult]) ->
         entry["cpu"] = round(rows[base]["cpu_ms_per_step"] / rows[system]["cpu_ms_per_step"], 3)
         for name in (system, base):
             if "bare" in rows and name != "bare":
-                paired = [p[name].steps_per_s / p["bare"].steps_per_s for p in by_round.values()
-                          if name in p and "bare" in p]
+                paired = [
+                    p[name].steps_per_s / p["bare"].steps_per_s for p in by_round.values() if name in p and "bare" in p
+                ]
                 entry[f"{name}_over_bare_paired_median"] = round(statistics.median(paired), 3)
         for cpu in ("worker", "postgres"):
-            added = [(getattr(a, f"{cpu}_cpu_s") / a.steps - getattr(b, f"{cpu}_cpu_s") / b.steps) * 1000
-                     for a, b in pairs]
+            added = [
+                (getattr(a, f"{cpu}_cpu_s") / a.steps - getattr(b, f"{cpu}_cpu_s") / b.steps) * 1000 for a, b in pairs
+            ]
             key = f"{cpu}_cpu_ms_per_step"
             entry[f"added_{key}"] = round(rows[system][key] - rows[base][key], 3)
             entry[f"added_{key}_paired_median"] = round(statistics.median(added), 3)
@@ -150,12 +165,16 @@ def _sweep(lengths: dict[int, dict[str, Any]]) -> dict[str, Any]:
         if system not in lengths[short]["systems"]:
             continue
         at_short, at_long = lengths[short]["systems"][system], lengths[long]["systems"][system]
-        entry = {"shortest": short, "longest": long,
-                 "task_p99_longest_over_shortest": round(at_long["task_p99_ms"] / at_short["task_p99_ms"], 3)}
+        entry = {
+            "shortest": short,
+            "longest": long,
+            "task_p99_longest_over_shortest": round(at_long["task_p99_ms"] / at_short["task_p99_ms"], 3),
+        }
         key = f"{system}/bare"
         if key in lengths[short]["ratios"] and key in lengths[long]["ratios"]:
             entry["ratio_longest_over_shortest"] = round(
-                lengths[long]["ratios"][key]["steps_per_s"] / lengths[short]["ratios"][key]["steps_per_s"], 3)
+                lengths[long]["ratios"][key]["steps_per_s"] / lengths[short]["ratios"][key]["steps_per_s"], 3
+            )
         sweep[system] = entry
     return sweep
 
@@ -168,13 +187,17 @@ def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -
     lengths: dict[int, dict[str, Any]] = {}
     for length in sorted({r.steps_per_run for r in results}):
         at_length = [r for r in results if r.steps_per_run == length]
-        rows = {system: _overall(system, length, [r for r in at_length if r.system == system],
-                                 peak_rss.get(length, {}).get(system, 0))
-                for system in dict.fromkeys(r.system for r in at_length)}
+        rows = {
+            system: _overall(
+                system, length, [r for r in at_length if r.system == system], peak_rss.get(length, {}).get(system, 0)
+            )
+            for system in dict.fromkeys(r.system for r in at_length)
+        }
         if "bare" in rows:  # what a system's step costs on top of bare Celery's hop
             for row in rows.values():
                 row["added_cpu_ms_per_step_over_bare"] = round(
-                    row["cpu_ms_per_step"] - rows["bare"]["worker_cpu_ms_per_step"], 3)
+                    row["cpu_ms_per_step"] - rows["bare"]["worker_cpu_ms_per_step"], 3
+                )
         lengths[length] = {"systems": rows, "ratios": _ratios(rows, at_length)}
         costs = _event_costs(rows, at_length)
         if costs:
@@ -188,26 +211,40 @@ def _print_ratios(length: int, ratios: dict[str, Any]) -> None:
         target = ""
         if name == "lousho/bare":
             target = " (meets the 0.75x target)" if ratio["steps_per_s"] >= 0.75 else " (below the 0.75x target)"
-        print(f"  {length:>4} steps, {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
-              f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
-              f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms")
+        print(
+            f"  {length:>4} steps, {name} steps/s: {ratio['steps_per_s']:.3f}x{target}; paired by round: median "
+            f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
+            f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms"
+        )
 
 
 def _print_event_costs(length: int, costs: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
     for name, cost in costs.items():
         system, base = name.split("/")
         per_round = ", ".join(f"{x:.2f}" for x in cost["per_round"])
-        verdict = ("" if "within_target" not in cost
-                   else ", within the 10% target" if cost["within_target"] else ", outside the 10% target")
-        bare = "".join(f"; {s}/bare {cost[f'{s}_over_bare_paired_median']:.3f}x" for s in (system, base)
-                       if f"{s}_over_bare_paired_median" in cost)
-        print(f"  {length:>4} steps, {name} steps/s, paired by round: median {cost['steps_per_s_paired_median']:.3f}x "
-              f"({per_round}){verdict}{bare} (paired medians); CPU per step: {cost['cpu']:.3f}x")
-        print(f"       added by {system} per step: wall {cost['added_wall_ms_per_step']:.2f} ms, "
-              f"worker CPU {cost['added_worker_cpu_ms_per_step']:.3f} ms "
-              f"(paired median {cost['added_worker_cpu_ms_per_step_paired_median']:.3f}), Postgres CPU "
-              f"{cost['added_postgres_cpu_ms_per_step']:.3f} ms (paired median "
-              f"{cost['added_postgres_cpu_ms_per_step_paired_median']:.3f})")
+        verdict = (
+            ""
+            if "within_target" not in cost
+            else ", within the 10% target"
+            if cost["within_target"]
+            else ", outside the 10% target"
+        )
+        bare = "".join(
+            f"; {s}/bare {cost[f'{s}_over_bare_paired_median']:.3f}x"
+            for s in (system, base)
+            if f"{s}_over_bare_paired_median" in cost
+        )
+        print(
+            f"  {length:>4} steps, {name} steps/s, paired by round: median {cost['steps_per_s_paired_median']:.3f}x "
+            f"({per_round}){verdict}{bare} (paired medians); CPU per step: {cost['cpu']:.3f}x"
+        )
+        print(
+            f"       added by {system} per step: wall {cost['added_wall_ms_per_step']:.2f} ms, "
+            f"worker CPU {cost['added_worker_cpu_ms_per_step']:.3f} ms "
+            f"(paired median {cost['added_worker_cpu_ms_per_step_paired_median']:.3f}), Postgres CPU "
+            f"{cost['added_postgres_cpu_ms_per_step']:.3f} ms (paired median "
+            f"{cost['added_postgres_cpu_ms_per_step_paired_median']:.3f})"
+        )
     notes = []
     for system, row in rows.items():
         if "events_stored_per_run" in row:
@@ -215,9 +252,11 @@ def _print_event_costs(length: int, costs: dict[str, Any], rows: dict[str, dict[
     line = f"       durable events stored per run: {', '.join(notes)}" if notes else ""
     watched = rows.get("watched")
     if watched and "consumer_cpu_ms_per_step" in watched:
-        line += (f"; watched runs' consumers saw {watched['events_followed_per_run']:g} events and "
-                 f"{watched['live_followed_per_run']:g} live signals per run, and used "
-                 f"{watched['consumer_cpu_ms_per_step']:.3f} ms of CPU per step")
+        line += (
+            f"; watched runs' consumers saw {watched['events_followed_per_run']:g} events and "
+            f"{watched['live_followed_per_run']:g} live signals per run, and used "
+            f"{watched['consumer_cpu_ms_per_step']:.3f} ms of CPU per step"
+        )
     if line:
         print(line)
 
@@ -225,8 +264,10 @@ def _print_event_costs(length: int, costs: dict[str, Any], rows: dict[str, dict[
 def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: dict[str, Any]) -> None:
     """The per-system table of issue 12: one row per run length, then how the figures change with the length."""
     print(f"\n{system}:")
-    print(f"| steps per run | steps/s | {system}/bare steps/s | task p50 / p99 (ms) | worker CPU per step (ms) "
-          "| Postgres CPU per step (ms) | added CPU per step over bare (ms) | peak worker RSS (MiB) |")
+    print(
+        f"| steps per run | steps/s | {system}/bare steps/s | task p50 / p99 (ms) | worker CPU per step (ms) "
+        "| Postgres CPU per step (ms) | added CPU per step over bare (ms) | peak worker RSS (MiB) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length, figures in lengths.items():
         row = figures["systems"].get(system)
@@ -236,30 +277,43 @@ def _print_system_table(system: str, lengths: dict[int, dict[str, Any]], sweep: 
         shown = f"{ratio:.2f}x" if ratio is not None else "-"
         added = row.get("added_cpu_ms_per_step_over_bare")
         added_shown = f"{added:.2f}" if added is not None else "-"
-        print(f"| {length} | {row['steps_per_s']:.1f} | {shown} | {row['task_p50_ms']:.1f} / {row['task_p99_ms']:.1f} "
-              f"| {row['worker_cpu_ms_per_step']:.2f} | {row['postgres_cpu_ms_per_step']:.2f} | {added_shown} "
-              f"| {row['peak_rss_mib']:.1f} |")
+        print(
+            f"| {length} | {row['steps_per_s']:.1f} | {shown} | {row['task_p50_ms']:.1f} / {row['task_p99_ms']:.1f} "
+            f"| {row['worker_cpu_ms_per_step']:.2f} | {row['postgres_cpu_ms_per_step']:.2f} | {added_shown} "
+            f"| {row['peak_rss_mib']:.1f} |"
+        )
     entry = sweep.get(system)
     if entry and entry["longest"] != entry["shortest"]:
         span = f"at {entry['longest']} / at {entry['shortest']} steps"
         targeted = system == "lousho" and entry["shortest"] == 21  # issue 12's targets, from 21 steps
-        ratio_part = (f"{system}/bare {span}: {entry['ratio_longest_over_shortest']:.2f}"
-                      + (" (target >= 0.9)" if targeted else "") + "; "
-                      if "ratio_longest_over_shortest" in entry else "")
-        print(f"{ratio_part}task p99 {span}: {entry['task_p99_longest_over_shortest']:.2f}"
-              + (" (target <= 1.5)" if targeted else ""))
+        ratio_part = (
+            f"{system}/bare {span}: {entry['ratio_longest_over_shortest']:.2f}"
+            + (" (target >= 0.9)" if targeted else "")
+            + "; "
+            if "ratio_longest_over_shortest" in entry
+            else ""
+        )
+        print(
+            f"{ratio_part}task p99 {span}: {entry['task_p99_longest_over_shortest']:.2f}"
+            + (" (target <= 1.5)" if targeted else "")
+        )
 
 
 def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int]]) -> None:
     """Print the summary rows and ratios per run length, one table per system, the load average and peak RSS."""
     lengths: dict[int, dict[str, Any]] = summary["lengths"]
-    systems = [name for name in ("lousho", "ev-off", "watched", "other", "dbos", "bare")
-               if any(name in figures["systems"] for figures in lengths.values())]
+    systems = [
+        name
+        for name in ("lousho", "ev-off", "watched", "other", "dbos", "bare")
+        if any(name in figures["systems"] for figures in lengths.values())
+    ]
     print()
-    print(f"summary: {config.runs} concurrent runs, {config.rounds} round(s) per run length, prefork -c "
-          f"{config.concurrency}, agent {config.agent}, tool results of {config.result_bytes} bytes"
-          + (f", other = {config.other_tree}" if config.other_tree else "")
-          + (f", DBOS queue polling every {config.dbos_polling_s} s" if "dbos" in systems else ""))
+    print(
+        f"summary: {config.runs} concurrent runs, {config.rounds} round(s) per run length, prefork -c "
+        f"{config.concurrency}, agent {config.agent}, tool results of {config.result_bytes} bytes"
+        + (f", other = {config.other_tree}" if config.other_tree else "")
+        + (f", DBOS queue polling every {config.dbos_polling_s} s" if "dbos" in systems else "")
+    )
     if config.events:
         print("  events: " + "; ".join(EVENT_LEGEND[variant] for variant in config.events))
     print("  steps/s: median of rounds; percentiles over every step of every round (ms); cpu: ms per step")
@@ -281,15 +335,22 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
             print(f"peak RSS (VmHWM, MiB) {label} worker: {parts}")
 
 
-def write_json(config: Config, results: list[RoundResult], summary: dict[str, Any],
-               rss: dict[str, dict[str, int]], extra: dict[str, Any] | None = None) -> Path:
+def write_json(
+    config: Config,
+    results: list[RoundResult],
+    summary: dict[str, Any],
+    rss: dict[str, dict[str, int]],
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write the configuration, every round, the summary, the peak RSS and ``extra`` as JSON; return its path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(config.json_path) if config.json_path else RESULTS / f"bench-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
-        "when": stamp, "config": asdict(config) | {"steps_per_run": config.lengths},
-        "rounds": [r.summary() for r in results], "peak_rss_kib": rss,
+        "when": stamp,
+        "config": asdict(config) | {"steps_per_run": config.lengths},
+        "rounds": [r.summary() for r in results],
+        "peak_rss_kib": rss,
         # JSON object keys are strings: the run lengths become "21", "201", ...
         "summary": {"lengths": {str(k): v for k, v in summary["lengths"].items()}, "sweep": summary["sweep"]},
         "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},

@@ -53,7 +53,10 @@ class RoundResult:
 
     def _figures(self) -> dict[str, Any]:
         return {
-            "system": self.system, "round": self.round, "steps_per_run": self.steps_per_run, "steps": self.steps,
+            "system": self.system,
+            "round": self.round,
+            "steps_per_run": self.steps_per_run,
+            "steps": self.steps,
             "wall_s": round(self.wall_s, 4),
             "steps_per_s": round(self.steps_per_s, 2),
             "step_p50_ms": round(percentile(self.step_ms, 50), 3),
@@ -113,4 +116,4 @@ def read_lines(path: Path) -> Iterator[list[str]]:
     if not path.exists():
         return iter(())
     text = path.read_text()
-    return (line.split("\t") for line in text[:text.rfind("\n") + 1].splitlines())
+    return (line.split("\t") for line in text[: text.rfind("\n") + 1].splitlines())

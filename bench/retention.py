@@ -36,13 +36,17 @@ _KEPT_RUNS = {
     "parked": """last_error = '{"code": "X", "retryable": false}'""",
     "unread": "status = 'finished', inbox_head = 1",
 }
-_DOCUMENT = ('{"format": 2, "messages_count": 20, "step": 20, "finish_reason": "stop", "final_text": "Order 7 has'
-             ' shipped by express; the customer was told.", "usage": {"input_tokens": 5210, "output_tokens": 880,'
-             ' "requests": 10}, "business_state": {"order": 7, "carrier": "express"}, "fingerprint": {"tools":'
-             ' ["charge", "ship", "email"], "model": "mock"}}')
-_MESSAGE = ('{"role": "assistant", "content": "Checking the order, then the carrier; this text stands for a model'
-            ' turn of ordinary length with a little reasoning in it.", "tool_calls": [{"id": "call_1", "name":'
-            ' "ship", "args": {"order": 7, "carrier": "express"}}]}')
+_DOCUMENT = (
+    '{"format": 2, "messages_count": 20, "step": 20, "finish_reason": "stop", "final_text": "Order 7 has'
+    ' shipped by express; the customer was told.", "usage": {"input_tokens": 5210, "output_tokens": 880,'
+    ' "requests": 10}, "business_state": {"order": 7, "carrier": "express"}, "fingerprint": {"tools":'
+    ' ["charge", "ship", "email"], "model": "mock"}}'
+)
+_MESSAGE = (
+    '{"role": "assistant", "content": "Checking the order, then the carrier; this text stands for a model'
+    ' turn of ordinary length with a little reasoning in it.", "tool_calls": [{"id": "call_1", "name":'
+    ' "ship", "args": {"order": 7, "carrier": "express"}}]}'
+)
 
 
 #: How ``fill_states`` spreads runs over the states of the runs' one vocabulary, out of 100: (state, share,
@@ -50,15 +54,27 @@ _MESSAGE = ('{"role": "assistant", "content": "Checking the order, then the carr
 STATE_MIX = (
     ("finished", 80, "status = 'finished', inbox_head = 1, inbox_cursor = 1"),
     ("running", 5, "inbox_head = 1"),
-    ("retrying", 3, """last_error = '{"code": "LOUSHO_PROVIDER_ERROR", "retryable": true}',
-                       next_attempt_at = now() + interval '1 minute'"""),
+    (
+        "retrying",
+        3,
+        """last_error = '{"code": "LOUSHO_PROVIDER_ERROR", "retryable": true}',
+                       next_attempt_at = now() + interval '1 minute'""",
+    ),
     ("awaiting-approval", 4, "status = 'awaiting-approval', inbox_head = 1, inbox_cursor = 1"),
     ("waiting", 2, "waiting = true, inbox_head = 1, inbox_cursor = 1"),
-    ("parked", 2, """last_error = '{"code": "LOUSHO_AGENT_DRIFT", "retryable": false}', inbox_head = 1,
-                     inbox_cursor = 1"""),
+    (
+        "parked",
+        2,
+        """last_error = '{"code": "LOUSHO_AGENT_DRIFT", "retryable": false}', inbox_head = 1,
+                     inbox_cursor = 1""",
+    ),
     ("aborted", 2, "aborted = true, inbox_head = 1, inbox_cursor = 1"),
-    ("budget-exceeded", 2, """aborted = true, inbox_head = 1, inbox_cursor = 1,
-                              document = document || '{"finish_reason": "budget-exceeded"}'"""),
+    (
+        "budget-exceeded",
+        2,
+        """aborted = true, inbox_head = 1, inbox_cursor = 1,
+                              document = document || '{"finish_reason": "budget-exceeded"}'""",
+    ),
 )
 
 
@@ -78,8 +94,10 @@ def fill_states(conn: psycopg.Connection[object], runs: int, agents: int = 4, da
     for state, share, columns in STATE_MIX:
         high = low + share
         number = "(substr(session_id, 5)::int % 100)"
-        conn.execute(f"UPDATE runs SET {columns} WHERE substr(session_id, 1, 4) = 'run-'"
-                     f" AND {number} >= {low} AND {number} < {high}")
+        conn.execute(
+            f"UPDATE runs SET {columns} WHERE substr(session_id, 1, 4) = 'run-'"
+            f" AND {number} >= {low} AND {number} < {high}"
+        )
         expected[state] = sum(1 for g in range(1, runs + 1) if low <= g % 100 < high)
         low = high
     return expected
@@ -136,8 +154,9 @@ def _plans(engine: Engine, policy: retention.Retention) -> None:
         print(f"plan of the {name} batch: " + " / ".join(line.strip() for line in plan[:4]))
 
 
-def _time_batches(engine: Engine, prune_batch: retention.Batch, age: timedelta, limit: int
-                  ) -> tuple[list[float], retention.PruneResult]:
+def _time_batches(
+    engine: Engine, prune_batch: retention.Batch, age: timedelta, limit: int
+) -> tuple[list[float], retention.PruneResult]:
     """Run batches until one is not full; the seconds of each and what they pruned."""
     times, total = [], retention.PruneResult()
     while True:
@@ -153,9 +172,11 @@ def _summary(times: Sequence[float]) -> str:
     ordered = sorted(times)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     first, last = statistics.median(times[:10]), statistics.median(times[-10:])
-    return (f"{len(times)} batches in {sum(times):.2f} s: median {statistics.median(times) * 1000:.0f} ms,"
-            f" p95 {p95 * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; median of the first 10 {first * 1000:.0f} ms,"
-            f" of the last 10 {last * 1000:.0f} ms")
+    return (
+        f"{len(times)} batches in {sum(times):.2f} s: median {statistics.median(times) * 1000:.0f} ms,"
+        f" p95 {p95 * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; median of the first 10 {first * 1000:.0f} ms,"
+        f" of the last 10 {last * 1000:.0f} ms"
+    )
 
 
 def _idle(engine: Engine, policy: retention.Retention, limit: int) -> str:
@@ -171,8 +192,9 @@ def _idle(engine: Engine, policy: retention.Retention, limit: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Fill the database, time the passes, print the figures; 1 when something that must stay was pruned."""
     parser = argparse.ArgumentParser(prog="python -m bench.retention", description=__doc__.splitlines()[0])
-    parser.add_argument("--server-url", default=os.environ.get("LOUSHO_DATABASE_URL",
-                                                               "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--server-url", default=os.environ.get("LOUSHO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--database", default="lousho_bench_retention")
     parser.add_argument("--runs", type=int, default=100_000, help="finished runs due (default 100000)")
     parser.add_argument("--sample", type=int, default=2_000, help="of them, runs with realistic rows (default 2000)")
@@ -189,24 +211,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         _fill(conn, args.runs, args.sample, args.kept)
         conn.execute("VACUUM ANALYZE")
-        counts = {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
-                  for table in ("runs", "run_messages", "checkpoint_history", "run_events", "approvals",
-                                "deliveries", "delivery_bodies", "schedule_fires")}
+        counts = {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+            for table in (
+                "runs",
+                "run_messages",
+                "checkpoint_history",
+                "run_events",
+                "approvals",
+                "deliveries",
+                "delivery_bodies",
+                "schedule_fires",
+            )
+        }
     print(f"filled in {time.perf_counter() - started:.1f} s: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
     engine = make_engine(settings)
     policy = retention.Retention.from_days(30)
     try:
         _plans(engine, policy)
         due = retention.count_due(engine, policy.runs or timedelta(0), keys_older_than=policy.keys)
-        print(f"due: {due.runs} runs (sub-agent runs included), {due.deliveries} delivery ids, {due.bodies} body"
-              f" hashes, {due.ticks} ticks")
+        print(
+            f"due: {due.runs} runs (sub-agent runs included), {due.deliveries} delivery ids, {due.bodies} body"
+            f" hashes, {due.ticks} ticks"
+        )
         times, pruned = _time_batches(engine, retention.prune_runs, policy.runs or timedelta(0), args.limit)
         print(f"runs, limit {args.limit}: {_summary(times)}")
-        print("  pruned " + ", ".join(f"{name} {value}" for name, value in pruned.model_dump().items()
-                                      if name != "more" and value))
+        print(
+            "  pruned "
+            + ", ".join(f"{name} {value}" for name, value in pruned.model_dump().items() if name != "more" and value)
+        )
         key_times, keys = _time_batches(engine, retention.prune_keys, policy.keys or timedelta(0), args.limit)
-        print(f"keys, limit {args.limit}: {_summary(key_times)}; pruned {keys.deliveries} delivery ids,"
-              f" {keys.bodies} body hashes, {keys.ticks} ticks")
+        print(
+            f"keys, limit {args.limit}: {_summary(key_times)}; pruned {keys.deliveries} delivery ids,"
+            f" {keys.bodies} body hashes, {keys.ticks} ticks"
+        )
         print(f"a sweep pass with nothing due, right after: {_idle(engine, policy, args.limit)}")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute("VACUUM runs, deliveries, delivery_bodies, schedule_fires")

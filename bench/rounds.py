@@ -43,8 +43,14 @@ class RoundSpec:
         """The session (or chain, or workflow) id of the round's ``i``-th run."""
         return f"{self.prefix}{i:03d}"
 
-    def result(self, started: float, ended: float, marks: dict[str, list[float]], created: dict[str, float],
-               tasks: dict[str, list[Span]]) -> RoundResult:
+    def result(
+        self,
+        started: float,
+        ended: float,
+        marks: dict[str, list[float]],
+        created: dict[str, float],
+        tasks: dict[str, list[Span]],
+    ) -> RoundResult:
         """The round's figures: ``marks`` are the times of each run's steps, ``created`` when each run was sent.
 
         Step times are the deltas of consecutive marks of one run (the run's creation before the first);
@@ -52,8 +58,10 @@ class RoundSpec:
         """
         short = [run_id for run_id, times in marks.items() if len(times) != self.length]
         if len(marks) != self.runs or short:
-            raise BenchError(f"{self.system} runs {self.prefix}*: expected {self.runs} runs of {self.length} steps, "
-                             f"got {len(marks)} runs, {len(short)} with another count")
+            raise BenchError(
+                f"{self.system} runs {self.prefix}*: expected {self.runs} runs of {self.length} steps, "
+                f"got {len(marks)} runs, {len(short)} with another count"
+            )
         step_ms = []
         for run_id, times in marks.items():
             previous = created[run_id]
@@ -62,8 +70,17 @@ class RoundSpec:
                 previous = mark
         task_ms = [(end - start) * 1000 for spans in tasks.values() for start, end, _ in spans]
         wall = ended - started
-        return RoundResult(self.system, self.number, len(step_ms), wall, len(step_ms) / wall, step_ms, task_ms,
-                           gaps_ms(tasks), steps_per_run=self.length)
+        return RoundResult(
+            self.system,
+            self.number,
+            len(step_ms),
+            wall,
+            len(step_ms) / wall,
+            step_ms,
+            task_ms,
+            gaps_ms(tasks),
+            steps_per_run=self.length,
+        )
 
 
 def wait_for(spec: RoundSpec, progress: Callable[[], int], needed: int, what: str) -> None:
@@ -79,8 +96,9 @@ def wait_for(spec: RoundSpec, progress: Callable[[], int], needed: int, what: st
         time.sleep(0.05)
 
 
-def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any,
-                 consumers: Consumers | None = None) -> RoundResult:
+def lousho_round(
+    spec: RoundSpec, db: psycopg.Connection[Any], handle: Any, consumers: Consumers | None = None
+) -> RoundResult:
     """``runs`` concurrent Lousho runs sent through ``handle``; steps timed from ``checkpoint_history``.
 
     With ``consumers``, each run is marked watched before its send and followed after it; the result then
@@ -99,7 +117,9 @@ def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any,
         row = db.execute(
             "SELECT count(*) FILTER (WHERE status = 'finished'),"
             " count(*) FILTER (WHERE last_error IS NOT NULL AND NOT (last_error->>'retryable')::boolean)"
-            " FROM runs WHERE session_id LIKE %s", (spec.prefix + "%",)).fetchone()
+            " FROM runs WHERE session_id LIKE %s",
+            (spec.prefix + "%",),
+        ).fetchone()
         done, parked = (int(row[0]), int(row[1])) if row else (0, 0)
         if parked:
             raise BenchError(f"{parked} run(s) {spec.prefix}* of {spec.system} were parked with an error")
@@ -111,7 +131,9 @@ def lousho_round(spec: RoundSpec, db: psycopg.Connection[Any], handle: Any,
     rows = db.execute(
         "SELECT r.session_id, extract(epoch FROM r.created_at)::float8, extract(epoch FROM h.saved_at)::float8"
         " FROM runs r JOIN checkpoint_history h USING (session_id)"
-        " WHERE r.session_id LIKE %s ORDER BY r.session_id, h.seq", (spec.prefix + "%",)).fetchall()
+        " WHERE r.session_id LIKE %s ORDER BY r.session_id, h.seq",
+        (spec.prefix + "%",),
+    ).fetchall()
     for session_id, created_at, saved_at in rows:
         created[session_id] = float(created_at)
         saves[session_id].append(float(saved_at))

@@ -34,8 +34,9 @@ def read(worker: Worker, steps: int) -> Reading:
     return Reading(steps, worker.memory_kib("VmRSS"), worker.memory_kib("RssAnon"))
 
 
-def soak(take_round: Callable[[int], RoundResult], worker: Worker, target: int) -> tuple[list[RoundResult],
-                                                                                         list[Reading]]:
+def soak(
+    take_round: Callable[[int], RoundResult], worker: Worker, target: int
+) -> tuple[list[RoundResult], list[Reading]]:
     """Rounds (``take_round(number)``) until ``target`` steps are done, the worker's memory read after each.
 
     Prints each round's row and its reading as it ends.
@@ -78,17 +79,22 @@ def flatness(readings: list[Reading]) -> dict[str, Any]:
     processes = {}
     for role in dict.fromkeys([*first.rss_kib, *last.rss_kib]):
         processes[role] = {
-            "rss_kib_at_baseline": first.rss_kib.get(role), "rss_kib_at_end": last.rss_kib.get(role),
+            "rss_kib_at_baseline": first.rss_kib.get(role),
+            "rss_kib_at_end": last.rss_kib.get(role),
             "rss_change_pct": _change(first.rss_kib.get(role), last.rss_kib.get(role)),
-            "anon_kib_at_baseline": first.anon_kib.get(role), "anon_kib_at_end": last.anon_kib.get(role),
+            "anon_kib_at_baseline": first.anon_kib.get(role),
+            "anon_kib_at_end": last.anon_kib.get(role),
             "anon_change_pct": _change(first.anon_kib.get(role), last.anon_kib.get(role)),
         }
-    pool = [p["rss_change_pct"] for role, p in processes.items()
-            if role != "main" and p["rss_change_pct"] is not None]
-    return {"baseline_steps": first.steps, "end_steps": last.steps, "processes": processes,
-            "largest_pool_change_pct": max(pool, key=abs) if pool else None,
-            "flat": all(abs(x) <= FLAT for x in pool) if pool else None,
-            "readings": [{"steps": r.steps, "rss_kib": r.rss_kib, "anon_kib": r.anon_kib} for r in readings]}
+    pool = [p["rss_change_pct"] for role, p in processes.items() if role != "main" and p["rss_change_pct"] is not None]
+    return {
+        "baseline_steps": first.steps,
+        "end_steps": last.steps,
+        "processes": processes,
+        "largest_pool_change_pct": max(pool, key=abs) if pool else None,
+        "flat": all(abs(x) <= FLAT for x in pool) if pool else None,
+        "readings": [{"steps": r.steps, "rss_kib": r.rss_kib, "anon_kib": r.anon_kib} for r in readings],
+    }
 
 
 def _mib(kib: int | None) -> str:
@@ -103,16 +109,22 @@ def print_flatness(figures: dict[str, Any], label: str) -> None:
     """The RSS table: per process, at the baseline and at the end, with the change; then whether it is flat."""
     first, end = figures["baseline_steps"], figures["end_steps"]
     print(f"\n{label} worker memory after warm-up: at {first:,} steps and at {end:,} steps (MiB)")
-    print(f"| process | VmRSS at {first:,} | VmRSS at {end:,} | change | RssAnon at {first:,} "
-          f"| RssAnon at {end:,} | change |")
+    print(
+        f"| process | VmRSS at {first:,} | VmRSS at {end:,} | change | RssAnon at {first:,} "
+        f"| RssAnon at {end:,} | change |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for role, p in figures["processes"].items():
-        print(f"| {role} | {_mib(p['rss_kib_at_baseline'])} | {_mib(p['rss_kib_at_end'])} "
-              f"| {_pct(p['rss_change_pct'])} | {_mib(p['anon_kib_at_baseline'])} | {_mib(p['anon_kib_at_end'])} "
-              f"| {_pct(p['anon_change_pct'])} |")
+        print(
+            f"| {role} | {_mib(p['rss_kib_at_baseline'])} | {_mib(p['rss_kib_at_end'])} "
+            f"| {_pct(p['rss_change_pct'])} | {_mib(p['anon_kib_at_baseline'])} | {_mib(p['anon_kib_at_end'])} "
+            f"| {_pct(p['anon_change_pct'])} |"
+        )
     if figures["flat"] is None:
         print("no pool process was read at both points (replaced?): no verdict")
         return
     verdict = "flat" if figures["flat"] else "NOT flat"
-    print(f"pool processes' VmRSS: {verdict} within {FLAT:.0f}% (largest change "
-          f"{_pct(figures['largest_pool_change_pct'])}; issue 12's target: flat within {FLAT:.0f}% over 10,000 steps)")
+    print(
+        f"pool processes' VmRSS: {verdict} within {FLAT:.0f}% (largest change "
+        f"{_pct(figures['largest_pool_change_pct'])}; issue 12's target: flat within {FLAT:.0f}% over 10,000 steps)"
+    )

@@ -47,8 +47,11 @@ class Bench:
     def __init__(self, config: Config, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
-        self.systems = ([EVENT_SYSTEMS[variant] for variant in config.events] if config.events
-                        else [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")])
+        self.systems = (
+            [EVENT_SYSTEMS[variant] for variant in config.events]
+            if config.events
+            else [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")]
+        )
         if config.other_tree is not None:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
         if not config.rss_steps:  # the RSS mode measures the Lousho worker alone
@@ -74,8 +77,13 @@ class Bench:
         """Lousho settings pointing at the bench database and Redis db, sending to ``queue``."""
         from store.settings import Settings
 
-        return Settings(database_url=self.config.database_url, redis_url=self.config.bench_redis_url,
-                        history_limit=self.config.history_limit, queue=queue, agents="bench.agents")
+        return Settings(
+            database_url=self.config.database_url,
+            redis_url=self.config.bench_redis_url,
+            history_limit=self.config.history_limit,
+            queue=queue,
+            agents="bench.agents",
+        )
 
     def prepare_services(self) -> None:
         """Drop and recreate the bench database, migrate it, flush the bench Redis db."""
@@ -96,16 +104,18 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
         # The system's own tree first; this tree after it for ``bench`` when the other one has none.
         paths = dict.fromkeys([str(system.root), str(ROOT), env.get("PYTHONPATH", "")])
-        env.update({
-            "LOUSHO_DATABASE_URL": self.config.database_url,
-            "LOUSHO_REDIS_URL": self.config.bench_redis_url,
-            "LOUSHO_AGENTS": "bench.agents",
-            "LOUSHO_QUEUE": system.queue,
-            "LOUSHO_HISTORY_LIMIT": str(self.config.history_limit),
-            "LOUSHO_TASK_EVENTS": "true" if self.config.task_events else "false",
-            timing.ENV: str(self.timings(system)),
-            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-        })
+        env.update(
+            {
+                "LOUSHO_DATABASE_URL": self.config.database_url,
+                "LOUSHO_REDIS_URL": self.config.bench_redis_url,
+                "LOUSHO_AGENTS": "bench.agents",
+                "LOUSHO_QUEUE": system.queue,
+                "LOUSHO_HISTORY_LIMIT": str(self.config.history_limit),
+                "LOUSHO_TASK_EVENTS": "true" if self.config.task_events else "false",
+                timing.ENV: str(self.timings(system)),
+                "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            }
+        )
         env.update(system.env)
         return env
 
@@ -115,10 +125,16 @@ class Bench:
             if system.kind == "dbos" and self.peer is not None:
                 command = self.peer.command()
             else:
-                command = celery_command(system.name, system.app, system.queue, self.config.concurrency,
-                                         self.config.loglevel)
-            self.workers[system.name] = Worker(system.name, command, self.environment(system),
-                                               self.workdir / f"{system.name}-worker.log", cwd=system.root)
+                command = celery_command(
+                    system.name, system.app, system.queue, self.config.concurrency, self.config.loglevel
+                )
+            self.workers[system.name] = Worker(
+                system.name,
+                command,
+                self.environment(system),
+                self.workdir / f"{system.name}-worker.log",
+                cwd=system.root,
+            )
         if self.peer is not None:
             self.peer.connect(self.workers["dbos"].alive)
             self.workers["dbos"].pause()
@@ -185,8 +201,17 @@ class Bench:
             time.sleep(0.2)
         database = {"lousho": self.config.database, "dbos": self.config.dbos_database}.get(system.kind)
         cpu_before, pg_before = worker.cpu(), self.postgres_cpu(database)
-        spec = rounds.RoundSpec(system.name, f"{label}{system.tag}-", number, runs, length, self.config.result_bytes,
-                                self.timings(system), self.config.timeout_s, self._check_workers)
+        spec = rounds.RoundSpec(
+            system.name,
+            f"{label}{system.tag}-",
+            number,
+            runs,
+            length,
+            self.config.result_bytes,
+            self.timings(system),
+            self.config.timeout_s,
+            self._check_workers,
+        )
         if system.kind == "lousho":
             assert self._db is not None
             consumers = Consumers(self.consumer_client, self.config.timeout_s) if system.watched else None
@@ -205,12 +230,15 @@ class Bench:
         setting = dict(system.env).get("LOUSHO_EVENTS")
         if setting is not None:  # an ``--events`` variant: did its setting reach the worker?
             assert self._db is not None
-            row = self._db.execute("SELECT count(*) FROM run_events WHERE session_id LIKE %s",
-                                   (spec.prefix + "%",)).fetchone()
+            row = self._db.execute(
+                "SELECT count(*) FROM run_events WHERE session_id LIKE %s", (spec.prefix + "%",)
+            ).fetchone()
             result.events_stored = int(row[0]) if row else 0
             if (result.events_stored > 0) != (setting != "0"):
-                raise BenchError(f"the {system.name} worker's runs {spec.prefix}* stored {result.events_stored} "
-                                 f"event(s) with LOUSHO_EVENTS={setting}: the setting did not apply")
+                raise BenchError(
+                    f"the {system.name} worker's runs {spec.prefix}* stored {result.events_stored} "
+                    f"event(s) with LOUSHO_EVENTS={setting}: the setting did not apply"
+                )
         return result
 
     def warm_up(self) -> None:
@@ -225,8 +253,10 @@ class Bench:
         if database is None:
             return {}
         ours = [self.peer.backend_pid] if self.peer is not None else []  # its completion polling
-        rows = self._db.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
-                                " AND NOT pid = ANY(%s)", (database, ours)).fetchall()
+        rows = self._db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() AND NOT pid = ANY(%s)",
+            (database, ours),
+        ).fetchall()
         return {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
 
     def measure(self) -> list[RoundResult]:
@@ -261,8 +291,16 @@ class Bench:
             storage.print_stored(mine, self.config.history_limit)
             found.extend(mine)
             handle = self.client(system).agent(self.config.agent)
-            run = storage.wal_run(self._db, handle, f"wal{system.tag}-000", max(self.config.lengths),
-                                  self.config.result_bytes, self.config.timeout_s, self._check_workers, system.name)
+            run = storage.wal_run(
+                self._db,
+                handle,
+                f"wal{system.tag}-000",
+                max(self.config.lengths),
+                self.config.result_bytes,
+                self.config.timeout_s,
+                self._check_workers,
+                system.name,
+            )
             storage.print_wal(run, self.config.result_bytes, self.config.history_limit)
             wal.append(run)
         return storage.summaries(found, wal)
@@ -328,8 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"preparing database {config.database} and Redis db {config.redis_db}", flush=True)
         bench.prepare_services()
         bench.start_workers()
-        print(f"workers started ({', '.join(bench.workers)}; prefork -c {config.concurrency}); warming up",
-              flush=True)
+        print(f"workers started ({', '.join(bench.workers)}; prefork -c {config.concurrency}); warming up", flush=True)
         bench.warm_up()
         print(HEADER, flush=True)
         if config.rss_steps:
@@ -346,8 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep = False
         return 130
     except (BenchError, psycopg.Error, redis.RedisError, OSError) as exc:
-        print(f"benchmark failed: {type(exc).__name__}: {exc}\nworker logs and timings kept in {workdir}",
-              file=sys.stderr)
+        print(
+            f"benchmark failed: {type(exc).__name__}: {exc}\nworker logs and timings kept in {workdir}", file=sys.stderr
+        )
         return 1
     finally:
         # A second Ctrl-C or TERM must not cut the cleanup short.

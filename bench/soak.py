@@ -99,8 +99,9 @@ class Progress:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """The command line as a ``Config``: one ``--flag`` per field, with the field's default."""
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0] if __doc__
-                                     else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     defaults = Config()
     for name, value in vars(defaults).items():
         flag = "--" + name.replace("_", "-")
@@ -112,8 +113,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 
 def _check_loopback() -> None:
-    for variable, default in (("LOUSHO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-                              ("LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/0")):
+    for variable, default in (
+        ("LOUSHO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+        ("LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    ):
         host = urlparse(os.environ.get(variable, default)).hostname
         if host not in _LOOPBACK:
             raise SystemExit(f"{variable} points at {host!r}: the soak only talks to 127.0.0.1")
@@ -123,14 +126,20 @@ def _rows(database_url: str, session_ids: list[str]) -> dict[str, dict[str, Any]
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        found = conn.execute("SELECT session_id, status, last_error, inbox_head, inbox_cursor FROM runs"
-                             " WHERE session_id = ANY(%s)", (session_ids,)).fetchall()
+        found = conn.execute(
+            "SELECT session_id, status, last_error, inbox_head, inbox_cursor FROM runs WHERE session_id = ANY(%s)",
+            (session_ids,),
+        ).fetchall()
     return {r[0]: {"status": r[1], "last_error": r[2], "inbox_head": r[3], "inbox_cursor": r[4]} for r in found}
 
 
 def _settled(row: dict[str, Any] | None) -> bool:
-    return (row is not None and row["status"] == "finished" and row["last_error"] is None
-            and row["inbox_cursor"] >= row["inbox_head"])
+    return (
+        row is not None
+        and row["status"] == "finished"
+        and row["last_error"] is None
+        and row["inbox_cursor"] >= row["inbox_head"]
+    )
 
 
 def _parked(row: dict[str, Any] | None) -> bool:
@@ -162,18 +171,27 @@ def soak(config: Config) -> int:
     server.script = script
     workdir = Path(tempfile.mkdtemp(prefix="lousho-soak-"))
     weather_log = workdir / "weather.jsonl"
-    cluster = Cluster(workdir, extra_env={"LOUSHO_AGENTS": "tests.support.weather_agents",
-                                          URL_ENV: server.openai_url, LOG_ENV: str(weather_log),
-                                          "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S)})
+    cluster = Cluster(
+        workdir,
+        extra_env={
+            "LOUSHO_AGENTS": "tests.support.weather_agents",
+            URL_ENV: server.openai_url,
+            LOG_ENV: str(weather_log),
+            "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S),
+        },
+    )
     progress = Progress()
     ok = False
     try:
         for index in range(config.workers):
             cluster.start_worker(f"w{index + 1}", concurrency=config.concurrency)
         cluster.start_beat()
-        print(f"soak: {config.runs} runs over {config.arrival_s:.0f} s, {config.fail_rate:.0%} of model calls failing"
-              f" transiently, {len(failing)} follow-ups failing for good; {config.workers} workers x"
-              f" c{config.concurrency}; logs in {workdir}", flush=True)
+        print(
+            f"soak: {config.runs} runs over {config.arrival_s:.0f} s, {config.fail_rate:.0%} of model calls failing"
+            f" transiently, {len(failing)} follow-ups failing for good; {config.workers} workers x"
+            f" c{config.concurrency}; logs in {workdir}",
+            flush=True,
+        )
         t0_wall, t0 = time.time(), time.monotonic()
         _drive(config, cluster, progress, session_ids, failing, t0, ask, AGENT)
         ok = _report(config, cluster, progress, session_ids, failing, t0_wall, t0, weather_log, script, RECOVER)
@@ -187,8 +205,16 @@ def soak(config: Config) -> int:
     return 0 if ok else 1
 
 
-def _drive(config: Config, cluster: Any, progress: Progress, session_ids: list[str], failing: set[str],
-           t0: float, ask: Any, agent: str) -> None:
+def _drive(
+    config: Config,
+    cluster: Any,
+    progress: Progress,
+    session_ids: list[str],
+    failing: set[str],
+    t0: float,
+    ask: Any,
+    agent: str,
+) -> None:
     """Send the runs and the failing follow-ups; return once settled plus ``settle_s``, or at the deadline."""
     deadline = t0 + config.max_seconds
     next_sample = 0.0
@@ -209,25 +235,43 @@ def _drive(config: Config, cluster: Any, progress: Progress, session_ids: list[s
                 progress.finished.setdefault(sid, now)
             elif _parked(row) and sid in progress.followed_up:
                 progress.parked.setdefault(sid, now)
-        drained = (len(progress.sent) == len(session_ids)
-                   and all(s in progress.finished for s in session_ids if s not in failing)
-                   and all(s in progress.parked for s in failing))
+        drained = (
+            len(progress.sent) == len(session_ids)
+            and all(s in progress.finished for s in session_ids if s not in failing)
+            and all(s in progress.parked for s in failing)
+        )
         if drained and progress.drained_at is None:
             progress.drained_at = now
-            print(f"soak: every retryable run finished and every failed one parked at {now:.0f} s;"
-                  f" watching the sweep for {config.settle_s:.0f} s more", flush=True)
+            print(
+                f"soak: every retryable run finished and every failed one parked at {now:.0f} s;"
+                f" watching the sweep for {config.settle_s:.0f} s more",
+                flush=True,
+            )
         if progress.drained_at is not None and now >= progress.drained_at + config.settle_s:
             return
         if now >= next_sample:
-            print(f"soak: {now:5.0f} s  sent {len(progress.sent):4d}  finished {len(progress.finished):4d}"
-                  f"  failed follow-ups parked {len(progress.parked):3d}/{len(failing)}", flush=True)
+            print(
+                f"soak: {now:5.0f} s  sent {len(progress.sent):4d}  finished {len(progress.finished):4d}"
+                f"  failed follow-ups parked {len(progress.parked):3d}/{len(failing)}",
+                flush=True,
+            )
             next_sample += config.window_s
         time.sleep(0.25)
     print(f"soak: stopped at the {config.max_seconds:.0f} s deadline", flush=True)
 
 
-def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[str], failing: set[str],
-            t0_wall: float, t0: float, weather_log: Path, script: Any, recover_task: str) -> bool:
+def _report(
+    config: Config,
+    cluster: Any,
+    progress: Progress,
+    session_ids: list[str],
+    failing: set[str],
+    t0_wall: float,
+    t0: float,
+    weather_log: Path,
+    script: Any,
+    recover_task: str,
+) -> bool:
     from tests.support.weather_agents import read_events
 
     rows = _rows(cluster.database_url, session_ids)
@@ -235,8 +279,14 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
     unfinished_retryable = [s for s in session_ids if s not in failing and not _settled(rows.get(s))]
     unfinished_retryable += [s for s in failing if s not in progress.followed_up]
     pending = {p.session_id: p for p in cluster.client.pending()}
-    listed = [s for s in failing if s in pending and pending[s].last_error is not None
-              and not pending[s].last_error.retryable and getattr(pending[s], "state", "parked") == "parked"]
+    listed = [
+        s
+        for s in failing
+        if s in pending
+        and pending[s].last_error is not None
+        and not pending[s].last_error.retryable
+        and getattr(pending[s], "state", "parked") == "parked"
+    ]
     events = read_events(weather_log)
     sweeps = [e for e in events if e.get("kind") == "publish" and e.get("by") == recover_task]
     logged = []
@@ -247,19 +297,29 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
     calls = Counter(e.get("outcome") for e in events if e.get("kind") == "provider" and e.get("phase") == "end")
 
     print("\nsoak figures")
-    print(f"  runs finished                        {len(finished)} of {config.runs - len(failing)} retryable"
-          f" (+ {len(failing)} whose first exchange finished before the failing follow-up:"
-          f" {len(progress.followed_up)})")
-    print(f"  retryable runs not finished          {len(unfinished_retryable)} (must be 0)"
-          + (f": {sorted(unfinished_retryable)[:10]}" if unfinished_retryable else ""))
+    print(
+        f"  runs finished                        {len(finished)} of {config.runs - len(failing)} retryable"
+        f" (+ {len(failing)} whose first exchange finished before the failing follow-up:"
+        f" {len(progress.followed_up)})"
+    )
+    print(
+        f"  retryable runs not finished          {len(unfinished_retryable)} (must be 0)"
+        + (f": {sorted(unfinished_retryable)[:10]}" if unfinished_retryable else "")
+    )
     print(f"  failed runs listed by pending()      {len(listed)} of {len(failing)} expected (parked, non-retryable)")
     print(f"  provider answers                     {dict(script.answered)}; worker-side call outcomes {dict(calls)}")
-    print(f"  I19 checker                          {len(progress.doctor_looks)} looks seen, at most"
-          f" {progress.unexplained_max} unexplained run(s) (lousho_runs_unexplained, must stay 0)")
-    print(f"  elapsed                              {end:.0f} s (drained at"
-          f" {'never' if progress.drained_at is None else f'{progress.drained_at:.0f} s'})")
-    print(f"\n  sweep re-sends per minute, by {config.window_s:.0f} s window (publishes by {recover_task};"
-          f" 'log' = the workers' 'recover: re-enqueued' lines)")
+    print(
+        f"  I19 checker                          {len(progress.doctor_looks)} looks seen, at most"
+        f" {progress.unexplained_max} unexplained run(s) (lousho_runs_unexplained, must stay 0)"
+    )
+    print(
+        f"  elapsed                              {end:.0f} s (drained at"
+        f" {'never' if progress.drained_at is None else f'{progress.drained_at:.0f} s'})"
+    )
+    print(
+        f"\n  sweep re-sends per minute, by {config.window_s:.0f} s window (publishes by {recover_task};"
+        f" 'log' = the workers' 'recover: re-enqueued' lines)"
+    )
     print("  window        failed parked   all/min   of parked runs/min   others/min   log/min")
     resent_parked = 0
     window = 0.0
@@ -269,14 +329,21 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
         span = min(config.window_s, end - window)
         parked_by = sum(1 for at in progress.parked.values() if at <= window + config.window_s)
         inside = [e for e in sweeps if low <= e["ts"] < high]
-        of_parked = [e for e in inside if e.get("run_id") in failing and e.get("run_id") in progress.parked
-                     and e["ts"] >= t0_wall + progress.parked[e["run_id"]]]
+        of_parked = [
+            e
+            for e in inside
+            if e.get("run_id") in failing
+            and e.get("run_id") in progress.parked
+            and e["ts"] >= t0_wall + progress.parked[e["run_id"]]
+        ]
         resent_parked += len(of_parked)
         per_minute = 60.0 / max(span, 1e-3)
         in_log = sum(n for stamp, n in logged if low <= stamp < high)
-        print(f"  {window:4.0f}-{window + span:<4.0f} s  {parked_by:13d}   {len(inside) * per_minute:7.0f}"
-              f"   {len(of_parked) * per_minute:18.0f}   {(len(inside) - len(of_parked)) * per_minute:10.0f}"
-              f"   {in_log * per_minute:7.0f}")
+        print(
+            f"  {window:4.0f}-{window + span:<4.0f} s  {parked_by:13d}   {len(inside) * per_minute:7.0f}"
+            f"   {len(of_parked) * per_minute:18.0f}   {(len(inside) - len(of_parked)) * per_minute:10.0f}"
+            f"   {in_log * per_minute:7.0f}"
+        )
         window += config.window_s
     checks = {
         "every retryable run finished": not unfinished_retryable,
@@ -284,7 +351,7 @@ def _report(config: Config, cluster: Any, progress: Progress, session_ids: list[
         "the sweep never re-sent a parked run (flat as they accumulate)": resent_parked == 0,
         "drained before the deadline": progress.drained_at is not None,
         "no unexplained run at any look of the I19 checker": progress.unexplained_max == 0
-                                                              and len(progress.doctor_looks) >= 3,
+        and len(progress.doctor_looks) >= 3,
     }
     print()
     for name, passed in checks.items():

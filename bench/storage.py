@@ -60,14 +60,25 @@ class Stored:
     def summary(self) -> dict[str, Any]:
         """JSON-ready figures: per table rows and bytes per run and bytes per step, and the totals."""
         runs, steps = max(self.runs, 1), max(self.steps, 1)
-        tables = {name: None if v is None else {"rows_per_run": round(v[0] / runs, 1),
-                                                 "bytes_per_run": round(v[1] / runs),
-                                                 "bytes_per_step": round(v[1] / steps, 1)}
-                  for name, v in self.tables.items()}
-        return {"system": self.system, "steps_per_run": self.length, "runs": self.runs, "tables": tables,
-                "total_bytes_per_run": round(self.total_bytes / runs),
-                "total_bytes_per_step": round(self.total_bytes / steps, 1),
-                "total_bytes_per_step_newest_history": round(self.total_newest_bytes / steps, 1)}
+        tables = {
+            name: None
+            if v is None
+            else {
+                "rows_per_run": round(v[0] / runs, 1),
+                "bytes_per_run": round(v[1] / runs),
+                "bytes_per_step": round(v[1] / steps, 1),
+            }
+            for name, v in self.tables.items()
+        }
+        return {
+            "system": self.system,
+            "steps_per_run": self.length,
+            "runs": self.runs,
+            "tables": tables,
+            "total_bytes_per_run": round(self.total_bytes / runs),
+            "total_bytes_per_step": round(self.total_bytes / steps, 1),
+            "total_bytes_per_step_newest_history": round(self.total_newest_bytes / steps, 1),
+        }
 
 
 def session_pattern(length: int, tag: str) -> str:
@@ -87,13 +98,20 @@ def stored(db: psycopg.Connection[Any], system: str, tag: str, length: int) -> S
         if not _one(db, "SELECT count(*) FROM pg_class WHERE oid = to_regclass(%s)", (table,)):
             tables[table] = None
             continue
-        row = db.execute(sql.SQL("SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {} t"
-                                 " WHERE t.session_id ~ %s").format(sql.Identifier(table)), (pattern,)).fetchone()
+        row = db.execute(
+            sql.SQL(
+                "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {} t WHERE t.session_id ~ %s"
+            ).format(sql.Identifier(table)),
+            (pattern,),
+        ).fetchone()
         tables[table] = (int(row[0]), int(row[1])) if row else (0, 0)
-    newest = _one(db, "SELECT coalesce(sum(pg_column_size(h.*)), 0)::bigint FROM checkpoint_history h"
-                      " JOIN (SELECT session_id, max(seq) AS top FROM checkpoint_history WHERE session_id ~ %s"
-                      " GROUP BY session_id) m USING (session_id) WHERE h.seq > m.top - %s",
-                  (pattern, PRODUCTION_HISTORY))
+    newest = _one(
+        db,
+        "SELECT coalesce(sum(pg_column_size(h.*)), 0)::bigint FROM checkpoint_history h"
+        " JOIN (SELECT session_id, max(seq) AS top FROM checkpoint_history WHERE session_id ~ %s"
+        " GROUP BY session_id) m USING (session_id) WHERE h.seq > m.top - %s",
+        (pattern, PRODUCTION_HISTORY),
+    )
     return Stored(system, length, runs, tables, newest)
 
 
@@ -126,9 +144,13 @@ class WalRun:
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready figures (the samples left out)."""
-        return {"system": self.system, "steps_per_run": self.length,
-                "background_bytes_per_s": round(self.background_bytes_per_s), "samples": len(self.samples),
-                "windows": self.windows()}
+        return {
+            "system": self.system,
+            "steps_per_run": self.length,
+            "background_bytes_per_s": round(self.background_bytes_per_s),
+            "samples": len(self.samples),
+            "windows": self.windows(),
+        }
 
 
 def wal_windows(samples: list[Sample], length: int, background_bytes_per_s: float) -> Windows:
@@ -156,24 +178,38 @@ def wal_windows(samples: list[Sample], length: int, background_bytes_per_s: floa
             found[name] = None
             continue
         seconds = end.t - start.t
-        found[name] = {"from_seq": start.seq, "to_seq": end.seq, "wal_bytes": end.lsn - start.lsn,
-                       "bytes_per_step": round((end.lsn - start.lsn) / steps, 1),
-                       "background_bytes_per_step": round(background_bytes_per_s * seconds / steps, 1),
-                       "ms_per_step": round(seconds * 1000 / steps, 3)}
+        found[name] = {
+            "from_seq": start.seq,
+            "to_seq": end.seq,
+            "wal_bytes": end.lsn - start.lsn,
+            "bytes_per_step": round((end.lsn - start.lsn) / steps, 1),
+            "background_bytes_per_step": round(background_bytes_per_s * seconds / steps, 1),
+            "ms_per_step": round(seconds * 1000 / steps, 3),
+        }
     return found
 
 
-_SAMPLE = ("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, r.seq, r.status,"
-           " r.last_error IS NOT NULL AND NOT (r.last_error->>'retryable')::boolean"
-           " FROM (SELECT 1) one LEFT JOIN runs r ON r.session_id = %s")
+_SAMPLE = (
+    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, r.seq, r.status,"
+    " r.last_error IS NOT NULL AND NOT (r.last_error->>'retryable')::boolean"
+    " FROM (SELECT 1) one LEFT JOIN runs r ON r.session_id = %s"
+)
 
 
 def _wal_position(db: psycopg.Connection[Any]) -> int:
     return _one(db, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint", ())
 
 
-def wal_run(db: psycopg.Connection[Any], handle: Any, session_id: str, length: int, result_bytes: int,
-            timeout_s: float, check: Callable[[], None], system: str = "lousho") -> WalRun:
+def wal_run(
+    db: psycopg.Connection[Any],
+    handle: Any,
+    session_id: str,
+    length: int,
+    result_bytes: int,
+    timeout_s: float,
+    check: Callable[[], None],
+    system: str = "lousho",
+) -> WalRun:
     """Send one run of ``length`` steps through ``handle`` alone and sample the WAL and its seq until it finished.
 
     First reads the server's WAL rate for ``BACKGROUND_S`` with nothing of the bench running, then polls every
@@ -203,31 +239,42 @@ def print_stored(found: list[Stored], history_limit: int) -> None:
     """The storage table of one system: one row per run length, bytes per step per table and the totals."""
     if not found:
         return
-    print(f"\n{found[0].system} storage: bytes of the rows its measured runs left (sum of pg_column_size of each "
-          f"row), per step; history limit {history_limit} (the bench keeps every history row)")
+    print(
+        f"\n{found[0].system} storage: bytes of the rows its measured runs left (sum of pg_column_size of each "
+        f"row), per step; history limit {history_limit} (the bench keeps every history row)"
+    )
     names = list(TABLES)
-    print("| steps per run | runs | " + " | ".join(f"{name} B/step" for name in names)
-          + " | total B/run | total B/step | total B/step, newest "
-          f"{PRODUCTION_HISTORY} history rows |")
+    print(
+        "| steps per run | runs | "
+        + " | ".join(f"{name} B/step" for name in names)
+        + " | total B/run | total B/step | total B/step, newest "
+        f"{PRODUCTION_HISTORY} history rows |"
+    )
     print("|---:|---:|" + "---:|" * (len(names) + 3))
     for entry in found:
         figures = entry.summary()
         cells = []
         for name in names:
             table = figures["tables"][name]
-            cells.append("absent" if table is None else
-                         f"{table['bytes_per_step']:,.0f} ({table['rows_per_run']:g} rows/run)")
-        print(f"| {entry.length} | {entry.runs} | " + " | ".join(cells)
-              + f" | {figures['total_bytes_per_run']:,} | {figures['total_bytes_per_step']:,.0f} "
-              f"| {figures['total_bytes_per_step_newest_history']:,.0f} |")
+            cells.append(
+                "absent" if table is None else f"{table['bytes_per_step']:,.0f} ({table['rows_per_run']:g} rows/run)"
+            )
+        print(
+            f"| {entry.length} | {entry.runs} | "
+            + " | ".join(cells)
+            + f" | {figures['total_bytes_per_run']:,} | {figures['total_bytes_per_step']:,.0f} "
+            f"| {figures['total_bytes_per_step_newest_history']:,.0f} |"
+        )
 
 
 def print_wal(run: WalRun, result_bytes: int, history_limit: int) -> None:
     """The WAL table of one run alone: bytes per step in its first and last tenth and over the whole run."""
     windows = run.windows()
-    print(f"\n{run.system} WAL per step: one run of {run.length} steps alone, tool results of {result_bytes} "
-          f"bytes, history limit {history_limit}; {len(run.samples)} samples of pg_current_wal_lsn() and the "
-          f"run's seq; server WAL before the run: {run.background_bytes_per_s:,.0f} B/s")
+    print(
+        f"\n{run.system} WAL per step: one run of {run.length} steps alone, tool results of {result_bytes} "
+        f"bytes, history limit {history_limit}; {len(run.samples)} samples of pg_current_wal_lsn() and the "
+        f"run's seq; server WAL before the run: {run.background_bytes_per_s:,.0f} B/s"
+    )
     print("| part of the run | seq | WAL B/step | of which background (est.) B/step | ms per step |")
     print("|---|---:|---:|---:|---:|")
     for name, label in (("first_tenth", "first tenth"), ("last_tenth", "last tenth"), ("whole_run", "whole run")):
@@ -235,15 +282,23 @@ def print_wal(run: WalRun, result_bytes: int, history_limit: int) -> None:
         if window is None:
             print(f"| {label} | - | - | - | - |")
             continue
-        print(f"| {label} | {window['from_seq']:.0f}-{window['to_seq']:.0f} | {window['bytes_per_step']:,.0f} "
-              f"| {window['background_bytes_per_step']:,.0f} | {window['ms_per_step']:.2f} |")
+        print(
+            f"| {label} | {window['from_seq']:.0f}-{window['to_seq']:.0f} | {window['bytes_per_step']:,.0f} "
+            f"| {window['background_bytes_per_step']:,.0f} | {window['ms_per_step']:.2f} |"
+        )
     first, last = windows["first_tenth"], windows["last_tenth"]
     if first and last and first["bytes_per_step"] > 0:
-        print(f"last tenth / first tenth: {last['bytes_per_step'] / first['bytes_per_step']:.2f}x "
-              "(1.00x: WAL per step independent of how far the run is)")
+        print(
+            f"last tenth / first tenth: {last['bytes_per_step'] / first['bytes_per_step']:.2f}x "
+            "(1.00x: WAL per step independent of how far the run is)"
+        )
 
 
 def summaries(found: list[Stored], wal: list[WalRun]) -> dict[str, Any]:
     """Everything ``--storage`` measured, JSON-ready."""
-    return {"stored": [entry.summary() for entry in found], "wal": [run.summary() for run in wal],
-            "tables": list(TABLES), "production_history_limit": PRODUCTION_HISTORY}
+    return {
+        "stored": [entry.summary() for entry in found],
+        "wal": [run.summary() for run in wal],
+        "tables": list(TABLES),
+        "production_history_limit": PRODUCTION_HISTORY,
+    }

@@ -59,8 +59,9 @@ class Consumers:
     def follow(self, session_id: str) -> None:
         """Start following the run (it must be stored: call after its send)."""
         seen = self._seen[session_id] = _Seen()
-        thread = threading.Thread(target=self._consume, args=(session_id, seen), name=f"follow-{session_id}",
-                                  daemon=True)
+        thread = threading.Thread(
+            target=self._consume, args=(session_id, seen), name=f"follow-{session_id}", daemon=True
+        )
         self._threads[session_id] = thread
         thread.start()
 
@@ -90,12 +91,22 @@ class Consumers:
                 problems.append(f"{session_id}: still following after {DRAIN_S} s ({len(seen.seqs)} events)")
             elif seen.error is not None:
                 problems.append(f"{session_id}: {seen.error}")
-            elif (seen.seqs != list(range(len(seen.seqs))) or not seen.types or seen.types[0] != "run.start"
-                  or seen.types[-1] != "run.done" or seen.types.count("run.done") != 1):
-                problems.append(f"{session_id}: saw {len(seen.seqs)} events, not seq 0.. from run.start to one "
-                                f"run.done ({', '.join(seen.types[:3])} ... {', '.join(seen.types[-2:])})")
+            elif (
+                seen.seqs != list(range(len(seen.seqs)))
+                or not seen.types
+                or seen.types[0] != "run.start"
+                or seen.types[-1] != "run.done"
+                or seen.types.count("run.done") != 1
+            ):
+                problems.append(
+                    f"{session_id}: saw {len(seen.seqs)} events, not seq 0.. from run.start to one "
+                    f"run.done ({', '.join(seen.types[:3])} ... {', '.join(seen.types[-2:])})"
+                )
         if problems:
             raise BenchError("consumers of the watched runs: " + "; ".join(problems[:5]))
         seen_all = self._seen.values()
-        return Followed(sum(len(seen.seqs) for seen in seen_all), sum(seen.live for seen in seen_all),
-                        sum(seen.cpu_s for seen in seen_all))
+        return Followed(
+            sum(len(seen.seqs) for seen in seen_all),
+            sum(seen.live for seen in seen_all),
+            sum(seen.cpu_s for seen in seen_all),
+        )

@@ -23,7 +23,7 @@ def cpu_seconds(pid: int) -> float:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
@@ -41,9 +41,25 @@ def status_kib(pid: int, field: str) -> int | None:
 
 def celery_command(label: str, app: str, queue: str, concurrency: int, loglevel: str) -> list[str]:
     """The command line of a celery worker of ``app`` on ``queue`` with ``concurrency`` prefork processes."""
-    command = [str(ROOT / ".venv" / "bin" / "celery"), "-A", app, "worker", "-P", "prefork",
-               "-c", str(concurrency), "--without-gossip", "--without-mingle", "--without-heartbeat",
-               "-Q", queue, "-n", f"{label}@%h", "-l", loglevel]
+    command = [
+        str(ROOT / ".venv" / "bin" / "celery"),
+        "-A",
+        app,
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-Q",
+        queue,
+        "-n",
+        f"{label}@%h",
+        "-l",
+        loglevel,
+    ]
     if not Path(command[0]).exists():
         command[0:1] = [sys.executable, "-m", "celery"]
     return command
@@ -56,8 +72,9 @@ class Worker:
         self.label = label
         self.log = log
         self._log_file = log.open("wb")
-        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self._log_file,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def alive(self) -> bool:
         """Whether the main worker process is still running."""
@@ -73,7 +90,7 @@ class Worker:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rfind(")") + 2:].split()
+            fields = stat[stat.rfind(")") + 2 :].split()
             if len(fields) > 1 and fields[1] == str(self.process.pid):
                 found.append(int(entry.name))
         return sorted(found)

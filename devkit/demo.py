@@ -37,8 +37,14 @@ class _Timeline:
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("ab")
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker", *args], cwd=ROOT, env=env,
-                            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "worker", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(process: subprocess.Popen[bytes], *, kill: bool = False) -> None:
@@ -76,11 +82,28 @@ def run_demo(settings: Settings) -> int:
     migrate(settings)
     workdir = Path(tempfile.mkdtemp(prefix="lousho-demo-"))
     effects = workdir / "effects.jsonl"
-    env = {**os.environ, **DEMO_TIMING, "LOUSHO_AGENTS": "examples.shop", "LOUSHO_DEMO_LOG": str(effects),
-           "LOUSHO_DEMO_CHARGE_S": "2.5", "LOUSHO_DATABASE_URL": settings.database_url,
-           "LOUSHO_REDIS_URL": settings.redis_url, "PYTHONPATH": str(ROOT)}
-    worker_args = ["worker", "-P", "prefork", "-c", "2", "--without-gossip", "--without-mingle",
-                   "--without-heartbeat", "--loglevel", "WARNING"]
+    env = {
+        **os.environ,
+        **DEMO_TIMING,
+        "LOUSHO_AGENTS": "examples.shop",
+        "LOUSHO_DEMO_LOG": str(effects),
+        "LOUSHO_DEMO_CHARGE_S": "2.5",
+        "LOUSHO_DATABASE_URL": settings.database_url,
+        "LOUSHO_REDIS_URL": settings.redis_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    worker_args = [
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        "2",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "WARNING",
+    ]
     timeline = _Timeline()
     print(f"database {settings.database_url.split('@')[-1]}   redis {settings.redis_url.split('@')[-1]}")
     print(f"worker and beat logs in {workdir}")
@@ -91,13 +114,15 @@ def run_demo(settings: Settings) -> int:
         timeline.say(f"started worker 1 (pid {first.pid}) and beat (pid {beat.pid})")
         session_id = f"demo-order-{int(time.time())}"
         with Client(settings) as client:
-            run = client.agent("shop").send("Reserve two teas, charge 5 and ship order 7", session_id=session_id,
-                                            check_agent=False)
+            run = client.agent("shop").send(
+                "Reserve two teas, charge 5 and ship order 7", session_id=session_id, check_agent=False
+            )
             timeline.say(f"sent run {session_id}")
 
             def reserved_and_charging() -> bool:
                 events = {(e["tool"], e["event"]) for e in _effects(effects)}
                 return ("reserve_stock", "end") in events and ("charge", "start") in events
+
             _wait_for(reserved_and_charging, 60, "the tool batch")
             time.sleep(0.3)  # let reserve_stock's result be saved while charge is still running
             timeline.say("reserve_stock finished and was saved; charge is running")
@@ -107,8 +132,10 @@ def run_demo(settings: Settings) -> int:
             timeline.say(f"started worker 2 (pid {second.pid}); it waits for the dead worker's lease to expire")
             killed_at = time.monotonic()
             result = run.wait(timeout=60)
-            timeline.say(f"run finished: {result.finish_reason!r} after {result.steps} model turns, "
-                         f"{time.monotonic() - killed_at:.1f}s after the kill")
+            timeline.say(
+                f"run finished: {result.finish_reason!r} after {result.steps} model turns, "
+                f"{time.monotonic() - killed_at:.1f}s after the kill"
+            )
         print(f"\n  final answer: {result.text}\n\n  tool executions (from the tools' own log):")
         runs: dict[str, list[str]] = {}
         for event in _effects(effects):

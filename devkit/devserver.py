@@ -50,8 +50,9 @@ class Services:
             self.embedded.release()
 
 
-def resolve_services(environ: Mapping[str, str] | None = None, *, root: Path | None = None,
-                     durable: bool = True) -> Services:
+def resolve_services(
+    environ: Mapping[str, str] | None = None, *, root: Path | None = None, durable: bool = True
+) -> Services:
     """Settings for the configured services, starting embedded servers for the ones not configured.
 
     Args:
@@ -91,8 +92,9 @@ def resolve_services(environ: Mapping[str, str] | None = None, *, root: Path | N
 
 
 @contextlib.contextmanager
-def dev_services(environ: Mapping[str, str] | None = None, *, root: Path | None = None,
-                 durable: bool = True) -> Iterator[Settings]:
+def dev_services(
+    environ: Mapping[str, str] | None = None, *, root: Path | None = None, durable: bool = True
+) -> Iterator[Settings]:
     """Settings naming usable services for the duration of a ``with`` block (``lousho demo`` uses it).
 
     The configured services when ``LOUSHO_DATABASE_URL`` and ``LOUSHO_REDIS_URL`` are set, else the
@@ -127,9 +129,17 @@ def _pythonpath(root: Path, env: Mapping[str, str]) -> str:
     return str(root) + (os.pathsep + existing if existing else "")
 
 
-def run_dev(settings: Settings | None = None, *, root: Path | None = None, concurrency: int = 2,
-            flower: bool = False, flower_port: int = 5555, keep_services: bool = False,
-            stop_timeout: float = 20.0, out: IO[str] | None = None) -> int:
+def run_dev(
+    settings: Settings | None = None,
+    *,
+    root: Path | None = None,
+    concurrency: int = 2,
+    flower: bool = False,
+    flower_port: int = 5555,
+    keep_services: bool = False,
+    stop_timeout: float = 20.0,
+    out: IO[str] | None = None,
+) -> int:
     """Run the services, a worker and beat in the foreground until Ctrl-C or SIGTERM.
 
     Args:
@@ -170,8 +180,9 @@ def run_dev(settings: Settings | None = None, *, root: Path | None = None, concu
         services = _choose_services(settings, root, say)
         supervisor, agents = _prepare(services, root)
         if not stopping:
-            _start_children(supervisor, services, agents, concurrency=concurrency, flower=flower,
-                            flower_port=flower_port, say=say)
+            _start_children(
+                supervisor, services, agents, concurrency=concurrency, flower=flower, flower_port=flower_port, say=say
+            )
         return _watch(supervisor, stopping, say)
     finally:
         try:
@@ -202,16 +213,30 @@ def _prepare(services: Services, root: Path) -> tuple[Supervisor, str]:
     migrate(settings)
     (root / ".lousho").mkdir(exist_ok=True)
     agents = settings.agents or (DEFAULT_AGENTS if (root / "examples" / "shop.py").is_file() else "")
-    env = {**os.environ, "LOUSHO_DATABASE_URL": settings.database_url, "LOUSHO_REDIS_URL": settings.redis_url,
-           "LOUSHO_AGENTS": agents, "PYTHONPATH": _pythonpath(root, os.environ)}
+    env = {
+        **os.environ,
+        "LOUSHO_DATABASE_URL": settings.database_url,
+        "LOUSHO_REDIS_URL": settings.redis_url,
+        "LOUSHO_AGENTS": agents,
+        "PYTHONPATH": _pythonpath(root, os.environ),
+    }
     return Supervisor(root, env), agents
 
 
-def _start_children(supervisor: Supervisor, services: Services, agents: str, *, concurrency: int, flower: bool,
-                    flower_port: int, say: Any) -> None:
+def _start_children(
+    supervisor: Supervisor,
+    services: Services,
+    agents: str,
+    *,
+    concurrency: int,
+    flower: bool,
+    flower_port: int,
+    say: Any,
+) -> None:
     home = supervisor.root / ".lousho"
-    worker = supervisor.spawn("worker", ["worker", "-c", str(concurrency), "--loglevel", "INFO",
-                                         "--without-gossip", "--without-mingle"])
+    worker = supervisor.spawn(
+        "worker", ["worker", "-c", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+    )
     beat = supervisor.spawn("beat", ["beat", "-s", str(home / "celerybeat-schedule"), "--loglevel", "INFO"])
     flower_line = _start_flower(supervisor, flower_port) if flower else ""
     _banner(say, services, agents, worker, beat, flower_line, concurrency)
@@ -224,11 +249,14 @@ def _start_flower(supervisor: Supervisor, port: int) -> str:
     auth = os.environ.get("FLOWER_BASIC_AUTH") or f"lousho:{secrets.token_urlsafe(12)}"
     # The columns that show a step: its name (agent and kind), kwargs (run id and seq), result and exception.
     columns = "--tasks_columns=name,uuid,state,kwargs,result,exception,received,runtime,worker"
-    supervisor.spawn("flower", ["flower", "--address=127.0.0.1", f"--port={port}", columns],
-                     {"FLOWER_BASIC_AUTH": auth})
+    supervisor.spawn(
+        "flower", ["flower", "--address=127.0.0.1", f"--port={port}", columns], {"FLOWER_BASIC_AUTH": auth}
+    )
     user, _, password = auth.partition(":")
-    return (f"  flower    http://127.0.0.1:{port}  (user {user}, password "
-            f"{password if 'FLOWER_BASIC_AUTH' not in os.environ else 'from FLOWER_BASIC_AUTH'})")
+    return (
+        f"  flower    http://127.0.0.1:{port}  (user {user}, password "
+        f"{password if 'FLOWER_BASIC_AUTH' not in os.environ else 'from FLOWER_BASIC_AUTH'})"
+    )
 
 
 def _watch(supervisor: Supervisor, stopping: list[int], say: Any) -> int:
@@ -255,12 +283,15 @@ def _release(services: Services, keep_services: bool, say: Any) -> None:
         say(f"[dev] stopped the embedded {' and '.join(sorted(started))}")
     reused = services.embedded_names - started
     if reused:
-        say(f"[dev] left running the embedded {' and '.join(sorted(reused))} that another process started; "
-            "stop with: lousho dev --stop")
+        say(
+            f"[dev] left running the embedded {' and '.join(sorted(reused))} that another process started; "
+            "stop with: lousho dev --stop"
+        )
 
 
-def _banner(say: Any, services: Services, agents: str, worker: Child, beat: Child, flower_line: str,
-            concurrency: int) -> None:
+def _banner(
+    say: Any, services: Services, agents: str, worker: Child, beat: Child, flower_line: str, concurrency: int
+) -> None:
     settings = services.settings
     say("")
     say("Lousho dev")
@@ -276,8 +307,10 @@ def _banner(say: Any, services: Services, agents: str, worker: Child, beat: Chil
     say("Point another terminal at the same services:")
     # The URLs of embedded servers are printed whole (their generated passwords are the only way in); a
     # configured URL is the caller's own secret and is never printed.
-    urls = {"LOUSHO_DATABASE_URL": (settings.database_url, "postgres"),
-            "LOUSHO_REDIS_URL": (settings.redis_url, "redis")}
+    urls = {
+        "LOUSHO_DATABASE_URL": (settings.database_url, "postgres"),
+        "LOUSHO_REDIS_URL": (settings.redis_url, "redis"),
+    }
     shown = {name: url for name, (url, server) in urls.items() if server in services.embedded_names}
     for line in exported({**shown, **({"LOUSHO_AGENTS": agents} if agents else {})}).splitlines():
         say(f"  {line}")

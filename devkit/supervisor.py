@@ -43,10 +43,14 @@ class Supervisor:
 
     def spawn(self, name: str, args: list[str], extra_env: Mapping[str, str] | None = None) -> Child:
         """Start ``celery -A worker ARGS...`` as child ``name``, with ``extra_env`` added to the environment."""
-        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker", *args], cwd=self.root,
-                                   env={**self.env, **(extra_env or {})}, stdin=subprocess.DEVNULL,
-                                   start_new_session=True,
-                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker", *args],
+            cwd=self.root,
+            env={**self.env, **(extra_env or {})},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
         child = Child(name, process)
         self.children.append(child)
         return child
@@ -62,8 +66,7 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while (any(c.process.poll() is None for c in self.children) and time.monotonic() < deadline
-               and not hurry()):
+        while any(c.process.poll() is None for c in self.children) and time.monotonic() < deadline and not hurry():
             time.sleep(0.05)
         for child in self.children:  # whatever is left of each group (pool processes included)
             with contextlib.suppress(ProcessLookupError, PermissionError):

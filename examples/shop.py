@@ -18,8 +18,19 @@ def _log(event: str, ctx: ToolContext, name: str) -> None:
     path = os.environ.get("LOUSHO_DEMO_LOG")
     if not path:
         return
-    line = json.dumps({"ts": time.time(), "pid": os.getpid(), "event": event, "tool": name,
-                       "tool_call_id": ctx.tool_call_id, "session_id": ctx.session_id}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "ts": time.time(),
+                "pid": os.getpid(),
+                "event": event,
+                "tool": name,
+                "tool_call_id": ctx.tool_call_id,
+                "session_id": ctx.session_id,
+            }
+        )
+        + "\n"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())
@@ -56,12 +67,18 @@ def ship(order_id: str, ctx: ToolContext) -> str:
 
 shop = Agent(
     name="shop",
-    model=MockModel([
-        {"tool_calls": [{"name": "reserve_stock", "args": {"sku": "tea", "quantity": 2}},
-                        {"name": "charge", "args": {"amount": 5}}]},
-        {"tool_calls": [{"name": "ship", "args": {"order_id": "7"}}]},
-        "Reserved, charged and shipped order 7.",
-    ]),
+    model=MockModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "reserve_stock", "args": {"sku": "tea", "quantity": 2}},
+                    {"name": "charge", "args": {"amount": 5}},
+                ]
+            },
+            {"tool_calls": [{"name": "ship", "args": {"order_id": "7"}}]},
+            "Reserved, charged and shipped order 7.",
+        ]
+    ),
     instructions="You run a small shop.",
     tools=[charge, reserve_stock, ship],
     max_steps=10,

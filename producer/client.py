@@ -72,8 +72,12 @@ class RunResult(BaseModel):
         """The result a settled checkpoint describes."""
         finish = checkpoint.finish_reason or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
         return cls(
-            session_id=checkpoint.session_id, finish_reason=finish, text=checkpoint.final_text,
-            messages=list(checkpoint.messages), steps=checkpoint.step, usage=checkpoint.usage,
+            session_id=checkpoint.session_id,
+            finish_reason=finish,
+            text=checkpoint.final_text,
+            messages=list(checkpoint.messages),
+            steps=checkpoint.step,
+            usage=checkpoint.usage,
             tool_calls=checkpoint.run_tool_calls,
             approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
             approval_ids=list(checkpoint.approval_ids),
@@ -102,8 +106,9 @@ class Run:
         """
         return self._follow(after, timeout, live, None)
 
-    def _follow(self, after: int | None, timeout: float | None, live: bool,
-                stop: threading.Event | None) -> Iterator[Event]:
+    def _follow(
+        self, after: int | None, timeout: float | None, live: bool, stop: threading.Event | None
+    ) -> Iterator[Event]:
         store = self._client.store
         starts: streams.StartFilter = None
         if after is None:
@@ -120,13 +125,18 @@ class Run:
                 else:
                     after = progress.events_next - 1
                     number = self.input_number
-                    starts = lambda event: (event.type == "run.start"  # noqa: E731
-                                            and int(event.data.get("input_number", 0)) >= number)
-        return streams.follow(store, self._client.signals, self.session_id, after, starts=starts, live=live,
-                              timeout=timeout, stop=stop)
 
-    def events_async(self, after: int | None = None, timeout: float | None = None,
-                     live: bool = False) -> AsyncIterator[Event]:
+                    def merged_it(event: Event) -> bool:
+                        return event.type == "run.start" and int(event.data.get("input_number", 0)) >= number
+
+                    starts = merged_it
+        return streams.follow(
+            store, self._client.signals, self.session_id, after, starts=starts, live=live, timeout=timeout, stop=stop
+        )
+
+    def events_async(
+        self, after: int | None = None, timeout: float | None = None, live: bool = False
+    ) -> AsyncIterator[Event]:
         """``events`` for ``async for`` (web servers): the reading and waiting happen in a thread.
 
         The thread stops within half a second once the loop stops iterating (a client went away).
@@ -219,8 +229,9 @@ class Client:
         if self.settings.broker == self.settings.redis_url:
             return self._redis_client()
         if self._broker is None:
-            self._broker = redis_client.connect(self.settings, url=self.settings.broker, socket_timeout=5,
-                                                socket_connect_timeout=5)
+            self._broker = redis_client.connect(
+                self.settings, url=self.settings.broker, socket_timeout=5, socket_connect_timeout=5
+            )
         return self._broker
 
     @property
@@ -260,8 +271,14 @@ class Client:
         """
         return self.store.pending(agent)
 
-    def runs(self, agent: str | Iterable[str] | None = None, state: str | Iterable[str] | None = None,
-             since: datetime | timedelta | None = None, limit: int = 50, cursor: str | None = None) -> RunPage:
+    def runs(
+        self,
+        agent: str | Iterable[str] | None = None,
+        state: str | Iterable[str] | None = None,
+        since: datetime | timedelta | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
         """A page of runs, finished ones included, newest first by creation, as ``RunSummary`` items.
 
         Filtered and paged by the store (keyset paging: runs created while pages are read do not move the pages
@@ -293,8 +310,7 @@ class Client:
             SessionIdInvalidError: the id breaks the id rules.
             StorageError: Postgres, Redis or the broker could not be read.
         """
-        return inspection.describe(self.engine, self._redis_client(), self._broker_client(), self.settings,
-                                   session_id)
+        return inspection.describe(self.engine, self._redis_client(), self._broker_client(), self.settings, session_id)
 
     def doctor(self, wait: bool = True) -> doctor_report.Report:
         """Check invariant I19: every unfinished run has an owner, a timer or a waiter (``lousho doctor``).
@@ -333,8 +349,15 @@ class Client:
         """
         return self.store.delete(records.validate_session_id(session_id), keep_history=keep_history)
 
-    def events(self, session_id: str, after: int | None = None, *, live: bool = False,
-               timeout: float | None = None, include_children: bool = False) -> Iterator[Event]:
+    def events(
+        self,
+        session_id: str,
+        after: int | None = None,
+        *,
+        live: bool = False,
+        timeout: float | None = None,
+        include_children: bool = False,
+    ) -> Iterator[Event]:
         """Follow the run's durable events after seq ``after`` until the next ``run.done``, from any process.
 
         ``after`` None starts at the run's latest ``run.start``. See ``Run.events``. ``include_children``
@@ -358,13 +381,21 @@ class Client:
         start = self.store.latest_start(session_id)
         return -1 if start is None else start - 1
 
-    def _follow(self, session_id: str, after: int | None, live: bool, timeout: float | None,
-                stop: threading.Event | None) -> Iterator[Event]:
+    def _follow(
+        self, session_id: str, after: int | None, live: bool, timeout: float | None, stop: threading.Event | None
+    ) -> Iterator[Event]:
         after = self._start_after(session_id, after)
         return streams.follow(self.store, self.signals, session_id, after, live=live, timeout=timeout, stop=stop)
 
-    def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
-                     timeout: float | None = None, executor: Executor | None = None) -> AsyncIterator[Event]:
+    def events_async(
+        self,
+        session_id: str,
+        after: int | None = None,
+        *,
+        live: bool = False,
+        timeout: float | None = None,
+        executor: Executor | None = None,
+    ) -> AsyncIterator[Event]:
         """``events`` for ``async for`` (web servers): the reading and waiting happen in a thread.
 
         The thread stops within half a second once the loop stops iterating (a client went away). It comes
@@ -431,8 +462,12 @@ class Client:
         if self.store.reset_attempts(session_id, None if limits is None else limits.stored()) is None:
             return None
         self.nudge(session_id, agent=checkpoint.agent, kind=telemetry.RESUME_RUN)
-        return Run(self, session_id, checkpoint.inbox_cursor,
-                   events_from=progress.events_next if progress is not None else None)
+        return Run(
+            self,
+            session_id,
+            checkpoint.inbox_cursor,
+            events_from=progress.events_next if progress is not None else None,
+        )
 
     def nudge(self, session_id: str, agent: str | None = None, kind: str = telemetry.NEW_INPUT) -> None:
         """Ask a worker to advance a run whose input or decision is already durable.
@@ -443,8 +478,9 @@ class Client:
         try:
             self.enqueuer.advance(session_id, agent=agent, kind=kind)
         except errors.StorageError as exc:
-            log.warning("could not enqueue a step for %s (%s); the recovery sweep will send it",
-                        session_id, exc.message)
+            log.warning(
+                "could not enqueue a step for %s (%s); the recovery sweep will send it", session_id, exc.message
+            )
 
     def close(self) -> None:
         """Close connections."""
@@ -476,8 +512,9 @@ class Approvals:
         """Undecided approvals (session, call id, tool name, arguments, created at), oldest first."""
         return self._store.pending(self._agent)
 
-    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
-                answer: str | None = None) -> Run:
+    def resolve(
+        self, approval_id: str, approved: bool | None = None, note: str | None = None, answer: str | None = None
+    ) -> Run:
         """Decide an approval: approve or reject a gated call, answer or decline a question (``ask_question``).
 
         ``answer`` answers a question (the call's result is ``{"answer": answer}``); ``approved=False``
@@ -537,9 +574,17 @@ class AgentHandle:
         """Pending approvals of this agent's runs, and their decisions."""
         return Approvals(self._client, self.name)
 
-    def send(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
-             idempotency_key: str | None = None, check_agent: bool = True, business_state: Any = None,
-             fairness_key: str | None = None) -> Run:
+    def send(
+        self,
+        input: Input,
+        session_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        check_agent: bool = True,
+        business_state: Any = None,
+        fairness_key: str | None = None,
+    ) -> Run:
         """Queue input for the run ``session_id`` and ask a worker to advance it.
 
         A new id starts a run; an unfinished run resumes (pending calls first, input after
@@ -575,18 +620,27 @@ class AgentHandle:
         messages = normalize_input(input)
         if not messages:
             if metadata is not None or business_state is not None or fairness_key is not None:
-                raise errors.ConfigurationError("metadata and business_state ride with input: send some input with"
-                                                " them")
+                raise errors.ConfigurationError(
+                    "metadata and business_state ride with input: send some input with them"
+                )
             return self._resume_or_current(session_id)
         if check_agent:
             inputs.check_agent(self.name, self._client.known_agents())
-        number = self._client.store.append_input(session_id, self.name, messages, idempotency_key, metadata,
-                                                 business_state, fairness_key)
+        number = self._client.store.append_input(
+            session_id, self.name, messages, idempotency_key, metadata, business_state, fairness_key
+        )
         self._client.nudge(session_id, agent=self.name)
         return Run(self._client, session_id, number)
 
-    def stream(self, input: Input, session_id: str, *, metadata: dict[str, Any] | None = None,
-               live: bool = False, timeout: float | None = None) -> Iterator[Event]:
+    def stream(
+        self,
+        input: Input,
+        session_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        live: bool = False,
+        timeout: float | None = None,
+    ) -> Iterator[Event]:
         """Send ``input`` (with ``metadata``, as ``send``) and follow the run's events until it settles.
 
         The run is marked watched before the send, so its first step already publishes live signals.
@@ -601,16 +655,24 @@ class AgentHandle:
             log.debug("could not mark %s watched (%s)", session_id, type(exc).__name__)
         return self.send(input, session_id, metadata=metadata).events(live=live, timeout=timeout)
 
-    def events(self, session_id: str, after: int | None = None, *, live: bool = False,
-               timeout: float | None = None, include_children: bool = False) -> Iterator[Event]:
+    def events(
+        self,
+        session_id: str,
+        after: int | None = None,
+        *,
+        live: bool = False,
+        timeout: float | None = None,
+        include_children: bool = False,
+    ) -> Iterator[Event]:
         """Follow the run's events after seq ``after`` (None: from its latest ``run.start``), from any process.
 
         ``include_children``: its sub-agents' events too, tagged (``Client.events``).
         """
         return self._client.events(session_id, after, live=live, timeout=timeout, include_children=include_children)
 
-    def events_async(self, session_id: str, after: int | None = None, *, live: bool = False,
-                     timeout: float | None = None) -> AsyncIterator[Event]:
+    def events_async(
+        self, session_id: str, after: int | None = None, *, live: bool = False, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
         """``events`` for ``async for`` (web servers)."""
         return self._client.events_async(session_id, after, live=live, timeout=timeout)
 
@@ -635,8 +697,9 @@ class AgentHandle:
             self._client.signals.mark_steer(session_id, run.input_number)
         except errors.StorageError as exc:
             # The message is queued either way: without the mark it waits for the turn's calls to finish.
-            log.warning("could not mark the steer of %s (%s); it applies after the running turn",
-                        session_id, type(exc).__name__)
+            log.warning(
+                "could not mark the steer of %s (%s); it applies after the running turn", session_id, type(exc).__name__
+            )
         return run
 
     def _resume_or_current(self, session_id: str) -> Run:
@@ -677,8 +740,9 @@ class AgentHandle:
         """Saved states of the run, newest first; ``[]`` for an unknown run."""
         return self._client.store.history(records.validate_session_id(session_id), limit)
 
-    def fork(self, session_id: str, from_step: int, patch: dict[str, Any] | None = None,
-             new_session_id: str | None = None) -> Fork:
+    def fork(
+        self, session_id: str, from_step: int, patch: dict[str, Any] | None = None, new_session_id: str | None = None
+    ) -> Fork:
         """A new run from the newest saved state of ``from_step``; resume the fork to run it.
 
         Raises:

@@ -32,16 +32,16 @@ class Enqueuer:
             task_send_sent_event=settings.task_events,
             broker_connection_retry_on_startup=True,
             task_publish_retry=True,
-            task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
-                                       "interval_max": 2},
+            task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
             broker_transport_options=step_message.broker_options(settings),
             **broker_extra,
         )
         telemetry.name_sent_events(self._app)
 
     @redis_client.translated  # kombu lets some of the Redis transport's errors through unwrapped
-    def advance(self, session_id: str, seq: int | None = None, agent: str | None = None, *,
-                kind: str = telemetry.NEW_INPUT) -> None:
+    def advance(
+        self, session_id: str, seq: int | None = None, agent: str | None = None, *, kind: str = telemetry.NEW_INPUT
+    ) -> None:
         """Ask a worker for the next step of ``session_id`` (on ``agent``'s queue when known).
 
         ``kind`` says why (``store.telemetry`` kinds): the step's name in Flower is ``"<agent>: <kind>"``. A lost
@@ -52,8 +52,11 @@ class Enqueuer:
                 recovery sweep sends the step once the broker is back).
         """
         try:
-            self._app.send_task(step_message.ADVANCE, kwargs=step_message.arguments(session_id, seq),
-                                **step_message.routing(self._settings, agent, kind=kind))
+            self._app.send_task(
+                step_message.ADVANCE,
+                kwargs=step_message.arguments(session_id, seq),
+                **step_message.routing(self._settings, agent, kind=kind),
+            )
         except (kombu.exceptions.OperationalError, OSError) as exc:
             raise errors.StorageError(f"broker unavailable: {type(exc).__name__}") from exc
 

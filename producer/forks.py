@@ -75,8 +75,15 @@ def apply_patch(checkpoint: Checkpoint, patch: dict[str, Any]) -> tuple[Checkpoi
     return checkpoint, queued
 
 
-def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch: dict[str, Any] | None = None,
-         new_session_id: str | None = None, *, agent: str | None = None) -> Fork:
+def fork(
+    store: interfaces.ProducerStore,
+    session_id: str,
+    from_step: int,
+    patch: dict[str, Any] | None = None,
+    new_session_id: str | None = None,
+    *,
+    agent: str | None = None,
+) -> Fork:
     """Start a new run from the newest history entry of ``from_step`` of ``session_id``.
 
     Raises:
@@ -94,17 +101,34 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
         kept = sorted({e.step for e in entries})
         listed = ", ".join(map(str, kept)) if kept else "none"
         raise errors.CheckpointNotFoundError(
-            f"step {from_step} of run {session_id!r} is not in its history; steps kept: {listed}")
+            f"step {from_step} of run {session_id!r} is not in its history; steps kept: {listed}"
+        )
     patched, queued = apply_patch(chosen.checkpoint, patch or {})
     # A fork never shares a child with its source: what the source delegated, its background tasks and its
     # waiting on them stay the source's. A ``task`` call without a result goes through the gates again and starts
     # a child of the fork's own; a task id the copied transcript names is not one of the fork's (``TaskNotFound``).
-    base = patched.model_copy(update={
-        "status": "in-progress", "approval_ids": [], "started_tool_call_ids": [], "last_error": None,
-        "attempts": 0, "finish_reason": None, "seq": 0, "fence": 0, "inbox_cursor": 0, "updated_at": None,
-        "delegated": None, "background": None, "waiting": False})
-    names: list[str] = [records.validate_session_id(new_session_id)] if new_session_id else [
-        f"{session_id}.fork-{n}" for n in range(1, MAX_FORK_NUMBER)]
+    base = patched.model_copy(
+        update={
+            "status": "in-progress",
+            "approval_ids": [],
+            "started_tool_call_ids": [],
+            "last_error": None,
+            "attempts": 0,
+            "finish_reason": None,
+            "seq": 0,
+            "fence": 0,
+            "inbox_cursor": 0,
+            "updated_at": None,
+            "delegated": None,
+            "background": None,
+            "waiting": False,
+        }
+    )
+    names: list[str] = (
+        [records.validate_session_id(new_session_id)]
+        if new_session_id
+        else [f"{session_id}.fork-{n}" for n in range(1, MAX_FORK_NUMBER)]
+    )
     for name in names:
         records.validate_session_id(name)
         if records.is_child_id(name):
@@ -116,4 +140,3 @@ def fork(store: interfaces.ProducerStore, session_id: str, from_step: int, patch
         if new_session_id:
             raise errors.ConfigurationError(f"run {new_session_id!r} already exists: pick another id")
     raise errors.ConfigurationError(f"run {session_id!r} has no free fork id left")
-

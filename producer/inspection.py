@@ -44,8 +44,9 @@ def parse_since(value: str | None) -> datetime | timedelta | None:
     try:
         when = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise errors.ConfigurationError("since takes a duration (30m, 6h, 2d) or an ISO-8601 time",
-                                        field="since") from None
+        raise errors.ConfigurationError(
+            "since takes a duration (30m, 6h, 2d) or an ISO-8601 time", field="since"
+        ) from None
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
@@ -73,21 +74,35 @@ def _names(value: str | Iterable[str] | None, field: str) -> list[str] | None:
     return names
 
 
-def runs(store: interfaces.ProducerStore, agent: str | Iterable[str] | None, state: str | Iterable[str] | None,
-         since: datetime | timedelta | None, limit: int, cursor: str | None) -> RunPage:
+def runs(
+    store: interfaces.ProducerStore,
+    agent: str | Iterable[str] | None,
+    state: str | Iterable[str] | None,
+    since: datetime | timedelta | None,
+    limit: int,
+    cursor: str | None,
+) -> RunPage:
     """A page of run summaries, newest first (see ``Client.runs``).
 
     Raises:
         ConfigurationError: an unknown state, a limit out of range, a cursor no page gave, a naive ``since``.
     """
-    page = store.list_runs(agents=_names(agent, "agent"), states=_names(state, "state"), since=since_of(since),
-                           limit=limit, cursor=cursor, details=True)
-    return RunPage(items=[RunSummary.listed(run) for run in page.items], next_cursor=page.next_cursor,
-                   prev_cursor=page.prev_cursor)
+    page = store.list_runs(
+        agents=_names(agent, "agent"),
+        states=_names(state, "state"),
+        since=since_of(since),
+        limit=limit,
+        cursor=cursor,
+        details=True,
+    )
+    return RunPage(
+        items=[RunSummary.listed(run) for run in page.items], next_cursor=page.next_cursor, prev_cursor=page.prev_cursor
+    )
 
 
-def describe(engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings,
-             session_id: str) -> RunSummary | None:
+def describe(
+    engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings, session_id: str
+) -> RunSummary | None:
     """Run ``session_id``'s summary with what it waits on and what moves it next; None for an unknown run.
 
     Raises:
@@ -105,12 +120,23 @@ def describe(engine: Engine, leases: redis_client.Client, broker_client: redis_c
     summary = seen.summarized[0]
     # "waiting" is on children or on a model slot (DESIGN.md's vocabulary); the listing's state reads no Redis.
     waits = told.waiting_on.model_limit is not None and summary.state == "running"
-    return summary.model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action,
-                                      "business_state": state, **({"state": "waiting"} if waits else {})})
+    return summary.model_copy(
+        update={
+            "waiting_on": told.waiting_on,
+            "next_action": told.next_action,
+            "business_state": state,
+            **({"state": "waiting"} if waits else {}),
+        }
+    )
 
 
-def check(engine: Engine, leases: redis_client.Client, broker_client: redis_client.Client, settings: Settings,
-          wait: bool = True) -> doctor.Report:
+def check(
+    engine: Engine,
+    leases: redis_client.Client,
+    broker_client: redis_client.Client,
+    settings: Settings,
+    wait: bool = True,
+) -> doctor.Report:
     """Look for unexplained runs (``store.doctor``); with ``wait``, look again once suspects can be confirmed.
 
     A run nothing explains at a first look is only a suspect: the second look, a sweep interval later, tells

@@ -35,9 +35,19 @@ class Schedules:
         self._client = client
         self._store = PostgresScheduleStore(client.engine)
 
-    def create(self, name: str, agent: str, input: inputs.Input, *, cron: str | None = None,
-               every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-               catch_up: CatchUp = "one", check_agent: bool = True) -> Schedule:
+    def create(
+        self,
+        name: str,
+        agent: str,
+        input: inputs.Input,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        timezone: str = "UTC",
+        overlap: Overlap = "skip",
+        catch_up: CatchUp = "one",
+        check_agent: bool = True,
+    ) -> Schedule:
         """Store a schedule that sends ``input`` to a new run of ``agent`` at each tick.
 
         Give ``cron`` (5 fields or a ``@daily``-style macro, read in ``timezone``, DST-aware) or
@@ -57,8 +67,9 @@ class Schedules:
         messages = inputs.normalize_input(input)
         if check_agent:
             inputs.check_agent(agent, self._client.known_agents())
-        spec = build_spec(name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap,
-                          catch_up=catch_up)
+        spec = build_spec(
+            name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap, catch_up=catch_up
+        )
         return self._store.create(spec)
 
     def list(self) -> builtins.list[Schedule]:

@@ -30,8 +30,13 @@ if TYPE_CHECKING:
 APP_FACTORY = "producer.server:create_app"
 
 
-def create_app(config: WebhookConfig | None = None, backend: Backend | None = None, *,
-               clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
+def create_app(
+    config: WebhookConfig | None = None,
+    backend: Backend | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    settings: Settings | None = None,
+) -> FastAPI:
     """The whole server: ``producer.http.app.create_app`` with the run pages mounted under ``/ui``.
 
     Raises:
@@ -56,9 +61,16 @@ def cmd_serve(client: Client, args: argparse.Namespace) -> int:
     redaction.install()
     config = WebhookConfig.from_settings(client.settings)  # fail before binding the port when the secrets are wrong
     # Event streams stay open until their run settles: a stop waits this long for them, then closes them.
-    uvicorn.run(create_app(config, settings=client.settings), host=args.host, port=args.port, log_level=args.log_level,
-                log_config=log_config(args.log_level), server_header=False, date_header=False,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    uvicorn.run(
+        create_app(config, settings=client.settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=log_config(args.log_level),
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
     return 0
 
 

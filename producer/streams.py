@@ -39,9 +39,17 @@ WATCH_TTL_MS = 30_000
 StartFilter = Callable[[Event], bool] | None
 
 
-def follow(store: interfaces.ProducerStore, signals: RedisSignals | None, session_id: str, after: int, *,
-           starts: StartFilter = None, live: bool = False, timeout: float | None = None,
-           stop: threading.Event | None = None) -> Iterator[Event]:
+def follow(
+    store: interfaces.ProducerStore,
+    signals: RedisSignals | None,
+    session_id: str,
+    after: int,
+    *,
+    starts: StartFilter = None,
+    live: bool = False,
+    timeout: float | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[Event]:
     """Durable events of the run after seq ``after``, blocking for new ones, until the first ``run.done``.
 
     With ``starts``, events are skipped until one it accepts (that one is yielded). ``live`` interleaves
@@ -116,8 +124,9 @@ def _close(subscription: Any) -> None:
             log.debug("could not close the channel of a run")
 
 
-async def follow_async(make: Callable[[threading.Event], Iterator[Event]],
-                       executor: Executor | None = None) -> AsyncIterator[Event]:
+async def follow_async(
+    make: Callable[[threading.Event], Iterator[Event]], executor: Executor | None = None
+) -> AsyncIterator[Event]:
     """The iterator ``make(stop)`` builds, for ``async for``: it is built and pulled in ``executor``'s threads.
 
     ``executor`` None is the event loop's default executor (a few threads: a server following many runs at once
@@ -222,8 +231,14 @@ def _signal(session_id: str, data: Any) -> Event | None:
     return events.live(session_id, body["type"], body["data"], at)
 
 
-def follow_tree(store: interfaces.ProducerStore, session_id: str, after: int, *, timeout: float | None = None,
-                stop: threading.Event | None = None) -> Iterator[Event]:
+def follow_tree(
+    store: interfaces.ProducerStore,
+    session_id: str,
+    after: int,
+    *,
+    timeout: float | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[Event]:
     """A run's durable events after seq ``after`` and its sub-agents', in time order, until the run's ``run.done``.
 
     A child's events (each with its own run id and seq) carry ``data["subagent"]``: ``name``, ``depth``,
@@ -253,18 +268,26 @@ def follow_tree(store: interfaces.ProducerStore, session_id: str, after: int, *,
         time.sleep(POLL_S)
 
 
-def _read_tree(store: interfaces.ProducerStore, session_id: str, cursors: dict[str, int],
-               tags: dict[str, dict[str, Any]]) -> list[Event]:
+def _read_tree(
+    store: interfaces.ProducerStore, session_id: str, cursors: dict[str, int], tags: dict[str, dict[str, Any]]
+) -> list[Event]:
     """One page of each followed run's new events (children tagged), adding children that were started."""
     found: list[Event] = []
     for run_id in list(cursors):
         for event in store.read_events(run_id, cursors[run_id], 500):
             cursors[run_id] = int(event.seq or 0)
-            found.append(event if run_id == session_id else event.model_copy(
-                update={"data": {**event.data, "subagent": tags[run_id]}}))
+            found.append(
+                event
+                if run_id == session_id
+                else event.model_copy(update={"data": {**event.data, "subagent": tags[run_id]}})
+            )
             child = event.data.get("child_run_id") if event.type == "subagent.start" else None
             if isinstance(child, str) and child not in cursors:
                 cursors[child] = -1
-                tags[child] = {"name": event.data.get("agent"), "depth": tags.get(run_id, {}).get("depth", 0) + 1,
-                               "tool_call_id": event.data.get("tool_call_id"), "parent": run_id}
+                tags[child] = {
+                    "name": event.data.get("agent"),
+                    "depth": tags.get(run_id, {}).get("depth", 0) + 1,
+                    "tool_call_id": event.data.get("tool_call_id"),
+                    "parent": run_id,
+                }
     return found

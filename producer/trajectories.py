@@ -58,19 +58,23 @@ def steps_of(messages: Sequence[Message]) -> list[TrajectoryStep]:
     for message in messages:
         if message.role != "assistant":
             continue
-        calls = [{"id": c.id, "name": c.name, "args": c.args, "result": results.get(c.id)}
-                 for c in message.tool_calls or ()]
-        steps.append(TrajectoryStep(text=message.content if isinstance(message.content, str) else None,
-                                    tool_calls=calls))
+        calls = [
+            {"id": c.id, "name": c.name, "args": c.args, "result": results.get(c.id)} for c in message.tool_calls or ()
+        ]
+        steps.append(
+            TrajectoryStep(text=message.content if isinstance(message.content, str) else None, tool_calls=calls)
+        )
     return steps
 
 
-def compare_trajectories(a: Checkpoint | Sequence[Message | dict[str, Any]],
-                         b: Checkpoint | Sequence[Message | dict[str, Any]]) -> TrajectoryComparison:
+def compare_trajectories(
+    a: Checkpoint | Sequence[Message | dict[str, Any]], b: Checkpoint | Sequence[Message | dict[str, Any]]
+) -> TrajectoryComparison:
     """Compare two checkpoints or transcripts; steps (``diverged_at``, ``drift``) are numbered from 1."""
     steps_a, steps_b = steps_of(_transcript(a)), steps_of(_transcript(b))
-    diverged_at = next((step for step, (x, y) in enumerate(zip(steps_a, steps_b, strict=False), start=1)
-                        if x.key() != y.key()), None)
+    diverged_at = next(
+        (step for step, (x, y) in enumerate(zip(steps_a, steps_b, strict=False), start=1) if x.key() != y.key()), None
+    )
     if diverged_at is None and len(steps_a) != len(steps_b):
         diverged_at = min(len(steps_a), len(steps_b)) + 1
     tool_order, arguments = [], []
@@ -86,6 +90,9 @@ def compare_trajectories(a: Checkpoint | Sequence[Message | dict[str, Any]],
     if isinstance(a, Checkpoint) and isinstance(b, Checkpoint) and a.finish_reason != b.finish_reason:
         finish = {"a": a.finish_reason, "b": b.finish_reason}
     count = {"a": len(steps_a), "b": len(steps_b)} if len(steps_a) != len(steps_b) else None
-    return TrajectoryComparison(diverged_at, steps_a, steps_b,
-                                Drift(tool_order=tool_order, arguments=arguments, step_count=count,
-                                      finish_reason=finish))
+    return TrajectoryComparison(
+        diverged_at,
+        steps_a,
+        steps_b,
+        Drift(tool_order=tool_order, arguments=arguments, step_count=count, finish_reason=finish),
+    )

@@ -23,8 +23,10 @@ __all__ = ["EXPIRED_NOTE", "PostgresApprovalStore", "expire_due", "insert", "put
 
 #: How the note of an expired approval starts; the expiry time follows, in ISO 8601 (UTC, microseconds).
 EXPIRED_NOTE = "expired: no decision before "
-_COLUMNS = ("approval_id, session_id, tool_call_id, tool_name, args, agent, status, note, fingerprint,"
-            " created_at, decided_at, kind, question, options, answer, expires_at")
+_COLUMNS = (
+    "approval_id, session_id, tool_call_id, tool_name, args, agent, status, note, fingerprint,"
+    " created_at, decided_at, kind, question, options, answer, expires_at"
+)
 # make_interval is strict: no expires_in, no expiry.
 _INSERT = text("""
 INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent, fingerprint, kind, question,
@@ -33,14 +35,17 @@ VALUES (:approval_id, :session_id, :tool_call_id, :tool_name, CAST(:args AS json
   :kind, :question, CAST(:options AS jsonb), now() + make_interval(secs => CAST(:expires_in AS double precision)))
 ON CONFLICT (approval_id) DO NOTHING
 """)
-_NOTE_OF_EXPIRY = ("'" + EXPIRED_NOTE + "'"
-                   """ || to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')""")
+_NOTE_OF_EXPIRY = (
+    "'" + EXPIRED_NOTE + "'"
+    """ || to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+)
 _BY_IDS = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ANY(:ids)")
 _SESSION_OF = text("SELECT session_id FROM approvals WHERE approval_id = :id")
 _LOCK_APPROVAL = text(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = :id FOR UPDATE")
 _LOCK_RUN = text("SELECT status, document -> 'approval_ids' AS ids FROM runs WHERE session_id = :sid FOR UPDATE")
-_DECIDE = text("UPDATE approvals SET status = :status, note = :note, answer = :answer, decided_at = now()"
-               " WHERE approval_id = :id")
+_DECIDE = text(
+    "UPDATE approvals SET status = :status, note = :note, answer = :answer, decided_at = now() WHERE approval_id = :id"
+)
 # A decision that comes too late: recorded as the expiry's rejection, in the decision's transaction.
 _EXPIRE_ONE = text(f"""
 UPDATE approvals SET status = 'rejected', note = {_NOTE_OF_EXPIRY}, answer = NULL, decided_at = now()
@@ -49,15 +54,15 @@ RETURNING note
 """)
 _STILL_PENDING = text("SELECT count(*) FROM approvals WHERE approval_id = ANY(:ids) AND status = 'pending'")
 # Leave updated_at alone: the sweep then sees the run as stale at once if the enqueue is lost.
-_CONTINUE_RUN = text(
-    "UPDATE runs SET status = 'in-progress', last_error = NULL, attempts = 0 WHERE session_id = :sid")
+_CONTINUE_RUN = text("UPDATE runs SET status = 'in-progress', last_error = NULL, attempts = 0 WHERE session_id = :sid")
 _UNDECIDE = text("""
 UPDATE approvals SET status = 'pending', note = NULL, answer = NULL, decided_at = NULL
 WHERE approval_id = ANY(:ids) AND status IN ('approved', 'rejected')
 """)
 _PAUSE_AGAIN = text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = :sid AND status = 'in-progress'")
 _WITHDRAW_RUN = text(
-    "UPDATE approvals SET status = 'withdrawn', decided_at = now() WHERE session_id = :sid AND status = 'pending'")
+    "UPDATE approvals SET status = 'withdrawn', decided_at = now() WHERE session_id = :sid AND status = 'pending'"
+)
 # The sweep's decisions, in one statement so they hold on an autocommit connection too. Run rows are locked
 # before approval rows (the join needs the run row before the approval row reaches the lock), the order
 # resolve and delete take them in; both are skipped when another transaction holds them, so two sweeps never
@@ -99,12 +104,25 @@ WHERE session_id = ANY(:sids) AND status = 'awaiting-approval'
 
 def insert(conn: Connection, approvals: Sequence[Approval]) -> None:
     """Create approval rows inside the caller's transaction (the pausing save's)."""
-    conn.execute(_INSERT, [
-        {"approval_id": a.approval_id, "session_id": a.session_id, "tool_call_id": a.tool_call_id,
-         "tool_name": a.tool_name, "args": payloads.dumps(payloads.sanitize(a.args)), "agent": a.agent,
-         "fingerprint": payloads.dumps(a.fingerprint), "kind": a.kind, "question": a.question,
-         "options": None if a.options is None else payloads.dumps(a.options), "expires_in": a.expires_in}
-        for a in approvals])
+    conn.execute(
+        _INSERT,
+        [
+            {
+                "approval_id": a.approval_id,
+                "session_id": a.session_id,
+                "tool_call_id": a.tool_call_id,
+                "tool_name": a.tool_name,
+                "args": payloads.dumps(payloads.sanitize(a.args)),
+                "agent": a.agent,
+                "fingerprint": payloads.dumps(a.fingerprint),
+                "kind": a.kind,
+                "question": a.question,
+                "options": None if a.options is None else payloads.dumps(a.options),
+                "expires_in": a.expires_in,
+            }
+            for a in approvals
+        ],
+    )
 
 
 def withdraw_for_run(conn: Connection, session_id: str) -> None:
@@ -136,8 +154,9 @@ def expire_due(conn: Connection, limit: int) -> int:
     return len(decided)
 
 
-def _decide(conn: Connection, approval: Approval, approved: bool | None, note: str | None,
-            answer: str | None) -> tuple[Approval, bool]:
+def _decide(
+    conn: Connection, approval: Approval, approved: bool | None, note: str | None, answer: str | None
+) -> tuple[Approval, bool]:
     """Record a decision on a locked, pending approval its run waits on; the approval as decided, and if expired.
 
     Past ``expires_at`` (Postgres's clock, as for the sweep) the expiry's rejection is recorded instead.
@@ -179,8 +198,9 @@ class PostgresApprovalStore:
             rows = conn.execute(query, {"agent": agent, "limit": limit}).all()
         return [_approval(row) for row in rows]
 
-    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
-                answer: str | None = None) -> Decision:
+    def resolve(
+        self, approval_id: str, approved: bool | None = None, note: str | None = None, answer: str | None = None
+    ) -> Decision:
         """Decide an approval once: approve or reject a tool call, answer or decline a question.
 
         Raises:
@@ -203,7 +223,9 @@ class PostgresApprovalStore:
             if row is not None and row.status == "withdrawn":
                 raise errors.ApprovalOrphanedError(
                     f"approval {approval_id!r} was withdrawn: its run was deleted or replaced",
-                    approval_id=approval_id, session_id=row.session_id)
+                    approval_id=approval_id,
+                    session_id=row.session_id,
+                )
             if row is None or row.status != "pending":
                 state = "unknown" if row is None else f"already {row.status}"
                 raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is {state}")
@@ -220,9 +242,12 @@ class PostgresApprovalStore:
         if orphaned:
             raise errors.ApprovalOrphanedError(
                 f"approval {approval_id!r} belongs to a run that no longer waits on it; it was withdrawn",
-                approval_id=approval_id, session_id=approval.session_id)
+                approval_id=approval_id,
+                session_id=approval.session_id,
+            )
         if expired:
             raise errors.ApprovalExpiredError(
                 f"approval {approval_id!r} expired before this decision; it was recorded as rejected"
-                f" with the note {decided.note!r}")
+                f" with the note {decided.note!r}"
+            )
         return Decision(decided, waiting == 0)

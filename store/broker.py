@@ -58,8 +58,7 @@ class Scan:
 
 
 @translated
-def scan(client: redis.Redis, queues: Iterable[str], wanted: set[str] | None = None,
-         limit: int = MAX_MESSAGES) -> Scan:
+def scan(client: redis.Redis, queues: Iterable[str], wanted: set[str] | None = None, limit: int = MAX_MESSAGES) -> Scan:
     """The step messages in ``queues`` (queued) and in the unacked hash (reserved), of the runs ``wanted`` (None: all).
 
     Raises:
@@ -94,10 +93,14 @@ def _keys(queues: Iterable[str]) -> Iterator[str]:
             yield f"{queue}{_PRIORITY_SEP}{priority}"
 
 
-def _wanted(decoded: Iterable[tuple[str, int | None] | None], wanted: set[str] | None,
-            place: MessagePlace) -> list[StepMessage]:
-    return [StepMessage(session_id, seq, place) for session_id, seq in (d for d in decoded if d is not None)
-            if wanted is None or session_id in wanted]
+def _wanted(
+    decoded: Iterable[tuple[str, int | None] | None], wanted: set[str] | None, place: MessagePlace
+) -> list[StepMessage]:
+    return [
+        StepMessage(session_id, seq, place)
+        for session_id, seq in (d for d in decoded if d is not None)
+        if wanted is None or session_id in wanted
+    ]
 
 
 def _decode_unacked(raw: bytes | str) -> tuple[str, int | None] | None:

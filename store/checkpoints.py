@@ -32,14 +32,17 @@ _COLUMNS = runs.COLUMNS
 
 def _rows_from(first_slot: str) -> str:
     """SQL: the run's message rows from ``first_slot`` on, as a JSON array of ``[slot, message]`` in slot order."""
-    return ("(SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
-            f" WHERE m.session_id = :sid AND m.slot >= {first_slot})")
+    return (
+        "(SELECT jsonb_agg(jsonb_build_array(m.slot, m.message) ORDER BY m.slot) FROM run_messages m"
+        f" WHERE m.session_id = :sid AND m.slot >= {first_slot})"
+    )
 
 
 #: The rows a process has not seen: from the first slot that may have changed since (``:from``) while the
 #: transcript is the one it remembers (``:known``), else all of them.
-_TAIL_ROWS = _rows_from("CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END") \
-    + " AS tail"
+_TAIL_ROWS = (
+    _rows_from("CASE WHEN transcript_id = CAST(:known AS bigint) THEN CAST(:from AS int) ELSE 0 END") + " AS tail"
+)
 
 
 # Claim the fencing token and load the run in one statement. A start counts as an attempt only
@@ -56,11 +59,15 @@ RETURNING {_COLUMNS}, now() AS db_now, abort_requested IS NOT NULL AS abort_pend
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
-_STORED = text(f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
-               f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid")
-_PROGRESS = text("SELECT status, inbox_cursor, inbox_head, last_error, aborted, events_next,"
-                 " document ->> 'finish_reason'"
-                 " AS finish_reason, agent FROM runs WHERE session_id = :sid")
+_STORED = text(
+    f"SELECT transcript_id, seq, jsonb_exists(document, 'messages_count') AS new_format,"
+    f" {_rows_from('0')} AS rows FROM runs WHERE session_id = :sid"
+)
+_PROGRESS = text(
+    "SELECT status, inbox_cursor, inbox_head, last_error, aborted, events_next,"
+    " document ->> 'finish_reason'"
+    " AS finish_reason, agent FROM runs WHERE session_id = :sid"
+)
 _INBOX = text("SELECT n, messages, metadata FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
 # The fenced write of a step: the run's control columns and document, the messages it added (rows past the
@@ -92,9 +99,17 @@ drained AS (
 _SAVE_TAIL = "\nSELECT updated_at, transcript_id FROM saved"
 _SAVES = {
     (keeps, inbox, gone, evented): text(
-        _SAVE_HEAD + (_SAVE_GONE if gone else "") + (history.SAVE_ENTRY if keeps else "")
-        + (_SAVE_INBOX if inbox else "") + (event_log.SAVE_EVENTS if evented else "") + _SAVE_TAIL)
-    for keeps in (True, False) for inbox in (True, False) for gone in (True, False) for evented in (True, False)
+        _SAVE_HEAD
+        + (_SAVE_GONE if gone else "")
+        + (history.SAVE_ENTRY if keeps else "")
+        + (_SAVE_INBOX if inbox else "")
+        + (event_log.SAVE_EVENTS if evented else "")
+        + _SAVE_TAIL
+    )
+    for keeps in (True, False)
+    for inbox in (True, False)
+    for gone in (True, False)
+    for evented in (True, False)
 }
 
 # Failures write their events (``error``, ``provider.retry``, ``run.done``) in the same statement.
@@ -118,10 +133,12 @@ WITH saved AS (
 SELECT seq FROM saved
 """)
 # A step that waits on a model limit did no work: its start does not count toward the crash-loop guard.
-_NOTE_WAIT = text("UPDATE runs SET attempts = GREATEST(attempts - 1, 0) WHERE session_id = :sid AND fence = :fence"
-                  " RETURNING 1")
+_NOTE_WAIT = text(
+    "UPDATE runs SET attempts = GREATEST(attempts - 1, 0) WHERE session_id = :sid AND fence = :fence RETURNING 1"
+)
 _NOTE_USAGE = text(
-    "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1")
+    "UPDATE runs SET uncounted_usage = CAST(:usage AS jsonb) WHERE session_id = :sid AND fence = :fence RETURNING 1"
+)
 # A resume is a person acting on the run: a run stopped by an abort or a budget moves again, under the limits given,
 # and so does a run waiting on children none of which can still move (settled, paused or gone: no wake-up comes).
 _RESET_ATTEMPTS = text(f"""
@@ -185,7 +202,8 @@ _NOT_ITS_OWN = text("SELECT session_id FROM runs WHERE session_id = ANY(:ids) AN
 _HOLD_RUN = text("SELECT 1 FROM runs WHERE session_id = :sid FOR UPDATE")
 _UNDER = text("SELECT session_id FROM runs WHERE left(session_id, :n) = :prefix ORDER BY session_id FOR UPDATE")
 _END_SETTLED = text(
-    "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1")
+    "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1"
+)
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
 # Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
 # seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
@@ -221,16 +239,30 @@ WHERE session_id IN (
 RETURNING session_id, agent, status, aborted, last_error, document ->> 'finish_reason' AS finish_reason
 """)
 # With the kind of the approval a paused run waits on first (a tool call or a question).
-_PENDING = (f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
-            " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
-            f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS} AS children_only"
-            f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})")
+_PENDING = (
+    f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
+    " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
+    f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS} AS children_only"
+    f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})"
+)
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The hot path's statements in the driver's parameter style (run on ``store.database.direct`` connections).
-_DIRECT = {statement: driver_sql(statement)
-           for statement in (_CLAIM, _FENCE_OF, _TAIL, _STORED, _INBOX, _NOTE_USAGE, _NOTE_WAIT, _FAIL, _RETRY_LATER,
-                             _ABORT_PENDING,
-                             *_SAVES.values())}
+_DIRECT = {
+    statement: driver_sql(statement)
+    for statement in (
+        _CLAIM,
+        _FENCE_OF,
+        _TAIL,
+        _STORED,
+        _INBOX,
+        _NOTE_USAGE,
+        _NOTE_WAIT,
+        _FAIL,
+        _RETRY_LATER,
+        _ABORT_PENDING,
+        *_SAVES.values(),
+    )
+}
 #: Stands for a leftover row of a deleted run: equal to no message a step writes, so the row is replaced.
 _LEFTOVER = records.Message.model_construct(role="system", content={"leftover": True})
 
@@ -247,8 +279,13 @@ def _format_1(transcript_id: int, seq: int, rows: Iterable[Any]) -> transcripts.
     whole transcript as rows.
     """
     leftovers = [int(slot) for slot, _ in rows]
-    return transcripts.Known(transcript_id=transcript_id, seq=seq, messages=[_LEFTOVER] * len(leftovers),
-                             slots=leftovers, sizes=[0] * len(leftovers))
+    return transcripts.Known(
+        transcript_id=transcript_id,
+        seq=seq,
+        messages=[_LEFTOVER] * len(leftovers),
+        slots=leftovers,
+        sizes=[0] * len(leftovers),
+    )
 
 
 def _slot_finder(rows: transcripts.Rows) -> Callable[[records.Message], int | None]:
@@ -270,19 +307,32 @@ def _pending(row: Row[Any]) -> records.PendingRun:
         checkpoint = runs.row_checkpoint(row, row.session_id)
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
         return records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, row.next_attempt_at)
-    return records.pending_run(checkpoint, row.approval_kind, queued=row.inbox_head > row.inbox_cursor,
-                               own_approvals=not row.children_only)
+    return records.pending_run(
+        checkpoint, row.approval_kind, queued=row.inbox_head > row.inbox_cursor, own_approvals=not row.children_only
+    )
 
 
 def _swept(row: Any) -> records.SweptRun:
     """A settled recovery's row as a ``SweptRun``."""
     stored = row.last_error if isinstance(row.last_error, dict) else None
     # Only the fields a LastError has: a row written by another release may carry more.
-    error = None if stored is None else records.LastError(
-        code=str(stored.get("code", "")), message=str(stored.get("message", "")),
-        retryable=stored.get("retryable") is True)
-    return records.SweptRun(session_id=row.session_id, agent=row.agent, status=row.status,
-                            finish_reason=row.finish_reason, aborted=bool(row.aborted), last_error=error)
+    error = (
+        None
+        if stored is None
+        else records.LastError(
+            code=str(stored.get("code", "")),
+            message=str(stored.get("message", "")),
+            retryable=stored.get("retryable") is True,
+        )
+    )
+    return records.SweptRun(
+        session_id=row.session_id,
+        agent=row.agent,
+        status=row.status,
+        finish_reason=row.finish_reason,
+        aborted=bool(row.aborted),
+        last_error=error,
+    )
 
 
 def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:
@@ -331,8 +381,13 @@ class PostgresCheckpointStore:
         or when the stored fence is not below ``token`` (a Redis counter that was lost).
         """
         known = self._transcripts.get(session_id)
-        params = {"sid": session_id, "token": token, "seq": seq, "known": known.transcript_id if known else None,
-                  "from": known.stable if known else 0}
+        params = {
+            "sid": session_id,
+            "token": token,
+            "seq": seq,
+            "known": known.transcript_id if known else None,
+            "from": known.stable if known else 0,
+        }
         with self._direct.connection() as conn:
             row = conn.execute(_DIRECT[_CLAIM], params).fetchone()
             if row is None:
@@ -348,8 +403,13 @@ class PostgresCheckpointStore:
                 again = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
             messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
         checkpoint = runs.row_checkpoint(row, session_id, messages)
-        return Claim(checkpoint, inbox_head=int(row["inbox_head"]), now=row["db_now"],
-                     abort_requested=bool(row["abort_pending"]), lead_gone=bool(row["lead_gone"]))
+        return Claim(
+            checkpoint,
+            inbox_head=int(row["inbox_head"]),
+            now=row["db_now"],
+            abort_requested=bool(row["abort_pending"]),
+            lead_gone=bool(row["lead_gone"]),
+        )
 
     def _messages_of(self, session_id: str, row: Any, known: transcripts.Known | None) -> list[records.Message] | None:
         """The transcript of a claimed row (None for a format-1 document, which holds its own)."""
@@ -371,7 +431,8 @@ class PostgresCheckpointStore:
         if len(found.messages) != document["messages_count"]:
             raise errors.CheckpointCorruptError(
                 f"run {session_id!r} has {len(found.messages)} stored messages, its document says"
-                f" {document.get('messages_count')}")
+                f" {document.get('messages_count')}"
+            )
         self._transcripts.remember(session_id, found)
         return found.messages
 
@@ -402,21 +463,32 @@ class PostgresCheckpointStore:
         rows = transcripts.diff(known, checkpoint.messages)
         document = runs.format_document(checkpoint, len(checkpoint.messages))
         if len(document) + rows.total_bytes > payloads.MAX_CHECKPOINT:
-            raise errors.InputTooLargeError(
-                f"checkpoint of {len(document) + rows.total_bytes} bytes is over the limit")
+            raise errors.InputTooLargeError(f"checkpoint of {len(document) + rows.total_bytes} bytes is over the limit")
         drafts = write.events if self.events else ()
         params = {
-            "sid": sid, "doc": document, "status": checkpoint.status, "seq": seq, "fence": checkpoint.fence,
-            "cursor": checkpoint.inbox_cursor, "step": checkpoint.step, "keep": self.history_limit,
-            "rows": rows.body, "rewrites": rows.rewrites, "gone": rows.gone, "aborted": checkpoint.aborted,
-            "end_due": checkpoint.end_due, "waiting": checkpoint.waiting,
-            "clear_abort": write.settles_abort or checkpoint.status == "finished", "n_events": len(drafts),
+            "sid": sid,
+            "doc": document,
+            "status": checkpoint.status,
+            "seq": seq,
+            "fence": checkpoint.fence,
+            "cursor": checkpoint.inbox_cursor,
+            "step": checkpoint.step,
+            "keep": self.history_limit,
+            "rows": rows.body,
+            "rewrites": rows.rewrites,
+            "gone": rows.gone,
+            "aborted": checkpoint.aborted,
+            "end_due": checkpoint.end_due,
+            "waiting": checkpoint.waiting,
+            "clear_abort": write.settles_abort or checkpoint.status == "finished",
+            "n_events": len(drafts),
             "events": events.encode(drafts, _slot_finder(rows)) if drafts else "[]",
         }
         statement = _SAVES[(keeps_history, write.drained_inbox, bool(rows.gone), bool(drafts))]
         if approvals or rows.rewrites or write.settles_abort:
-            saved = self._save_in_transaction(statement, params, approvals, rows.rewrites and keeps_history,
-                                              withdraw=write.settles_abort)
+            saved = self._save_in_transaction(
+                statement, params, approvals, rows.rewrites and keeps_history, withdraw=write.settles_abort
+            )
         else:
             with self._direct.connection() as conn:
                 saved = conn.execute(_DIRECT[statement], params).fetchone()
@@ -424,16 +496,22 @@ class PostgresCheckpointStore:
             self._transcripts.forget(sid)
             return None
         if checkpoint.status == "in-progress":
-            self._transcripts.remember(sid, transcripts.after_save(
-                known, rows, seq, list(checkpoint.messages), int(saved["transcript_id"])))
+            self._transcripts.remember(
+                sid, transcripts.after_save(known, rows, seq, list(checkpoint.messages), int(saved["transcript_id"]))
+            )
         else:
             self._transcripts.forget(sid)  # finished or paused: not stepped again soon
         updated_at: datetime = saved["updated_at"]
         return updated_at
 
-    def _save_in_transaction(self, statement: TextClause, params: dict[str, Any],
-                             approvals: Sequence[records.Approval], standalone: bool,
-                             withdraw: bool = False) -> dict[str, Any] | None:
+    def _save_in_transaction(
+        self,
+        statement: TextClause,
+        params: dict[str, Any],
+        approvals: Sequence[records.Approval],
+        standalone: bool,
+        withdraw: bool = False,
+    ) -> dict[str, Any] | None:
         """A save that opens or withdraws approvals or replaces stored messages: one transaction."""
         with self._begin() as conn:
             if standalone:
@@ -457,23 +535,42 @@ class PostgresCheckpointStore:
             return _format_1(0, seq, ())
         if not row["new_format"]:
             return _format_1(int(row["transcript_id"]), seq, row["rows"] or ())
-        return transcripts.from_rows(int(row["transcript_id"]), int(row["seq"]),
-                                     ((slot, body, _size(body)) for slot, body in row["rows"] or ()))
+        return transcripts.from_rows(
+            int(row["transcript_id"]), int(row["seq"]), ((slot, body, _size(body)) for slot, body in row["rows"] or ())
+        )
 
-    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
-             approvals: Sequence[records.Approval] = (), drafts: Sequence[records.EventDraft] = (),
-             settles_abort: bool = False) -> datetime | None:
+    def save(
+        self,
+        checkpoint: records.Checkpoint,
+        *,
+        drained_inbox: bool = False,
+        approvals: Sequence[records.Approval] = (),
+        drafts: Sequence[records.EventDraft] = (),
+        settles_abort: bool = False,
+    ) -> datetime | None:
         """``record_step`` of a whole checkpoint: a step that does not say what it added.
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
         """
-        return self.record_step(records.StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox,
-                                                  approvals=tuple(approvals), events=tuple(drafts),
-                                                  settles_abort=settles_abort))
+        return self.record_step(
+            records.StepWrite(
+                checkpoint=checkpoint,
+                drained_inbox=drained_inbox,
+                approvals=tuple(approvals),
+                events=tuple(drafts),
+                settles_abort=settles_abort,
+            )
+        )
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
-               drafts: Sequence[records.EventDraft] = ()) -> bool:
+    def refuse(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        approval_ids: Sequence[str],
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
 
         Decisions of ``approval_ids`` that the run was about to act on go back to pending and
@@ -481,8 +578,9 @@ class PostgresCheckpointStore:
         """
         body = payloads.dumps(error.model_copy(update={"retryable": False}).model_dump())
         with self._begin() as conn:
-            parked = conn.execute(_FAIL, {"sid": session_id, "fence": fence, "error": body,
-                                          **self._event_params(drafts)}).first()
+            parked = conn.execute(
+                _FAIL, {"sid": session_id, "fence": fence, "error": body, **self._event_params(drafts)}
+            ).first()
             if parked is None:
                 return False
             if approval_ids:
@@ -496,8 +594,9 @@ class PostgresCheckpointStore:
     def note_usage(self, session_id: str, fence: int, usage: records.Usage) -> bool:
         """Keep a model call's usage before its turn is saved, so a crash in between still counts it."""
         with self._direct.connection() as conn:
-            row = conn.execute(_DIRECT[_NOTE_USAGE], {"sid": session_id, "fence": fence,
-                                                      "usage": payloads.dumps(usage.model_dump())}).fetchone()
+            row = conn.execute(
+                _DIRECT[_NOTE_USAGE], {"sid": session_id, "fence": fence, "usage": payloads.dumps(usage.model_dump())}
+            ).fetchone()
         return row is not None
 
     def note_wait(self, session_id: str, fence: int) -> bool:
@@ -506,8 +605,9 @@ class PostgresCheckpointStore:
             row = conn.execute(_DIRECT[_NOTE_WAIT], {"sid": session_id, "fence": fence}).fetchone()
         return row is not None
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
-                       fence: int) -> builtins.list[str]:
+    def start_children(
+        self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *, fence: int
+    ) -> builtins.list[str]:
         """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` that do not exist yet, with their input.
 
         A step write like any other: one transaction that holds the lead's row and checks its fence first, so a
@@ -527,8 +627,12 @@ class PostgresCheckpointStore:
             if stored is None or int(stored) != fence:
                 raise errors.FencedOutError(lead, fence)
             taken = set(conn.execute(_NOT_ITS_OWN, {"ids": ids, "lead": lead}).scalars())
-            created = [child_id for child_id, agent, prompt in children if child_id not in taken
-                       and runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])]
+            created = [
+                child_id
+                for child_id, agent, prompt in children
+                if child_id not in taken
+                and runs.create_run(conn, child_id, agent, [records.Message(role="user", content=prompt)])
+            ]
             if created:
                 conn.execute(_SET_PARENT, {"lead": lead, "lead_agent": lead_agent, "ids": created})
         return [child_id for child_id in ids if child_id in taken]
@@ -537,26 +641,39 @@ class PostgresCheckpointStore:
         """Leads waiting on children none of which can still move (a lost wake-up, or none left), oldest first."""
         with self._single() as conn:
             rows = conn.execute(_WAITING_LEADS, {"stale": stale_after_s, "limit": limit}).all()
-        return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST)
-                for row in rows]
+        return [
+            records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST) for row in rows
+        ]
 
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note that the ``on_run_end`` hooks owed since save ``seq`` have run (fenced); False when not owed."""
         with self._single() as conn:
             return conn.execute(_END_SETTLED, {"sid": session_id, "fence": fence, "seq": seq}).first() is not None
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError,
-                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def record_failure(
+        self, session_id: str, fence: int, error: records.LastError, drafts: Sequence[records.EventDraft] = ()
+    ) -> int | None:
         """Store why a step failed (fenced), with ``drafts`` as its events; the attempts count, None if fenced out."""
         with self._direct.connection() as conn:
             row = conn.execute(
-                _DIRECT[_FAIL], {"sid": session_id, "fence": fence, "error": payloads.dumps(error.model_dump()),
-                                 **self._event_params(drafts)}
+                _DIRECT[_FAIL],
+                {
+                    "sid": session_id,
+                    "fence": fence,
+                    "error": payloads.dumps(error.model_dump()),
+                    **self._event_params(drafts),
+                },
             ).fetchone()
         return None if row is None else int(row["attempts"])
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
-                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def retry_later(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        delay_s: float,
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> int | None:
         """Record a transient failure (fenced), with ``drafts`` as its events, and when to try again.
 
         Returns the run's seq, None if fenced out.
@@ -565,16 +682,30 @@ class PostgresCheckpointStore:
         ``next_attempt_at`` is set ``delay_s`` from Postgres's now.
         """
         with self._direct.connection() as conn:
-            row = conn.execute(_DIRECT[_RETRY_LATER], {"sid": session_id, "fence": fence, "delay": max(delay_s, 0.0),
-                                                       "error": payloads.dumps(error.model_dump()),
-                                                       **self._event_params(drafts)}).fetchone()
+            row = conn.execute(
+                _DIRECT[_RETRY_LATER],
+                {
+                    "sid": session_id,
+                    "fence": fence,
+                    "delay": max(delay_s, 0.0),
+                    "error": payloads.dumps(error.model_dump()),
+                    **self._event_params(drafts),
+                },
+            ).fetchone()
         return None if row is None else int(row["seq"])
 
     # -- producers -------------------------------------------------------------------------
 
-    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None, fairness_key: str | None = None) -> int:
+    def append_input(
+        self,
+        session_id: str,
+        agent: str,
+        messages: Sequence[records.Message],
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        business_state: Any = None,
+        fairness_key: str | None = None,
+    ) -> int:
         """Queue input for a run (creating the run) and return its inbox number.
 
         The run row is locked while the number is taken, so numbers follow commit order and
@@ -594,8 +725,9 @@ class PostgresCheckpointStore:
         """
         metadata = runs.check_metadata(metadata)
         with self._begin() as conn:
-            return runs.queue_input(conn, session_id, agent, messages, idempotency_key, metadata, business_state,
-                                    fairness_key)
+            return runs.queue_input(
+                conn, session_id, agent, messages, idempotency_key, metadata, business_state, fairness_key
+            )
 
     def create_run(self, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
         """Store a new run as ``checkpoint`` (a fork), with ``queued`` input; False if the id is taken."""
@@ -626,8 +758,12 @@ class PostgresCheckpointStore:
             # The run's row before those under it, as ``delete`` takes them: the two never wait on each other.
             conn.execute(_HOLD_FOR_ABORT, {"sid": session_id})
             prefix = session_id + records.CHILD_MARK
-            requested = {row.session_id for row in conn.execute(
-                _REQUEST_ABORT, {"sid": session_id, "prefix": prefix, "prefix_len": len(prefix)})}
+            requested = {
+                row.session_id
+                for row in conn.execute(
+                    _REQUEST_ABORT, {"sid": session_id, "prefix": prefix, "prefix_len": len(prefix)}
+                )
+            }
             if session_id in requested:
                 return True
             if conn.execute(_EXISTS, {"sid": session_id}).first() is None:
@@ -676,13 +812,25 @@ class PostgresCheckpointStore:
             row = conn.execute(_PROGRESS, {"sid": session_id}).first()
         if row is None:
             return None
-        return records.Progress(status=row.status, inbox_cursor=row.inbox_cursor, inbox_head=row.inbox_head,
-                                last_error=row.last_error,
-                                aborted=row.aborted, events_next=row.events_next, finish_reason=row.finish_reason,
-                                agent=row.agent)
+        return records.Progress(
+            status=row.status,
+            inbox_cursor=row.inbox_cursor,
+            inbox_head=row.inbox_head,
+            last_error=row.last_error,
+            aborted=row.aborted,
+            events_next=row.events_next,
+            finish_reason=row.finish_reason,
+            agent=row.agent,
+        )
 
-    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
+    def list(
+        self,
+        *,
+        statuses: Iterable[str] | None = None,
+        agent: str | None = None,
+        limit: int = 1000,
+        newest: bool = False,
+    ) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints, optionally filtered; an unreadable one comes as a corrupt PendingRun."""
         clauses, params = [], {"limit": limit}
         if statuses is not None:
@@ -701,13 +849,22 @@ class PostgresCheckpointStore:
             try:
                 found.append(runs.row_checkpoint(row, row.session_id))
             except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
-                found.append(records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc,
-                                                    listed=True))
+                found.append(
+                    records.unreadable_run(row.session_id, row.agent, row.status, row.attempts, exc, listed=True)
+                )
         return found
 
-    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
-                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
+    def list_runs(
+        self,
+        *,
+        agents: Iterable[str] | None = None,
+        states: Iterable[str] | None = None,
+        id_contains: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        details: bool = False,
+    ) -> records.RunsPage:
         """A page of runs, newest first by creation, filtered and paged in one statement, without transcripts.
 
         Args:
@@ -727,8 +884,9 @@ class PostgresCheckpointStore:
         with self._single() as conn:
             return listing.read(conn, wanted, listing.check_limit(limit), position, details)
 
-    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
-                   ) -> dict[records.ListedState, int]:
+    def count_runs(
+        self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+    ) -> dict[records.ListedState, int]:
         """How many runs (of ``agents``, created at or after ``since``) stand in each state; states with none left out.
 
         Raises:
@@ -752,20 +910,29 @@ class PostgresCheckpointStore:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
         return [(run.session_id, run.seq) for run in self.due_runs(stale_after_s, limit)]
 
-    def due_runs(self, stale_after_s: float, limit: int = 500,
-                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+    def due_runs(
+        self, stale_after_s: float, limit: int = 500, after: records.DueRun | None = None
+    ) -> builtins.list[records.DueRun]:
         """Runs a step can move now, most overdue first: silent for ``stale_after_s`` or due for a retry.
 
         Never paused or parked runs, nor runs waiting for a retry time still ahead, nor runs the sweep
         sent less than ``stale_after_s`` ago. ``after`` (the last run of the previous page) continues
         the listing.
         """
-        params = {"stale": stale_after_s, "limit": limit, "after_due": after.due if after else _EARLIEST,
-                  "after_sid": after.session_id if after else ""}
+        params = {
+            "stale": stale_after_s,
+            "limit": limit,
+            "after_due": after.due if after else _EARLIEST,
+            "after_sid": after.session_id if after else "",
+        }
         with self._single() as conn:
             rows = conn.execute(_DUE, params).all()
-        return [records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent,
-                               retrying=bool(row.retrying), due=row.due) for row in rows]
+        return [
+            records.DueRun(
+                session_id=row.session_id, seq=int(row.seq), agent=row.agent, retrying=bool(row.retrying), due=row.due
+            )
+            for row in rows
+        ]
 
     def expire_approvals(self, limit: int = 500) -> int:
         """Reject pending approvals past their ``expires_at``; runs left with none pending continue."""

@@ -59,8 +59,7 @@ def check_delivery_id(delivery_id: str) -> str:
     Raises:
         ConfigurationError: empty, too long, or with spaces or control characters.
     """
-    if not isinstance(delivery_id, str) or len(delivery_id) > MAX_DELIVERY_ID or not _PRINTABLE.fullmatch(
-            delivery_id):
+    if not isinstance(delivery_id, str) or len(delivery_id) > MAX_DELIVERY_ID or not _PRINTABLE.fullmatch(delivery_id):
         raise errors.ConfigurationError("a delivery id must be 1-256 printable ASCII characters")
     return delivery_id
 
@@ -92,9 +91,14 @@ def _original(conn: Connection, params: dict[str, str]) -> Delivery:
     if row is not None:
         return Delivery.model_validate(dict(row._mapping))
     # Its delivery row was removed by hand: the body still stands for it.
-    return Delivery(agent=params["agent"], delivery_id=body.delivery_id,
-                    session_id=session_id_for(params["agent"], body.delivery_id), source="github",
-                    body_sha256=params["sha"], received_at=body.received_at)
+    return Delivery(
+        agent=params["agent"],
+        delivery_id=body.delivery_id,
+        session_id=session_id_for(params["agent"], body.delivery_id),
+        source="github",
+        body_sha256=params["sha"],
+        received_at=body.received_at,
+    )
 
 
 class PostgresDeliveryStore:
@@ -103,8 +107,15 @@ class PostgresDeliveryStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
-               messages: Sequence[records.Message], fairness_key: str | None = None) -> Intake:
+    def record(
+        self,
+        agent: str,
+        delivery_id: str,
+        source: records.DeliverySource,
+        body_sha256: str,
+        messages: Sequence[records.Message],
+        fairness_key: str | None = None,
+    ) -> Intake:
         """Record a verified delivery and start its run, all in one transaction.
 
         Concurrent copies of one delivery wait on the unique key: exactly one creates the run,
@@ -122,8 +133,7 @@ class PostgresDeliveryStore:
             StorageError: the database failed; nothing was written.
         """
         session_id = session_id_for(agent, delivery_id)
-        params = {"agent": agent, "delivery_id": delivery_id, "sid": session_id, "source": source,
-                  "sha": body_sha256}
+        params = {"agent": agent, "delivery_id": delivery_id, "sid": session_id, "source": source, "sha": body_sha256}
         try:
             with Transaction(self.engine) as conn:
                 row = conn.execute(_CLAIM, params).first()

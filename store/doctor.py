@@ -74,8 +74,9 @@ def confirm_after(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.recover_interval_s)
 
 
-def look(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings,
-         limit: int = LOOK_LIMIT) -> Report:
+def look(
+    engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settings: Settings, limit: int = LOOK_LIMIT
+) -> Report:
     """Look at every unfinished run once, keep what was seen, and report the unexplained runs.
 
     Raises:
@@ -89,8 +90,9 @@ def look(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settin
     for facts, summary in zip(seen.observed, seen.summarized, strict=True):
         told = explain.explain(facts, grace)
         if told.overdue:
-            found.append((facts, summary.model_copy(update={"waiting_on": told.waiting_on,
-                                                            "next_action": told.next_action})))
+            found.append(
+                (facts, summary.model_copy(update={"waiting_on": told.waiting_on, "next_action": told.next_action}))
+            )
     complete = seen.broker_complete and len(rows) < limit
     with Transaction(engine) as conn:
         prior = {row.session_id: row for row in conn.execute(_PRIOR)}
@@ -102,16 +104,25 @@ def look(engine: Engine, leases: redis.Redis, broker_client: redis.Redis, settin
         now = seen.observed[0].now if seen.observed else None
         for facts, summary in found:
             before = prior.get(facts.session_id)
-            confirmed = (before is not None and before.since == facts.since
-                         and facts.now - before.first_seen >= confirm_after(settings))
+            confirmed = (
+                before is not None
+                and before.since == facts.since
+                and facts.now - before.first_seen >= confirm_after(settings)
+            )
             first_seen = before.first_seen if before is not None and before.since == facts.since else facts.now
             (unexplained if confirmed else suspects).append(Finding(summary, first_seen))
-        looked_at = conn.execute(_KEEP_LOOK, {"name": CHECKER, "unexplained": len(unexplained),
-                                              "checked": len(rows), "complete": complete}).scalar_one()
+        looked_at = conn.execute(
+            _KEEP_LOOK, {"name": CHECKER, "unexplained": len(unexplained), "checked": len(rows), "complete": complete}
+        ).scalar_one()
     confirm_at = min((f.first_seen for f in suspects), default=None)
-    return Report(looked_at=now or looked_at, checked=len(rows), unexplained=tuple(unexplained),
-                  suspects=tuple(suspects), complete=complete,
-                  confirm_at=None if confirm_at is None else confirm_at + confirm_after(settings))
+    return Report(
+        looked_at=now or looked_at,
+        checked=len(rows),
+        unexplained=tuple(unexplained),
+        suspects=tuple(suspects),
+        complete=complete,
+        confirm_at=None if confirm_at is None else confirm_at + confirm_after(settings),
+    )
 
 
 @dataclass(frozen=True)
@@ -135,8 +146,12 @@ def latest(engine: Engine) -> Latest | None:
         row = conn.execute(_LATEST, {"name": CHECKER}).first()
     if row is None:
         return None
-    return Latest(unexplained=int(row.unexplained), checked=int(row.checked), complete=bool(row.complete),
-                  age_s=max(0.0, (row.now - row.looked_at).total_seconds()))
+    return Latest(
+        unexplained=int(row.unexplained),
+        checked=int(row.checked),
+        complete=bool(row.complete),
+        age_s=max(0.0, (row.now - row.looked_at).total_seconds()),
+    )
 
 
 __all__ = ["CHECKER", "LOOK_LIMIT", "Finding", "Latest", "Report", "confirm_after", "latest", "look"]

@@ -214,8 +214,15 @@ class ProviderError(LoushoError):
     code = "LOUSHO_PROVIDER_REQUEST_FAILED"
     field_names = ("category", "retry_after", "status")
 
-    def __init__(self, message: str, *, retryable: bool = True, category: str = "unknown",
-                 retry_after: float | None = None, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        category: str = "unknown",
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable  # per instance: 5xx retry, 400 does not
         self.category: str = category
@@ -335,10 +342,22 @@ class RunFailedError(LoushoError):
 _BY_CODE: dict[str, type[LoushoError]] = {
     cls.code: cls
     for cls in (
-        ConfigurationError, SessionBusyError, AgentNotFoundError, ApprovalOrphanedError,
-        ApprovalNotFoundError, AgentDriftError, ResumeToolMissingError, CheckpointCorruptError,
-        CheckpointFormatError, CheckpointNotFoundError, StepAttemptsExceededError, InputTooLargeError, StorageError,
-        ApprovalExpiredError, HookFailedError, ConfigResolverError,
+        ConfigurationError,
+        SessionBusyError,
+        AgentNotFoundError,
+        ApprovalOrphanedError,
+        ApprovalNotFoundError,
+        AgentDriftError,
+        ResumeToolMissingError,
+        CheckpointCorruptError,
+        CheckpointFormatError,
+        CheckpointNotFoundError,
+        StepAttemptsExceededError,
+        InputTooLargeError,
+        StorageError,
+        ApprovalExpiredError,
+        HookFailedError,
+        ConfigResolverError,
     )
 }
 
@@ -413,11 +432,32 @@ class ScheduleBrokenError(LoushoError):
 #: The public errors, listed once: ``store``, ``worker`` and ``producer`` re-export exactly these (every error class
 #: here but ``FencedOutError``, which stays inside the step machine).
 __all__ = [
-    "AgentDriftError", "AgentNotFoundError", "ApprovalExpiredError", "ApprovalNotFoundError",
-    "ApprovalOrphanedError", "CheckpointCorruptError", "CheckpointFormatError", "CheckpointNotFoundError",
-    "ConfigResolverError", "ConfigurationError", "HookFailedError", "InputTooLargeError", "LeadGoneError",
-    "LoushoError", "PropagatingToolError", "ProviderError", "ProviderRateLimitedError", "ReconcileFailedError",
-    "ResumeToolMissingError", "RunFailedError", "RunTimeoutError", "ScheduleBrokenError", "ScheduleNotFoundError",
-    "SessionAwaitingApprovalError", "SessionBusyError", "SessionIdInvalidError", "StepAttemptsExceededError",
+    "AgentDriftError",
+    "AgentNotFoundError",
+    "ApprovalExpiredError",
+    "ApprovalNotFoundError",
+    "ApprovalOrphanedError",
+    "CheckpointCorruptError",
+    "CheckpointFormatError",
+    "CheckpointNotFoundError",
+    "ConfigResolverError",
+    "ConfigurationError",
+    "HookFailedError",
+    "InputTooLargeError",
+    "LeadGoneError",
+    "LoushoError",
+    "PropagatingToolError",
+    "ProviderError",
+    "ProviderRateLimitedError",
+    "ReconcileFailedError",
+    "ResumeToolMissingError",
+    "RunFailedError",
+    "RunTimeoutError",
+    "ScheduleBrokenError",
+    "ScheduleNotFoundError",
+    "SessionAwaitingApprovalError",
+    "SessionBusyError",
+    "SessionIdInvalidError",
+    "StepAttemptsExceededError",
     "StorageError",
 ]

@@ -26,8 +26,10 @@ WHERE e.session_id = :sid AND e.seq > :after ORDER BY e.seq LIMIT :limit
 #: The seq of the run's latest ``run.start`` (where a consumer without a position begins).
 LATEST_START = text("SELECT max(seq) FROM run_events WHERE session_id = :sid AND type = 'run.start'")
 #: The seq of the ``run.start`` that merged input ``:n`` (the first one whose merged range reaches it).
-INPUT_START = text("SELECT min(seq) FROM run_events WHERE session_id = :sid AND type = 'run.start'"
-                   " AND CAST(data ->> 'input_number' AS bigint) >= :n")
+INPUT_START = text(
+    "SELECT min(seq) FROM run_events WHERE session_id = :sid AND type = 'run.start'"
+    " AND CAST(data ->> 'input_number' AS bigint) >= :n"
+)
 #: Deletes the events of a run (with the run).
 DELETE = text("DELETE FROM run_events WHERE session_id = :sid")
 

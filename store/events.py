@@ -27,8 +27,20 @@ __all__ = ["DURABLE", "EVENT_VERSION", "LIVE", "Event", "encode"]
 #: Version of the event envelope; new types and fields are additive, a breaking change bumps it.
 EVENT_VERSION = 1
 #: Types a save writes (numbered, kept as long as the run).
-DURABLE = frozenset({"run.start", "step.done", "tool.done", "tool.error", "tool.reconcile", "approval.requested",
-                     "agent.drift", "provider.retry", "error", "run.done"})
+DURABLE = frozenset(
+    {
+        "run.start",
+        "step.done",
+        "tool.done",
+        "tool.error",
+        "tool.reconcile",
+        "approval.requested",
+        "agent.drift",
+        "provider.retry",
+        "error",
+        "run.done",
+    }
+)
 #: Types published only while a consumer listens (no seq, lost on a crash).
 LIVE = frozenset({"step.start", "tool.start", "text.delta", "tool.partial"})
 
@@ -73,8 +85,6 @@ def encode(drafts: Sequence[EventDraft], slot_of: Callable[[Message], int | None
     return payloads.dumps(body)
 
 
-
-
 #: Event types about a transcript entry (their data points at a ``run_messages`` row, or holds it whole).
 _ABOUT_A_MESSAGE = frozenset({"step.done", "tool.done", "tool.error"})
 
@@ -91,13 +101,19 @@ def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] 
     if message is None:
         return data
     if event_type == "step.done":
-        calls = [{"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
-                 for c in message.get("tool_calls") or ()]
+        calls = [
+            {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
+            for c in message.get("tool_calls") or ()
+        ]
         return {**data, "text": message.get("content"), "tool_calls": calls}
     if event_type in ("tool.done", "tool.error"):
         result = message.get("content")
-        merged = {**data, "tool_call_id": message.get("tool_call_id"), "tool_name": message.get("name"),
-                  "result": result}
+        merged = {
+            **data,
+            "tool_call_id": message.get("tool_call_id"),
+            "tool_name": message.get("name"),
+            "result": result,
+        }
         if message.get("replaced_by_hook"):
             merged["replaced_by_hook"] = True
         if event_type == "tool.error" and isinstance(result, str):
@@ -114,8 +130,16 @@ def with_message(event_type: str, data: dict[str, Any], message: dict[str, Any] 
 
 def from_rows(run_id: str, rows: Iterable[Any]) -> list[Event]:
     """Events from rows of ``READ`` (seq, type, at, data, message)."""
-    return [Event(run_id=run_id, seq=int(row.seq), type=row.type, at=row.at,
-                  data=with_message(row.type, dict(row.data or {}), row.message)) for row in rows]
+    return [
+        Event(
+            run_id=run_id,
+            seq=int(row.seq),
+            type=row.type,
+            at=row.at,
+            data=with_message(row.type, dict(row.data or {}), row.message),
+        )
+        for row in rows
+    ]
 
 
 def live(run_id: str, event_type: str, data: dict[str, Any], at: datetime) -> Event:

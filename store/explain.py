@@ -64,7 +64,7 @@ class Explanation:
 _PERSON = {
     "aborted": "a person: it was aborted; send to it again, or resume it",
     "budget-exceeded": "a person: it stopped at a limit of its budget; resume it with raised limits"
-                       " (resume(id, limits=Limits(...)), lousho resume ID --max-cost N)",
+    " (resume(id, limits=Limits(...)), lousho resume ID --max-cost N)",
 }
 
 
@@ -72,25 +72,31 @@ def explain(observed: Observed, grace: timedelta) -> Explanation:
     """The explanation of ``observed``; ``grace`` is how long a run may go unexplained (a lease TTL plus a sweep)."""
     o = observed
     retry_at = o.next_attempt_at if o.next_attempt_at is not None and o.next_attempt_at > o.now else None
-    waiting = WaitingOn(lease_holder=o.lease_holder, lease_age_ms=o.lease_age_ms, step_message=o.step_message,
-                        retry_at=retry_at, approval_ids=list(o.approval_ids), children=list(o.children),
-                        unserved_agent=None if o.agent_served or o.state == "finished" else o.agent,
-                        person=o.state in ("parked", "aborted", "budget-exceeded") or bool(o.approval_ids),
-                        model_limit=o.model_limit[0] if o.model_limit is not None else None,
-                        model_limit_reason=o.model_limit[1] if o.model_limit is not None else None)
+    waiting = WaitingOn(
+        lease_holder=o.lease_holder,
+        lease_age_ms=o.lease_age_ms,
+        step_message=o.step_message,
+        retry_at=retry_at,
+        approval_ids=list(o.approval_ids),
+        children=list(o.children),
+        unserved_agent=None if o.agent_served or o.state == "finished" else o.agent,
+        person=o.state in ("parked", "aborted", "budget-exceeded") or bool(o.approval_ids),
+        model_limit=o.model_limit[0] if o.model_limit is not None else None,
+        model_limit_reason=o.model_limit[1] if o.model_limit is not None else None,
+    )
     if o.state == "finished":
         return Explanation(WaitingOn(), "nothing: it is finished; a new send continues it", True)
     if o.state == "parked":
         error = o.last_error
         why = f"{error.code}: {error.message[:_ERROR_CHARS]}" if error is not None else "an error"
-        return Explanation(waiting, f"a person: it stopped on {why}; fix the cause, then resume it or send again",
-                           True)
+        return Explanation(waiting, f"a person: it stopped on {why}; fix the cause, then resume it or send again", True)
     if o.state in _PERSON:
         return Explanation(waiting, _PERSON[o.state], True)
     if o.approval_ids:
         whose = "of its children " if o.state == "waiting" else ""
-        return Explanation(waiting, f"a person: decide the approval(s) {whose}{_names(o.approval_ids)}"
-                                    " (lousho approvals list)", True)
+        return Explanation(
+            waiting, f"a person: decide the approval(s) {whose}{_names(o.approval_ids)} (lousho approvals list)", True
+        )
     if o.children:
         return Explanation(waiting, f"its sub-agents' runs {_names(o.children)}: the last to settle wakes it", True)
     if retry_at is not None:
@@ -98,31 +104,43 @@ def explain(observed: Observed, grace: timedelta) -> Explanation:
     if o.lease_holder is not None:
         return Explanation(waiting, f"the worker {o.lease_holder} runs its step now", True)
     if o.model_limit is not None:
-        return Explanation(waiting, _LIMIT_WAITS.get(o.model_limit[1], _LIMIT_WAITS["slot"]).format(
-            key=o.model_limit[0]), True)
+        return Explanation(
+            waiting, _LIMIT_WAITS.get(o.model_limit[1], _LIMIT_WAITS["slot"]).format(key=o.model_limit[0]), True
+        )
     if o.step_message is not None:
         action = f"a worker takes its step message ({o.step_message})"
         if not o.agent_served:
-            action += (f"; no live worker serves agent {o.agent!r} now: start one with it in LOUSHO_AGENTS"
-                       " (the run waits for it, and is parked with LOUSHO_AGENT_NOT_FOUND if none ever comes)")
+            action += (
+                f"; no live worker serves agent {o.agent!r} now: start one with it in LOUSHO_AGENTS"
+                " (the run waits for it, and is parked with LOUSHO_AGENT_NOT_FOUND if none ever comes)"
+            )
         return Explanation(waiting, action, True)
     due = o.since + grace
     if o.now <= due:
-        return Explanation(waiting, f"the recovery sweep, which sends it a step by {_at(due)} if nothing else does"
-                                    " (nothing holds it, no step message was seen)", False)
-    return Explanation(waiting, f"nothing seen moves it: no lease, no step message, no timer, no waiter since"
-                                f" {_at(o.since)}; the recovery sweep should have sent it a step by {_at(due)}"
-                                " (is a beat running?); lousho resume ID sends one now", False, overdue=True)
+        return Explanation(
+            waiting,
+            f"the recovery sweep, which sends it a step by {_at(due)} if nothing else does"
+            " (nothing holds it, no step message was seen)",
+            False,
+        )
+    return Explanation(
+        waiting,
+        f"nothing seen moves it: no lease, no step message, no timer, no waiter since"
+        f" {_at(o.since)}; the recovery sweep should have sent it a step by {_at(due)}"
+        " (is a beat running?); lousho resume ID sends one now",
+        False,
+        overdue=True,
+    )
 
 
 #: What moves a run waiting on a model limit, by reason.
 _LIMIT_WAITS = {
     "slot": "waiting on a model slot of limit {key!r}: the step that frees one wakes it (the sweep, if its holder"
-            " died)",
+    " died)",
     "requests": "waiting on the requests per minute of limit {key!r}: its step comes back when the minute allows",
     "tokens": "waiting on the tokens per minute of limit {key!r}: its step comes back when the minute allows",
     "cool-down": "waiting out the cool-down of limit {key!r} (the provider answered 429/529 with Retry-After):"
-                 " its step comes back when it ends",
+    " its step comes back when it ends",
 }
 
 

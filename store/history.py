@@ -36,9 +36,11 @@ trimmed AS (
 )"""
 _ENTRIES = text(
     "SELECT h.seq, h.fence, h.step, h.status, h.saved_at, h.document, r.agent FROM checkpoint_history h"
-    " LEFT JOIN runs r ON r.session_id = h.session_id WHERE h.session_id = :sid ORDER BY h.seq")
+    " LEFT JOIN runs r ON r.session_id = h.session_id WHERE h.session_id = :sid ORDER BY h.seq"
+)
 _REPLACE_ENTRY = text(
-    "UPDATE checkpoint_history SET document = CAST(:doc AS jsonb) WHERE session_id = :sid AND seq = :seq")
+    "UPDATE checkpoint_history SET document = CAST(:doc AS jsonb) WHERE session_id = :sid AND seq = :seq"
+)
 _MESSAGE_ROWS = text("SELECT slot, seq, message FROM run_messages WHERE session_id = :sid ORDER BY slot")
 #: A stored message row: ``(slot, seq, message)``.
 MessageRow = tuple[int, int, dict[str, Any]]
@@ -49,8 +51,9 @@ def is_keyframe(document: dict[str, Any]) -> bool:
     return "messages_keep" not in document
 
 
-def expand(rows: Iterable[tuple[int, dict[str, Any]]],
-           stored: Sequence[MessageRow] = ()) -> list[tuple[int, dict[str, Any]]]:
+def expand(
+    rows: Iterable[tuple[int, dict[str, Any]]], stored: Sequence[MessageRow] = ()
+) -> list[tuple[int, dict[str, Any]]]:
     """Rebuild full documents from ``(seq, document)`` rows in ascending seq order.
 
     ``stored`` are the run's message rows in slot order, which format-2 entries point at. A delta whose
@@ -74,7 +77,7 @@ def expand(rows: Iterable[tuple[int, dict[str, Any]]],
             messages = list(document.get("messages") or [])
             rebuilt.append((seq, document))
         elif previous is not None and previous[0] == seq - 1 and len(previous[1]) >= document["messages_keep"]:
-            messages = previous[1][:document["messages_keep"]] + list(document.get("messages_tail") or [])
+            messages = previous[1][: document["messages_keep"]] + list(document.get("messages_tail") or [])
             full = {k: v for k, v in document.items() if k not in ("messages_keep", "messages_tail")}
             full["messages"] = messages
             rebuilt.append((seq, full))
@@ -85,13 +88,23 @@ def expand(rows: Iterable[tuple[int, dict[str, Any]]],
     return rebuilt
 
 
-def entry(session_id: str, agent: str, document: dict[str, Any], *, step: int, seq: int, fence: int,
-          status: records.Status, saved_at: datetime) -> records.HistoryEntry:
+def entry(
+    session_id: str,
+    agent: str,
+    document: dict[str, Any],
+    *,
+    step: int,
+    seq: int,
+    fence: int,
+    status: records.Status,
+    saved_at: datetime,
+) -> records.HistoryEntry:
     """A rebuilt entry document and its columns as a ``HistoryEntry`` (``agent`` when the document has none)."""
     fields = {k: v for k, v in document.items() if k != "session_id"}
     fields.setdefault("agent", agent)
-    checkpoint = records.Checkpoint(session_id=session_id, status=status, seq=seq, fence=fence, updated_at=saved_at,
-                                    **fields)
+    checkpoint = records.Checkpoint(
+        session_id=session_id, status=status, seq=seq, fence=fence, updated_at=saved_at, **fields
+    )
     return records.HistoryEntry(step=step, seq=seq, saved_at=saved_at, status=status, checkpoint=checkpoint)
 
 
@@ -109,8 +122,18 @@ def read(conn: Connection, session_id: str, wanted: int | None) -> list[records.
         if wanted is not None and len(entries) >= wanted:
             break
         row = rows[seq]
-        entries.append(entry(session_id, row.agent or "", document, step=row.step, seq=row.seq, fence=row.fence,
-                             status=row.status, saved_at=row.saved_at))
+        entries.append(
+            entry(
+                session_id,
+                row.agent or "",
+                document,
+                step=row.step,
+                seq=row.seq,
+                fence=row.fence,
+                status=row.status,
+                saved_at=row.saved_at,
+            )
+        )
     return entries
 
 
@@ -128,6 +151,8 @@ def make_standalone(conn: Connection, session_id: str) -> int:
         if seq in rebuilt:
             conn.execute(_REPLACE_ENTRY, {"sid": session_id, "seq": seq, "doc": payloads.dumps(rebuilt[seq])})
         else:
-            conn.execute(text("DELETE FROM checkpoint_history WHERE session_id = :sid AND seq = :seq"),
-                         {"sid": session_id, "seq": seq})
+            conn.execute(
+                text("DELETE FROM checkpoint_history WHERE session_id = :sid AND seq = :seq"),
+                {"sid": session_id, "seq": seq},
+            )
     return len(pointing)

@@ -52,7 +52,8 @@ def normalize_input(input: Input) -> list[Message]:
         total += len(payloads.dumps(message.dump()).encode("utf-8"))
         if total > payloads.MAX_INPUT_TOTAL:
             raise errors.InputTooLargeError(
-                f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less")
+                f"one send carries at most {payloads.MAX_INPUT_TOTAL} bytes of messages; split it or attach less"
+            )
         messages.append(message)
     return messages
 
@@ -68,17 +69,21 @@ def no_room(session_id: str, size: int, *, queued: bool) -> errors.InputTooLarge
     ``size``: the bytes the run's checkpoint would hold with its queued input and this one. ``queued``: the
     input was queued before (a step found it too large to merge), rather than refused by ``send``.
     """
-    what = ("the input queued for run {sid!r} does not fit: merged, the run would hold {size:,} bytes"
-            if queued else "run {sid!r} has no room for this input: with its transcript and queued input it would"
-            " hold {size:,} bytes")
-    then = ("the model was not called and the input stays queued" if queued else "nothing was queued")
+    what = (
+        "the input queued for run {sid!r} does not fit: merged, the run would hold {size:,} bytes"
+        if queued
+        else "run {sid!r} has no room for this input: with its transcript and queued input it would hold {size:,} bytes"
+    )
+    then = "the model was not called and the input stays queued" if queued else "nothing was queued"
     return errors.InputTooLargeError(
         what.format(sid=session_id, size=size)
         + f", and a checkpoint keeps {payloads.REPLY_ROOM:,} of its {payloads.MAX_CHECKPOINT:,} bytes free for a"
         f" reply; {then}. To go on, fork the run with trimmed messages and continue there:"
         f" fork({session_id!r}, from_step=<its step>, patch={{'messages': <a shorter transcript>,"
         " 'append_input': <the input>}), then resume the fork",
-        session_id=session_id, size=size)
+        session_id=session_id,
+        size=size,
+    )
 
 
 def check_agent(name: str, known: list[str]) -> None:
@@ -104,7 +109,8 @@ def decision_status(kind: str, approved: bool | None, answer: str | None) -> tup
     if answer is not None:
         if kind not in ("question", "reconcile"):
             raise errors.ConfigurationError(
-                "answer= is for questions (ask_question) and reconciliations; decide a tool call with approved=")
+                "answer= is for questions (ask_question) and reconciliations; decide a tool call with approved="
+            )
         if approved is False:
             raise errors.ConfigurationError(f"a declined {'question' if kind == 'question' else kind} takes no answer")
         return "approved", payloads.truncate_text(payloads.clean_text(str(answer)), MAX_NOTE_CHARS)

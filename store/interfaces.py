@@ -73,15 +73,17 @@ class StepStore(Protocol):
     def note_wait(self, session_id: str, fence: int) -> bool:
         """Take back the attempt the step's claim counted: it waits on a model limit; False when fenced out."""
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError,
-                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def record_failure(
+        self, session_id: str, fence: int, error: records.LastError, drafts: Sequence[records.EventDraft] = ()
+    ) -> int | None:
         """Store why a step failed, with ``drafts`` as its events; the attempts count, None when fenced out."""
 
     def settle_end(self, session_id: str, fence: int, seq: int) -> bool:
         """Note (fenced) that the ``on_run_end`` hooks owed since save ``seq`` ran; False when none were owed."""
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
-                       fence: int) -> builtins.list[str]:
+    def start_children(
+        self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *, fence: int
+    ) -> builtins.list[str]:
         """Create the child runs ``(child_id, agent, prompt)`` of ``lead`` (run by ``lead_agent``) not there yet.
 
         Fenced like a save: the lead must be stored with ``fence``. Returns the ids refused because a run that is
@@ -97,12 +99,24 @@ class StepStore(Protocol):
     def request_abort(self, session_id: str) -> bool:
         """Ask for the run (and its children) to stop; False when it is finished or already stopped."""
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
-                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def retry_later(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        delay_s: float,
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> int | None:
         """Record a transient failure and when to try again; the run's seq, None when fenced out."""
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
-               drafts: Sequence[records.EventDraft] = ()) -> bool:
+    def refuse(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        approval_ids: Sequence[str],
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> bool:
         """Park the run on ``error`` and put the decisions of ``approval_ids`` back; False when fenced out."""
 
     def abort_requested(self, session_id: str) -> bool:
@@ -115,8 +129,9 @@ class StepStore(Protocol):
 class RecoveryStore(Protocol):
     """What the recovery sweep reads: runs that should be moving and are not."""
 
-    def due_runs(self, stale_after_s: float, limit: int = 500,
-                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+    def due_runs(
+        self, stale_after_s: float, limit: int = 500, after: records.DueRun | None = None
+    ) -> builtins.list[records.DueRun]:
         """Runs a step can move now, most overdue first; ``after`` continues from the previous page."""
 
     def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
@@ -151,9 +166,16 @@ class WorkerStore(StepStore, RecoveryStore, Protocol):
 class ProducerStore(Protocol):
     """What producers use: queue input, fork, resume, read, list and delete runs."""
 
-    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None, fairness_key: str | None = None) -> int:
+    def append_input(
+        self,
+        session_id: str,
+        agent: str,
+        messages: Sequence[records.Message],
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        business_state: Any = None,
+        fairness_key: str | None = None,
+    ) -> int:
         """Queue input for a run (creating it) and return its inbox number.
 
         ``metadata`` rides with the input for the application's code (a dynamic agent's ``resolve``, hooks);
@@ -202,13 +224,27 @@ class ProducerStore(Protocol):
     def progress(self, session_id: str) -> records.Progress | None:
         """A run's status, inbox cursor and last error, without its transcript; None if unknown."""
 
-    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
+    def list(
+        self,
+        *,
+        statuses: Iterable[str] | None = None,
+        agent: str | None = None,
+        limit: int = 1000,
+        newest: bool = False,
+    ) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints by creation, the last created first with ``newest``; unreadable ones as ``PendingRun``."""
 
-    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
-                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
+    def list_runs(
+        self,
+        *,
+        agents: Iterable[str] | None = None,
+        states: Iterable[str] | None = None,
+        id_contains: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        details: bool = False,
+    ) -> records.RunsPage:
         """A page of runs, newest first by creation, filtered and paged by the store, without their transcripts.
 
         ``cursor`` is a ``next_cursor`` or ``prev_cursor`` of an earlier page; runs created since do not move
@@ -218,8 +254,9 @@ class ProducerStore(Protocol):
             ConfigurationError: a cursor no page gave, a limit out of range, an unknown state or a naive ``since``.
         """
 
-    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
-                   ) -> dict[records.ListedState, int]:
+    def count_runs(
+        self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+    ) -> dict[records.ListedState, int]:
         """How many runs (of ``agents``, created at or after ``since``) stand in each state; states with none left out.
 
         Raises:
@@ -262,8 +299,9 @@ class ApprovalStore(Protocol):
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.Approval]:
         """Undecided approvals, oldest first."""
 
-    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
-                answer: str | None = None) -> records.Decision:
+    def resolve(
+        self, approval_id: str, approved: bool | None = None, note: str | None = None, answer: str | None = None
+    ) -> records.Decision:
         """Decide an approval once: approve or reject a tool call, answer (``answer``) or decline a question.
 
         Raises:
@@ -342,8 +380,9 @@ class ModelSlots(Protocol):
 
     ttl_ms: int
 
-    def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
-                weight: int = 1) -> SlotAnswer:
+    def acquire(
+        self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None, weight: int = 1
+    ) -> SlotAnswer:
         """Take a slot (and a request of the minute) for one model call of the run, or say why it waits.
 
         A run that finds no free slot waits in line under ``fairness_key`` (weighted by ``weight``) and is named
@@ -408,8 +447,15 @@ class AgentRegistry(ServingRegistry, Protocol):
 class DeliveryStore(Protocol):
     """Webhook deliveries keyed by (agent, delivery id); a delivery starts its run exactly once."""
 
-    def record(self, agent: str, delivery_id: str, source: records.DeliverySource, body_sha256: str,
-               messages: Sequence[records.Message], fairness_key: str | None = None) -> records.Intake:
+    def record(
+        self,
+        agent: str,
+        delivery_id: str,
+        source: records.DeliverySource,
+        body_sha256: str,
+        messages: Sequence[records.Message],
+        fairness_key: str | None = None,
+    ) -> records.Intake:
         """Record a verified delivery and start its run (with ``fairness_key``), in one transaction.
 
         Raises:

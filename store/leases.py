@@ -44,7 +44,10 @@ end
 
 # KEYS: lease, fence counter, then the signal keys. ARGV: owner, ttl ms, floor, counter expiry ms.
 # When the lease is held, its holder comes back (so a dead holder can be told apart without another read).
-_ACQUIRE = _SIGNALS + _MINT + """
+_ACQUIRE = (
+    _SIGNALS
+    + _MINT
+    + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = mint(tonumber(ARGV[3]), ARGV[4])
   local heard = signals(3)
@@ -52,10 +55,14 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return {0, 0, 0, 0, redis.call('GET', KEYS[1])}
 """
+)
 
 # Take a lease over from a holder found gone, only while that holder still has it (another taker may have been
 # first). KEYS: as _ACQUIRE. ARGV: the gone holder, owner, ttl ms, floor, counter expiry ms.
-_TAKE_OVER = _SIGNALS + _MINT + """
+_TAKE_OVER = (
+    _SIGNALS
+    + _MINT
+    + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   local token = mint(tonumber(ARGV[4]), ARGV[5])
@@ -64,23 +71,30 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return {0, 0, 0, 0}
 """
+)
 
 # Mint a token above ``floor`` while still owning the lease (the counter was lost with a Redis wipe).
-_RAISE = _MINT + """
+_RAISE = (
+    _MINT
+    + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return mint(tonumber(ARGV[2]), ARGV[3])
 end
 return 0
 """
+)
 
 # KEYS: lease, then the signal keys. ARGV: owner, ttl ms.
-_RENEW = _SIGNALS + """
+_RENEW = (
+    _SIGNALS
+    + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local heard = signals(2)
   return {redis.call('PEXPIRE', KEYS[1], ARGV[2]), heard[1], heard[2], heard[3]}
 end
 return {0, 0, 0, 0}
 """
+)
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -140,13 +154,15 @@ class LeaseManager:
         owner = owners.new_owner()
         run_keys = [keys.lease_key(session_id), keys.fence_key(session_id), *_signal_keys(session_id)]
         token, watched, abort, steer, *held = self._acquire(
-            keys=run_keys, args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS])
+            keys=run_keys, args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS]
+        )
         if not token:
             holder = _text(held[0]) if held else None
             if holder is None or not owners.is_gone(holder):
                 return None
             token, watched, abort, steer = self._take_over(
-                keys=run_keys, args=[holder, owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS])
+                keys=run_keys, args=[holder, owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS]
+            )
             if not token:
                 return None
             log.info("lease of %s taken over at once: its holder (%s) is gone", session_id, _described(holder))
@@ -157,10 +173,12 @@ class LeaseManager:
     @translated
     def raise_token(self, lease: Lease, floor: int) -> bool:
         """Give ``lease`` a new token above ``floor`` if it is still held; False when it is not."""
-        token = int(self._raise(
-            keys=[keys.lease_key(lease.session_id), keys.fence_key(lease.session_id)],
-            args=[lease.owner, floor, keys.FENCE_EXPIRE_MS],
-        ))
+        token = int(
+            self._raise(
+                keys=[keys.lease_key(lease.session_id), keys.fence_key(lease.session_id)],
+                args=[lease.owner, floor, keys.FENCE_EXPIRE_MS],
+            )
+        )
         if token:
             lease.token = token
         return bool(token)
@@ -168,8 +186,9 @@ class LeaseManager:
     @translated
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry out by one TTL; False (and ``lost`` set) when not ours anymore."""
-        answer = self._renew(keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
-                             args=[lease.owner, self.ttl_ms])
+        answer = self._renew(
+            keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)], args=[lease.owner, self.ttl_ms]
+        )
         return _renewed(lease, answer)
 
     @translated
@@ -179,8 +198,11 @@ class LeaseManager:
             return
         pipe = self._client.pipeline(transaction=False)
         for lease in leases:
-            self._renew(keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
-                        args=[lease.owner, self.ttl_ms], client=pipe)
+            self._renew(
+                keys=[keys.lease_key(lease.session_id), *_signal_keys(lease.session_id)],
+                args=[lease.owner, self.ttl_ms],
+                client=pipe,
+            )
         for lease, answer in zip(leases, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(answer, Exception):
                 log.warning("lease renewal failed for a run: %s", type(answer).__name__)
@@ -211,8 +233,11 @@ class LeaseManager:
         for key in lease_keys:
             reads.get(key)
         holders = [_text(value) for value in reads.execute()]
-        gone = [(sid, key, holder) for sid, key, holder in zip(session_ids, lease_keys, holders, strict=True)
-                if holder is not None and owners.is_gone(holder)]
+        gone = [
+            (sid, key, holder)
+            for sid, key, holder in zip(session_ids, lease_keys, holders, strict=True)
+            if holder is not None and owners.is_gone(holder)
+        ]
         if not gone:
             return []
         pipe = self._client.pipeline(transaction=False)

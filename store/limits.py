@@ -69,5 +69,9 @@ class Prices(BaseModel):
         cache_read = self.input if self.cache_read is None else self.cache_read
         cache_write = self.input if self.cache_write is None else self.cache_write
         plain_input = max(usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens, 0)
-        return (plain_input * self.input + usage.cache_read_tokens * cache_read
-                + usage.cache_write_tokens * cache_write + usage.output_tokens * self.output) / 1_000_000
+        return (
+            plain_input * self.input
+            + usage.cache_read_tokens * cache_read
+            + usage.cache_write_tokens * cache_write
+            + usage.output_tokens * self.output
+        ) / 1_000_000

@@ -43,13 +43,16 @@ STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'fini
   WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
   WHEN waiting THEN 'waiting'
   ELSE 'running' END"""
-_COLUMNS = (f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
-            f" next_attempt_at, {STATE} AS state")
+_COLUMNS = (
+    f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
+    f" next_attempt_at, {STATE} AS state"
+)
 # ``count`` groups the states in a subquery fenced by OFFSET 0: the planner then hashes the eight states instead of
 # sorting every run by its state (it cannot tell the CASE has eight values).
 #: What ``details`` adds to a page's rows, from their documents (read for those rows only, after the LIMIT).
-_DETAILS = ("r.document ->> 'finish_reason' AS finish_reason, r.document -> 'step' AS step,"
-            " r.document -> 'usage' AS usage")
+_DETAILS = (
+    "r.document ->> 'finish_reason' AS finish_reason, r.document -> 'step' AS step, r.document -> 'usage' AS usage"
+)
 
 #: Which way a cursor reads from its position: toward older runs, or back toward newer ones.
 Direction = Literal["older", "newer"]
@@ -68,8 +71,7 @@ class Position:
 
     def cursor(self) -> str:
         """The opaque text a page hands out for this position (URL-safe)."""
-        raw = json.dumps([_MARKS[self.direction], self.created_at.isoformat(), self.session_id],
-                         separators=(",", ":"))
+        raw = json.dumps([_MARKS[self.direction], self.created_at.isoformat(), self.session_id], separators=(",", ":"))
         return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -105,8 +107,9 @@ class RunFilter:
     since: datetime | None = None
 
     @classmethod
-    def of(cls, agents: Iterable[str] | None, states: Iterable[str] | None, id_contains: str | None,
-           since: datetime | None) -> RunFilter:
+    def of(
+        cls, agents: Iterable[str] | None, states: Iterable[str] | None, id_contains: str | None, since: datetime | None
+    ) -> RunFilter:
         """The filter of a listing's arguments, checked.
 
         ``paused``, the word of an earlier release, is taken for ``awaiting-approval`` (``records.STATE_ALIASES``).
@@ -118,19 +121,25 @@ class RunFilter:
         if states is not None:
             states = list(states)
             for old in sorted(set(states) & set(records.STATE_ALIASES)):
-                warnings.warn(f"the run state {old!r} is called {records.STATE_ALIASES[old]!r} now; the old word is"
-                              " accepted for one release", DeprecationWarning, stacklevel=3)
+                warnings.warn(
+                    f"the run state {old!r} is called {records.STATE_ALIASES[old]!r} now; the old word is"
+                    " accepted for one release",
+                    DeprecationWarning,
+                    stacklevel=3,
+                )
             given = frozenset(records.canonical_states(states))
             unknown = sorted(given - set(records.LISTED_STATES))
             if unknown:
-                raise errors.ConfigurationError(f"unknown run state {unknown[0]!r}; one of "
-                                                f"{', '.join(records.LISTED_STATES)}", field="state")
+                raise errors.ConfigurationError(
+                    f"unknown run state {unknown[0]!r}; one of {', '.join(records.LISTED_STATES)}", field="state"
+                )
             wanted = frozenset(state for state in records.LISTED_STATES if state in given)
         if since is not None and since.tzinfo is None:
             raise errors.ConfigurationError("since must be a timezone-aware datetime", field="since")
         if id_contains is not None and len(id_contains) > MAX_SEARCH:
-            raise errors.ConfigurationError(f"a run id search takes at most {MAX_SEARCH} characters",
-                                            field="id_contains")
+            raise errors.ConfigurationError(
+                f"a run id search takes at most {MAX_SEARCH} characters", field="id_contains"
+            )
         return cls(None if agents is None else frozenset(agents), wanted, id_contains or None, since)
 
 
@@ -161,16 +170,22 @@ def page_of(rows: Sequence[records.ListedRun], limit: int, position: Position | 
     if position is None or position.direction == "older":
         older = at(items[-1], "older") if more else None
         # Reading on from a cursor, the run it stands on (or the newer runs that came before it) lies behind.
-        newer = None if position is None else (at(items[0], "newer") if items else
-                                               Position(position.created_at, position.session_id, "newer").cursor())
+        newer = (
+            None
+            if position is None
+            else (
+                at(items[0], "newer") if items else Position(position.created_at, position.session_id, "newer").cursor()
+            )
+        )
     else:
         newer = at(items[0], "newer") if more else None
         older = at(items[-1], "older") if items else Position(position.created_at, position.session_id).cursor()
     return records.RunsPage(items=items, next_cursor=older, prev_cursor=newer)
 
 
-def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | None,
-         details: bool = False) -> records.RunsPage:
+def read(
+    conn: Connection, wanted: RunFilter, limit: int, position: Position | None, details: bool = False
+) -> records.RunsPage:
     """A page of runs matching ``wanted``, from ``position``: one statement over ``runs`` alone.
 
     ``details`` adds each listed run's finish reason, step and usage, read from the documents of the page's rows
@@ -187,15 +202,28 @@ def read(conn: Connection, wanted: RunFilter, limit: int, position: Position | N
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     page = f"SELECT {_COLUMNS} FROM runs {clause} ORDER BY created_at {order}, session_id {order} LIMIT :limit"
     if details:
-        page = (f"SELECT p.*, {_DETAILS} FROM ({page}) p JOIN runs r ON r.session_id = p.session_id"
-                f" ORDER BY p.created_at {order}, p.session_id {order}")
+        page = (
+            f"SELECT p.*, {_DETAILS} FROM ({page}) p JOIN runs r ON r.session_id = p.session_id"
+            f" ORDER BY p.created_at {order}, p.session_id {order}"
+        )
     rows = conn.execute(text(page), params).all()
-    found = [records.ListedRun(
-        session_id=row.session_id, agent=row.agent, state=row.state, status=row.status, parent_id=row.parent_id,
-        created_at=row.created_at, updated_at=row.updated_at, last_error=row.last_error, attempts=row.attempts,
-        failures=row.failures, next_attempt_at=row.next_attempt_at,
-        **(_details(row.finish_reason, row.step, row.usage) if details else {}))
-        for row in rows]
+    found = [
+        records.ListedRun(
+            session_id=row.session_id,
+            agent=row.agent,
+            state=row.state,
+            status=row.status,
+            parent_id=row.parent_id,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            last_error=row.last_error,
+            attempts=row.attempts,
+            failures=row.failures,
+            next_attempt_at=row.next_attempt_at,
+            **(_details(row.finish_reason, row.step, row.usage) if details else {}),
+        )
+        for row in rows
+    ]
     return page_of(found, limit, position)
 
 
@@ -211,22 +239,32 @@ def usage_of(stored: Any) -> records.Usage | None:
     """
     if not isinstance(stored, dict):
         return None
-    known = {name: value for name, value in stored.items()
-             if name in records.Usage.model_fields and isinstance(value, int) and not isinstance(value, bool)}
+    known = {
+        name: value
+        for name, value in stored.items()
+        if name in records.Usage.model_fields and isinstance(value, int) and not isinstance(value, bool)
+    }
     return records.Usage(**known)
 
 
 def _details(finish_reason: Any, step: Any, usage: Any) -> dict[str, Any]:
-    return {"finish_reason": finish_reason if isinstance(finish_reason, str) else None, "step": step_of(step),
-            "usage": usage_of(usage)}
+    return {
+        "finish_reason": finish_reason if isinstance(finish_reason, str) else None,
+        "step": step_of(step),
+        "usage": usage_of(usage),
+    }
 
 
 def count(conn: Connection, wanted: RunFilter) -> dict[records.ListedState, int]:
     """How many runs matching ``wanted`` stand in each state (states with none left out): one statement."""
     where, params = _where(wanted)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = conn.execute(text(f"SELECT state, count(*) AS n FROM (SELECT {STATE} AS state FROM runs {clause}"
-                             " OFFSET 0) s GROUP BY state"), params).all()
+    rows = conn.execute(
+        text(
+            f"SELECT state, count(*) AS n FROM (SELECT {STATE} AS state FROM runs {clause} OFFSET 0) s GROUP BY state"
+        ),
+        params,
+    ).all()
     counted = {row.state: int(row.n) for row in rows}
     return {state: counted[state] for state in records.LISTED_STATES if state in counted}
 
@@ -250,5 +288,17 @@ def _where(wanted: RunFilter) -> tuple[list[str], dict[str, Any]]:
     return clauses, params
 
 
-__all__ = ["MAX_LIMIT", "OWN_APPROVALS", "STATE", "Position", "RunFilter", "check_limit", "count", "page_of",
-           "parse_cursor", "read", "step_of", "usage_of"]
+__all__ = [
+    "MAX_LIMIT",
+    "OWN_APPROVALS",
+    "STATE",
+    "Position",
+    "RunFilter",
+    "check_limit",
+    "count",
+    "page_of",
+    "parse_cursor",
+    "read",
+    "step_of",
+    "usage_of",
+]

@@ -32,8 +32,13 @@ class JsonFormatter(logging.Formatter):
         }
         report = telemetry.current()
         if report is not None:
-            line.update(session_id=report.session_id, agent=report.agent, seq=report.seq, kind=report.kind,
-                        task_id=report.task_id)
+            line.update(
+                session_id=report.session_id,
+                agent=report.agent,
+                seq=report.seq,
+                kind=report.kind,
+                task_id=report.task_id,
+            )
             checkpoint = report.checkpoint
             if checkpoint is not None:
                 line["step"] = checkpoint.step

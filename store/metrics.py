@@ -75,15 +75,35 @@ log = logging.getLogger("lousho.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Every family, by the name a query uses (``_bucket`` and the like follow a histogram's name).
 FAMILIES = (
-    "lousho_runs_started_total", "lousho_runs_finished_total", "lousho_runs_awaiting_approval_total",
-    "lousho_runs_parked_total", "lousho_runs_aborted_total", "lousho_steps_total", "lousho_step_duration_seconds",
-    "lousho_model_calls_total", "lousho_model_tokens_total", "lousho_model_errors_total", "lousho_tool_calls_total",
-    "lousho_tool_duration_seconds", "lousho_tool_reconciliations_total", "lousho_fenced_saves_total",
-    "lousho_busy_drops_total", "lousho_sweep_resends_total", "lousho_schedule_fires_total",
-    "lousho_schedule_skips_total", "lousho_schedule_misses_total", "lousho_webhook_deliveries_total",
-    "lousho_approvals_waiting", "lousho_approval_oldest_age_seconds", "lousho_runs_unexplained",
-    "lousho_doctor_look_age_seconds", "lousho_model_limit_waits_total", "lousho_model_limit_cool_downs_total",
-    "lousho_model_slots_in_use", "lousho_model_slots_waiting", "lousho_model_limit_cooling_seconds",
+    "lousho_runs_started_total",
+    "lousho_runs_finished_total",
+    "lousho_runs_awaiting_approval_total",
+    "lousho_runs_parked_total",
+    "lousho_runs_aborted_total",
+    "lousho_steps_total",
+    "lousho_step_duration_seconds",
+    "lousho_model_calls_total",
+    "lousho_model_tokens_total",
+    "lousho_model_errors_total",
+    "lousho_tool_calls_total",
+    "lousho_tool_duration_seconds",
+    "lousho_tool_reconciliations_total",
+    "lousho_fenced_saves_total",
+    "lousho_busy_drops_total",
+    "lousho_sweep_resends_total",
+    "lousho_schedule_fires_total",
+    "lousho_schedule_skips_total",
+    "lousho_schedule_misses_total",
+    "lousho_webhook_deliveries_total",
+    "lousho_approvals_waiting",
+    "lousho_approval_oldest_age_seconds",
+    "lousho_runs_unexplained",
+    "lousho_doctor_look_age_seconds",
+    "lousho_model_limit_waits_total",
+    "lousho_model_limit_cool_downs_total",
+    "lousho_model_slots_in_use",
+    "lousho_model_slots_waiting",
+    "lousho_model_limit_cooling_seconds",
 )
 #: From a mock model turn (milliseconds) to a long tool batch (minutes).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -98,8 +118,9 @@ _WAITING = text("""
 SELECT count(*) AS waiting, COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) AS oldest_s
 FROM approvals WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
 """)
-_LATEST_LOOK = text("SELECT unexplained, EXTRACT(EPOCH FROM now() - looked_at) AS age_s FROM doctor_looks"
-                    " WHERE name = 'i19'")
+_LATEST_LOOK = text(
+    "SELECT unexplained, EXTRACT(EPOCH FROM now() - looked_at) AS age_s FROM doctor_looks WHERE name = 'i19'"
+)
 
 
 def available() -> bool:
@@ -137,34 +158,50 @@ class Metrics:
 
         self.runs_started = counter("runs_started", "Run inputs a step started.", "agent")
         self.runs_finished = counter("runs_finished", "Run inputs that ended finished.", "agent", "finish_reason")
-        self.runs_awaiting_approval = counter("runs_awaiting_approval", "Run inputs that stopped to wait for a person.",
-                                              "agent")
-        self.runs_parked = counter("runs_parked", "Steps that parked their run on a non-retryable error.",
-                                   "agent", "code")
+        self.runs_awaiting_approval = counter(
+            "runs_awaiting_approval", "Run inputs that stopped to wait for a person.", "agent"
+        )
+        self.runs_parked = counter(
+            "runs_parked", "Steps that parked their run on a non-retryable error.", "agent", "code"
+        )
         self.runs_aborted = counter("runs_aborted", "Run inputs that ended on an abort request.", "agent")
         self.steps = counter("steps", "Steps by what they did.", "agent", "kind", "outcome")
-        self.step_seconds = Histogram("lousho_step_duration_seconds", "Duration of steps that did work.",
-                                      ("agent", "kind"), registry=registry, buckets=STEP_BUCKETS)
+        self.step_seconds = Histogram(
+            "lousho_step_duration_seconds",
+            "Duration of steps that did work.",
+            ("agent", "kind"),
+            registry=registry,
+            buckets=STEP_BUCKETS,
+        )
         self.model_calls = counter("model_calls", "Model calls by outcome.", "model", "outcome")
         self.model_tokens = counter("model_tokens", "Tokens model calls reported.", "model", "direction")
         self.model_errors = counter("model_errors", "Failed model calls by error code.", "model", "code")
         self.tool_calls = counter("tool_calls", "Tool calls by outcome.", "tool", "outcome")
-        self.tool_seconds = Histogram("lousho_tool_duration_seconds", "Duration of tool calls.", ("tool", "outcome"),
-                                      registry=registry, buckets=TOOL_BUCKETS)
-        self.reconciliations = counter("tool_reconciliations", "Once calls reconciled after a crash, by outcome.",
-                                       "tool", "outcome")
+        self.tool_seconds = Histogram(
+            "lousho_tool_duration_seconds",
+            "Duration of tool calls.",
+            ("tool", "outcome"),
+            registry=registry,
+            buckets=TOOL_BUCKETS,
+        )
+        self.reconciliations = counter(
+            "tool_reconciliations", "Once calls reconciled after a crash, by outcome.", "tool", "outcome"
+        )
         self.fenced_saves = counter("fenced_saves", "Saves refused: another holder took the run over.", "agent")
         self.busy_drops = counter("busy_drops", "Steps dropped: another process held the run's lease.")
         self.sweep_resends = counter("sweep_resends", "Steps the recovery sweep sent.")
         self.schedule_fires = counter("schedule_fires", "Schedule ticks that started a run.")
         self.schedule_skips = counter("schedule_skips", "Schedule ticks claimed without a run (overlap).")
         self.schedule_misses = counter("schedule_misses", "Overdue schedule ticks dropped by catch-up.")
-        self.webhook_deliveries = counter("webhook_deliveries", "Webhook deliveries by result.",
-                                          "agent", "source", "result", "reason")
-        self.limit_waits = counter("model_limit_waits", "Steps that waited on a model limit, by reason.", "key",
-                                   "reason")
-        self.cool_downs = counter("model_limit_cool_downs", "429/529 answers that cooled a model limit key down.",
-                                  "key")
+        self.webhook_deliveries = counter(
+            "webhook_deliveries", "Webhook deliveries by result.", "agent", "source", "result", "reason"
+        )
+        self.limit_waits = counter(
+            "model_limit_waits", "Steps that waited on a model limit, by reason.", "key", "reason"
+        )
+        self.cool_downs = counter(
+            "model_limit_cool_downs", "429/529 answers that cooled a model limit key down.", "key"
+        )
         self._events: dict[str, Callable[[int, Mapping[str, str]], None]] = {
             "sweep.resent": lambda n, _: self.sweep_resends.inc(n),
             "schedule.fired": lambda n, _: self.schedule_fires.inc(n),
@@ -178,8 +215,13 @@ class Metrics:
 
     def _webhook(self, result: str) -> Callable[[int, Mapping[str, str]], None]:
         def add(amount: int, labels: Mapping[str, str]) -> None:
-            self.webhook_deliveries.labels(_label(labels.get("agent"), ""), _label(labels.get("source"), ""), result,
-                                           _label(labels.get("reason"), "")).inc(amount)
+            self.webhook_deliveries.labels(
+                _label(labels.get("agent"), ""),
+                _label(labels.get("source"), ""),
+                result,
+                _label(labels.get("reason"), ""),
+            ).inc(amount)
+
         return add
 
     def step_done(self, report: telemetry.StepReport) -> None:
@@ -269,16 +311,25 @@ class ApprovalsCollector:
             log.warning("approvals gauges left out of this scrape: %s", type(exc).__name__)
             return
         if look is not None:
-            yield GaugeMetricFamily("lousho_runs_unexplained",
-                                    "Unfinished runs with no owner, timer or waiter past the grace, at the latest"
-                                    " look (invariant I19; 0 when all is well).", value=float(look.unexplained))
-            yield GaugeMetricFamily("lousho_doctor_look_age_seconds", "Seconds since the latest look of the checker.",
-                                    value=float(look.age_s))
-        yield GaugeMetricFamily("lousho_approvals_waiting", "Approvals and questions waiting for a person.",
-                                value=float(row.waiting))
-        yield GaugeMetricFamily("lousho_approval_oldest_age_seconds",
-                                "Age of the oldest approval waiting for a person (0 when none waits).",
-                                value=float(row.oldest_s))
+            yield GaugeMetricFamily(
+                "lousho_runs_unexplained",
+                "Unfinished runs with no owner, timer or waiter past the grace, at the latest"
+                " look (invariant I19; 0 when all is well).",
+                value=float(look.unexplained),
+            )
+            yield GaugeMetricFamily(
+                "lousho_doctor_look_age_seconds",
+                "Seconds since the latest look of the checker.",
+                value=float(look.age_s),
+            )
+        yield GaugeMetricFamily(
+            "lousho_approvals_waiting", "Approvals and questions waiting for a person.", value=float(row.waiting)
+        )
+        yield GaugeMetricFamily(
+            "lousho_approval_oldest_age_seconds",
+            "Age of the oldest approval waiting for a person (0 when none waits).",
+            value=float(row.oldest_s),
+        )
 
 
 class LimitsCollector:
@@ -301,11 +352,13 @@ class LimitsCollector:
             log.warning("model limit gauges left out of this scrape: %s", exc.code)
             return
         families = [
-            GaugeMetricFamily("lousho_model_slots_in_use", "Model slots held or kept for a woken waiter.",
-                              labels=["key"]),
+            GaugeMetricFamily(
+                "lousho_model_slots_in_use", "Model slots held or kept for a woken waiter.", labels=["key"]
+            ),
             GaugeMetricFamily("lousho_model_slots_waiting", "Runs waiting in line for a model slot.", labels=["key"]),
-            GaugeMetricFamily("lousho_model_limit_cooling_seconds", "Seconds left of a key's cool-down.",
-                              labels=["key"]),
+            GaugeMetricFamily(
+                "lousho_model_limit_cooling_seconds", "Seconds left of a key's cool-down.", labels=["key"]
+            ),
         ]
         for found in usage:
             for family, value in zip(families, (found.in_use, found.waiting, found.cooling_s), strict=True):
@@ -324,8 +377,9 @@ class _Joined:
             yield from part.collect()
 
 
-def exposition(sink: Metrics | None, engine: Engine | None,
-               slots: interfaces.ModelSlots | None = None) -> CollectorRegistry:
+def exposition(
+    sink: Metrics | None, engine: Engine | None, slots: interfaces.ModelSlots | None = None
+) -> CollectorRegistry:
     """The registry a scrape reads: every process's files in multiprocess mode, else ``sink``'s registry.
 
     Plus the approvals gauges when ``engine`` is given, and the model limits' when ``slots`` is.
@@ -390,15 +444,22 @@ def prepare(settings: Settings) -> Path:
 
         if not getattr(values.ValueClass, "_multiprocess", False):
             if not hasattr(values, "MultiProcessValue"):
-                raise errors.ConfigurationError(f"prometheus_client was imported before {MULTIPROC_ENV} was set and"
-                                                " has no multiprocess values to switch to; set it in the environment")
+                raise errors.ConfigurationError(
+                    f"prometheus_client was imported before {MULTIPROC_ENV} was set and"
+                    " has no multiprocess values to switch to; set it in the environment"
+                )
             values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # unannotated factory
             log.info("prometheus_client was imported before the metrics folder was set; switched to its file values")
     return folder
 
 
-def serve(port: int, engine: Engine | None, sink: Metrics | None = None, addr: str = "0.0.0.0",
-          slots: interfaces.ModelSlots | None = None) -> int:
+def serve(
+    port: int,
+    engine: Engine | None,
+    sink: Metrics | None = None,
+    addr: str = "0.0.0.0",
+    slots: interfaces.ModelSlots | None = None,
+) -> int:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the port bound (``port`` 0 picks one).
 
     Raises:
@@ -424,8 +485,10 @@ def enable_worker(settings: Settings, engine: Engine | None = None) -> bool:
     if settings.metrics_port is None:
         return False
     if not available():
-        log.error("LOUSHO_METRICS_PORT is set but prometheus-client is not installed (pip install"
-                  " 'lousho-worker[metrics]'): no metrics")
+        log.error(
+            "LOUSHO_METRICS_PORT is set but prometheus-client is not installed (pip install"
+            " 'lousho-worker[metrics]'): no metrics"
+        )
         return False
     try:
         folder = prepare(settings)
@@ -436,10 +499,10 @@ def enable_worker(settings: Settings, engine: Engine | None = None) -> bool:
     telemetry.attach(sink)
     try:
         # Redis clients connect on first use (a scrape), so no pool process inherits a connection.
-        slots = RedisModelSlots(redis_client.connect(settings, socket_timeout=2, socket_connect_timeout=2),
-                                settings.lease_ttl_ms)
-        serve(settings.metrics_port, engine if engine is not None else make_engine(settings, pooled=False),
-              slots=slots)
+        slots = RedisModelSlots(
+            redis_client.connect(settings, socket_timeout=2, socket_connect_timeout=2), settings.lease_ttl_ms
+        )
+        serve(settings.metrics_port, engine if engine is not None else make_engine(settings, pooled=False), slots=slots)
     except OSError as exc:
         telemetry.detach(sink)
         log.error("metrics off: port %d cannot be served (%s)", settings.metrics_port, exc)
@@ -457,6 +520,19 @@ def mark_dead(pid: int) -> None:
     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 
-__all__ = ["FAMILIES", "MULTIPROC_ENV", "ApprovalsCollector", "LimitsCollector", "Metrics", "available",
-           "enable_worker", "exposition",
-           "is_multiprocess", "make_sink", "mark_dead", "prepare", "render", "serve"]
+__all__ = [
+    "FAMILIES",
+    "MULTIPROC_ENV",
+    "ApprovalsCollector",
+    "LimitsCollector",
+    "Metrics",
+    "available",
+    "enable_worker",
+    "exposition",
+    "is_multiprocess",
+    "make_sink",
+    "mark_dead",
+    "prepare",
+    "render",
+    "serve",
+]

@@ -14,8 +14,17 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from store import errors, records
 
-__all__ = ["ModelLimit", "SlotAnswer", "SlotUsage", "WaitReason", "parse_fairness_weights", "parse_model_limits",
-           "settle", "validate_fairness_key", "validate_limit_key"]
+__all__ = [
+    "ModelLimit",
+    "SlotAnswer",
+    "SlotUsage",
+    "WaitReason",
+    "parse_fairness_weights",
+    "parse_model_limits",
+    "settle",
+    "validate_fairness_key",
+    "validate_limit_key",
+]
 
 #: Why a step waits before its model call: no free slot, the requests or tokens of the minute spent, or the
 #: key's shared cool-down after a 429/529.
@@ -23,8 +32,13 @@ WaitReason = Literal["slot", "requests", "tokens", "cool-down"]
 
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FAIRNESS_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
-_FIELDS = {"concurrent": "concurrent", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
-           "requests_per_minute": "requests_per_minute", "tokens_per_minute": "tokens_per_minute"}
+_FIELDS = {
+    "concurrent": "concurrent",
+    "rpm": "requests_per_minute",
+    "tpm": "tokens_per_minute",
+    "requests_per_minute": "requests_per_minute",
+    "tokens_per_minute": "tokens_per_minute",
+}
 
 
 def validate_limit_key(key: object) -> str:
@@ -60,11 +74,17 @@ class ModelLimit(BaseModel):
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
 
-    def __init__(self, key: str, concurrent: int | None = None, requests_per_minute: int | None = None,
-                 tokens_per_minute: int | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        concurrent: int | None = None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+    ) -> None:
         """Positional ``key`` as DESIGN.md writes it: ``ModelLimit("openai-main", concurrent=8)``."""
-        super().__init__(key=key, concurrent=concurrent, requests_per_minute=requests_per_minute,
-                         tokens_per_minute=tokens_per_minute)
+        super().__init__(
+            key=key, concurrent=concurrent, requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute
+        )
 
     @field_validator("key")
     @classmethod
@@ -84,8 +104,15 @@ class ModelLimit(BaseModel):
 
     def describe(self) -> str:
         """The limit as ``LOUSHO_MODEL_LIMITS`` writes it (``key=concurrent:8,rpm:500``)."""
-        parts = [f"{name}:{value}" for name, value in (("concurrent", self.concurrent),
-                 ("rpm", self.requests_per_minute), ("tpm", self.tokens_per_minute)) if value is not None]
+        parts = [
+            f"{name}:{value}"
+            for name, value in (
+                ("concurrent", self.concurrent),
+                ("rpm", self.requests_per_minute),
+                ("tpm", self.tokens_per_minute),
+            )
+            if value is not None
+        ]
         return f"{self.key}={','.join(parts)}"
 
 
@@ -110,7 +137,8 @@ def parse_model_limits(text: str) -> dict[str, ModelLimit]:
             field = _FIELDS.get(name.strip())
             if not colon or field is None or not number.strip().isdigit():
                 raise errors.ConfigurationError(
-                    f"LOUSHO_MODEL_LIMITS: {item[:80]!r} (of {key.strip()[:64]!r}) is not concurrent:N, rpm:N or tpm:N")
+                    f"LOUSHO_MODEL_LIMITS: {item[:80]!r} (of {key.strip()[:64]!r}) is not concurrent:N, rpm:N or tpm:N"
+                )
             values[field] = int(number)
         key = validate_limit_key(key.strip())
         if key in found:
@@ -156,7 +184,8 @@ def settle(named: Iterable[tuple[str, ModelLimit]], environment: Mapping[str, Mo
         if seen[1].numbers() != limit.numbers():
             raise errors.ConfigurationError(
                 f"agents {seen[0]!r} and {agent!r} give model limit {limit.key!r} different numbers"
-                f" ({seen[1].describe()} and {limit.describe()}); give them one, or set it in LOUSHO_MODEL_LIMITS")
+                f" ({seen[1].describe()} and {limit.describe()}); give them one, or set it in LOUSHO_MODEL_LIMITS"
+            )
         settled[limit.key] = limit
     return settled
 

@@ -110,7 +110,9 @@ end
 # 10 mark prefix, 11 limit key, 12 slot-wait mark ms, 13 timed-wait margin ms, 14 woken ms, 15 passes expiry ms,
 # 16 how long a caller's numbers count (ms).
 # Answer: {granted, reason, wait ms, woken sid, woken agent, ...}.
-_ACQUIRE = _COMMON + """
+_ACQUIRE = (
+    _COMMON
+    + """
 local sid, fkey = ARGV[1], ARGV[3]
 local queue_prefix, mark_prefix, key = ARGV[9], ARGV[10], ARGV[11]
 local woken_ms = tonumber(ARGV[14])
@@ -191,10 +193,13 @@ redis.call('HDEL', KEYS[5], sid)
 redis.call('DEL', mark)
 return {1, '', 0, unpack(woken)}
 """
+)
 
 # ARGV: 1 sid ('' for a wake-up pass), 2 tokens used, 3 tpm, 4 queue prefix, 5 mark prefix, 6 limit key,
 # 7 woken ms, 8 passes expiry ms. Answer: {woken sid, woken agent, ...}.
-_RELEASE = _COMMON + """
+_RELEASE = (
+    _COMMON
+    + """
 local now = now_ms()
 if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 purge(now)
@@ -206,10 +211,13 @@ local free = concurrent > 0 and free_slots(concurrent) or 100
 if free > 0 then return pop(free, now, ARGV[4], ARGV[5], tonumber(ARGV[7]), ARGV[6], ARGV[8]) end
 return {}
 """
+)
 
 # ARGV: ttl ms, then run ids. Pushes out the expiry of the slots of these runs, whose calls are in flight: a slot
 # lost (Redis lost its keys, or the holder stalled past its expiry) counts again, as the call does.
-_RENEW = _COMMON + """
+_RENEW = (
+    _COMMON
+    + """
 local now = now_ms()
 local kept = 0
 for i = 2, #ARGV do
@@ -218,6 +226,7 @@ for i = 2, #ARGV do
 end
 return kept
 """
+)
 
 # ARGV: ms. A cool-down only ever grows.
 _COOL = """
@@ -228,7 +237,9 @@ return 1
 """
 
 # ARGV: queue prefix. Answer: {in use, waiting, cool-down ms}.
-_USAGE = _COMMON + """
+_USAGE = (
+    _COMMON
+    + """
 purge(now_ms())
 local waiting = 0
 for _, fkey in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
@@ -236,6 +247,7 @@ for _, fkey in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
 end
 return {redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]), waiting, math.max(0, redis.call('PTTL', KEYS[6]))}
 """
+)
 
 _PARTS = ("held", "woken", "fair", "passes", "agents", "cool", "rpm", "tpm", "conf")
 
@@ -266,8 +278,9 @@ class RedisModelSlots:
         self._usage = client.register_script(_USAGE)
 
     @translated
-    def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
-                weight: int = 1) -> SlotAnswer:
+    def acquire(
+        self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None, weight: int = 1
+    ) -> SlotAnswer:
         """Take a slot (and a request from the minute's bucket) for one model call of the run, or say why not.
 
         A run that finds no free slot waits in line under its fairness key; the answer then says ``slot`` and the
@@ -280,13 +293,36 @@ class RedisModelSlots:
         records.validate_session_id(session_id)
         records.validate_agent_name(agent)
         fkey = DEFAULT_FAIRNESS_KEY if fairness_key is None else validate_fairness_key(fairness_key)
-        answer = self._acquire(keys=_keys_of(limit.key), args=[
-            session_id, agent, fkey, max(1, weight), limit.concurrent or 0, limit.requests_per_minute or 0,
-            limit.tokens_per_minute or 0, self.ttl_ms, keys.limit_key(limit.key, "queue:"), keys.WAIT_PREFIX,
-            limit.key, SLOT_WAIT_MARK_MS, TIMED_WAIT_MARGIN_MS, self.ttl_ms, PASSES_EXPIRE_MS, NUMBERS_WINDOW_MS])
+        answer = self._acquire(
+            keys=_keys_of(limit.key),
+            args=[
+                session_id,
+                agent,
+                fkey,
+                max(1, weight),
+                limit.concurrent or 0,
+                limit.requests_per_minute or 0,
+                limit.tokens_per_minute or 0,
+                self.ttl_ms,
+                keys.limit_key(limit.key, "queue:"),
+                keys.WAIT_PREFIX,
+                limit.key,
+                SLOT_WAIT_MARK_MS,
+                TIMED_WAIT_MARGIN_MS,
+                self.ttl_ms,
+                PASSES_EXPIRE_MS,
+                NUMBERS_WINDOW_MS,
+            ],
+        )
         granted, reason, wait_ms, *woken = answer
-        return SlotAnswer.model_validate({"granted": bool(granted), "reason": None if granted else _text(reason),
-                                          "wait_s": int(wait_ms) / 1000, "woken": _pairs(woken)})
+        return SlotAnswer.model_validate(
+            {
+                "granted": bool(granted),
+                "reason": None if granted else _text(reason),
+                "wait_s": int(wait_ms) / 1000,
+                "woken": _pairs(woken),
+            }
+        )
 
     @translated
     def renew(self, key: str, session_ids: list[str]) -> int:
@@ -337,12 +373,25 @@ class RedisModelSlots:
         """Slots in use (kept for a woken waiter included), runs waiting and cool-down left, per limit key."""
         found = []
         for key in sorted(_text(k) for k in self._client.smembers(keys.LIMITS)):
-            in_use, waiting, cool_ms = self._usage(keys=_keys_of(validate_limit_key(key)),
-                                                   args=[keys.limit_key(key, "queue:")])
+            in_use, waiting, cool_ms = self._usage(
+                keys=_keys_of(validate_limit_key(key)), args=[keys.limit_key(key, "queue:")]
+            )
             found.append(SlotUsage(key=key, in_use=int(in_use), waiting=int(waiting), cooling_s=int(cool_ms) / 1000))
         return found
 
     def _run_release(self, key: str, session_id: str, tokens: int, tpm: int) -> tuple[tuple[str, str], ...]:
-        return _pairs(self._release(keys=_keys_of(key), args=[
-            session_id, max(0, tokens), tpm, keys.limit_key(key, "queue:"), keys.WAIT_PREFIX, key, self.ttl_ms,
-            PASSES_EXPIRE_MS]))
+        return _pairs(
+            self._release(
+                keys=_keys_of(key),
+                args=[
+                    session_id,
+                    max(0, tokens),
+                    tpm,
+                    keys.limit_key(key, "queue:"),
+                    keys.WAIT_PREFIX,
+                    key,
+                    self.ttl_ms,
+                    PASSES_EXPIRE_MS,
+                ],
+            )
+        )

@@ -23,8 +23,10 @@ from store.settings import Settings
 
 #: A child that has not settled: it can still move by itself, waits on its own children, or on a person (a decision,
 #: or a refusal to resume it that a person fixes).
-_UNSETTLED_CHILD = (f"(({runs.has_work_sql('c')} AND {runs.not_parked_sql('c')}) OR c.status = 'awaiting-approval'"
-                    f" OR (c.waiting AND c.status = 'in-progress' AND NOT c.aborted) OR {runs.refused_sql('c')})")
+_UNSETTLED_CHILD = (
+    f"(({runs.has_work_sql('c')} AND {runs.not_parked_sql('c')}) OR c.status = 'awaiting-approval'"
+    f" OR (c.waiting AND c.status = 'in-progress' AND NOT c.aborted) OR {runs.refused_sql('c')})"
+)
 #: The latest moment something gave the run work or was seen moving it: its save, a retry time, an abort request,
 #: input sent after its cursor, a decision on its approvals, a child's save, or the sweep sending it a step.
 _SINCE = """GREATEST(updated_at, next_attempt_at, abort_requested, swept_at,
@@ -92,8 +94,12 @@ def business_state(conn: Connection, session_id: str) -> Any:
 
 def quiet(conn: Connection, settings: Settings, limit: int) -> list[Any]:
     """The Postgres facts of the unfinished runs nothing changed for a grace, oldest first (at most ``limit``)."""
-    return list(conn.execute(_QUIET, {"grace": grace(settings).total_seconds(), "limit": limit,
-                                      "window": registration_window_s(settings)}).all())
+    return list(
+        conn.execute(
+            _QUIET,
+            {"grace": grace(settings).total_seconds(), "limit": limit, "window": registration_window_s(settings)},
+        ).all()
+    )
 
 
 @translated
@@ -117,29 +123,51 @@ def look(rows: Sequence[Any], leases: redis.Redis, broker_client: redis.Redis, s
         scan = broker.scan(broker_client, queues, {o.session_id for o in moving})
         complete = scan.complete
     observed = tuple(
-        replace(o, lease_holder=holders.get(o.session_id, (None, None))[0],
-                lease_age_ms=holders.get(o.session_id, (None, None))[1],
-                step_message=scan.for_run(o.session_id, seqs[o.session_id]),
-                model_limit=limited.get(o.session_id))
-        for o in base)
+        replace(
+            o,
+            lease_holder=holders.get(o.session_id, (None, None))[0],
+            lease_age_ms=holders.get(o.session_id, (None, None))[1],
+            step_message=scan.for_run(o.session_id, seqs[o.session_id]),
+            model_limit=limited.get(o.session_id),
+        )
+        for o in base
+    )
     return Look(observed, tuple(_summary(row) for row in rows), complete)
 
 
 def _observed(row: Any) -> Observed:
-    return Observed(session_id=row.session_id, agent=row.agent, state=row.state, now=row.now, since=row.since,
-                    last_error=None if row.last_error is None else records.LastError.model_validate(row.last_error),
-                    next_attempt_at=row.next_attempt_at, approval_ids=tuple(row.approval_ids or ()),
-                    children=tuple(row.children or ()), agent_served=bool(row.served))
+    return Observed(
+        session_id=row.session_id,
+        agent=row.agent,
+        state=row.state,
+        now=row.now,
+        since=row.since,
+        last_error=None if row.last_error is None else records.LastError.model_validate(row.last_error),
+        next_attempt_at=row.next_attempt_at,
+        approval_ids=tuple(row.approval_ids or ()),
+        children=tuple(row.children or ()),
+        agent_served=bool(row.served),
+    )
 
 
 def _summary(row: Any) -> summaries.RunSummary:
     return summaries.RunSummary(
-        session_id=row.session_id, agent=row.agent, state=row.state, status=row.status,
-        finish_reason=summaries.finish_reason(row.status, row.finish_reason), step=listing.step_of(row.step) or 0,
-        usage=listing.usage_of(row.usage) or records.Usage(), cost=_cost(row),
-        last_error=row.last_error, attempts=row.attempts,
-        failures=row.failures, next_attempt_at=row.next_attempt_at, parent_id=row.parent_id,
-        created_at=row.created_at, updated_at=row.updated_at)
+        session_id=row.session_id,
+        agent=row.agent,
+        state=row.state,
+        status=row.status,
+        finish_reason=summaries.finish_reason(row.status, row.finish_reason),
+        step=listing.step_of(row.step) or 0,
+        usage=listing.usage_of(row.usage) or records.Usage(),
+        cost=_cost(row),
+        last_error=row.last_error,
+        attempts=row.attempts,
+        failures=row.failures,
+        next_attempt_at=row.next_attempt_at,
+        parent_id=row.parent_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
 
 
 def _cost(row: Any) -> float | None:

@@ -41,8 +41,12 @@ class Owner:
 
     def same_kernel_view(self, other: Owner) -> bool:
         """Whether both name processes that see the same process table (same host, boot and PID namespace)."""
-        return (_UNKNOWN not in (self.boot, self.pidns) and self.host == other.host and self.boot == other.boot
-                and self.pidns == other.pidns)
+        return (
+            _UNKNOWN not in (self.boot, self.pidns)
+            and self.host == other.host
+            and self.boot == other.boot
+            and self.pidns == other.pidns
+        )
 
 
 def _read(path: Path) -> str | None:
@@ -58,7 +62,7 @@ def _stat_fields(pid: int) -> list[str] | None:
     if stat is None:
         return None
     # The command name may hold spaces and parentheses: the fields resume after the last ')'.
-    return stat[stat.rfind(")") + 2:].split()
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 def process_start(pid: int) -> int | None:
@@ -75,7 +79,7 @@ def _host() -> str:
 
 def _pidns() -> str:
     try:
-        link = os.readlink(_PROC / "self" / "ns" / "pid")   # "pid:[4026531836]"
+        link = os.readlink(_PROC / "self" / "ns" / "pid")  # "pid:[4026531836]"
     except OSError:
         return _UNKNOWN
     return "".join(ch for ch in link if ch.isdigit()) or _UNKNOWN

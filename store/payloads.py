@@ -15,13 +15,13 @@ from typing import Any
 from store import errors, redaction
 
 MAX_DEPTH = 32
-MAX_INPUT_STRING = 1024 * 1024          # one input string (user message)
-MAX_TOOL_RESULT = 256 * 1024            # one tool result's text, truncated past it
-MAX_INPUT_TOTAL = 4 * 1024 * 1024       # everything one send carries, serialized
-MAX_CHECKPOINT = 8 * 1024 * 1024        # one serialized checkpoint
-REPLY_ROOM = 1024 * 1024                # kept free under MAX_CHECKPOINT when input is queued or merged
-MAX_TURN_RESULTS = 2 * 1024 * 1024      # the results one tool batch appends, together
-MAX_ERROR_TEXT = 2000                   # an error message stored or shown to the model
+MAX_INPUT_STRING = 1024 * 1024  # one input string (user message)
+MAX_TOOL_RESULT = 256 * 1024  # one tool result's text, truncated past it
+MAX_INPUT_TOTAL = 4 * 1024 * 1024  # everything one send carries, serialized
+MAX_CHECKPOINT = 8 * 1024 * 1024  # one serialized checkpoint
+REPLY_ROOM = 1024 * 1024  # kept free under MAX_CHECKPOINT when input is queued or merged
+MAX_TURN_RESULTS = 2 * 1024 * 1024  # the results one tool batch appends, together
+MAX_ERROR_TEXT = 2000  # an error message stored or shown to the model
 MAX_TOOL_CALLS_PER_TURN = 64
 MAX_INT_DIGITS = 1000
 NUL_REPLACEMENT = "\ufffd"

@@ -23,8 +23,9 @@ from store import errors
 
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["in-progress", "awaiting-approval", "finished"]
-FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted",
-                       "budget-exceeded"]
+FinishReason = Literal[
+    "stop", "length", "content-filter", "awaiting-approval", "max-steps", "aborted", "budget-exceeded"
+]
 #: Where an unfinished run stands, the one vocabulary of the API, the CLI, HTTP, the pages and metric labels
 #: (see ``run_state`` and ``listed_state``):
 #:
@@ -36,10 +37,19 @@ FinishReason = Literal["stop", "length", "content-filter", "awaiting-approval", 
 #: - ``aborted`` and ``budget-exceeded``: stopped by ``abort()`` or at a limit, until a send or a resume.
 RunState = Literal["running", "retrying", "waiting", "awaiting-approval", "parked", "aborted", "budget-exceeded"]
 #: Where a listed run stands: a ``RunState``, or ``finished`` (see ``listed_state``).
-ListedState = Literal["running", "retrying", "waiting", "awaiting-approval", "parked", "aborted", "budget-exceeded",
-                      "finished"]
-LISTED_STATES: tuple[ListedState, ...] = ("running", "retrying", "waiting", "awaiting-approval", "parked", "aborted",
-                                         "budget-exceeded", "finished")
+ListedState = Literal[
+    "running", "retrying", "waiting", "awaiting-approval", "parked", "aborted", "budget-exceeded", "finished"
+]
+LISTED_STATES: tuple[ListedState, ...] = (
+    "running",
+    "retrying",
+    "waiting",
+    "awaiting-approval",
+    "parked",
+    "aborted",
+    "budget-exceeded",
+    "finished",
+)
 #: Words of an earlier release a state filter still takes, and the state each stands for (kept for one release).
 STATE_ALIASES: dict[str, ListedState] = {"paused": "awaiting-approval"}
 
@@ -69,7 +79,7 @@ def is_child_id(session_id: str) -> bool:
 
 def lead_of(session_id: str) -> str | None:
     """The lead of a child run, or None for a run of its own."""
-    return session_id[:session_id.rindex(CHILD_MARK)] if is_child_id(session_id) else None
+    return session_id[: session_id.rindex(CHILD_MARK)] if is_child_id(session_id) else None
 
 
 def runs_to(session_id: str) -> list[str]:
@@ -210,13 +220,39 @@ def is_refused(last_error: LastError | dict[str, Any] | None) -> bool:
 
 
 #: Checkpoint fields stored as columns of the run's row, never in its document.
-_COLUMN_FIELDS: set[str] = {"session_id", "status", "last_error", "attempts", "seq", "fence", "updated_at",
-                            "inbox_cursor", "uncounted_usage", "next_attempt_at", "retry_since", "failures", "format",
-                            "aborted", "end_due", "waiting"}
+_COLUMN_FIELDS: set[str] = {
+    "session_id",
+    "status",
+    "last_error",
+    "attempts",
+    "seq",
+    "fence",
+    "updated_at",
+    "inbox_cursor",
+    "uncounted_usage",
+    "next_attempt_at",
+    "retry_since",
+    "failures",
+    "format",
+    "aborted",
+    "end_due",
+    "waiting",
+}
 #: Document fields a format-2 reader does not know: a document with any of them is written as format 3, so a
 #: worker of an earlier release hands the run back instead of failing to read it.
-FORMAT_3_FIELDS = ("run_config", "limits", "clock_spent_s", "clock_since", "metadata", "active_agent", "delegated",
-                   "lead_agent", "background", "trace", "fairness_key")
+FORMAT_3_FIELDS = (
+    "run_config",
+    "limits",
+    "clock_spent_s",
+    "clock_since",
+    "metadata",
+    "active_agent",
+    "delegated",
+    "lead_agent",
+    "background",
+    "trace",
+    "fairness_key",
+)
 
 
 class Checkpoint(_Record):
@@ -315,10 +351,9 @@ class Checkpoint(_Record):
             if message.role == "assistant":
                 if not message.tool_calls:
                     return []
-                answered = {m.tool_call_id for m in self.messages[index + 1:] if m.role == "tool"}
+                answered = {m.tool_call_id for m in self.messages[index + 1 :] if m.role == "tool"}
                 return [call for call in message.tool_calls if call.id not in answered]
         return []
-
 
     def with_tool_result(self, result: Message) -> Checkpoint:
         """This checkpoint with ``result`` placed at its call's position among the last turn's results.
@@ -352,7 +387,7 @@ class Checkpoint(_Record):
     @property
     def run_tool_calls(self) -> list[ToolCall]:
         """Every call made since the current run started."""
-        return [c for m in self.messages[self.run_start:] if m.role == "assistant" for c in m.tool_calls or ()]
+        return [c for m in self.messages[self.run_start :] if m.role == "assistant" for c in m.tool_calls or ()]
 
     @property
     def final_text(self) -> str | None:
@@ -443,8 +478,13 @@ class InboxEntry(_Record):
             return cls(n=n, messages=messages, metadata=stored)
         metadata = {key: value for key, value in stored.items() if key not in (BUSINESS_STATE_KEY, FAIRNESS_KEY)}
         fairness = stored.get(FAIRNESS_KEY)
-        return cls(n=n, messages=messages, metadata=metadata or None, business_state=stored.get(BUSINESS_STATE_KEY),
-                   fairness_key=fairness if isinstance(fairness, str) else None)
+        return cls(
+            n=n,
+            messages=messages,
+            metadata=metadata or None,
+            business_state=stored.get(BUSINESS_STATE_KEY),
+            fairness_key=fairness if isinstance(fairness, str) else None,
+        )
 
 
 class HistoryEntry(_Record):
@@ -457,8 +497,14 @@ class HistoryEntry(_Record):
     checkpoint: Checkpoint
 
 
-def run_state(status: Status, last_error: LastError | None, next_attempt_at: datetime | None = None, *,
-              waiting: bool = False, own_approvals: bool = True) -> RunState:
+def run_state(
+    status: Status,
+    last_error: LastError | None,
+    next_attempt_at: datetime | None = None,
+    *,
+    waiting: bool = False,
+    own_approvals: bool = True,
+) -> RunState:
     """Where an unfinished run stands (one that was not stopped by an abort or a budget).
 
     ``awaiting-approval`` on decisions of a person, except a lead whose pause is only its children's
@@ -512,8 +558,13 @@ def checkpoint_state(checkpoint: Checkpoint, *, queued: bool = False, own_approv
     """
     if checkpoint.aborted and not queued and not checkpoint.end_due:
         return _stopped_state(checkpoint.finish_reason)
-    return run_state(checkpoint.status, checkpoint.last_error, checkpoint.next_attempt_at,
-                     waiting=checkpoint.waiting, own_approvals=own_approvals)
+    return run_state(
+        checkpoint.status,
+        checkpoint.last_error,
+        checkpoint.next_attempt_at,
+        waiting=checkpoint.waiting,
+        own_approvals=own_approvals,
+    )
 
 
 def _stopped_state(finish_reason: str | None) -> RunState:
@@ -521,9 +572,18 @@ def _stopped_state(finish_reason: str | None) -> RunState:
     return "budget-exceeded" if finish_reason == "budget-exceeded" else "aborted"
 
 
-def listed_state(status: Status, aborted: bool, finish_reason: str | None, last_error: LastError | None,
-                 next_attempt_at: datetime | None, *, waiting: bool = False, queued: bool = False,
-                 end_due: bool = False, own_approvals: bool = True) -> ListedState:
+def listed_state(
+    status: Status,
+    aborted: bool,
+    finish_reason: str | None,
+    last_error: LastError | None,
+    next_attempt_at: datetime | None,
+    *,
+    waiting: bool = False,
+    queued: bool = False,
+    end_due: bool = False,
+    own_approvals: bool = True,
+) -> ListedState:
     """Where a run stands, from its row's columns: the one rule of every listing, ``pending()`` and ``describe``.
 
     ``finished`` and the stopped states (``aborted``, ``budget-exceeded``) only while the run has no work: input
@@ -578,40 +638,75 @@ class RunsPage(_Record):
     prev_cursor: str | None = None
 
 
-def pending_run(checkpoint: Checkpoint, approval_kind: str | None = None, *, queued: bool = False,
-                own_approvals: bool = True) -> PendingRun:
+def pending_run(
+    checkpoint: Checkpoint, approval_kind: str | None = None, *, queued: bool = False, own_approvals: bool = True
+) -> PendingRun:
     """How ``pending()`` shows an unfinished run; ``approval_kind`` is the kind of its first approval, if known.
 
     ``queued`` and ``own_approvals`` as for ``checkpoint_state``.
     """
     paused = checkpoint.status == "awaiting-approval" and bool(checkpoint.approval_ids)
     return PendingRun(
-        session_id=checkpoint.session_id, checkpoint_id=checkpoint.session_id, status=checkpoint.status,
+        session_id=checkpoint.session_id,
+        checkpoint_id=checkpoint.session_id,
+        status=checkpoint.status,
         approval_id=checkpoint.approval_ids[0] if paused else None,
         approval_kind=(approval_kind or "tool") if paused else None,
-        step=checkpoint.step, last_error=checkpoint.last_error, attempts=checkpoint.attempts, agent=checkpoint.agent,
+        step=checkpoint.step,
+        last_error=checkpoint.last_error,
+        attempts=checkpoint.attempts,
+        agent=checkpoint.agent,
         state=checkpoint_state(checkpoint, queued=queued, own_approvals=own_approvals),
-        next_attempt_at=checkpoint.next_attempt_at, failures=checkpoint.failures)
+        next_attempt_at=checkpoint.next_attempt_at,
+        failures=checkpoint.failures,
+    )
 
 
-def unreadable_run(session_id: str, agent: str, status: Status, attempts: int,
-                   error: errors.CheckpointCorruptError | errors.CheckpointFormatError,
-                   next_attempt_at: datetime | None = None, *, listed: bool = False) -> PendingRun:
+def unreadable_run(
+    session_id: str,
+    agent: str,
+    status: Status,
+    attempts: int,
+    error: errors.CheckpointCorruptError | errors.CheckpointFormatError,
+    next_attempt_at: datetime | None = None,
+    *,
+    listed: bool = False,
+) -> PendingRun:
     """How a run whose checkpoint cannot be read is shown: parked with its error (``listed``: as ``list()`` shows it).
 
     ``pending()`` shows the row's own status and state; ``list()`` shows it in progress at step 0.
     """
     last_error = LastError(**error.to_record())
     if listed:
-        return PendingRun(session_id=session_id, checkpoint_id=session_id, status="in-progress", step=0,
-                          last_error=last_error, attempts=attempts, agent=agent)
-    return PendingRun(session_id=session_id, checkpoint_id=session_id, status=status, step=0, last_error=last_error,
-                      attempts=attempts, agent=agent, state=run_state(status, last_error, next_attempt_at),
-                      next_attempt_at=next_attempt_at)
+        return PendingRun(
+            session_id=session_id,
+            checkpoint_id=session_id,
+            status="in-progress",
+            step=0,
+            last_error=last_error,
+            attempts=attempts,
+            agent=agent,
+        )
+    return PendingRun(
+        session_id=session_id,
+        checkpoint_id=session_id,
+        status=status,
+        step=0,
+        last_error=last_error,
+        attempts=attempts,
+        agent=agent,
+        state=run_state(status, last_error, next_attempt_at),
+        next_attempt_at=next_attempt_at,
+    )
 
 
-def stored_checkpoint(session_id: str, columns: dict[str, Any], document: dict[str, Any],
-                      uncounted_usage: Any = None, messages: list[Message] | None = None) -> Checkpoint:
+def stored_checkpoint(
+    session_id: str,
+    columns: dict[str, Any],
+    document: dict[str, Any],
+    uncounted_usage: Any = None,
+    messages: list[Message] | None = None,
+) -> Checkpoint:
     """A run's stored columns and document as a checkpoint (the one reading of a stored run, in any store).
 
     ``messages`` is the transcript of a format-2 run, read from its rows (and not validated again); a
@@ -721,7 +816,7 @@ class StepWrite(_Record):
     @property
     def new_messages(self) -> list[Message]:
         """The messages this step added or changed (the whole transcript when it does not say)."""
-        return self.checkpoint.messages[self.first_new_message or 0:]
+        return self.checkpoint.messages[self.first_new_message or 0 :]
 
 
 @dataclass(frozen=True)

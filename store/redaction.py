@@ -22,22 +22,28 @@ from typing import Any
 
 _MASK = "***"
 #: Names whose value is a credential, in ``name=value``, ``name: value`` and ``"name": "value"`` forms.
-_SECRET_NAMES = (r"api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|client[_-]?secret|secrets?"
-                 r"|passwords?|passwd|(?:access|refresh|auth|id|session)[_-]?token|token|basic[_-]?auth")
+_SECRET_NAMES = (
+    r"api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|client[_-]?secret|secrets?"
+    r"|passwords?|passwd|(?:access|refresh|auth|id|session)[_-]?token|token|basic[_-]?auth"
+)
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(sk-(?:ant-)?[A-Za-z0-9_\-]{8,})"), "sk-" + _MASK),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "gh_" + _MASK),
     (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "xox-" + _MASK),
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*"), r"\1" + _MASK),
-    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?(?:basic|bearer|token|digest)?\s*)[^\s\"',;]+"),
-     r"\1" + _MASK),
+    (
+        re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?(?:basic|bearer|token|digest)?\s*)[^\s\"',;]+"),
+        r"\1" + _MASK,
+    ),
     (re.compile(r"\bwhsec_[A-Za-z0-9+/=]{8,}"), "whsec_" + _MASK),
     # Database and broker URLs: the password may hold any character but '@' and spaces.
     (re.compile(r"((?:postgres(?:ql)?(?:\+\w+)?|rediss?|amqps?)://[^:/@\s]*:)[^@\s]+@"), r"\1" + _MASK + "@"),
     # Any other URL with credentials (mysql://, https://user:password@host, ...).
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@\s/?#]+@"), r"\1" + _MASK + "@"),
-    (re.compile(rf"(?i)((?<![A-Za-z0-9])(?:{_SECRET_NAMES})[\"']?\s*[:=]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;}}\]]+"),
-     r"\1" + _MASK),
+    (
+        re.compile(rf"(?i)((?<![A-Za-z0-9])(?:{_SECRET_NAMES})[\"']?\s*[:=]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;}}\]]+"),
+        r"\1" + _MASK,
+    ),
 ]
 _MASKED = "_lousho_masked"
 

@@ -133,10 +133,11 @@ def connect(settings: Settings, url: str | None = None, **options: Any) -> redis
         return redis.Redis.from_url(url, **options)
     master, parsed = _sentinel(settings, url)
     sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # redis-py's Sentinel is not annotated
-        list(parsed.nodes), sentinel_kwargs=sentinel_kwargs(settings, options), **options)
+        list(parsed.nodes), sentinel_kwargs=sentinel_kwargs(settings, options), **options
+    )
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
-        master, redis_class=redis.Redis, db=parsed.db, username=parsed.username,
-        password=parsed.password)
+        master, redis_class=redis.Redis, db=parsed.db, username=parsed.username, password=parsed.password
+    )
     return client
 
 
@@ -153,8 +154,9 @@ def _sentinel(settings: Settings, url: str) -> tuple[str, SentinelURL]:
 
 def sentinel_kwargs(settings: Settings, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Connection options for the Sentinel nodes themselves (their password, and the caller's timeouts)."""
-    kwargs = {key: value for key, value in (options or {}).items()
-              if key in ("socket_timeout", "socket_connect_timeout")}
+    kwargs = {
+        key: value for key, value in (options or {}).items() if key in ("socket_timeout", "socket_connect_timeout")
+    }
     if settings.redis_sentinel_password is not None and settings.redis_sentinel_password.get_secret_value():
         kwargs["password"] = settings.redis_sentinel_password.get_secret_value()
     return kwargs
@@ -179,5 +181,14 @@ def celery_broker_options(settings: Settings) -> tuple[dict[str, Any], dict[str,
     return {}, ({"broker_use_ssl": tls} if tls is not None else {})
 
 
-__all__ = ["Client", "SentinelURL", "celery_broker_options", "connect", "is_sentinel", "parse_sentinel",
-           "sentinel_kwargs", "tls_options", "translated"]
+__all__ = [
+    "Client",
+    "SentinelURL",
+    "celery_broker_options",
+    "connect",
+    "is_sentinel",
+    "parse_sentinel",
+    "sentinel_kwargs",
+    "tls_options",
+    "translated",
+]

@@ -55,8 +55,13 @@ WHERE agent = :agent AND seen_at > now() - make_interval(secs => :within) AND wo
 def register_names(conn: Connection, fingerprints: Mapping[str, dict[str, Any]]) -> None:
     """Record agent names (and their fingerprints) in ``agents``, in the caller's transaction."""
     # Sorted, so concurrent registrations lock the rows in one order.
-    conn.execute(_NAMES, [{"agent": name, "fingerprint": payloads.dumps(fingerprint)}
-                          for name, fingerprint in sorted(fingerprints.items())])
+    conn.execute(
+        _NAMES,
+        [
+            {"agent": name, "fingerprint": payloads.dumps(fingerprint)}
+            for name, fingerprint in sorted(fingerprints.items())
+        ],
+    )
 
 
 def known_names(conn: Connection) -> builtins.list[str]:
@@ -78,8 +83,10 @@ class PostgresAgentRegistry:
         if not fingerprints:
             return
         readable = payloads.dumps(sorted(set(formats)))
-        rows = [{"agent": name, "worker": worker_id, "fingerprint": payloads.dumps(fingerprint), "formats": readable}
-                for name, fingerprint in sorted(fingerprints.items())]
+        rows = [
+            {"agent": name, "worker": worker_id, "fingerprint": payloads.dumps(fingerprint), "formats": readable}
+            for name, fingerprint in sorted(fingerprints.items())
+        ]
         with Transaction(self.engine) as conn:
             conn.execute(_EXPIRE)
             conn.execute(_REGISTER, rows)
@@ -116,5 +123,11 @@ class PostgresAgentRegistry:
         """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""
         with Transaction(self.engine) as conn:
             rows = conn.execute(_SERVING, {"agent": agent, "within": within_s, "exclude": exclude}).all()
-        return [Serving(worker_id=row.worker_id, fingerprint=dict(row.fingerprint or {}),
-                        formats=[int(f) for f in row.formats or []]) for row in rows]
+        return [
+            Serving(
+                worker_id=row.worker_id,
+                fingerprint=dict(row.fingerprint or {}),
+                formats=[int(f) for f in row.formats or []],
+            )
+            for row in rows
+        ]

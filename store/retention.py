@@ -34,9 +34,24 @@ from sqlalchemy import Engine, TextClause, text
 from store import errors, runs
 from store.database import Transaction
 
-__all__ = ["BATCH", "KEYS_MIN_AGE", "KEYS_RUNS_FACTOR", "SWEEP_BATCHES", "SWEEP_BUDGET_S", "Batch", "PruneResult",
-           "Retention", "batch_plans", "count_due", "keys_age", "parse_age", "prune", "prune_keys",
-           "prune_runs", "sweep"]
+__all__ = [
+    "BATCH",
+    "KEYS_MIN_AGE",
+    "KEYS_RUNS_FACTOR",
+    "SWEEP_BATCHES",
+    "SWEEP_BUDGET_S",
+    "Batch",
+    "PruneResult",
+    "Retention",
+    "batch_plans",
+    "count_due",
+    "keys_age",
+    "parse_age",
+    "prune",
+    "prune_keys",
+    "prune_runs",
+    "sweep",
+]
 
 #: Runs of their own (each with its sub-agent runs) a batch deletes at most (and as many sub-agent runs whose lead
 #: is gone), and rows of each kind of key.
@@ -50,7 +65,6 @@ KEYS_RUNS_FACTOR = 4
 KEYS_MIN_AGE = timedelta(days=30)
 
 
-
 def _settled(t: str) -> str:
     """SQL true for a sub-agent run (aliased ``t``) that will not move again by itself.
 
@@ -58,14 +72,28 @@ def _settled(t: str) -> str:
     has-work rule) and no children pending; or parked. A person could still resume it, but its lead will not
     read it again: once the lead itself is done, or gone, it is not a reason to keep the lead.
     """
-    return (f"((({t}.status = 'finished' OR {t}.aborted) AND NOT {t}.waiting AND NOT {runs.has_work_sql(t)})"
-            f" OR NOT {runs.not_parked_sql(t)})")
+    return (
+        f"((({t}.status = 'finished' OR {t}.aborted) AND NOT {t}.waiting AND NOT {runs.has_work_sql(t)})"
+        f" OR NOT {runs.not_parked_sql(t)})"
+    )
 
 
 _SETTLED_C = _settled("c")
 # Only the columns the rule reads are carried down the tree.
-_RULE_COLUMNS = ", ".join(f"c.{column}" for column in ("session_id", "status", "waiting", "aborted", "inbox_head",
-                                                      "inbox_cursor", "abort_requested", "end_due", "last_error"))
+_RULE_COLUMNS = ", ".join(
+    f"c.{column}"
+    for column in (
+        "session_id",
+        "status",
+        "waiting",
+        "aborted",
+        "inbox_head",
+        "inbox_cursor",
+        "abort_requested",
+        "end_due",
+        "last_error",
+    )
+)
 # No run under ``r`` (its children, theirs, ...) that is not settled.
 _ALL_BELOW_SETTLED = f"""NOT EXISTS (
     WITH RECURSIVE below AS (
@@ -79,7 +107,7 @@ _ALL_BELOW_SETTLED = f"""NOT EXISTS (
 _DUE_LEADS = f"""
 SELECT r.session_id FROM runs r
 WHERE r.status = 'finished' AND r.parent_id IS NULL AND r.updated_at < now() - make_interval(secs => :age)
-  AND NOT r.waiting AND NOT {runs.has_work_sql('r')}
+  AND NOT r.waiting AND NOT {runs.has_work_sql("r")}
   AND {_ALL_BELOW_SETTLED}
 ORDER BY r.updated_at"""
 # Due sub-agent runs whose lead is gone (deleted before deletes took every child along): settled, each pruned with
@@ -88,7 +116,7 @@ ORDER BY r.updated_at"""
 _DUE_ORPHANS = f"""
 SELECT r.session_id FROM runs r
 WHERE r.parent_id IS NOT NULL AND r.updated_at < now() - make_interval(secs => :age)
-  AND {_settled('r')}
+  AND {_settled("r")}
   AND NOT EXISTS (SELECT 1 FROM runs l WHERE l.session_id = r.parent_id OFFSET 0)
   AND {_ALL_BELOW_SETTLED}
 ORDER BY r.parent_id"""
@@ -148,8 +176,10 @@ SELECT f.ctid FROM schedule_fires f WHERE f.claimed_at < now() - make_interval(s
 
 def _delete_keys(name: str, table: str, due: str) -> str:
     """A CTE deleting up to ``:limit`` due rows of ``table`` (locked first; rows another pass holds are skipped)."""
-    return (f"{name} AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY({due}\n"
-            "  LIMIT :limit FOR UPDATE SKIP LOCKED)) RETURNING 1)")
+    return (
+        f"{name} AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY({due}\n"
+        "  LIMIT :limit FOR UPDATE SKIP LOCKED)) RETURNING 1)"
+    )
 
 
 _PRUNE_KEYS = text(f"""
@@ -179,8 +209,13 @@ SELECT (SELECT count(*) FROM ({_unordered(_DUE_DELIVERIES)}) d) AS deliveries,
 # price that high has Postgres compile the statement first (JIT): some 300 ms of CPU for a batch that takes 50.
 _NO_JIT = text("SET LOCAL jit = off")
 #: The selections of the batches, by what they select (for ``batch_plans``).
-_SELECTIONS = {"runs": _DUE_LEADS, "orphans": _DUE_ORPHANS, "deliveries": _DUE_DELIVERIES, "bodies": _DUE_BODIES,
-               "ticks": _DUE_TICKS}
+_SELECTIONS = {
+    "runs": _DUE_LEADS,
+    "orphans": _DUE_ORPHANS,
+    "deliveries": _DUE_DELIVERIES,
+    "bodies": _DUE_BODIES,
+    "ticks": _DUE_TICKS,
+}
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 
@@ -266,8 +301,10 @@ def keys_age(older_than: timedelta, keys_older_than: timedelta | None = None) ->
     if keys_older_than is None:
         return max(older_than * KEYS_RUNS_FACTOR, KEYS_MIN_AGE)
     if keys_older_than < older_than:
-        raise errors.ConfigurationError("keys must be kept at least as long as runs (they stop redeliveries of"
-                                        " pruned runs)", field="keys_older_than")
+        raise errors.ConfigurationError(
+            "keys must be kept at least as long as runs (they stop redeliveries of pruned runs)",
+            field="keys_older_than",
+        )
     return keys_older_than
 
 
@@ -332,8 +369,9 @@ def prune_keys(engine: Engine, older_than: timedelta, limit: int = BATCH) -> Pru
     return PruneResult.model_validate({**counts, "more": max(counts.values()) >= limit})
 
 
-def prune(engine: Engine, older_than: timedelta, limit: int = BATCH, *,
-          keys_older_than: timedelta | None = None) -> PruneResult:
+def prune(
+    engine: Engine, older_than: timedelta, limit: int = BATCH, *, keys_older_than: timedelta | None = None
+) -> PruneResult:
     """One batch of runs (``prune_runs``) and one of keys (``prune_keys``).
 
     Keys are pruned at ``keys_age(older_than, keys_older_than)``.
@@ -345,8 +383,14 @@ def prune(engine: Engine, older_than: timedelta, limit: int = BATCH, *,
     return prune_runs(engine, older_than, limit) + prune_keys(engine, keys_age(older_than, keys_older_than), limit)
 
 
-def sweep(engine: Engine, retention: Retention, limit: int = BATCH, *, batches: int = SWEEP_BATCHES,
-          budget_s: float = SWEEP_BUDGET_S) -> PruneResult:
+def sweep(
+    engine: Engine,
+    retention: Retention,
+    limit: int = BATCH,
+    *,
+    batches: int = SWEEP_BATCHES,
+    budget_s: float = SWEEP_BUDGET_S,
+) -> PruneResult:
     """One pass of the retention sweep: batches while they come back full, at most ``batches`` or ``budget_s``.
 
     Does nothing when ``retention`` keeps everything. Runs first, then keys (at least one batch of keys, whatever
@@ -384,8 +428,9 @@ def count_due(engine: Engine, older_than: timedelta, *, keys_older_than: timedel
     return PruneResult.model_validate({**due_runs, **due_keys})
 
 
-def batch_plans(engine: Engine, older_than: timedelta, *, keys_older_than: timedelta | None = None,
-                limit: int = BATCH) -> dict[str, list[str]]:
+def batch_plans(
+    engine: Engine, older_than: timedelta, *, keys_older_than: timedelta | None = None, limit: int = BATCH
+) -> dict[str, list[str]]:
     """Postgres's plan (``EXPLAIN`` lines) of each batch's selection of rows, by what it selects.
 
     For checking that every batch reads an index, not a whole table.

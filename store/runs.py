@@ -19,12 +19,16 @@ from sqlalchemy.engine import Row, RowMapping
 from store import errors, inputs, model_limit, payloads, records, transcripts
 
 #: Columns of ``runs`` that make a checkpoint (with ``row_checkpoint``).
-COLUMNS = ("session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
-           " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted,"
-           " end_due, waiting")
+COLUMNS = (
+    "session_id, agent, status, seq, fence, attempts, last_error, inbox_head, inbox_cursor, document,"
+    " updated_at, uncounted_usage, next_attempt_at, retry_since, failures, transcript_id, aborted,"
+    " end_due, waiting"
+)
 #: The whole transcript of the run of the row (format 2), as a JSON array in slot order, for readers.
-MESSAGES = ("(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
-            " WHERE m.session_id = runs.session_id) AS messages")
+MESSAGES = (
+    "(SELECT COALESCE(jsonb_agg(m.message ORDER BY m.slot), '[]'::jsonb) FROM run_messages m"
+    " WHERE m.session_id = runs.session_id) AS messages"
+)
 #: Adds ``:rows`` (``[[slot, message], ...]``) as messages of run ``:sid`` written by save ``:seq``.
 ADD_MESSAGES = """
 INSERT INTO run_messages (session_id, slot, seq, message)
@@ -41,9 +45,11 @@ def has_work_sql(table: str = "") -> str:
     schedule sweep's overlap check; ``has_work`` is the same rule for runs held in memory.
     """
     t = f"{table}." if table else ""
-    return (f"(({t}status = 'in-progress' AND NOT {t}aborted AND NOT {t}waiting)"
-            f" OR (({t}status = 'finished' OR {t}aborted) AND {t}inbox_head > {t}inbox_cursor)"
-            f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished') OR {t}end_due)")
+    return (
+        f"(({t}status = 'in-progress' AND NOT {t}aborted AND NOT {t}waiting)"
+        f" OR (({t}status = 'finished' OR {t}aborted) AND {t}inbox_head > {t}inbox_cursor)"
+        f" OR ({t}abort_requested IS NOT NULL AND {t}status <> 'finished') OR {t}end_due)"
+    )
 
 
 def not_parked_sql(table: str = "") -> str:
@@ -66,9 +72,22 @@ def refused_sql(table: str = "") -> str:
 
 
 #: The columns of ``COLUMNS`` a checkpoint carries as fields (the rest are the document and bookkeeping).
-_CHECKPOINT_COLUMNS = ("agent", "status", "seq", "fence", "attempts", "last_error", "inbox_cursor", "updated_at",
-                       "next_attempt_at", "retry_since", "failures", "aborted", "end_due",
-                       "waiting")
+_CHECKPOINT_COLUMNS = (
+    "agent",
+    "status",
+    "seq",
+    "fence",
+    "attempts",
+    "last_error",
+    "inbox_cursor",
+    "updated_at",
+    "next_attempt_at",
+    "retry_since",
+    "failures",
+    "aborted",
+    "end_due",
+    "waiting",
+)
 #: ``has_work_sql()`` and ``not_parked_sql()`` on the unaliased table.
 HAS_WORK = has_work_sql()
 NOT_PARKED = not_parked_sql()
@@ -77,10 +96,12 @@ RECOVERY_MARK = "COALESCE(recovery, jsonb_build_object('seq', seq, 'failures', f
 #: The one rule of when a run the sweep sent on has come out of that recovery: it failed again (parked, or one more
 #: transient failure than when it was sent), or it saved since and its input ended (finished, paused on a person,
 #: stopped). ``recovery_settled`` is the same rule for runs held in memory.
-RECOVERY_SETTLED = (f"((last_error IS NOT NULL AND (NOT {NOT_PARKED}"
-                    " OR failures > (recovery ->> 'failures')::int))"
-                    " OR (last_error IS NULL AND seq > (recovery ->> 'seq')::bigint"
-                    " AND (status <> 'in-progress' OR aborted)))")
+RECOVERY_SETTLED = (
+    f"((last_error IS NOT NULL AND (NOT {NOT_PARKED}"
+    " OR failures > (recovery ->> 'failures')::int))"
+    " OR (last_error IS NULL AND seq > (recovery ->> 'seq')::bigint"
+    " AND (status <> 'in-progress' OR aborted)))"
+)
 
 # A run recreated under an id whose history was kept (delete(keep_history=True)) continues its seq
 # after that history: restarting at 0 would collide with the kept rows on every save.
@@ -117,8 +138,10 @@ _HELD_BYTES = """(octet_length(runs.document::text)
               WHERE m.session_id = runs.session_id AND runs.document -> 'messages_count' IS NOT NULL), 0)
   + COALESCE((SELECT sum(octet_length(i.messages::text)) FROM inbox i
               WHERE i.session_id = runs.session_id AND i.n > runs.inbox_cursor), 0))::bigint AS held_bytes"""
-_LOCK_RUN = text(f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals, {_HELD_BYTES} FROM runs"
-                 " WHERE session_id = :sid FOR UPDATE")
+_LOCK_RUN = text(
+    f"SELECT {COLUMNS}, document -> 'approval_ids' AS approvals, {_HELD_BYTES} FROM runs"
+    " WHERE session_id = :sid FOR UPDATE"
+)
 # New input is a person acting on the run: a parked or waiting run tries again with it.
 _BUMP_INBOX = text("""
 UPDATE runs SET inbox_head = inbox_head + 1, last_error = NULL, attempts = 0, failures = 0, retry_since = NULL,
@@ -127,8 +150,10 @@ WHERE session_id = :sid RETURNING inbox_head
 """)
 _SENT_BEFORE = text("SELECT n FROM sends WHERE session_id = :sid AND idempotency_key = :key")
 _REMEMBER_SEND = text("INSERT INTO sends (session_id, idempotency_key, n) VALUES (:sid, :key, :n)")
-_ADD_INBOX = text("INSERT INTO inbox (session_id, n, messages, metadata)"
-                  " VALUES (:sid, :n, CAST(:messages AS jsonb), CAST(:metadata AS jsonb))")
+_ADD_INBOX = text(
+    "INSERT INTO inbox (session_id, n, messages, metadata)"
+    " VALUES (:sid, :n, CAST(:messages AS jsonb), CAST(:metadata AS jsonb))"
+)
 #: Most bytes the metadata of one send may take as JSON.
 MAX_METADATA_BYTES = 16 * 1024
 #: Most bytes a run's business state may take as JSON (it is saved with every step of the run).
@@ -176,9 +201,12 @@ class InboxPosition(Protocol):
 
 def has_work(run: InboxPosition) -> bool:
     """True when a step has something to do: ``HAS_WORK`` for a run held in memory."""
-    return ((run.status == "in-progress" and not run.aborted and not run.waiting)
-            or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
-            or (run.abort_requested and run.status != "finished") or run.end_due)
+    return (
+        (run.status == "in-progress" and not run.aborted and not run.waiting)
+        or ((run.status == "finished" or run.aborted) and run.inbox_head > run.inbox_cursor)
+        or (run.abort_requested and run.status != "finished")
+        or run.end_due
+    )
 
 
 class _Recovering(Protocol):
@@ -208,8 +236,9 @@ def is_parked(last_error: dict[str, Any] | records.LastError | None) -> bool:
     return retryable is not True
 
 
-def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: str,
-                   messages: list[records.Message] | None = None) -> records.Checkpoint:
+def row_checkpoint(
+    row: Row[Any] | RowMapping | Mapping[str, Any], session_id: str, messages: list[records.Message] | None = None
+) -> records.Checkpoint:
     """The run's row (``COLUMNS``) as a checkpoint.
 
     The transcript of a format-2 run is ``messages`` when given, else the row's ``messages`` column
@@ -226,8 +255,13 @@ def row_checkpoint(row: Row[Any] | RowMapping | Mapping[str, Any], session_id: s
             messages = [transcripts.message_from_row(body) for body in mapping["messages"] or ()]
         except (KeyError, TypeError, AttributeError) as exc:
             raise errors.CheckpointCorruptError(f"messages of run {session_id!r} cannot be read") from exc
-    return records.stored_checkpoint(session_id, {name: mapping[name] for name in _CHECKPOINT_COLUMNS},
-                                     mapping["document"] or {}, mapping["uncounted_usage"], messages)
+    return records.stored_checkpoint(
+        session_id,
+        {name: mapping[name] for name in _CHECKPOINT_COLUMNS},
+        mapping["document"] or {},
+        mapping["uncounted_usage"],
+        messages,
+    )
 
 
 def check_business_state(value: object) -> Any:
@@ -245,16 +279,17 @@ def check_business_state(value: object) -> Any:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         raise errors.ConfigurationError(
-            "business_state must be JSON: strings, finite numbers, booleans, None, lists and objects with string"
-            " keys") from None
+            "business_state must be JSON: strings, finite numbers, booleans, None, lists and objects with string keys"
+        ) from None
     clean = payloads.sanitize(value)
     if len(payloads.dumps(clean).encode("utf-8")) > MAX_BUSINESS_STATE_BYTES:
         raise errors.InputTooLargeError(f"business_state is at most {MAX_BUSINESS_STATE_BYTES} bytes as JSON")
     return clean
 
 
-def stored_metadata(metadata: dict[str, Any] | None, business_state: Any = None,
-                    fairness_key: str | None = None) -> dict[str, Any] | None:
+def stored_metadata(
+    metadata: dict[str, Any] | None, business_state: Any = None, fairness_key: str | None = None
+) -> dict[str, Any] | None:
     """What the inbox row keeps in its ``metadata`` column: the sender's metadata, the business state and fairness key.
 
     The state rides under ``records.BUSINESS_STATE_KEY`` (the fairness key under ``records.FAIRNESS_KEY``) so the
@@ -285,8 +320,9 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
     if not isinstance(metadata, dict) or not all(isinstance(key, str) for key in metadata):
         raise errors.ConfigurationError("metadata must be a JSON object (a dict with string keys)")
     if records.BUSINESS_STATE_KEY in metadata:
-        raise errors.ConfigurationError(f"metadata key {records.BUSINESS_STATE_KEY!r} is reserved; send the business"
-                                        " state as business_state=")
+        raise errors.ConfigurationError(
+            f"metadata key {records.BUSINESS_STATE_KEY!r} is reserved; send the business state as business_state="
+        )
     if records.FAIRNESS_KEY in metadata:
         raise errors.ConfigurationError(f"metadata key {records.FAIRNESS_KEY!r} is reserved; send it as fairness_key=")
     payloads.check_depth(metadata)
@@ -294,16 +330,24 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
         json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError):
         raise errors.ConfigurationError(
-            "metadata values must be JSON: strings, finite numbers, booleans, None, lists and objects") from None
+            "metadata values must be JSON: strings, finite numbers, booleans, None, lists and objects"
+        ) from None
     clean: dict[str, Any] = payloads.sanitize(metadata)
     if len(payloads.dumps(clean).encode("utf-8")) > MAX_METADATA_BYTES:
         raise errors.InputTooLargeError(f"metadata is at most {MAX_METADATA_BYTES} bytes as JSON")
     return clean
 
 
-def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-                idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                business_state: Any = None, fairness_key: str | None = None) -> int:
+def queue_input(
+    conn: Connection,
+    session_id: str,
+    agent: str,
+    messages: Sequence[records.Message],
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    business_state: Any = None,
+    fairness_key: str | None = None,
+) -> int:
     """Queue ``messages`` for the run (creating it when absent), in the caller's transaction; its inbox number.
 
     The run row is locked while the number is taken, so numbers follow commit order. A key already
@@ -323,9 +367,11 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
         CheckpointCorruptError: the stored run cannot be read (an unreadable run takes no input).
         CheckpointFormatError: the stored run is in a newer checkpoint format than this code reads.
     """
-    metadata = stored_metadata(check_metadata(metadata),
-                               None if business_state is None else check_business_state(business_state),
-                               None if fairness_key is None else model_limit.validate_fairness_key(fairness_key))
+    metadata = stored_metadata(
+        check_metadata(metadata),
+        None if business_state is None else check_business_state(business_state),
+        None if fairness_key is None else model_limit.validate_fairness_key(fairness_key),
+    )
     conn.execute(_ENSURE_RUN, {"sid": session_id, "agent": agent})
     row = conn.execute(_LOCK_RUN, {"sid": session_id}).one()
     if row.document:
@@ -344,15 +390,20 @@ def queue_input(conn: Connection, session_id: str, agent: str, messages: Sequenc
     if not inputs.leaves_room(held):
         raise inputs.no_room(session_id, held, queued=False)
     number = int(conn.execute(_BUMP_INBOX, {"sid": session_id}).scalar_one())
-    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body,
-                              "metadata": _dump_metadata(metadata)})
+    conn.execute(_ADD_INBOX, {"sid": session_id, "n": number, "messages": body, "metadata": _dump_metadata(metadata)})
     if idempotency_key is not None:
         conn.execute(_REMEMBER_SEND, {"sid": session_id, "key": idempotency_key, "n": number})
     return number
 
 
-def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence[records.Message],
-               metadata: dict[str, Any] | None = None, fairness_key: str | None = None) -> bool:
+def create_run(
+    conn: Connection,
+    session_id: str,
+    agent: str,
+    messages: Sequence[records.Message],
+    metadata: dict[str, Any] | None = None,
+    fairness_key: str | None = None,
+) -> bool:
     """Create the run ``session_id`` with ``messages`` (and ``metadata``) as its first input, in ``conn``'s transaction.
 
     ``fairness_key`` (checked already) rides with the input and becomes the run's when it is merged.
@@ -363,8 +414,15 @@ def create_run(conn: Connection, session_id: str, agent: str, messages: Sequence
         ConfigurationError: ``metadata`` is not a JSON object.
         InputTooLargeError: ``metadata`` is too large or too deep (nothing is written).
     """
-    return _insert(conn, session_id, agent, "in-progress", EMPTY_DOCUMENT, messages,
-                   metadata=stored_metadata(check_metadata(metadata), fairness_key=fairness_key))
+    return _insert(
+        conn,
+        session_id,
+        agent,
+        "in-progress",
+        EMPTY_DOCUMENT,
+        messages,
+        metadata=stored_metadata(check_metadata(metadata), fairness_key=fairness_key),
+    )
 
 
 def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequence[records.Message] = ()) -> bool:
@@ -374,8 +432,14 @@ def create_from(conn: Connection, checkpoint: records.Checkpoint, queued: Sequen
     """
     messages = checkpoint.messages
     document = format_document(checkpoint.model_copy(update={"history_seq": None}), len(messages))
-    rows = "[" + ",".join(f"[{slot},{payloads.dumps(m.dump())}]"
-                          for slot, m in zip(transcripts.slots_of(messages), messages, strict=True)) + "]"
+    rows = (
+        "["
+        + ",".join(
+            f"[{slot},{payloads.dumps(m.dump())}]"
+            for slot, m in zip(transcripts.slots_of(messages), messages, strict=True)
+        )
+        + "]"
+    )
     return _insert(conn, checkpoint.session_id, checkpoint.agent, checkpoint.status, document, queued, rows)
 
 
@@ -387,17 +451,27 @@ def format_document(checkpoint: records.Checkpoint, messages_count: int) -> str:
     return payloads.dumps(document)
 
 
-def _insert(conn: Connection, session_id: str, agent: str, status: str, document: str,
-            queued: Sequence[records.Message], rows: str = "[]", metadata: dict[str, Any] | None = None) -> bool:
-    created = conn.execute(_NEW_RUN, {"sid": session_id, "agent": agent, "status": status, "doc": document,
-                                      "head": 1 if queued else 0}).first()
+def _insert(
+    conn: Connection,
+    session_id: str,
+    agent: str,
+    status: str,
+    document: str,
+    queued: Sequence[records.Message],
+    rows: str = "[]",
+    metadata: dict[str, Any] | None = None,
+) -> bool:
+    created = conn.execute(
+        _NEW_RUN, {"sid": session_id, "agent": agent, "status": status, "doc": document, "head": 1 if queued else 0}
+    ).first()
     if created is None:
         return False
     if rows != "[]":
         conn.execute(_ADD_MESSAGES, {"sid": session_id, "seq": int(created.seq), "rows": rows})
     if queued:
-        conn.execute(_ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued),
-                                  "metadata": _dump_metadata(metadata)})
+        conn.execute(
+            _ADD_INBOX, {"sid": session_id, "n": 1, "messages": _dump(queued), "metadata": _dump_metadata(metadata)}
+        )
     return True
 
 

@@ -191,9 +191,18 @@ class TickPlan:
     missed: int = 0
 
 
-def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cron: str | None = None,
-               every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-               catch_up: CatchUp = "one", fairness_key: str | None = None) -> ScheduleSpec:
+def build_spec(
+    name: str,
+    agent: str,
+    messages: Sequence[records.Message],
+    *,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    timezone: str = "UTC",
+    overlap: Overlap = "skip",
+    catch_up: CatchUp = "one",
+    fairness_key: str | None = None,
+) -> ScheduleSpec:
     """A checked ``ScheduleSpec``.
 
     Raises:
@@ -201,9 +210,17 @@ def build_spec(name: str, agent: str, messages: Sequence[records.Message], *, cr
             both or neither timing, policies); its ``field`` names it.
     """
     try:
-        return ScheduleSpec(name=name, agent=agent, messages=list(messages), cron=cron,
-                            every_s=None if every is None else ticks.every_seconds(every), timezone=timezone,
-                            overlap=overlap, catch_up=catch_up, fairness_key=fairness_key)
+        return ScheduleSpec(
+            name=name,
+            agent=agent,
+            messages=list(messages),
+            cron=cron,
+            every_s=None if every is None else ticks.every_seconds(every),
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+            fairness_key=fairness_key,
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

@@ -29,9 +29,11 @@ from store.schedule_records import (
 )
 from store.ticks import tick_session_id
 
-_COLUMNS = ("schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
-            " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at,"
-            " fairness_key")
+_COLUMNS = (
+    "schedule_id, name, agent, input, cron, every_s, timezone, overlap, catch_up, paused, origin,"
+    " next_fire_at, last_fire_at, last_session_id, created_at, updated_at, broken_error, broken_at,"
+    " fairness_key"
+)
 _NOW = text("SELECT now()")
 _INSERT = text(f"""
 INSERT INTO schedules (name, agent, input, cron, every_s, timezone, overlap, catch_up, origin, next_fire_at,
@@ -86,7 +88,8 @@ INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome) VALUES (:
 ON CONFLICT (schedule_id, fire_at) DO NOTHING RETURNING fire_at
 """)
 _UNFIRE = text(
-    "UPDATE schedule_fires SET outcome = 'skipped', session_id = NULL WHERE schedule_id = :id AND fire_at = :fire_at")
+    "UPDATE schedule_fires SET outcome = 'skipped', session_id = NULL WHERE schedule_id = :id AND fire_at = :fire_at"
+)
 _ADVANCE = text("""
 UPDATE schedules SET next_fire_at = :next, last_fire_at = COALESCE(:last_fire, last_fire_at),
   last_session_id = COALESCE(:last_sid, last_session_id), updated_at = now()
@@ -96,9 +99,19 @@ WHERE schedule_id = :id
 
 def _params(spec: ScheduleSpec, origin: Origin, next_fire_at: datetime) -> dict[str, Any]:
     """Bound parameters for inserting or redefining ``spec``."""
-    return {"name": spec.name, "agent": spec.agent, "input": payloads.dumps([m.dump() for m in spec.messages]),
-            "cron": spec.cron, "every_s": spec.every_s, "timezone": spec.timezone, "overlap": spec.overlap,
-            "catch_up": spec.catch_up, "origin": origin, "next": next_fire_at, "fairness_key": spec.fairness_key}
+    return {
+        "name": spec.name,
+        "agent": spec.agent,
+        "input": payloads.dumps([m.dump() for m in spec.messages]),
+        "cron": spec.cron,
+        "every_s": spec.every_s,
+        "timezone": spec.timezone,
+        "overlap": spec.overlap,
+        "catch_up": spec.catch_up,
+        "origin": origin,
+        "next": next_fire_at,
+        "fairness_key": spec.fairness_key,
+    }
 
 
 def _schedule(row: Row[Any]) -> Schedule:
@@ -244,15 +257,24 @@ class PostgresScheduleStore:
             for tick in ticks:
                 self._claim(conn, schedule, tick, tick in firing, swept)
             last_sid = swept.fired[-1][1] if swept.fired else None
-            conn.execute(_ADVANCE, {"id": schedule.schedule_id, "next": decision.next_fire_at,
-                                    "last_fire": ticks[-1] if ticks else None, "last_sid": last_sid})
+            conn.execute(
+                _ADVANCE,
+                {
+                    "id": schedule.schedule_id,
+                    "next": decision.next_fire_at,
+                    "last_fire": ticks[-1] if ticks else None,
+                    "last_sid": last_sid,
+                },
+            )
         return swept
 
     @staticmethod
     def _claim(conn: Connection, schedule: Schedule, tick: datetime, fire: bool, swept: Swept) -> None:
         session_id = tick_session_id(schedule.schedule_id, tick) if fire else None
-        claimed = conn.execute(_CLAIM_TICK, {"id": schedule.schedule_id, "fire_at": tick, "sid": session_id,
-                                             "outcome": "fired" if fire else "skipped"}).first()
+        claimed = conn.execute(
+            _CLAIM_TICK,
+            {"id": schedule.schedule_id, "fire_at": tick, "sid": session_id, "outcome": "fired" if fire else "skipped"},
+        ).first()
         if claimed is None:
             return  # claimed before (the row lock makes this rare): never a second run
         if session_id is None:

@@ -34,10 +34,12 @@ transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 
 #: Runs with work to do (``store.runs.has_work_sql``, spelled out: this module imports no other), the
 #: predicate of the sweep's index.
-MOVABLE = ("((status = 'in-progress' AND NOT aborted AND NOT waiting)"
-            " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-           " OR (abort_requested IS NOT NULL AND status <> 'finished')"
-           " OR end_due)")
+MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted AND NOT waiting)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished')"
+    " OR end_due)"
+)
 
 #: The latest checkpoint of each run: control fields as columns, the rest in ``document``.
 runs = Table(
@@ -84,8 +86,12 @@ runs = Table(
     #: as they were when it was sent (``on_recovered``/``on_error``).
     Column("recovery", JSONB, nullable=True),
     Index("runs_status_updated_idx", "status", "updated_at"),
-    Index("runs_movable_idx", func.coalesce(text("next_attempt_at"), text("updated_at")), "session_id",
-          postgresql_where=text(MOVABLE)),
+    Index(
+        "runs_movable_idx",
+        func.coalesce(text("next_attempt_at"), text("updated_at")),
+        "session_id",
+        postgresql_where=text(MOVABLE),
+    ),
     Index("runs_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
     Index("runs_waiting_idx", "updated_at", postgresql_where=text("waiting")),
     #: Finished runs of their own by last save: what the retention sweep reads (``store.retention``).
@@ -208,8 +214,7 @@ approvals = Table(
     Column("expires_at", DateTime(timezone=True), nullable=True),
     Index("approvals_session_idx", "session_id"),
     Index("approvals_pending_idx", "created_at", postgresql_where=text("status = 'pending'")),
-    Index("approvals_expiry_idx", "expires_at",
-          postgresql_where=text("status = 'pending' AND expires_at IS NOT NULL")),
+    Index("approvals_expiry_idx", "expires_at", postgresql_where=text("status = 'pending' AND expires_at IS NOT NULL")),
 )
 
 #: Webhook deliveries: one per (agent, delivery id), written with its run and first input in one transaction.

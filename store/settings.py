@@ -193,8 +193,15 @@ class Settings(BaseSettings):
             raise ValueError("must be >= 0 (0 turns the beat's looks off)")
         return value
 
-    @field_validator("retry_backoff_max_s", "retry_for_s", "recover_interval_s", "schedule_interval_s",
-                     "schedule_grace_s", "retention_interval_s", "agent_grace_s")
+    @field_validator(
+        "retry_backoff_max_s",
+        "retry_for_s",
+        "recover_interval_s",
+        "schedule_interval_s",
+        "schedule_grace_s",
+        "retention_interval_s",
+        "agent_grace_s",
+    )
     @classmethod
     def _positive(cls, value: float) -> float:
         if not value > 0:
@@ -211,11 +218,16 @@ class Settings(BaseSettings):
             raise errors.ConfigurationError("LOUSHO_VISIBILITY_TIMEOUT_S must be at least twice the step time limit")
         self.model_limit_table  # noqa: B018  # refused at start, not at the first model call
         self.fairness_weight_table  # noqa: B018
-        if (self.retention_days is not None and self.retention_keys_days is not None
-                and self.retention_keys_days < self.retention_days):
-            raise errors.ConfigurationError("LOUSHO_RETENTION_KEYS_DAYS must be at least LOUSHO_RETENTION_DAYS: a"
-                                            " pruned run's delivery id must still stop a redelivery",
-                                            variable="LOUSHO_RETENTION_KEYS_DAYS")
+        if (
+            self.retention_days is not None
+            and self.retention_keys_days is not None
+            and self.retention_keys_days < self.retention_days
+        ):
+            raise errors.ConfigurationError(
+                "LOUSHO_RETENTION_KEYS_DAYS must be at least LOUSHO_RETENTION_DAYS: a"
+                " pruned run's delivery id must still stop a redelivery",
+                variable="LOUSHO_RETENTION_KEYS_DAYS",
+            )
         return self
 
     @property
@@ -224,7 +236,7 @@ class Settings(BaseSettings):
         url = self.database_url
         for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
             if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix):]
+                return "postgresql+psycopg://" + url[len(prefix) :]
         raise errors.ConfigurationError("LOUSHO_DATABASE_URL must be a postgresql:// URL")
 
     @property

@@ -54,8 +54,7 @@ class RedisSignals:
     @translated
     def mark_steer(self, session_id: str, number: int) -> None:
         """Mark inbox entry ``number`` as a steer: the step holding the run starts no more calls of its turn."""
-        self._client.set(keys.steer_key(records.validate_session_id(session_id)), str(number),
-                         px=keys.SIGNAL_EXPIRE_MS)
+        self._client.set(keys.steer_key(records.validate_session_id(session_id)), str(number), px=keys.SIGNAL_EXPIRE_MS)
 
     def clear_steer(self, session_id: str) -> None:
         """Forget the steer mark (its turn paused on approvals: the calls it held back run after them)."""

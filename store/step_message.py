@@ -20,8 +20,7 @@ def arguments(session_id: str, seq: int | None) -> dict[str, Any]:
     return {"session_id": session_id, "seq": seq}
 
 
-def routing(settings: Settings, agent: str | None, name: str | None = None, *,
-            kind: str = "step") -> dict[str, Any]:
+def routing(settings: Settings, agent: str | None, name: str | None = None, *, kind: str = "step") -> dict[str, Any]:
     """Where the message goes and what it is called: the agent's queue, and the step's name in Flower and logs.
 
     ``name`` wins when given (a message sent again keeps its name); otherwise ``"<agent>: <kind>"``.

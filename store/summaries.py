@@ -85,12 +85,22 @@ class RunSummary(_Record):
     @classmethod
     def listed(cls, run: ListedRun) -> RunSummary:
         """The summary of a run as a detailed listing gave it (``list_runs(details=True)``)."""
-        return cls(session_id=run.session_id, agent=run.agent, state=run.state, status=run.status,
-                   finish_reason=finish_reason(run.status, run.finish_reason), step=run.step or 0,
-                   usage=run.usage or Usage(),
-                   last_error=run.last_error, attempts=run.attempts, failures=run.failures,
-                   next_attempt_at=run.next_attempt_at, parent_id=run.parent_id, created_at=run.created_at,
-                   updated_at=run.updated_at)
+        return cls(
+            session_id=run.session_id,
+            agent=run.agent,
+            state=run.state,
+            status=run.status,
+            finish_reason=finish_reason(run.status, run.finish_reason),
+            step=run.step or 0,
+            usage=run.usage or Usage(),
+            last_error=run.last_error,
+            attempts=run.attempts,
+            failures=run.failures,
+            next_attempt_at=run.next_attempt_at,
+            parent_id=run.parent_id,
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+        )
 
 
 def finish_reason(status: Status, stored: str | None) -> str | None:

@@ -188,9 +188,12 @@ _DROPPED = {
     "idle": "idle: nothing to do",
     "handed-back": "handed back: a worker of another release runs this step",
 }
-_WAITS = {"slot": "waiting on a model slot", "requests": "waiting on the requests per minute of a model limit",
-          "tokens": "waiting on the tokens per minute of a model limit",
-          "cool-down": "waiting out a model limit's cool-down (429/529)"}
+_WAITS = {
+    "slot": "waiting on a model slot",
+    "requests": "waiting on the requests per minute of a model limit",
+    "tokens": "waiting on the tokens per minute of a model limit",
+    "cool-down": "waiting out a model limit's cool-down (429/529)",
+}
 _ENDED = {"aborted": "aborted", "delegated": "waiting on sub-agents"}
 
 
@@ -206,13 +209,13 @@ class Sink(Protocol):
 
 #: ``count`` events: sweeps, schedules and webhook intake.
 EVENTS = (
-    "sweep.resent",          # runs the recovery sweep sent a step
-    "schedule.fired",        # schedule ticks that started a run
-    "schedule.skipped",      # ticks skipped because the previous run still ran
-    "schedule.missed",       # ticks dropped as too late
-    "webhook.accepted",      # deliveries that started or continued a run; labels: agent, source
-    "webhook.duplicate",     # deliveries seen before (nothing started); labels: agent, source
-    "webhook.refused",       # deliveries refused (signature, size, agent); labels: reason
+    "sweep.resent",  # runs the recovery sweep sent a step
+    "schedule.fired",  # schedule ticks that started a run
+    "schedule.skipped",  # ticks skipped because the previous run still ran
+    "schedule.missed",  # ticks dropped as too late
+    "webhook.accepted",  # deliveries that started or continued a run; labels: agent, source
+    "webhook.duplicate",  # deliveries seen before (nothing started); labels: agent, source
+    "webhook.refused",  # deliveries refused (signature, size, agent); labels: reason
 )
 
 _sinks: list[Sink] = []
@@ -264,13 +267,21 @@ def note(**facts: Any) -> None:
         setattr(report, name, value)
 
 
-def model_call(model: str, started_ns: int, *, input_tokens: int = 0, output_tokens: int = 0,
-               error: str | None = None, finish_reason: str | None = None) -> None:
+def model_call(
+    model: str,
+    started_ns: int,
+    *,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    error: str | None = None,
+    finish_reason: str | None = None,
+) -> None:
     """Record a model call that started at ``started_ns`` (``time.time_ns``) and ended now."""
     report = _current.get()
     if report is not None:
-        report.model_calls.append(ModelCallRecord(model, started_ns, time.time_ns(), input_tokens, output_tokens,
-                                                  error, finish_reason))
+        report.model_calls.append(
+            ModelCallRecord(model, started_ns, time.time_ns(), input_tokens, output_tokens, error, finish_reason)
+        )
 
 
 def tool_call(tool: str, call_id: str, outcome: str, started_ns: int) -> None:
@@ -299,8 +310,9 @@ def count(event: str, amount: int = 1, **labels: str) -> None:
 
 
 @contextlib.contextmanager
-def step(session_id: str, seq: int | None = None, task_id: str | None = None, kind: str = MODEL_TURN
-         ) -> Iterator[StepReport]:
+def step(
+    session_id: str, seq: int | None = None, task_id: str | None = None, kind: str = MODEL_TURN
+) -> Iterator[StepReport]:
     """Collect the report of a step run inside the block, then hand it to the sinks (even if the block raised)."""
     report = StepReport(session_id=session_id, seq=seq, task_id=task_id, kind=kind, started_ns=time.time_ns())
     token = _current.set(report)
@@ -323,7 +335,34 @@ def kind_of(checkpoint: Checkpoint) -> str:
     return TOOL_BATCH if checkpoint.pending_tool_calls else MODEL_TURN
 
 
-__all__ = ["ABORT", "CHILDREN_SETTLED", "EVENTS", "KINDS", "MODEL_TURN", "NEW_INPUT", "NO_WORK", "RECOVERY", "RESUME",
-           "RESUME_RUN", "RETRY", "TOOL_BATCH", "ModelCallRecord", "Sink", "StepReport", "ToolCallRecord", "attach",
-           "count", "current", "detach", "kind_of", "model_call", "name_sent_events", "new_trace", "note", "step",
-           "step_name", "tool_call", "use_traces"]
+__all__ = [
+    "ABORT",
+    "CHILDREN_SETTLED",
+    "EVENTS",
+    "KINDS",
+    "MODEL_TURN",
+    "NEW_INPUT",
+    "NO_WORK",
+    "RECOVERY",
+    "RESUME",
+    "RESUME_RUN",
+    "RETRY",
+    "TOOL_BATCH",
+    "ModelCallRecord",
+    "Sink",
+    "StepReport",
+    "ToolCallRecord",
+    "attach",
+    "count",
+    "current",
+    "detach",
+    "kind_of",
+    "model_call",
+    "name_sent_events",
+    "new_trace",
+    "note",
+    "step",
+    "step_name",
+    "tool_call",
+    "use_traces",
+]

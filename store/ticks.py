@@ -22,8 +22,13 @@ PREFIX = "sched-"
 MAX_EVERY_S = 10 * 365 * 86_400
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MACROS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
 }
 #: Candidates a cron iterator may yield before we give up looking for a later tick (DST repeats).
 _MAX_CANDIDATES = 1000
@@ -85,10 +90,15 @@ def every_seconds(every: float | timedelta) -> int:
         ConfigurationError: not a whole number of seconds from 1 to ``MAX_EVERY_S`` (10 years).
     """
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_EVERY_S
-            or seconds != int(seconds)):
-        raise errors.ConfigurationError(f"every must be a whole number of seconds from 1 to {MAX_EVERY_S} (10 years),"
-                                        f" got {every!r}", field="every")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 1 <= seconds <= MAX_EVERY_S
+        or seconds != int(seconds)
+    ):
+        raise errors.ConfigurationError(
+            f"every must be a whole number of seconds from 1 to {MAX_EVERY_S} (10 years), got {every!r}", field="every"
+        )
     return int(seconds)
 
 
@@ -170,8 +180,9 @@ def tick_session_id(schedule_id: int, fire_at: datetime) -> str:
 def _step(timing: Timing) -> timedelta:
     assert timing.every_s is not None  # the caller checked
     if timing.every_s < 1:
-        raise errors.ScheduleBrokenError(timing.name, "every-invalid",
-                                         f"every_s={timing.every_s} is not a positive number of seconds")
+        raise errors.ScheduleBrokenError(
+            timing.name, "every-invalid", f"every_s={timing.every_s} is not a positive number of seconds"
+        )
     return timedelta(seconds=timing.every_s)
 
 
@@ -181,13 +192,14 @@ def _cron_ticks(timing: Timing, start: datetime, reverse: bool = False) -> CronS
         local = zone(timing.timezone)
     except ValueError as exc:
         raise errors.ScheduleBrokenError(
-            timing.name, "timezone-unknown",
-            f"time zone {timing.timezone!r} is not in this host's time zone database") from exc
+            timing.name, "timezone-unknown", f"time zone {timing.timezone!r} is not in this host's time zone database"
+        ) from exc
     try:
         return CronSim(timing.cron, start.astimezone(local), reverse=reverse)
     except CronSimError as exc:
-        raise errors.ScheduleBrokenError(timing.name, "cron-invalid",
-                                         f"cron expression {timing.cron!r} is rejected: {exc}") from exc
+        raise errors.ScheduleBrokenError(
+            timing.name, "cron-invalid", f"cron expression {timing.cron!r} is rejected: {exc}"
+        ) from exc
 
 
 @contextmanager
@@ -196,5 +208,6 @@ def _arithmetic(timing: Timing) -> Iterator[None]:
     try:
         yield
     except OverflowError as exc:
-        raise errors.ScheduleBrokenError(timing.name, "tick-out-of-range",
-                                         f"its ticks leave the years 1-9999 ({exc})") from exc
+        raise errors.ScheduleBrokenError(
+            timing.name, "tick-out-of-range", f"its ticks leave the years 1-9999 ({exc})"
+        ) from exc

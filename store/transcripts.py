@@ -82,8 +82,12 @@ def message_from_row(body: dict[str, Any]) -> Message:
     calls = body.get("tool_calls")
     fields = {key: body.get(key) for key in ("role", "content", "tool_call_id", "name", "is_error", "replaced_by_hook")}
     if calls is not None:
-        fields["tool_calls"] = [ToolCall.model_construct(
-            id=c["id"], name=c["name"], args=c.get("args") or {}, invalid_args=c.get("invalid_args")) for c in calls]
+        fields["tool_calls"] = [
+            ToolCall.model_construct(
+                id=c["id"], name=c["name"], args=c.get("args") or {}, invalid_args=c.get("invalid_args")
+            )
+            for c in calls
+        ]
     else:
         fields["tool_calls"] = None
     return Message.model_construct(**fields)
@@ -158,8 +162,7 @@ def _rows(known: Known, added: list[tuple[int, Message]], gone: list[int], rewri
     if rewrites:
         replaced = {slot for slot, _, _ in sized} | set(gone)
         total -= sum(size for slot, size in zip(known.slots, known.sizes, strict=True) if slot in replaced)
-    return Rows(body="[" + ",".join(pairs) + "]", added=sized, gone=sorted(gone), rewrites=rewrites,
-                total_bytes=total)
+    return Rows(body="[" + ",".join(pairs) + "]", added=sized, gone=sorted(gone), rewrites=rewrites, total_bytes=total)
 
 
 def after_save(known: Known, rows: Rows, seq: int, messages: list[Message], transcript_id: int) -> Known:
@@ -172,8 +175,9 @@ def after_save(known: Known, rows: Rows, seq: int, messages: list[Message], tran
     for slot, _, size in rows.added:
         tail[slot] = size
     sizes = known.sizes[:start] + [tail.get(slot, 0) for slot in slots[start:]]
-    return Known(transcript_id=transcript_id, seq=seq, messages=messages, slots=slots, sizes=sizes,
-                 bytes=rows.total_bytes)
+    return Known(
+        transcript_id=transcript_id, seq=seq, messages=messages, slots=slots, sizes=sizes, bytes=rows.total_bytes
+    )
 
 
 def from_rows(transcript_id: int, seq: int, rows: Iterable[tuple[int, dict[str, Any], int]]) -> Known:
@@ -187,22 +191,32 @@ def extend(known: Known, transcript_id: int, seq: int, tail: Iterable[tuple[int,
     return _with_rows(transcript_id, seq, known.slots[:keep], known.messages[:keep], known.sizes[:keep], tail)
 
 
-def _with_rows(transcript_id: int, seq: int, slots: list[int], messages: list[Message], sizes: list[int],
-               rows: Iterable[tuple[int, dict[str, Any], int]]) -> Known:
+def _with_rows(
+    transcript_id: int,
+    seq: int,
+    slots: list[int],
+    messages: list[Message],
+    sizes: list[int],
+    rows: Iterable[tuple[int, dict[str, Any], int]],
+) -> Known:
     """The transcript ``slots``/``messages``/``sizes`` followed by ``rows``, parsed."""
     for slot, body, size in rows:
         slots.append(slot)
         messages.append(message_from_row(body))
         sizes.append(size)
-    return Known(transcript_id=transcript_id, seq=seq, messages=messages, slots=slots, sizes=sizes,
-                 bytes=sum(sizes))
+    return Known(transcript_id=transcript_id, seq=seq, messages=messages, slots=slots, sizes=sizes, bytes=sum(sizes))
 
 
 class Transcripts:
     """The transcripts this process read or wrote lately, by run: least recently used go first."""
 
-    def __init__(self, runs: int = REMEMBERED_RUNS, max_bytes: int = REMEMBERED_BYTES,
-                 max_age_s: float = REMEMBERED_FOR_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        runs: int = REMEMBERED_RUNS,
+        max_bytes: int = REMEMBERED_BYTES,
+        max_age_s: float = REMEMBERED_FOR_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._runs = runs
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s

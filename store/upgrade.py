@@ -42,14 +42,20 @@ NAMED_UNREADABLE = 100
 
 Outcome = Literal["converted", "skipped", "unreadable"]
 
-_PAGE = text("SELECT session_id FROM runs WHERE jsonb_exists(document, 'messages') AND session_id > :after"
-             " ORDER BY session_id LIMIT :batch")
-_READ = text(f"SELECT {runs.COLUMNS}, EXISTS (SELECT 1 FROM run_messages m WHERE m.session_id = runs.session_id)"
-             " AS has_rows FROM runs WHERE session_id = :sid AND jsonb_exists(document, 'messages')")
+_PAGE = text(
+    "SELECT session_id FROM runs WHERE jsonb_exists(document, 'messages') AND session_id > :after"
+    " ORDER BY session_id LIMIT :batch"
+)
+_READ = text(
+    f"SELECT {runs.COLUMNS}, EXISTS (SELECT 1 FROM run_messages m WHERE m.session_id = runs.session_id)"
+    " AS has_rows FROM runs WHERE session_id = :sid AND jsonb_exists(document, 'messages')"
+)
 # The run as it was read: a step's claim changes the fence, its save the seq and document, a deletion and a
 # new run under the same id the transcript id.
-_UNCHANGED = ("session_id = :sid AND seq = :seq AND fence = :fence AND transcript_id = :tid"
-              " AND jsonb_exists(document, 'messages')")
+_UNCHANGED = (
+    "session_id = :sid AND seq = :seq AND fence = :fence AND transcript_id = :tid"
+    " AND jsonb_exists(document, 'messages')"
+)
 _LOCK = text(f"SELECT 1 FROM runs WHERE {_UNCHANGED} FOR UPDATE")
 # The rows, while the run is unchanged (its row locked until they are in).
 _WRITE_ROWS = text(f"""
@@ -64,8 +70,10 @@ gone AS (
 SELECT count(*) FROM unchanged
 """)
 # Then the document, while the run is still as read (so the rows written are still its transcript).
-_SET_DOCUMENT = text(f"UPDATE runs SET document = CAST(:doc AS jsonb), transcript_id = nextval('run_transcript_ids')"
-                     f" WHERE {_UNCHANGED} RETURNING 1")
+_SET_DOCUMENT = text(
+    f"UPDATE runs SET document = CAST(:doc AS jsonb), transcript_id = nextval('run_transcript_ids')"
+    f" WHERE {_UNCHANGED} RETURNING 1"
+)
 
 
 @dataclass
@@ -137,10 +145,19 @@ def _upgrade(engine: Engine, single: Engine, session_id: str) -> Outcome:
     except (errors.CheckpointCorruptError, errors.CheckpointFormatError):
         return "unreadable"
     messages = checkpoint.messages
-    params = {"sid": session_id, "seq": int(row.seq), "fence": int(row.fence), "tid": int(row.transcript_id),
-              "doc": runs.format_document(checkpoint, len(messages)),
-              "rows": "[" + ",".join(f"[{slot},{payloads.dumps(message.dump())}]" for slot, message
-                                     in zip(transcripts.slots_of(messages), messages, strict=True)) + "]"}
+    params = {
+        "sid": session_id,
+        "seq": int(row.seq),
+        "fence": int(row.fence),
+        "tid": int(row.transcript_id),
+        "doc": runs.format_document(checkpoint, len(messages)),
+        "rows": "["
+        + ",".join(
+            f"[{slot},{payloads.dumps(message.dump())}]"
+            for slot, message in zip(transcripts.slots_of(messages), messages, strict=True)
+        )
+        + "]",
+    }
     if not _write_rows(engine, single, params, bool(row.has_rows)):
         return "skipped"
     with Transaction(single) as conn:

@@ -30,8 +30,9 @@ def confirmed(deps: StepDeps, lease: Lease) -> bool:
     return False
 
 
-def settle(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[InboxEntry] | None, *,
-           drained: bool) -> StepResult:
+def settle(
+    deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[InboxEntry] | None, *, drained: bool
+) -> StepResult:
     """Stop the run as aborted: every call without a result gets a ``cancelled`` one, queued input is kept.
 
     ``inbox`` None reads the input queued since the checkpoint's cursor; ``drained`` says the checkpoint
@@ -45,8 +46,15 @@ def settle(deps: StepDeps, checkpoint: Checkpoint, live: Live, inbox: list[Inbox
     stored = {id(message) for message in checkpoint.messages}
     drafts = [live_events.tool_result(m, None) for m in stopped.messages if m.role == "tool" and id(m) not in stored]
     try:
-        save(deps, stopped, drained_inbox=drained or stopped.inbox_cursor != checkpoint.inbox_cursor, events=drafts,
-             status_before=checkpoint.status, settles_abort=True, live=live)
+        save(
+            deps,
+            stopped,
+            drained_inbox=drained or stopped.inbox_cursor != checkpoint.inbox_cursor,
+            events=drafts,
+            status_before=checkpoint.status,
+            settles_abort=True,
+            live=live,
+        )
     except errors.FencedOutError:
         return StepResult(Outcome.FENCED)
     if deps.signals is not None:

@@ -77,9 +77,18 @@ Reconcile = Callable[[dict[str, Any], ToolContext], Any]
 class Tool:
     """A function the model may call, with its input schema derived from the signature."""
 
-    def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-                 needs_approval: ApprovalRule = False, timeout: float | None = None,
-                 expires_in: float | None = None, once: bool = False, reconcile: Reconcile | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        needs_approval: ApprovalRule = False,
+        timeout: float | None = None,
+        expires_in: float | None = None,
+        once: bool = False,
+        reconcile: Reconcile | None = None,
+    ) -> None:
         _positive_seconds(timeout, f"tool {name or fn.__name__!r}: timeout")
         _positive_seconds(expires_in, f"tool {name or fn.__name__!r}: expires_in")
         if reconcile is not None and not once:
@@ -120,7 +129,8 @@ class Tool:
             parsed = self.input_model.model_validate(args)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:10])
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:10]
+            )
             raise ToolArgsInvalid(problems) from None
         return {field: getattr(parsed, field) for field in type(parsed).model_fields}
 
@@ -169,7 +179,8 @@ def _check_spend(name: str, limits: Limits | None, prices: Prices | None) -> Non
         raise errors.ConfigurationError(f"agent {name!r}: prices must be a Prices")
     if limits is not None and limits.max_cost is not None and prices is None:
         raise errors.ConfigurationError(
-            f"agent {name!r}: limits.max_cost needs prices for its model (Agent(..., prices=Prices(...)))")
+            f"agent {name!r}: limits.max_cost needs prices for its model (Agent(..., prices=Prices(...)))"
+        )
 
 
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[BaseModel]]:
@@ -188,26 +199,49 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
             continue
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(
-        f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
+    model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
     return context_param, model
 
 
 @overload
-def tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
-         once: bool = False, reconcile: Reconcile | None = None) -> Tool: ...
+def tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    needs_approval: ApprovalRule = False,
+    timeout: float | None = None,
+    expires_in: float | None = None,
+    once: bool = False,
+    reconcile: Reconcile | None = None,
+) -> Tool: ...
 
 
 @overload
-def tool(fn: None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
-         once: bool = False, reconcile: Reconcile | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    needs_approval: ApprovalRule = False,
+    timeout: float | None = None,
+    expires_in: float | None = None,
+    once: bool = False,
+    reconcile: Reconcile | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         needs_approval: ApprovalRule = False, timeout: float | None = None, expires_in: float | None = None,
-         once: bool = False, reconcile: Reconcile | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    needs_approval: ApprovalRule = False,
+    timeout: float | None = None,
+    expires_in: float | None = None,
+    once: bool = False,
+    reconcile: Reconcile | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
     ``timeout`` (seconds): a call that runs longer gets a ``timeout`` error result the model sees, instead of
@@ -223,9 +257,19 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     Raises:
         ConfigurationError: an option has a value that cannot be used (``reconcile`` without ``once``, say).
     """
+
     def wrap(target: Callable[..., Any]) -> Tool:
-        return Tool(target, name=name, description=description, needs_approval=needs_approval, timeout=timeout,
-                    expires_in=expires_in, once=once, reconcile=reconcile)
+        return Tool(
+            target,
+            name=name,
+            description=description,
+            needs_approval=needs_approval,
+            timeout=timeout,
+            expires_in=expires_in,
+            once=once,
+            reconcile=reconcile,
+        )
+
     return wrap(fn) if fn is not None else wrap
 
 
@@ -271,8 +315,13 @@ def _task_tool(names: list[str]) -> Tool:
     task = Tool(_task, name=TASK)
     choice: Any = Literal[tuple(names)]
     task.input_model = create_model(
-        f"{TASK}_input", __config__=ConfigDict(extra="forbid"), agent=(choice, ...), prompt=(str, ...),
-        description=(str, ""), background=(bool, False))
+        f"{TASK}_input",
+        __config__=ConfigDict(extra="forbid"),
+        agent=(choice, ...),
+        prompt=(str, ...),
+        description=(str, ""),
+        background=(bool, False),
+    )
     return task
 
 
@@ -326,16 +375,31 @@ class Agent:
       once per recovery, from a sweep on a worker that loads this agent (``worker.recovery``).
     """
 
-    def __init__(self, name: str, model: Model | None = None, instructions: str = "", tools: Iterable[Tool] = (),
-                 max_steps: int = 10, tool_concurrency: int = 4, on_agent_drift: DriftPolicy = "warn",
-                 ask_question: bool = False, hooks: Iterable[Any] = (), limits: Limits | None = None,
-                 prices: Prices | None = None, approval_expires_in: float | None = None,
-                 resolve: Callable[[Any], Any] | None = None, models: Iterable[Model] = (),
-                 handoffs: Iterable[Agent] = (), max_handoffs: int = 5, subagents: Iterable[Agent] = (),
-                 max_subagent_depth: int = 1, background_on_finish: Literal["cancel", "await"] = "cancel",
-                 on_recovered: Callable[[records.SweptRun], Any] | None = None,
-                 on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None,
-                 model_limit: ModelLimit | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: Model | None = None,
+        instructions: str = "",
+        tools: Iterable[Tool] = (),
+        max_steps: int = 10,
+        tool_concurrency: int = 4,
+        on_agent_drift: DriftPolicy = "warn",
+        ask_question: bool = False,
+        hooks: Iterable[Any] = (),
+        limits: Limits | None = None,
+        prices: Prices | None = None,
+        approval_expires_in: float | None = None,
+        resolve: Callable[[Any], Any] | None = None,
+        models: Iterable[Model] = (),
+        handoffs: Iterable[Agent] = (),
+        max_handoffs: int = 5,
+        subagents: Iterable[Agent] = (),
+        max_subagent_depth: int = 1,
+        background_on_finish: Literal["cancel", "await"] = "cancel",
+        on_recovered: Callable[[records.SweptRun], Any] | None = None,
+        on_error: Callable[[records.LastError, records.SweptRun], Any] | None = None,
+        model_limit: ModelLimit | None = None,
+    ) -> None:
         records.validate_agent_name(name)
         if max_steps < 1:
             raise errors.ConfigurationError("max_steps must be at least 1")
@@ -351,13 +415,29 @@ class Agent:
         listed = list(tools)
         #: What the agent was defined with (``replace`` builds a variant from it; built-in tools are not in it).
         self._defined: dict[str, Any] = {
-            "name": name, "model": model, "instructions": instructions, "tools": tuple(listed),
-            "max_steps": max_steps, "tool_concurrency": tool_concurrency, "on_agent_drift": on_agent_drift,
-            "ask_question": ask_question, "hooks": tuple(hooks), "limits": limits, "prices": prices,
-            "approval_expires_in": approval_expires_in, "resolve": resolve, "models": tuple(models),
-            "handoffs": tuple(handoffs), "max_handoffs": max_handoffs, "subagents": tuple(subagents),
-            "max_subagent_depth": max_subagent_depth, "background_on_finish": background_on_finish,
-            "on_recovered": on_recovered, "on_error": on_error, "model_limit": model_limit}
+            "name": name,
+            "model": model,
+            "instructions": instructions,
+            "tools": tuple(listed),
+            "max_steps": max_steps,
+            "tool_concurrency": tool_concurrency,
+            "on_agent_drift": on_agent_drift,
+            "ask_question": ask_question,
+            "hooks": tuple(hooks),
+            "limits": limits,
+            "prices": prices,
+            "approval_expires_in": approval_expires_in,
+            "resolve": resolve,
+            "models": tuple(models),
+            "handoffs": tuple(handoffs),
+            "max_handoffs": max_handoffs,
+            "subagents": tuple(subagents),
+            "max_subagent_depth": max_subagent_depth,
+            "background_on_finish": background_on_finish,
+            "on_recovered": on_recovered,
+            "on_error": on_error,
+            "model_limit": model_limit,
+        }
         self.name = name
         self.model = model
         self.instructions = instructions
@@ -406,7 +486,8 @@ class Agent:
         for child in children:
             if not isinstance(child, Agent) or child.name in self.subagents or child.name == self.name:
                 raise errors.ConfigurationError(
-                    f"agent {self.name!r}: sub-agents must be other agents, each listed once")
+                    f"agent {self.name!r}: sub-agents must be other agents, each listed once"
+                )
             self.subagents[child.name] = child
         if self.subagents:
             taken = sorted(set(SUBAGENT_TOOLS) & set(self.tools))
@@ -421,17 +502,24 @@ class Agent:
             raise errors.ConfigurationError(f"agent {self.name!r}: a handoff target must be a static Agent")
         tool_name = HANDOFF_PREFIX + target.name
         if target.name == self.name or tool_name in self.tools:
-            raise errors.ConfigurationError(f"agent {self.name!r}: cannot hand off to {target.name!r} (listed twice,"
-                                            " itself, or a tool has the name)")
+            raise errors.ConfigurationError(
+                f"agent {self.name!r}: cannot hand off to {target.name!r} (listed twice,"
+                " itself, or a tool has the name)"
+            )
 
         def transfer(reason: str = "") -> str:
             raise errors.ConfigurationError("a handoff is recorded by the step, never run")
 
         self.handoffs[target.name] = target
-        self.tools[tool_name] = Tool(transfer, name=tool_name, description=(
-            f"Hand this conversation over to {target.name}"
-            + (f": {target.description_for_handoff}" if target.description_for_handoff else "")
-            + ". Give the reason; the other agent continues from here."))
+        self.tools[tool_name] = Tool(
+            transfer,
+            name=tool_name,
+            description=(
+                f"Hand this conversation over to {target.name}"
+                + (f": {target.description_for_handoff}" if target.description_for_handoff else "")
+                + ". Give the reason; the other agent continues from here."
+            ),
+        )
 
     @property
     def description_for_handoff(self) -> str:
@@ -456,8 +544,11 @@ class Agent:
         if known is not None:
             return known
         tools = {name: _sha(json.dumps(t.input_schema, sort_keys=True)) for name, t in sorted(self.tools.items())}
-        parts = {"model": getattr(self.model, "model_id", type(self.model).__name__), "tools": tools,
-                 "instructions": _sha(self.instructions)}
+        parts = {
+            "model": getattr(self.model, "model_id", type(self.model).__name__),
+            "tools": tools,
+            "instructions": _sha(self.instructions),
+        }
         parts["hash"] = _sha(json.dumps(parts, sort_keys=True))[:16]
         self.__dict__["_fingerprint"] = parts
         return parts

@@ -49,9 +49,15 @@ from worker.faults import crash_point
 from worker.live import Live
 
 
-def _timed_invoke(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-                  resumed: bool = False, attempt: int = 1,
-                  approval_id: str | None = None) -> tuple[Message, float, business.Write | None]:
+def _timed_invoke(
+    batch: batch_state.Batch,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    resumed: bool = False,
+    attempt: int = 1,
+    approval_id: str | None = None,
+) -> tuple[Message, float, business.Write | None]:
     """Run a call and its ``post_tool_call`` hooks: its result, how long it took, and the business state written.
 
     The state flows from the call's ``pre_tool_call`` hooks (or the run's) through the tool to the post hooks;
@@ -64,10 +70,12 @@ def _timed_invoke(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint
     if tool is None or tool.timeout is None:
         result, write = invocation.invoke(agent, checkpoint, call, batch.cancelled, attempt, approval_id, state)
     else:
-        result, write = invocation.invoke_within(agent, checkpoint, call, batch.cancelled, tool.timeout, attempt,
-                                                 approval_id, state)
-    result, after = invocation.after_hooks(agent, checkpoint, call, result, resumed,
-                                           write.value if write is not None else state)
+        result, write = invocation.invoke_within(
+            agent, checkpoint, call, batch.cancelled, tool.timeout, attempt, approval_id, state
+        )
+    result, after = invocation.after_hooks(
+        agent, checkpoint, call, result, resumed, write.value if write is not None else state
+    )
     telemetry.tool_call(call.name, call.id, invocation.outcome_of(result), started_ns)
     return result, (time.perf_counter() - started) * 1000, after or write
 
@@ -114,8 +122,14 @@ def _in_pool(batch: batch_state.Batch, workers: int, jobs: list[Callable[[], Non
         futures.wait(running)
 
 
-def _run_cleared(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall], attempt: int,
-                 reruns: dict[str, once.Rerun]) -> None:
+def _run_cleared(
+    batch: batch_state.Batch,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    calls: list[ToolCall],
+    attempt: int,
+    reruns: dict[str, once.Rerun],
+) -> None:
     """Run the calls cleared to run now, up to ``tool_concurrency`` at once; each result is saved as it settles.
 
     ``once`` calls are marked started first (``_run_marked``); one run again counts at least as attempt 2.
@@ -137,8 +151,17 @@ def _run_cleared(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint,
     _in_pool(batch, min(agent.tool_concurrency, len(calls)), [functools.partial(run_one, call) for call in calls])
 
 
-def _run_marked(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, call: ToolCall, attempt: int, *,
-                approved: bool = False, rerun: once.Rerun | None = None, approval_id: str | None = None) -> bool:
+def _run_marked(
+    batch: batch_state.Batch,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    attempt: int,
+    *,
+    approved: bool = False,
+    rerun: once.Rerun | None = None,
+    approval_id: str | None = None,
+) -> bool:
     """Run a call that must not run twice, marked started by a fenced save before its effect; False if unmarked.
 
     One mechanism for approved calls (a person approved one execution) and ``once`` calls; what a later step makes
@@ -148,30 +171,34 @@ def _run_marked(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, 
     crash_point("before_started_marker", sid)
     if not batch.mark_started(call, rerun):
         return False
-    crash_point("after_started_marker_before_approved_call" if approved else "after_started_marker_before_once_call",
-                sid)
-    result, duration, write = _timed_invoke(batch, agent, checkpoint, call, resumed=approved, attempt=attempt,
-                                            approval_id=approval_id)
-    crash_point("after_approved_effect_before_result_save" if approved else "after_once_effect_before_result_save",
-                sid)
+    crash_point(
+        "after_started_marker_before_approved_call" if approved else "after_started_marker_before_once_call", sid
+    )
+    result, duration, write = _timed_invoke(
+        batch, agent, checkpoint, call, resumed=approved, attempt=attempt, approval_id=approval_id
+    )
+    crash_point("after_approved_effect_before_result_save" if approved else "after_once_effect_before_result_save", sid)
     batch.settle(result, duration, write=write)
     return True
 
 
-def _run_approved(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall],
-                  approval_of: dict[str, str]) -> None:
+def _run_approved(
+    batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall], approval_of: dict[str, str]
+) -> None:
     """Run the approved calls one by one in the step's thread, each marked started (saved) before its effect.
 
     An approved call runs at most once (I5), so it is always attempt 1.
     """
     for call in calls:
-        if not batch.may_start() or not _run_marked(batch, agent, checkpoint, call, 1, approved=True,
-                                                    approval_id=approval_of.get(call.id)):
+        if not batch.may_start() or not _run_marked(
+            batch, agent, checkpoint, call, 1, approved=True, approval_id=approval_of.get(call.id)
+        ):
             break
 
 
-def _reconcile(batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, plan: gates.Plan,
-               attempt: int) -> StepResult | None:
+def _reconcile(
+    batch: batch_state.Batch, agent: Agent, checkpoint: Checkpoint, plan: gates.Plan, attempt: int
+) -> StepResult | None:
     """Reconcile the once calls found started without a result, before anything else of the batch runs.
 
     Each gets a result, runs again, or waits for a person (``plan``). A ``reconcile`` that raised fails the step as a
@@ -207,11 +234,17 @@ def _hand_off(batch: batch_state.Batch, agent: Agent, calls: list[ToolCall]) -> 
         target = handoffs.target_of(agent, call.name)
         assert target is not None
         if index > 0:
-            batch.settle(machine.tool_error(call, "not-run", "HandoffNotHonoured",
-                                            "only the first handoff of a turn is made; this one was not"))
+            batch.settle(
+                machine.tool_error(
+                    call, "not-run", "HandoffNotHonoured", "only the first handoff of a turn is made; this one was not"
+                )
+            )
         elif handoffs.handoffs_in_input(batch.checkpoint) >= agent.max_handoffs:
-            batch.settle(machine.tool_error(call, "denied", "TooManyHandoffs",
-                                            f"this run already handed off {agent.max_handoffs} times"))
+            batch.settle(
+                machine.tool_error(
+                    call, "denied", "TooManyHandoffs", f"this run already handed off {agent.max_handoffs} times"
+                )
+            )
         else:
             batch.hand_off(call, agent, target)
 
@@ -227,12 +260,14 @@ def _pause(batch: batch_state.Batch, agent: Agent, plan: gates.Plan) -> bool:
             deps.signals.clear_steer(sid)
         batch.steered, batch.steer_deferred = False, True
     approvals = gates.request_approvals(deps, agent, sid, plan.gated, plan.asks)
-    return batch.may_start() and batch.pause(approvals, plan.decided,
-                                             [event for ask in plan.asks for event in ask.events])
+    return batch.may_start() and batch.pause(
+        approvals, plan.decided, [event for ask in plan.asks for event in ask.events]
+    )
 
 
-def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint,
-              calls: list[ToolCall], live: Live) -> StepResult:
+def run_batch(
+    deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint, calls: list[ToolCall], live: Live
+) -> StepResult:
     """Run the pending calls of the last turn; pause on the ones that need a human.
 
     A confirmed abort stops the run (``worker.abort``) once the running calls returned.
@@ -243,8 +278,13 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
     attempt = machine.attempt_of(checkpoint)
     plan = gates.sort_calls(deps, agent, checkpoint, calls, attempt)
     # The decisions stay on the checkpoint until the turn is complete (machine.record_tool_result).
-    batch = batch_state.Batch(deps, lease, checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
-                   unsettled=len(calls), live=live)
+    batch = batch_state.Batch(
+        deps,
+        lease,
+        checkpoint.model_copy(update={"fingerprint": deps.fingerprint(agent)}),
+        unsettled=len(calls),
+        live=live,
+    )
     batch.writes = plan.writes
     sid = checkpoint.session_id
     try:
@@ -287,5 +327,6 @@ def run_batch(deps: StepDeps, lease: Lease, agent: Agent, checkpoint: Checkpoint
         # The lease was lost before every call ran; the new holder runs the rest.
         return StepResult(Outcome.FENCED)
     crash_point("after_batch_save_before_enqueue", sid)
-    return StepResult(Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=batch.checkpoint.current_agent),
-                      also=tuple(children))
+    return StepResult(
+        Outcome.ADVANCED, Next(batch.checkpoint.seq, agent=batch.checkpoint.current_agent), also=tuple(children)
+    )

@@ -74,11 +74,18 @@ class Batch:
         self.hear()
         return not (self.closed or self.fenced or self.lease.lost.is_set() or self.aborting or self.steered)
 
-    def _write(self, updated: Checkpoint, approvals: list[Approval] | None = None,
-               events: list[EventDraft] | None = None) -> bool:
+    def _write(
+        self, updated: Checkpoint, approvals: list[Approval] | None = None, events: list[EventDraft] | None = None
+    ) -> bool:
         try:
-            self.checkpoint = save(self.deps, updated, approvals=approvals or (), events=events or (),
-                                   status_before=self.status_before, live=self.live)
+            self.checkpoint = save(
+                self.deps,
+                updated,
+                approvals=approvals or (),
+                events=events or (),
+                status_before=self.status_before,
+                live=self.live,
+            )
         except errors.FencedOutError:
             self.fenced = True
             self.lease.lost.set()
@@ -104,8 +111,13 @@ class Batch:
         self.appended += size
         return result
 
-    def settle(self, result: Message, duration_ms: float | None = None, events: tuple[EventDraft, ...] = (),
-               write: business.Write | None = None) -> None:
+    def settle(
+        self,
+        result: Message,
+        duration_ms: float | None = None,
+        events: tuple[EventDraft, ...] = (),
+        write: business.Write | None = None,
+    ) -> None:
         """Save a call's result, with the business state the call (or its hooks) wrote, in one fenced save.
 
         A write is kept whatever the result says (an error the tool raised after writing, or ``cancelled`` when
@@ -177,11 +189,15 @@ class Batch:
             if self.closed or self.fenced:
                 return
             result = machine.tool_message(call, {"transferred_to": target.name, "from": entry.name})
-            moved = machine.record_tool_result(self.checkpoint, self._fit(result)).model_copy(update={
-                "active_agent": None if target.name == self.checkpoint.agent else target.name,
-                "fingerprint": self.deps.fingerprint(handoffs.as_target(entry, target))})
-            self._write(moved, events=[live_events.tool_result(result, None),
-                                       live_events.handoff(entry.name, target.name)])
+            moved = machine.record_tool_result(self.checkpoint, self._fit(result)).model_copy(
+                update={
+                    "active_agent": None if target.name == self.checkpoint.agent else target.name,
+                    "fingerprint": self.deps.fingerprint(handoffs.as_target(entry, target)),
+                }
+            )
+            self._write(
+                moved, events=[live_events.tool_result(result, None), live_events.handoff(entry.name, target.name)]
+            )
 
     def mark_started(self, call: ToolCall, rerun: once.Rerun | None = None) -> bool:
         """Save ``call`` as started before it runs (a call run again: with the decision it spends, and its events).

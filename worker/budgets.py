@@ -31,12 +31,15 @@ def limits_of(agent: Agent, checkpoint: Checkpoint) -> Limits | None:
         try:
             limits = Limits(**checkpoint.limits)
         except (ValidationError, TypeError) as exc:
-            raise errors.ConfigurationError(f"the limits stored with run {checkpoint.session_id!r} cannot be"
-                                            f" read: {exc}", field="limits") from None
+            raise errors.ConfigurationError(
+                f"the limits stored with run {checkpoint.session_id!r} cannot be read: {exc}", field="limits"
+            ) from None
     if limits is not None and limits.max_cost is not None and agent.prices is None:
-        raise errors.ConfigurationError(f"run {checkpoint.session_id!r} has a max_cost, but agent {agent.name!r}"
-                                        " has no prices to count it with (Agent(..., prices=Prices(...)))",
-                                        field="limits")
+        raise errors.ConfigurationError(
+            f"run {checkpoint.session_id!r} has a max_cost, but agent {agent.name!r}"
+            " has no prices to count it with (Agent(..., prices=Prices(...)))",
+            field="limits",
+        )
     return limits
 
 
@@ -62,8 +65,9 @@ def spent(limits: Limits, prices: Prices | None, checkpoint: Checkpoint, now: da
     return None
 
 
-def checker(limits: Limits | None, prices: Prices | None, now: datetime,
-            in_flight: Callable[[], Usage] | None = None) -> Callable[[Checkpoint], bool] | None:
+def checker(
+    limits: Limits | None, prices: Prices | None, now: datetime, in_flight: Callable[[], Usage] | None = None
+) -> Callable[[Checkpoint], bool] | None:
     """What ``machine.plan`` asks before a model call: has the input spent a limit? None without limits.
 
     ``in_flight``: what the run's children still running spent so far (their usage is the run's only once their

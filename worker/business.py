@@ -35,8 +35,10 @@ class Holder:
             if name != "business_state":
                 raise AttributeError(f"{kind}.{name} is read-only; only business_state may be assigned")
             if getattr(self, "_state_read_only", False):
-                raise AttributeError(f"{kind}.business_state cannot be written here: nothing would save it (write it"
-                                     " from a tool, a hook around a model or tool call, or send it with input)")
+                raise AttributeError(
+                    f"{kind}.business_state cannot be written here: nothing would save it (write it"
+                    " from a tool, a hook around a model or tool call, or send it with input)"
+                )
         object.__setattr__(self, name, value)
 
 

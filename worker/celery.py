@@ -117,8 +117,7 @@ def configure(app: Celery, settings: Settings) -> None:
         task_soft_time_limit=settings.step_soft_time_limit_s,
         task_time_limit=settings.step_time_limit_s,
         task_publish_retry=True,
-        task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5,
-                                   "interval_max": 2},
+        task_publish_retry_policy={"max_retries": 5, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
         # State lives in Postgres; tasks store no results, but for ``lousho.start``'s run id where
         # LOUSHO_RESULT_BACKEND names a backend for its callers.
         task_ignore_result=True,
@@ -129,9 +128,13 @@ def configure(app: Celery, settings: Settings) -> None:
         # The sweeps get a queue of their own, consumed by every worker next to the steps' queue: a
         # backlog of steps (exactly when workers were lost) must not delay the sweep that recovers runs.
         task_queues=[Queue(name) for name in queue_names(settings)],
-        task_routes={"lousho.recover": {"queue": control}, "lousho.schedules": {"queue": control},
-                     "lousho.prune": {"queue": control}, "lousho.doctor": {"queue": control},
-                     starts.START_TASK: {"queue": start}},
+        task_routes={
+            "lousho.recover": {"queue": control},
+            "lousho.schedules": {"queue": control},
+            "lousho.prune": {"queue": control},
+            "lousho.doctor": {"queue": control},
+            starts.START_TASK: {"queue": start},
+        },
         # Task events, from workers and senders: Flower lists every step, including the ones that waited in a
         # queue or ran before it started (it turns worker events on by itself only while it runs).
         worker_send_task_events=settings.task_events,
@@ -153,21 +156,32 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """
     control = control_queue(settings)
     entries: dict[str, dict[str, Any]] = {
-        "lousho-recover": {"task": "lousho.recover", "schedule": settings.recover_interval_s,
-                           "options": {"queue": control, "expires": max(settings.recover_interval_s * 2, 2.0)}},
+        "lousho-recover": {
+            "task": "lousho.recover",
+            "schedule": settings.recover_interval_s,
+            "options": {"queue": control, "expires": max(settings.recover_interval_s * 2, 2.0)},
+        },
         # Only claims ticks in Postgres: a second beat (always there during a deploy) fires nothing twice.
-        "lousho-schedules": {"task": "lousho.schedules", "schedule": settings.schedule_interval_s,
-                             "options": {"queue": control,
-                                         "expires": max(settings.schedule_interval_s * 2, 2.0)}},
+        "lousho-schedules": {
+            "task": "lousho.schedules",
+            "schedule": settings.schedule_interval_s,
+            "options": {"queue": control, "expires": max(settings.schedule_interval_s * 2, 2.0)},
+        },
     }
     if settings.doctor_interval_s > 0:
         # Only reads and keeps its verdict in Postgres: two beats' looks agree.
-        entries["lousho-doctor"] = {"task": "lousho.doctor", "schedule": settings.doctor_interval_s,
-                                    "options": {"queue": control, "expires": max(settings.doctor_interval_s, 2.0)}}
+        entries["lousho-doctor"] = {
+            "task": "lousho.doctor",
+            "schedule": settings.doctor_interval_s,
+            "options": {"queue": control, "expires": max(settings.doctor_interval_s, 2.0)},
+        }
     if settings.retention_days is not None:
         # Bounded passes (store.retention.sweep); the passes of two beats share the work.
-        entries["lousho-prune"] = {"task": "lousho.prune", "schedule": settings.retention_interval_s,
-                                   "options": {"queue": control, "expires": max(settings.retention_interval_s, 2.0)}}
+        entries["lousho-prune"] = {
+            "task": "lousho.prune",
+            "schedule": settings.retention_interval_s,
+            "options": {"queue": control, "expires": max(settings.retention_interval_s, 2.0)},
+        }
     return entries
 
 
@@ -235,13 +249,17 @@ def install(app: Celery, settings: Settings | None = None) -> Celery:
         raise errors.ConfigurationError(
             "the app's broker_url is not LOUSHO_BROKER_URL: producers and the sweep would send steps where this"
             " app's workers do not read; make them the same (or leave LOUSHO_BROKER_URL unset to use the app's)",
-            variable="LOUSHO_BROKER_URL", field="broker_url")
+            variable="LOUSHO_BROKER_URL",
+            field="broker_url",
+        )
     visibility = (conf.broker_transport_options or {}).get("visibility_timeout")
     if visibility is not None and visibility < 2 * settings.step_time_limit_s:
         raise errors.ConfigurationError(
             f"the app's broker_transport_options visibility_timeout ({visibility} s) is under twice"
             f" LOUSHO_STEP_TIME_LIMIT_S ({settings.step_time_limit_s:g} s): every worker on this broker would"
-            " deliver a running step a second time", field="broker_transport_options")
+            " deliver a running step a second time",
+            field="broker_transport_options",
+        )
     if not host_broker:
         conf.broker_url = settings.broker
         conf.broker_transport_options = {**transport, **(conf.broker_transport_options or {})}
@@ -327,19 +345,26 @@ def _prepare_worker(sender: Any = None, **_: Any) -> None:
     assert settings is not None  # serves_lousho checked it
     wanted = worker_options(settings)
     conf = sender.app.conf
-    changed = sorted(name for name, value in wanted.items()
-                     if name != "broker_transport_options" and conf.get(name) != value)
-    wanted["broker_transport_options"] = {**(conf.broker_transport_options or {}),
-                                          **wanted["broker_transport_options"]}
+    changed = sorted(
+        name for name, value in wanted.items() if name != "broker_transport_options" and conf.get(name) != value
+    )
+    wanted["broker_transport_options"] = {**(conf.broker_transport_options or {}), **wanted["broker_transport_options"]}
     conf.update(wanted)
     sender.prefetch_multiplier = 1
     check_configuration(sender.app)
-    others = sorted(name for name in sender.app.amqp.queues.consume_from
-                    if name not in queue_names(settings) and not name.startswith(f"{settings.queue}."))
+    others = sorted(
+        name
+        for name in sender.app.amqp.queues.consume_from
+        if name not in queue_names(settings) and not name.startswith(f"{settings.queue}.")
+    )
     if others and changed:
-        log.warning("this worker also consumes %s: Lousho's worker settings (%s) apply to their tasks too; give"
-                    " Lousho's queues a worker of their own (-Q %s) to keep the app's values there",
-                    ", ".join(others), ", ".join(changed), ",".join(queue_names(settings)))
+        log.warning(
+            "this worker also consumes %s: Lousho's worker settings (%s) apply to their tasks too; give"
+            " Lousho's queues a worker of their own (-Q %s) to keep the app's values there",
+            ", ".join(others),
+            ", ".join(changed),
+            ",".join(queue_names(settings)),
+        )
 
 
 def _stamp_start(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -401,16 +426,19 @@ def beat_module_entries(settings: Settings) -> dict[str, dict[str, Any]]:
         try:
             module = import_from_cwd(name)
         except ImportError as exc:
-            raise errors.ConfigurationError(f"LOUSHO_BEAT_MODULES names {name!r}, which cannot be imported: {exc}",
-                                            variable="LOUSHO_BEAT_MODULES") from exc
+            raise errors.ConfigurationError(
+                f"LOUSHO_BEAT_MODULES names {name!r}, which cannot be imported: {exc}", variable="LOUSHO_BEAT_MODULES"
+            ) from exc
         entries = getattr(module, "beat_schedule", None)
         if not isinstance(entries, Mapping):
-            raise errors.ConfigurationError(f"module {name!r} of LOUSHO_BEAT_MODULES has no beat_schedule dict",
-                                            variable="LOUSHO_BEAT_MODULES")
+            raise errors.ConfigurationError(
+                f"module {name!r} of LOUSHO_BEAT_MODULES has no beat_schedule dict", variable="LOUSHO_BEAT_MODULES"
+            )
         for entry_name, entry in entries.items():
             if entry_name in merged:
-                raise errors.ConfigurationError(f"beat entry {entry_name!r} is defined twice in LOUSHO_BEAT_MODULES",
-                                                variable="LOUSHO_BEAT_MODULES")
+                raise errors.ConfigurationError(
+                    f"beat entry {entry_name!r} is defined twice in LOUSHO_BEAT_MODULES", variable="LOUSHO_BEAT_MODULES"
+                )
             merged[entry_name] = dict(entry)
     return merged
 
@@ -422,6 +450,17 @@ def _redact_logs(logger: Any = None, **_: Any) -> None:
         logs.use_json(logger)
 
 
-__all__ = ["TASKS", "beat_module_entries", "beat_schedule", "check_configuration", "configure",
-           "control_queue", "create_app", "install", "installed_settings", "queue_names", "serves_lousho",
-           "worker_options"]
+__all__ = [
+    "TASKS",
+    "beat_module_entries",
+    "beat_schedule",
+    "check_configuration",
+    "configure",
+    "control_queue",
+    "create_app",
+    "install",
+    "installed_settings",
+    "queue_names",
+    "serves_lousho",
+    "worker_options",
+]

@@ -26,29 +26,37 @@ log = logging.getLogger("lousho.step")
 class Enqueue(Protocol):
     """Sends ``advance`` for a run: to the queue of ``agent`` when given, else the shared queue."""
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0,
-                 agent: str | None = None, /, *, name: str | None = None) -> None:
+    def __call__(
+        self,
+        session_id: str,
+        seq: int | None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+    ) -> None:
         """Send ``advance`` for the run (``seq`` None: whatever step is next), named ``name`` in Flower and logs."""
 
 
 class Outcome(enum.StrEnum):
     """What a step did (logged, counted by the benchmark and tests)."""
 
-    BUSY = "busy"            #: another holder has the lease; dropped, the holder goes on
-    UNKNOWN = "unknown"      #: no such run
-    STALE = "stale"          #: the message's seq is behind the run; a duplicate, dropped
-    IDLE = "idle"            #: nothing to do (paused, finished, parked)
-    ADVANCED = "advanced"    #: progress saved, next step enqueued
+    BUSY = "busy"  #: another holder has the lease; dropped, the holder goes on
+    UNKNOWN = "unknown"  #: no such run
+    STALE = "stale"  #: the message's seq is behind the run; a duplicate, dropped
+    IDLE = "idle"  #: nothing to do (paused, finished, parked)
+    ADVANCED = "advanced"  #: progress saved, next step enqueued
     AWAITING_APPROVAL = "awaiting-approval"  #: the run now waits on a person's decisions
     PAUSED = "awaiting-approval"  #: the name ``AWAITING_APPROVAL`` had before the runs' states were one vocabulary
-    FINISHED = "finished"    #: the run finished
-    FENCED = "fenced"        #: our save was refused: another holder took over
-    FAILED = "failed"        #: the step failed; error recorded, retry scheduled
+    FINISHED = "finished"  #: the run finished
+    FENCED = "fenced"  #: our save was refused: another holder took over
+    FAILED = "failed"  #: the step failed; error recorded, retry scheduled
     HANDED_BACK = "handed-back"  #: this worker cannot run the step (deploy under way); another will
-    PARKED = "parked"        #: the run stopped with a non-retryable error
-    ABORTED = "aborted"      #: the run stopped on an abort request; every call has its result
+    PARKED = "parked"  #: the run stopped with a non-retryable error
+    ABORTED = "aborted"  #: the run stopped on an abort request; every call has its result
     DELEGATED = "delegated"  #: the run waits on child runs (sub-agents); the last to settle wakes it
-    WAITING = "waiting"      #: the run waits on its model limit (a slot, the minute's rate, a cool-down); no failure
+    WAITING = "waiting"  #: the run waits on its model limit (a slot, the minute's rate, a cool-down); no failure
 
 
 @dataclass
@@ -133,9 +141,17 @@ class StepResult:
     watch: tuple[tuple[str, str], ...] = ()
 
 
-def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
-         approvals: Sequence[Approval] = (), events: Sequence[EventDraft] = (), status_before: str | None = None,
-         settles_abort: bool = False, live: Live | None = None) -> Checkpoint:
+def save(
+    deps: StepDeps,
+    checkpoint: Checkpoint,
+    *,
+    drained_inbox: bool = False,
+    approvals: Sequence[Approval] = (),
+    events: Sequence[EventDraft] = (),
+    status_before: str | None = None,
+    settles_abort: bool = False,
+    live: Live | None = None,
+) -> Checkpoint:
     """Fenced save of ``checkpoint`` as the next seq, with the durable events it makes true.
 
     ``events`` are the caller's; ``run.start`` (input merged), ``approval.requested`` (one per approval) and
@@ -161,8 +177,15 @@ def save(deps: StepDeps, checkpoint: Checkpoint, *, drained_inbox: bool = False,
     drafts.extend(live_events.approval_requested(approval) for approval in approvals)
     if status_before is not None:
         drafts = live_events.settled(drafts, new, status_before, drained_inbox)
-    saved = deps.store.record_step(StepWrite(checkpoint=new, drained_inbox=drained_inbox, approvals=tuple(approvals),
-                                             events=tuple(drafts), settles_abort=settles_abort))
+    saved = deps.store.record_step(
+        StepWrite(
+            checkpoint=new,
+            drained_inbox=drained_inbox,
+            approvals=tuple(approvals),
+            events=tuple(drafts),
+            settles_abort=settles_abort,
+        )
+    )
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)
@@ -183,8 +206,12 @@ def _resumes_stopped_input() -> bool:
     """
     report = telemetry.current()
     claimed = report.checkpoint if report is not None else None  # the claimed checkpoint until the first save
-    return (claimed is not None and claimed.status == "in-progress" and not claimed.aborted
-            and claimed.finish_reason in ("aborted", "budget-exceeded"))
+    return (
+        claimed is not None
+        and claimed.status == "in-progress"
+        and not claimed.aborted
+        and claimed.finish_reason in ("aborted", "budget-exceeded")
+    )
 
 
 def _noted(saved: Checkpoint, drained_inbox: bool, ending: bool, approvals: Sequence[Approval]) -> None:

@@ -17,8 +17,9 @@ from worker.agents import (
 )
 
 
-def delegate(batch: batch_state.Batch, agent: Agent, calls: list[ToolCall],
-             undecided: list[str]) -> list[tuple[str, str | None]]:
+def delegate(
+    batch: batch_state.Batch, agent: Agent, calls: list[ToolCall], undecided: list[str]
+) -> list[tuple[str, str | None]]:
     """Record the result of each delegated call whose child settled, then start children for new ``task`` calls.
 
     At most ``tool_concurrency`` children run at once; the other calls wait for a free place (a settling child
@@ -32,8 +33,11 @@ def delegate(batch: batch_state.Batch, agent: Agent, calls: list[ToolCall],
     lead = batch.checkpoint.session_id
     # Only the run's own children count: a child named by another run (a fork of a release that copied its
     # source's) is not waited on, and its call gets a child of this run's.
-    own = {call_id: child for call_id, child in (batch.checkpoint.delegated or {}).items()
-           if records.lead_of(child) == lead}
+    own = {
+        call_id: child
+        for call_id, child in (batch.checkpoint.delegated or {}).items()
+        if records.lead_of(child) == lead
+    }
     delegated = dict(own)
     paused_on = settle_delegated(batch, delegated, {call.id: call for call in calls})
     new: list[tuple[ToolCall, str]] = []
@@ -50,16 +54,28 @@ def delegate(batch: batch_state.Batch, agent: Agent, calls: list[ToolCall],
             continue  # started when a child settles
         started = subagents.child_id(lead, batch.checkpoint.step, call.id)
         if records.depth_of(lead) + 1 > agent.max_subagent_depth:
-            batch.settle(machine.tool_error(call, "denied", "SubagentDepthExceeded",
-                                            f"sub-agents may nest {agent.max_subagent_depth} level(s) deep"))
+            batch.settle(
+                machine.tool_error(
+                    call,
+                    "denied",
+                    "SubagentDepthExceeded",
+                    f"sub-agents may nest {agent.max_subagent_depth} level(s) deep",
+                )
+            )
         elif started is None:
-            batch.settle(machine.tool_error(call, "execution", "SubagentIdTooLong",
-                                            "this run's id is too long to name a sub-agent's run"))
+            batch.settle(
+                machine.tool_error(
+                    call, "execution", "SubagentIdTooLong", "this run's id is too long to name a sub-agent's run"
+                )
+            )
         elif background:
             if _start(batch, [(call, started)]):
-                batch.settle_background(call, machine.tool_message(call, {
-                    "task_id": started, "status": "running", "agent": call.args["agent"]}), started,
-                    subagents.started(call, started))
+                batch.settle_background(
+                    call,
+                    machine.tool_message(call, {"task_id": started, "status": "running", "agent": call.args["agent"]}),
+                    started,
+                    subagents.started(call, started),
+                )
                 sent.append((started, str(call.args["agent"])))
         else:
             delegated[call.id] = started
@@ -83,19 +99,28 @@ def _start(batch: batch_state.Batch, children: list[tuple[ToolCall, str]]) -> se
     if not children or batch.fenced:
         return set()
     try:
-        refused = set(batch.deps.store.start_children(
-            batch.checkpoint.session_id, batch.checkpoint.agent,
-            [(child, str(call.args["agent"]), str(call.args["prompt"])) for call, child in children],
-            fence=batch.checkpoint.fence))
+        refused = set(
+            batch.deps.store.start_children(
+                batch.checkpoint.session_id,
+                batch.checkpoint.agent,
+                [(child, str(call.args["agent"]), str(call.args["prompt"])) for call, child in children],
+                fence=batch.checkpoint.fence,
+            )
+        )
     except errors.FencedOutError:
         batch.fenced = True
         batch.lease.lost.set()
         return set()
     for call, child in children:
         if child in refused:
-            batch.settle(machine.tool_error(call, "execution", "SubagentIdTaken",
-                                            f"a run named {child!r} exists and is not this run's sub-agent;"
-                                            " the task did not start"))
+            batch.settle(
+                machine.tool_error(
+                    call,
+                    "execution",
+                    "SubagentIdTaken",
+                    f"a run named {child!r} exists and is not this run's sub-agent; the task did not start",
+                )
+            )
     return {child for _, child in children if child not in refused}
 
 
@@ -128,13 +153,15 @@ def watched_children(batch: batch_state.Batch) -> tuple[tuple[str, str], ...]:
     return tuple((child, batch.seen.get(child, "running")) for child in (batch.checkpoint.delegated or {}).values())
 
 
-def follow_background(batch: batch_state.Batch, call: ToolCall, delegated: dict[str, str],
-                       sent: list[tuple[str, str | None]]) -> None:
+def follow_background(
+    batch: batch_state.Batch, call: ToolCall, delegated: dict[str, str], sent: list[tuple[str, str | None]]
+) -> None:
     """``agent_status``, ``agent_cancel`` (answered now) or ``agent_await`` (delegated to the task's child)."""
     task_id = str(call.args.get("task_id", ""))
     if task_id not in (batch.checkpoint.background or []) or records.lead_of(task_id) != batch.checkpoint.session_id:
-        batch.settle(machine.tool_error(call, "not-found", "TaskNotFound",
-                                        f"no background task {task_id!r} in this run"))
+        batch.settle(
+            machine.tool_error(call, "not-found", "TaskNotFound", f"no background task {task_id!r} in this run")
+        )
     elif call.name == AGENT_AWAIT:
         delegated[call.id] = task_id
     elif call.name == AGENT_STATUS:

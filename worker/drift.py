@@ -37,9 +37,13 @@ class AgentDrift:
 
     def as_event(self) -> dict[str, Any]:
         """The drift event's fields."""
-        return {"model": list(self.model) if self.model else None, "tools_added": self.tools_added,
-                "tools_removed": self.tools_removed, "tools_changed": self.tools_changed,
-                "instructions": self.instructions}
+        return {
+            "model": list(self.model) if self.model else None,
+            "tools_added": self.tools_added,
+            "tools_removed": self.tools_removed,
+            "tools_changed": self.tools_changed,
+            "instructions": self.instructions,
+        }
 
 
 def compare(saved: dict[str, Any] | None, current: dict[str, Any]) -> AgentDrift | None:

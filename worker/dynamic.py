@@ -50,11 +50,13 @@ def _resolve(agent: Agent, ctx: ResolveContext) -> RunConfig:
     try:
         config = agent.resolve(ctx)
     except Exception as exc:  # recorded as the run's last error; the input stays queued
-        raise errors.ConfigResolverError(payloads.clean_error(
-            f"resolve of agent {agent.name!r} raised {type(exc).__name__}: {exc}")) from exc
+        raise errors.ConfigResolverError(
+            payloads.clean_error(f"resolve of agent {agent.name!r} raised {type(exc).__name__}: {exc}")
+        ) from exc
     if not isinstance(config, RunConfig):
-        raise errors.ConfigResolverError(f"resolve of agent {agent.name!r} returned {type(config).__name__},"
-                                         " not a RunConfig")
+        raise errors.ConfigResolverError(
+            f"resolve of agent {agent.name!r} returned {type(config).__name__}, not a RunConfig"
+        )
     if config.model is None and agent.model is None:
         raise errors.ConfigResolverError(f"resolve of agent {agent.name!r} chose no model and the agent has none")
     return config
@@ -90,8 +92,12 @@ def for_run(agent: Agent, checkpoint: Checkpoint, inbox: Sequence[InboxEntry]) -
     if _starts_input(checkpoint, inbox):
         fresh = [entry for entry in inbox if entry.n > checkpoint.inbox_cursor]
         metadata = next((e.metadata for e in reversed(fresh) if e.metadata is not None), None)
-        ctx = ResolveContext(checkpoint.session_id, agent.name,
-                             [m for entry in fresh for m in entry.messages if m.role != "system"], metadata)
+        ctx = ResolveContext(
+            checkpoint.session_id,
+            agent.name,
+            [m for entry in fresh for m in entry.messages if m.role != "system"],
+            metadata,
+        )
         config = _resolve(agent, ctx)
         model = config.model if config.model is not None else agent.model
         assert model is not None
@@ -109,8 +115,9 @@ def for_run(agent: Agent, checkpoint: Checkpoint, inbox: Sequence[InboxEntry]) -
     try:
         model = _saved_model(spec, candidates)
     except errors.ConfigurationError as exc:
-        raise errors.ConfigResolverError(f"the model run {checkpoint.session_id!r} chose cannot be rebuilt:"
-                                         f" {exc.message}") from exc
+        raise errors.ConfigResolverError(
+            f"the model run {checkpoint.session_id!r} chose cannot be rebuilt: {exc.message}"
+        ) from exc
     return _configured(agent, config, model), False
 
 
@@ -140,5 +147,8 @@ def chosen(checkpoint: Checkpoint, agent: Agent) -> Checkpoint:
     from worker.providers.specs import model_spec
 
     assert agent.model is not None
-    return checkpoint.model_copy(update={"run_config": {
-        "model": model_spec(agent.model), "input": [checkpoint.run_start, len(checkpoint.messages)]}})
+    return checkpoint.model_copy(
+        update={
+            "run_config": {"model": model_spec(agent.model), "input": [checkpoint.run_start, len(checkpoint.messages)]}
+        }
+    )

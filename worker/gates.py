@@ -33,19 +33,19 @@ from worker.hooks import Result as HookResult
 class Plan:
     """Each pending call sorted by what happens to it now."""
 
-    results: list[Message] = field(default_factory=list)     # settled without running
+    results: list[Message] = field(default_factory=list)  # settled without running
     notes: dict[str, tuple[EventDraft, ...]] = field(default_factory=dict)  # events saved with a settled result
-    run: list[ToolCall] = field(default_factory=list)         # cleared to run now (once calls run again too)
-    approved: list[ToolCall] = field(default_factory=list)    # decided yes: started marker first
-    gated: list[ToolCall] = field(default_factory=list)       # waits for a human decision
-    handoffs: list[ToolCall] = field(default_factory=list)    # transfer_to_<name>: recorded, never run
-    tasks: list[ToolCall] = field(default_factory=list)       # task: a child run gives the result
-    undecided: list[str] = field(default_factory=list)        # approvals of calls still waiting for a person
+    run: list[ToolCall] = field(default_factory=list)  # cleared to run now (once calls run again too)
+    approved: list[ToolCall] = field(default_factory=list)  # decided yes: started marker first
+    gated: list[ToolCall] = field(default_factory=list)  # waits for a human decision
+    handoffs: list[ToolCall] = field(default_factory=list)  # transfer_to_<name>: recorded, never run
+    tasks: list[ToolCall] = field(default_factory=list)  # task: a child run gives the result
+    undecided: list[str] = field(default_factory=list)  # approvals of calls still waiting for a person
     approval_of: dict[str, str] = field(default_factory=dict)  # approved call id -> the approval that let it run
-    reconcile: list[ToolCall] = field(default_factory=list)   # once calls found started without a result
+    reconcile: list[ToolCall] = field(default_factory=list)  # once calls found started without a result
     reruns: dict[str, once.Rerun] = field(default_factory=dict)  # once calls found not done: they run again
-    asks: list[once.Ask] = field(default_factory=list)        # once calls a person reconciles
-    decided: dict[str, str] = field(default_factory=dict)     # approval id -> call id of the turn's decisions
+    asks: list[once.Ask] = field(default_factory=list)  # once calls a person reconciles
+    decided: dict[str, str] = field(default_factory=dict)  # approval id -> call id of the turn's decisions
     writes: dict[str, business.Write] = field(default_factory=dict)  # call id -> its pre_tool_call hooks' write
 
     def settled(self, outcome: once.Settled, call: ToolCall) -> None:
@@ -72,28 +72,53 @@ class Plan:
         self.run.sort(key=lambda c: order.index(c.id))
 
 
-def call_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None,
-             attempt: int = 1, approval_id: str | None = None, state: Any = None) -> ToolContext:
+def call_context(
+    agent: Agent,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    cancelled: threading.Event | None = None,
+    attempt: int = 1,
+    approval_id: str | None = None,
+    state: Any = None,
+) -> ToolContext:
     """The context of a call that runs, starting from business state ``state`` (a copy of it)."""
-    return ToolContext(tool_call_id=call.id, session_id=checkpoint.session_id, agent=agent.name,
-                       step=checkpoint.step, business_state=business.handed(state),
-                       checkpoint_seq=checkpoint.seq, cancelled=cancelled or threading.Event(), attempt=attempt,
-                       approval_id=approval_id)
+    return ToolContext(
+        tool_call_id=call.id,
+        session_id=checkpoint.session_id,
+        agent=agent.name,
+        step=checkpoint.step,
+        business_state=business.handed(state),
+        checkpoint_seq=checkpoint.seq,
+        cancelled=cancelled or threading.Event(),
+        attempt=attempt,
+        approval_id=approval_id,
+    )
 
 
-def reading_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None,
-                     attempt: int = 1) -> ToolContext:
+def reading_context(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event | None = None, attempt: int = 1
+) -> ToolContext:
     """The context of a function that only reads (an approval rule, ``reconcile``): it cannot write the state."""
-    return business.read_only(call_context(agent, checkpoint, call, cancelled, attempt,
-                                       state=checkpoint.business_state))
+    return business.read_only(
+        call_context(agent, checkpoint, call, cancelled, attempt, state=checkpoint.business_state)
+    )
 
 
-def hook_context(agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False,
-                state: Any = None) -> HookContext:
+def hook_context(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, resumed: bool = False, state: Any = None
+) -> HookContext:
     """What the ``pre_tool_call`` and ``post_tool_call`` hooks of a call see."""
-    return HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
-                       metadata=checkpoint.metadata, tool_call_id=call.id, tool_name=call.name, args=dict(call.args),
-                       resumed_after_approval=resumed, business_state=business.handed(state))
+    return HookContext(
+        session_id=checkpoint.session_id,
+        agent=agent.name,
+        step=checkpoint.step,
+        metadata=checkpoint.metadata,
+        tool_call_id=call.id,
+        tool_name=call.name,
+        args=dict(call.args),
+        resumed_after_approval=resumed,
+        business_state=business.handed(state),
+    )
 
 
 def _same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -101,8 +126,9 @@ def _same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(payloads.sanitize(a), sort_keys=True) == json.dumps(payloads.sanitize(b), sort_keys=True)
 
 
-def gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str, business.Write],
-          pinned: bool = False) -> ToolCall | Message:
+def gate(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str, business.Write], pinned: bool = False
+) -> ToolCall | Message:
     """The call as the ``pre_tool_call`` hooks leave it, or the result they settle it with.
 
     ``pinned``: a person approved ``call.args``; a hook that changes them gets the call a validation error.
@@ -126,9 +152,12 @@ def gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str,
     if isinstance(verdict, Input):
         if pinned:
             if not _same_args(verdict.args, call.args):
-                return machine.tool_error(call, "validation", "ApprovedArgsChanged",
-                                          "a hook tried to change the arguments a person approved; the call did"
-                                          " not run")
+                return machine.tool_error(
+                    call,
+                    "validation",
+                    "ApprovedArgsChanged",
+                    "a hook tried to change the arguments a person approved; the call did not run",
+                )
             return call
         try:
             agent.tools[call.name].validate(verdict.args)
@@ -138,16 +167,21 @@ def gate(agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str,
     return call
 
 
-def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: Approval,
-             writes: dict[str, business.Write]) -> ToolCall | Message | None:
+def _decided(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: Approval, writes: dict[str, business.Write]
+) -> ToolCall | Message | None:
     """What a decision makes of its call: a result, the approved call to run (pinned args), or None (undecided)."""
     if decision.kind == "question" and decision.status in ("approved", "rejected"):
-        return machine.answered(call, decision.answer) if decision.status == "approved" \
+        return (
+            machine.answered(call, decision.answer)
+            if decision.status == "approved"
             else machine.declined(call, decision.note)
+        )
     if decision.status == "approved":
         if call.name not in agent.tools:
             raise errors.ResumeToolMissingError(
-                f"the approved call {call.id!r} names tool {call.name!r}, which agent {agent.name!r} lacks")
+                f"the approved call {call.id!r} names tool {call.name!r}, which agent {agent.name!r} lacks"
+            )
         # What runs is what the person saw and approved (after the hooks' changes at the time).
         return gate(agent, checkpoint, call.model_copy(update={"args": decision.args}), writes, pinned=True)
     if decision.status == "rejected":
@@ -155,8 +189,9 @@ def _decided(agent: Agent, checkpoint: Checkpoint, call: ToolCall, decision: App
     return None
 
 
-def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
-             writes: dict[str, business.Write]) -> tuple[ToolCall | Message, str]:
+def _cleared(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, writes: dict[str, business.Write]
+) -> tuple[ToolCall | Message, str]:
     """An undecided call through the gates: its result, or the call and where it goes.
 
     Where: ``run`` (cleared), ``gated`` (a person decides first) or ``handoff`` (recorded, never run).
@@ -165,8 +200,9 @@ def _cleared(agent: Agent, checkpoint: Checkpoint, call: ToolCall,
     if tool is None:
         return machine.tool_error(call, "not-found", "ToolNotFound", f"no tool named {call.name!r}"), "result"
     if call.invalid_args is not None:
-        return machine.tool_error(call, "validation", "ToolArgsInvalid",
-                                  "the arguments were not a JSON object; send valid JSON"), "result"
+        return machine.tool_error(
+            call, "validation", "ToolArgsInvalid", "the arguments were not a JSON object; send valid JSON"
+        ), "result"
     try:
         tool.validate(call.args)
     except ToolArgsInvalid as exc:
@@ -196,8 +232,15 @@ def sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list
         HookFailedError: a hook raised (nothing of the batch was saved or run yet).
     """
     plan = Plan()
-    decided = {a.tool_call_id: a for a in deps.store.decisions(checkpoint.approval_ids).values()
-               if a.session_id == checkpoint.session_id} if checkpoint.approval_ids else {}
+    decided = (
+        {
+            a.tool_call_id: a
+            for a in deps.store.decisions(checkpoint.approval_ids).values()
+            if a.session_id == checkpoint.session_id
+        }
+        if checkpoint.approval_ids
+        else {}
+    )
     plan.decided = {a.approval_id: call_id for call_id, a in decided.items()}
     delegated = checkpoint.delegated or {}
     order = [call.id for call in calls]
@@ -221,8 +264,9 @@ def sort_calls(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, calls: list
             # A run waiting on children and on a person both (its step looks at the children): still undecided.
             plan.undecided.append(decision.approval_id)
             continue
-        if decision is not None and plan.take_decision(_decided(agent, checkpoint, call, decision, plan.writes),
-                                                       decision):
+        if decision is not None and plan.take_decision(
+            _decided(agent, checkpoint, call, decision, plan.writes), decision
+        ):
             continue
         cleared, where = _cleared(agent, checkpoint, call, plan.writes)
         if isinstance(cleared, Message):
@@ -245,8 +289,9 @@ def rerun_once(agent: Agent, checkpoint: Checkpoint, plan: Plan, verdict: once.R
         plan.rerun(once.Rerun(gated, verdict.consumes, verdict.events), order)
 
 
-def request_approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall],
-               asks: list[once.Ask]) -> list[Approval]:
+def request_approvals(
+    deps: StepDeps, agent: Agent, session_id: str, calls: list[ToolCall], asks: list[once.Ask]
+) -> list[Approval]:
     """One pending approval per gated call, then one of kind ``reconcile`` per once call a person reconciles.
 
     A reconciliation never expires: only a person can say whether the effect happened.
@@ -254,14 +299,34 @@ def request_approvals(deps: StepDeps, agent: Agent, session_id: str, calls: list
     fingerprint = deps.fingerprint(agent)
     # Ids sort by creation, then call order, so listings read in the order the model asked.
     stamp = f"ap_{time.time_ns():016x}"
-    gated = [Approval(approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
-                      tool_call_id=call.id, tool_name=call.name, args=call.args, agent=agent.name,
-                      fingerprint=fingerprint, expires_in=_expires_in(agent, call), **_question_of(agent, call))
-             for k, call in enumerate(calls)]
-    return gated + [Approval(approval_id=f"{stamp}{len(calls) + k:03x}{uuid.uuid4().hex[:12]}", session_id=session_id,
-                             tool_call_id=ask.call.id, tool_name=ask.call.name, args=ask.call.args, agent=agent.name,
-                             fingerprint=fingerprint, kind="reconcile", question=ask.reason)
-                    for k, ask in enumerate(asks)]
+    gated = [
+        Approval(
+            approval_id=f"{stamp}{k:03x}{uuid.uuid4().hex[:12]}",
+            session_id=session_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            args=call.args,
+            agent=agent.name,
+            fingerprint=fingerprint,
+            expires_in=_expires_in(agent, call),
+            **_question_of(agent, call),
+        )
+        for k, call in enumerate(calls)
+    ]
+    return gated + [
+        Approval(
+            approval_id=f"{stamp}{len(calls) + k:03x}{uuid.uuid4().hex[:12]}",
+            session_id=session_id,
+            tool_call_id=ask.call.id,
+            tool_name=ask.call.name,
+            args=ask.call.args,
+            agent=agent.name,
+            fingerprint=fingerprint,
+            kind="reconcile",
+            question=ask.reason,
+        )
+        for k, ask in enumerate(asks)
+    ]
 
 
 def _expires_in(agent: Agent, call: ToolCall) -> float | None:
@@ -276,5 +341,8 @@ def _question_of(agent: Agent, call: ToolCall) -> dict[str, Any]:
     if not (agent.ask_question and call.name == ASK_QUESTION):
         return {}
     options = call.args.get("options")
-    return {"kind": "question", "question": str(call.args.get("question", "")),
-            "options": [str(option) for option in options] if isinstance(options, list) else None}
+    return {
+        "kind": "question",
+        "question": str(call.args.get("question", "")),
+        "options": [str(option) for option in options] if isinstance(options, list) else None,
+    }

@@ -42,9 +42,15 @@ def as_target(entry: Agent, target: Agent) -> Agent:
     cached = _handed.get(key)
     if cached is not None:
         return cached
-    handed = target.replace(max_steps=entry.max_steps, on_agent_drift=entry.on_agent_drift, hooks=entry.hooks,
-                            limits=entry.limits, prices=entry.prices, approval_expires_in=entry.approval_expires_in,
-                            max_handoffs=entry.max_handoffs)
+    handed = target.replace(
+        max_steps=entry.max_steps,
+        on_agent_drift=entry.on_agent_drift,
+        hooks=entry.hooks,
+        limits=entry.limits,
+        prices=entry.prices,
+        approval_expires_in=entry.approval_expires_in,
+        max_handoffs=entry.max_handoffs,
+    )
     _handed[key] = handed
     return handed
 
@@ -62,13 +68,16 @@ def target_of(agent: Agent, tool_name: str) -> Agent | None:
     """The agent a ``transfer_to_<name>`` call of ``agent`` hands the run to (None: not a handoff)."""
     if not tool_name.startswith(HANDOFF_PREFIX):
         return None
-    return agent.handoffs.get(tool_name[len(HANDOFF_PREFIX):])
+    return agent.handoffs.get(tool_name[len(HANDOFF_PREFIX) :])
 
 
 def handoffs_in_input(checkpoint: Checkpoint) -> int:
     """How many handoffs the current input made so far (their results name the agent handed to)."""
-    return sum(1 for m in checkpoint.messages[checkpoint.run_start:]
-               if m.role == "tool" and not m.is_error and (m.name or "").startswith(HANDOFF_PREFIX))
+    return sum(
+        1
+        for m in checkpoint.messages[checkpoint.run_start :]
+        if m.role == "tool" and not m.is_error and (m.name or "").startswith(HANDOFF_PREFIX)
+    )
 
 
 def instructed(messages: list[Message], agent: Agent, checkpoint: Checkpoint) -> list[Message]:

@@ -108,8 +108,9 @@ class RunEnd:
 
 
 def _failed(hook: object, method: str, exc: Exception) -> errors.HookFailedError:
-    return errors.HookFailedError(payloads.clean_error(
-        f"hook {type(hook).__name__}.{method} raised {type(exc).__name__}: {exc}"))
+    return errors.HookFailedError(
+        payloads.clean_error(f"hook {type(hook).__name__}.{method} raised {type(exc).__name__}: {exc}")
+    )
 
 
 def call(hook: object, method: str, *args: Any) -> Any:

@@ -22,8 +22,15 @@ from worker.agents import (
 Invoked = tuple[Message, "business.Write | None"]
 
 
-def invoke(agent: Agent, checkpoint: Checkpoint, call: ToolCall, cancelled: threading.Event,
-            attempt: int = 1, approval_id: str | None = None, state: Any = None) -> Invoked:
+def invoke(
+    agent: Agent,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    cancelled: threading.Event,
+    attempt: int = 1,
+    approval_id: str | None = None,
+    state: Any = None,
+) -> Invoked:
     """Run one cleared call, starting from business state ``state``: its result message and what it wrote.
 
     Whatever happens becomes the result; a tool that raised after writing the state keeps its write (it is saved
@@ -70,8 +77,16 @@ class _CallCancelled(threading.Event):
         return True
 
 
-def invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: threading.Event,
-                   timeout: float, attempt: int = 1, approval_id: str | None = None, state: Any = None) -> Invoked:
+def invoke_within(
+    agent: Agent,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    abort: threading.Event,
+    timeout: float,
+    attempt: int = 1,
+    approval_id: str | None = None,
+    state: Any = None,
+) -> Invoked:
     """Run a call that has a timeout on the process's tool threads; its result, whatever happens.
 
     A call that found no free thread within ``timeout`` is cancelled: it never runs, and its result says so
@@ -94,12 +109,19 @@ def invoke_within(agent: Agent, checkpoint: Checkpoint, call: ToolCall, abort: t
     if outcome == "done":
         return running.result()
     if outcome == "not-started":
-        return machine.tool_error(call, "not-run", "ToolNotStarted",
-                                  f"no worker thread was free for this call within its {timeout:g} s timeout;"
-                                  " it did not run and never will"), None
+        return machine.tool_error(
+            call,
+            "not-run",
+            "ToolNotStarted",
+            f"no worker thread was free for this call within its {timeout:g} s timeout; it did not run and never will",
+        ), None
     cancelled.set()
-    timed_out = machine.tool_error(call, "timeout", "ToolTimedOut",
-                                   f"the call ran longer than {timeout:g} s and was given up; it may still take effect")
+    timed_out = machine.tool_error(
+        call,
+        "timeout",
+        "ToolTimedOut",
+        f"the call ran longer than {timeout:g} s and was given up; it may still take effect",
+    )
     return timed_out, None
 
 
@@ -114,8 +136,9 @@ def outcome_of(result: Message) -> str:
     return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else "error"
 
 
-def after_hooks(agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool,
-           state: Any) -> tuple[Message, business.Write | None]:
+def after_hooks(
+    agent: Agent, checkpoint: Checkpoint, call: ToolCall, result: Message, resumed: bool, state: Any
+) -> tuple[Message, business.Write | None]:
     """``result`` as the ``post_tool_call`` hooks leave it, and the business state they wrote (from ``state``).
 
     Raises:

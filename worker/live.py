@@ -22,12 +22,14 @@ __all__ = ["Live", "approval_requested", "run_done", "run_start", "step_done", "
 
 def run_start(checkpoint: Checkpoint) -> EventDraft:
     """The run took new input (merged up to ``inbox_cursor``)."""
-    return EventDraft(type="run.start", data={"agent": checkpoint.agent, "input_number": checkpoint.inbox_cursor,
-                                              "resumed": False})
+    return EventDraft(
+        type="run.start", data={"agent": checkpoint.agent, "input_number": checkpoint.inbox_cursor, "resumed": False}
+    )
 
 
-def step_done(step: int, turn: Message, usage: Usage, duration_ms: float | None = None,
-              cost: float | None = None) -> EventDraft:
+def step_done(
+    step: int, turn: Message, usage: Usage, duration_ms: float | None = None, cost: float | None = None
+) -> EventDraft:
     """Model turn ``turn`` (step ``step``) was saved; its text and calls come from its row.
 
     ``duration_ms`` is how long the turn took, from the model call to the save: with the event's time (the
@@ -51,11 +53,18 @@ def tool_result(result: Message, duration_ms: float | None) -> EventDraft:
 
 def approval_requested(approval: Approval) -> EventDraft:
     """The run paused on ``approval``."""
-    return EventDraft(type="approval.requested", data={
-        "approval_id": approval.approval_id, "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
-        "args": approval.args, "kind": approval.kind,
-        **({"question": approval.question, "options": approval.options} if approval.kind == "question" else {}),
-        **({"question": approval.question} if approval.kind == "reconcile" else {})})
+    return EventDraft(
+        type="approval.requested",
+        data={
+            "approval_id": approval.approval_id,
+            "tool_call_id": approval.tool_call_id,
+            "tool_name": approval.tool_name,
+            "args": approval.args,
+            "kind": approval.kind,
+            **({"question": approval.question, "options": approval.options} if approval.kind == "question" else {}),
+            **({"question": approval.question} if approval.kind == "reconcile" else {}),
+        },
+    )
 
 
 def tool_reconcile(call: ToolCall, outcome: str, by: str, attempt: int, code: str | None = None) -> EventDraft:
@@ -65,8 +74,13 @@ def tool_reconcile(call: ToolCall, outcome: str, by: str, attempt: int, code: st
     recorded it as not done), ``failed`` (``reconcile`` raised; retried) or ``asked`` (a person decides);
     ``by``: ``reconcile`` (the tool's function, or its absence) or ``person``.
     """
-    data: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name, "outcome": outcome, "by": by,
-                            "attempt": attempt}
+    data: dict[str, Any] = {
+        "tool_call_id": call.id,
+        "tool_name": call.name,
+        "outcome": outcome,
+        "by": by,
+        "attempt": attempt,
+    }
     if code is not None:
         data["code"] = code
     return EventDraft(type="tool.reconcile", data=data)
@@ -74,23 +88,34 @@ def tool_reconcile(call: ToolCall, outcome: str, by: str, attempt: int, code: st
 
 def run_done(checkpoint: Checkpoint, finish_reason: str | None = None) -> EventDraft:
     """The run settled: finished, paused, aborted, or stopped on an error (``finish_reason="error"``)."""
-    reason = finish_reason or checkpoint.finish_reason or (
-        "awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
-    return EventDraft(type="run.done", data={
-        "finish_reason": reason, "text": checkpoint.final_text, "usage": checkpoint.usage.model_dump(),
-        "steps": checkpoint.step, "approval_ids": list(checkpoint.approval_ids)})
+    reason = (
+        finish_reason
+        or checkpoint.finish_reason
+        or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
+    )
+    return EventDraft(
+        type="run.done",
+        data={
+            "finish_reason": reason,
+            "text": checkpoint.final_text,
+            "usage": checkpoint.usage.model_dump(),
+            "steps": checkpoint.step,
+            "approval_ids": list(checkpoint.approval_ids),
+        },
+    )
 
 
 def error(error: LastError) -> EventDraft:
     """A step failed with ``error``."""
-    return EventDraft(type="error", data={"code": error.code, "message": error.message,
-                                          "retryable": error.retryable})
+    return EventDraft(type="error", data={"code": error.code, "message": error.message, "retryable": error.retryable})
 
 
 def provider_retry(error: LastError, failures: int, delay_s: float) -> EventDraft:
     """A provider call failed transiently and will be tried again in ``delay_s``."""
-    return EventDraft(type="provider.retry", data={"code": error.code, "message": error.message,
-                                                   "failures": failures, "delay_s": round(delay_s, 3)})
+    return EventDraft(
+        type="provider.retry",
+        data={"code": error.code, "message": error.message, "failures": failures, "delay_s": round(delay_s, 3)},
+    )
 
 
 def handoff(source: str, target: str) -> EventDraft:
@@ -139,8 +164,7 @@ class _CutShort:
     def is_set(self) -> bool:
         """Whether the call should stop now."""
         lease = self._lease
-        return (self._forced or lease.abort.is_set()
-                or (lease.steer > self._live.cursor and not self._live.emitted))
+        return self._forced or lease.abort.is_set() or (lease.steer > self._live.cursor and not self._live.emitted)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call should stop (True) or ``timeout`` passed (False)."""
@@ -198,8 +222,7 @@ class Live:
         """Publish a live signal while someone watches."""
         if self._signals is not None and self._lease.watched:
             at = datetime.now(UTC).isoformat()
-            self._signals.publish(self._lease.session_id,
-                                  payloads.dumps({"type": event_type, "data": data, "at": at}))
+            self._signals.publish(self._lease.session_id, payloads.dumps({"type": event_type, "data": data, "at": at}))
 
     def saved(self, events_written: int) -> None:
         """A save wrote durable events: wake the consumers, who read them from Postgres."""

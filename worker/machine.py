@@ -2,6 +2,8 @@
 
 No database, Redis, Celery or clock here: every guarantee of a run lives in these functions, so
 they are tested in microseconds and replayed deterministically.
+
+Stays whole: the pure step machine's rules (plan, merge, fit) decide one next action together.
 """
 
 from __future__ import annotations
@@ -48,8 +50,14 @@ class Idle:
 Action = ModelTurn | ToolBatch | Save | Idle
 
 
-def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str, max_steps: int,
-         over_budget: Callable[[Checkpoint], bool] | None = None) -> Action:
+def plan(
+    checkpoint: Checkpoint,
+    inbox: Sequence[InboxEntry],
+    *,
+    instructions: str,
+    max_steps: int,
+    over_budget: Callable[[Checkpoint], bool] | None = None,
+) -> Action:
     """Decide the one step a task performs for this run.
 
     Pending tool calls always come first; queued input is merged only at a boundary where every
@@ -72,7 +80,7 @@ def plan(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: s
     drained = merged.inbox_cursor != checkpoint.inbox_cursor
     if merged.status == "finished":
         return Save(merged, drained) if drained else Idle("finished")
-    if not any(m.role == "user" for m in merged.messages[merged.run_start:]):
+    if not any(m.role == "user" for m in merged.messages[merged.run_start :]):
         return Save(merged, drained) if drained else Idle("no input")
     last = merged.messages[-1]
     if last.role == "assistant" and not last.tool_calls:
@@ -105,7 +113,8 @@ def _signature(message: Message) -> tuple[Any, ...]:
 
 def _starts_with(items: Sequence[Message], prefix: Sequence[Message]) -> bool:
     return len(prefix) <= len(items) and all(
-        _signature(a) == _signature(b) for a, b in zip(items, prefix, strict=False))
+        _signature(a) == _signature(b) for a, b in zip(items, prefix, strict=False)
+    )
 
 
 def merge_input(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions: str) -> Checkpoint:
@@ -141,33 +150,56 @@ def _merge_one(checkpoint: Checkpoint, incoming: list[Message], instructions: st
         body = [m for m in incoming if m.role != "system"]
         if not body:
             return checkpoint
-        return checkpoint.model_copy(update={"messages": head + body, "run_start": len(head), "step": 0,
-                                             "status": "in-progress", "finish_reason": None})
+        return checkpoint.model_copy(
+            update={
+                "messages": head + body,
+                "run_start": len(head),
+                "step": 0,
+                "status": "in-progress",
+                "finish_reason": None,
+            }
+        )
     incoming = [m for m in incoming if m.role != "system"]
     stored = [m for m in messages if m.role != "system"]
     if _starts_with(incoming, stored):
-        incoming = incoming[len(stored):]
+        incoming = incoming[len(stored) :]
     elif checkpoint.status != "finished":
-        started_with = [m for m in messages[checkpoint.run_start:] if m.role == "user"][:len(incoming)]
+        started_with = [m for m in messages[checkpoint.run_start :] if m.role == "user"][: len(incoming)]
         if incoming and len(started_with) == len(incoming) and _starts_with(started_with, incoming):
             incoming = []
     if not incoming:
         return checkpoint
     if checkpoint.status == "finished":
-        return checkpoint.model_copy(update={
-            "messages": messages + incoming, "run_start": len(messages), "step": 0, "usage": Usage(),
-            "status": "in-progress", "finish_reason": None, "business_state": checkpoint.business_state,
-            "metadata": None, "clock_spent_s": None, "clock_since": None, "background": None})
+        return checkpoint.model_copy(
+            update={
+                "messages": messages + incoming,
+                "run_start": len(messages),
+                "step": 0,
+                "usage": Usage(),
+                "status": "in-progress",
+                "finish_reason": None,
+                "business_state": checkpoint.business_state,
+                "metadata": None,
+                "clock_spent_s": None,
+                "clock_since": None,
+                "background": None,
+            }
+        )
     return checkpoint.model_copy(update={"messages": messages + incoming})
 
 
 #: Provider stop reasons that end a run with a reason of their own (anything else without calls is ``stop``).
-_PROVIDER_FINISH = {"length": "length", "max_tokens": "length", "content_filter": "content-filter",
-                    "refusal": "content-filter"}
+_PROVIDER_FINISH = {
+    "length": "length",
+    "max_tokens": "length",
+    "content_filter": "content-filter",
+    "refusal": "content-filter",
+}
 
 
-def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage,
-                         provider_finish: str | None = None) -> Checkpoint:
+def apply_model_response(
+    checkpoint: Checkpoint, text: str | None, calls: list[ToolCall], usage: Usage, provider_finish: str | None = None
+) -> Checkpoint:
     """Record one model turn. With calls the run stays in progress; without, it finished.
 
     It finished with ``stop``, or with ``length`` or ``content-filter`` when the provider says the answer was cut
@@ -175,9 +207,17 @@ def apply_model_response(checkpoint: Checkpoint, text: str | None, calls: list[T
     """
     content = payloads.clean_text(text) if text is not None else None
     # Calls come from the provider: a NUL or an oversized number in them would fail every save.
-    calls = [c.model_copy(update={
-        "id": payloads.clean_text(c.id), "name": payloads.clean_text(c.name), "args": payloads.sanitize(c.args),
-        "invalid_args": None if c.invalid_args is None else payloads.clean_text(c.invalid_args)}) for c in calls]
+    calls = [
+        c.model_copy(
+            update={
+                "id": payloads.clean_text(c.id),
+                "name": payloads.clean_text(c.name),
+                "args": payloads.sanitize(c.args),
+                "invalid_args": None if c.invalid_args is None else payloads.clean_text(c.invalid_args),
+            }
+        )
+        for c in calls
+    ]
     turn = Message(role="assistant", content=content, tool_calls=calls or None)
     update: dict[str, Any] = {
         "messages": [*checkpoint.messages, turn],
@@ -251,16 +291,25 @@ def pause(checkpoint: Checkpoint, approval_ids: list[str]) -> Checkpoint:
 
 def interrupted(call: ToolCall) -> Message:
     """The result of an approved call that was running when its worker died: never run twice."""
-    return tool_error(call, "interrupted", "ToolInterrupted",
-                      "this approved call was interrupted while running; it may or may not have taken effect."
-                      " Check before trying it again.")
+    return tool_error(
+        call,
+        "interrupted",
+        "ToolInterrupted",
+        "this approved call was interrupted while running; it may or may not have taken effect."
+        " Check before trying it again.",
+    )
 
 
 def not_done(call: ToolCall, note: str | None) -> Message:
     """The result of a ``once`` call a person found had not taken effect and chose not to run again."""
-    body = {"error": "ReconciledNotDone", "tool_name": call.name, "kind": "not-done", "tool_call_id": call.id,
-            "message": "this call was interrupted and a person found it did not take effect; it was not run again",
-            "note": note}
+    body = {
+        "error": "ReconciledNotDone",
+        "tool_name": call.name,
+        "kind": "not-done",
+        "tool_call_id": call.id,
+        "message": "this call was interrupted and a person found it did not take effect; it was not run again",
+        "note": note,
+    }
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
@@ -276,21 +325,34 @@ def aborted(checkpoint: Checkpoint, inbox: Sequence[InboxEntry], *, instructions
         updated = updated.with_tool_result(cancelled(call))
     if inbox:
         updated = merge_input(updated.model_copy(update={"status": "in-progress"}), inbox, instructions=instructions)
-    return updated.model_copy(update={"status": "in-progress", "aborted": True, "finish_reason": "aborted",
-                                      "approval_ids": [], "started_tool_call_ids": [], "delegated": None,
-                                      "waiting": False})
+    return updated.model_copy(
+        update={
+            "status": "in-progress",
+            "aborted": True,
+            "finish_reason": "aborted",
+            "approval_ids": [],
+            "started_tool_call_ids": [],
+            "delegated": None,
+            "waiting": False,
+        }
+    )
 
 
 def cancelled(call: ToolCall) -> Message:
     """The result of a call an abort stopped before it finished (or before it started)."""
-    return tool_error(call, "cancelled", "RunAborted",
-                      "the run was aborted before this call finished; it may not have taken effect")
+    return tool_error(
+        call, "cancelled", "RunAborted", "the run was aborted before this call finished; it may not have taken effect"
+    )
 
 
 def redirected(call: ToolCall) -> Message:
     """The result of a call a steer kept from starting: the user sent a new message instead."""
-    return tool_error(call, "not-run", "RunRedirected",
-                      "the user redirected the run with a new message before this call started; it did not run")
+    return tool_error(
+        call,
+        "not-run",
+        "RunRedirected",
+        "the user redirected the run with a new message before this call started; it did not run",
+    )
 
 
 def answered(call: ToolCall, answer: str | None) -> Message:
@@ -300,28 +362,50 @@ def answered(call: ToolCall, answer: str | None) -> Message:
 
 def declined(call: ToolCall, note: str | None) -> Message:
     """The result of an ``ask_question`` call a person declined to answer, with their note."""
-    body = {"error": "QuestionDeclined", "tool_name": call.name, "kind": "declined", "tool_call_id": call.id,
-            "message": "the person declined to answer this question", "note": note}
+    body = {
+        "error": "QuestionDeclined",
+        "tool_name": call.name,
+        "kind": "declined",
+        "tool_call_id": call.id,
+        "message": "the person declined to answer this question",
+        "note": note,
+    }
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
 def rejected(call: ToolCall, note: str | None) -> Message:
     """The result of a call a human rejected, with the human's note."""
-    body = {"error": "ApprovalRejected", "tool_name": call.name, "kind": "rejected", "tool_call_id": call.id,
-            "message": "a human rejected this call", "note": note}
+    body = {
+        "error": "ApprovalRejected",
+        "tool_name": call.name,
+        "kind": "rejected",
+        "tool_call_id": call.id,
+        "message": "a human rejected this call",
+        "note": note,
+    }
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 
 def tool_message(call: ToolCall, value: Any, *, replaced_by_hook: bool = False) -> Message:
     """A tool's return value as its result message (sanitized, size-capped); a hook's, when ``replaced_by_hook``."""
-    return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.tool_result_text(value),
-                   replaced_by_hook=True if replaced_by_hook else None)
+    return Message(
+        role="tool",
+        tool_call_id=call.id,
+        name=call.name,
+        content=payloads.tool_result_text(value),
+        replaced_by_hook=True if replaced_by_hook else None,
+    )
 
 
 def tool_error(call: ToolCall, kind: str, error: str, message: str) -> Message:
     """A structured error result the model sees instead of a crash."""
-    body = {"error": error, "tool_name": call.name, "message": payloads.clean_error(message),
-            "kind": kind, "tool_call_id": call.id}
+    body = {
+        "error": error,
+        "tool_name": call.name,
+        "message": payloads.clean_error(message),
+        "kind": kind,
+        "tool_call_id": call.id,
+    }
     return Message(role="tool", tool_call_id=call.id, name=call.name, content=payloads.dumps(body), is_error=True)
 
 

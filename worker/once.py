@@ -69,8 +69,9 @@ def _noted(call: ToolCall, outcome: str, by: str, attempt: int, code: str | None
     return (live.tool_reconcile(call, outcome, by, attempt, code),)
 
 
-def after_crash(agent: Agent, call: ToolCall, decision: Approval | None,
-                attempt: int) -> Settled | Rerun | Literal["reconcile", "undecided"]:
+def after_crash(
+    agent: Agent, call: ToolCall, decision: Approval | None, attempt: int
+) -> Settled | Rerun | Literal["reconcile", "undecided"]:
     """What becomes of ``call``, marked started and without a result; ``decision`` is its approval, if any.
 
     A reconciliation a person decided: run again (approved), not done (rejected) or the answer as the result. A
@@ -93,8 +94,9 @@ def after_crash(agent: Agent, call: ToolCall, decision: Approval | None,
     return RECONCILE
 
 
-def reconcile(agent: Agent, call: ToolCall, context: ToolContext,
-              retry_spent: Callable[[], float | None]) -> Settled | Rerun | Ask | Failed:
+def reconcile(
+    agent: Agent, call: ToolCall, context: ToolContext, retry_spent: Callable[[], float | None]
+) -> Settled | Rerun | Ask | Failed:
     """Ask the tool's ``reconcile`` what became of ``call``; a person is asked when there is none.
 
     ``retry_spent()`` is None while the run's retry budget lasts, else the seconds it has been retried: a
@@ -103,25 +105,35 @@ def reconcile(agent: Agent, call: ToolCall, context: ToolContext,
     tool = agent.tools[call.name]
     attempt = context.attempt
     if tool.reconcile is None:
-        return Ask(call, f"The {call.name} call was running when its worker died, and the tool has no reconcile"
-                         " function. Did it take effect? " + _CHOICES, _noted(call, "asked", BY_RECONCILE, attempt))
+        return Ask(
+            call,
+            f"The {call.name} call was running when its worker died, and the tool has no reconcile"
+            " function. Did it take effect? " + _CHOICES,
+            _noted(call, "asked", BY_RECONCILE, attempt),
+        )
     try:
         found = tool.reconciled(call.args, context)
     except Exception as exc:  # a raising reconcile is a transient failure of the step, never the call's result
         cause = payloads.clean_error(f"{type(exc).__name__}: {str(exc)[:500]}")
-        error = errors.ReconcileFailedError(f"reconcile of the {call.name} call {call.id} raised {cause}",
-                                            tool_call_id=call.id)
+        error = errors.ReconcileFailedError(
+            f"reconcile of the {call.name} call {call.id} raised {cause}", tool_call_id=call.id
+        )
         spent = retry_spent()
         failed = _noted(call, "failed", BY_RECONCILE, attempt, error.code)
         if spent is None:
             return Failed(error, failed)
-        return Ask(call, f"The {call.name} call was running when its worker died, and its reconcile function kept"
-                         f" failing for {spent:.0f} s (last: {cause}). Did it take effect? " + _CHOICES,
-                   failed + _noted(call, "asked", BY_RECONCILE, attempt))
+        return Ask(
+            call,
+            f"The {call.name} call was running when its worker died, and its reconcile function kept"
+            f" failing for {spent:.0f} s (last: {cause}). Did it take effect? " + _CHOICES,
+            failed + _noted(call, "asked", BY_RECONCILE, attempt),
+        )
     if found is None:
         return Rerun(call, None, _noted(call, "not-happened", BY_RECONCILE, attempt))
     return Settled(machine.tool_message(call, found), _noted(call, "happened", BY_RECONCILE, attempt))
 
 
-_CHOICES = ("Approve to run it again, reject to record it as not done, or answer with its result to record that"
-            " as the call's result.")
+_CHOICES = (
+    "Approve to run it again, reject to record it as not done, or answer with its result to record that"
+    " as the call's result."
+)

@@ -48,8 +48,9 @@ class PoolStep:
 class DeadSteps:
     """Notices pool processes that died mid-step and sends their steps again, once per message."""
 
-    def __init__(self, leases: interfaces.Leases, send: Callable[[PoolStep], None],
-                 store: interfaces.RecoveryStore | None = None) -> None:
+    def __init__(
+        self, leases: interfaces.Leases, send: Callable[[PoolStep], None], store: interfaces.RecoveryStore | None = None
+    ) -> None:
         self._leases = leases
         self._send = send
         #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
@@ -77,8 +78,11 @@ class DeadSteps:
         listed = list(steps)
         self._handled &= {step.task_id for step in listed}
         running = {pid for pid in (children or ()) if owners.is_running(pid)}
-        died = self._children is None or self._children != running or any(
-            step.pid is not None and not owners.is_running(step.pid) for step in listed)
+        died = (
+            self._children is None
+            or self._children != running
+            or any(step.pid is not None and not owners.is_running(step.pid) for step in listed)
+        )
         self._children = running
         candidates = [step for step in listed if step.task_id not in self._handled]
         if not died or not candidates:
@@ -99,8 +103,13 @@ class DeadSteps:
         return sent
 
 
-def resend_at_start(store: interfaces.RecoveryStore, leases: interfaces.Leases,
-                    send: Callable[[records.DueRun], None], page_size: int, deadline_s: float = 30.0) -> int:
+def resend_at_start(
+    store: interfaces.RecoveryStore,
+    leases: interfaces.Leases,
+    send: Callable[[records.DueRun], None],
+    page_size: int,
+    deadline_s: float = 30.0,
+) -> int:
     """Send a step for each run whose lease a dead process of this host holds (a worker killed whole, restarted).
 
     Reads the runs that could move, ``page_size`` at a time (``START_PAGES`` pages or ``deadline_s`` at most),

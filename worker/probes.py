@@ -108,8 +108,10 @@ class Heartbeat:
         stalled = now - self._stalled_since
         if stalled < self._stall_s:
             return None
-        return (f"{waiting} message(s) waited {stalled:.0f} s in this worker's queues while a pool process"
-                " was free, and none arrived")
+        return (
+            f"{waiting} message(s) waited {stalled:.0f} s in this worker's queues while a pool process"
+            " was free, and none arrived"
+        )
 
 
 def consumer_state(consumer: Any, reserved: Callable[[], int]) -> ConsumerState:
@@ -206,8 +208,10 @@ def _check(args: argparse.Namespace) -> int:
         print(f"no heartbeat file at {path}: the worker never reported ready", file=sys.stderr)
         return 1
     if age > args.max_age:
-        print(f"the heartbeat file is {age:.0f} s old (at most {args.max_age:g} s): the worker stopped consuming",
-              file=sys.stderr)
+        print(
+            f"the heartbeat file is {age:.0f} s old (at most {args.max_age:g} s): the worker stopped consuming",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

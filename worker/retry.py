@@ -43,11 +43,16 @@ def record_failure(deps: StepDeps, checkpoint: Checkpoint, exc: Exception, now: 
     if isinstance(exc, errors.LoushoError):
         error = LastError(code=exc.code, message=payloads.clean_error(exc.message), retryable=exc.retryable)
     else:
-        error = LastError(code="LOUSHO_AGENT_EXECUTION_FAILED",
-                          message=payloads.clean_error(f"{type(exc).__name__}: {str(exc)[:1000]}"), retryable=True)
+        error = LastError(
+            code="LOUSHO_AGENT_EXECUTION_FAILED",
+            message=payloads.clean_error(f"{type(exc).__name__}: {str(exc)[:1000]}"),
+            retryable=True,
+        )
     if not error.retryable:
-        if deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error,
-                                     _stopped(checkpoint, error)) is None:
+        if (
+            deps.store.record_failure(checkpoint.session_id, checkpoint.fence, error, _stopped(checkpoint, error))
+            is None
+        ):
             return StepResult(Outcome.FENCED)
         telemetry.note(error_code=error.code)
         log.warning("step of %s failed: %s (not retryable; run parked)", checkpoint.session_id, error.code)
@@ -62,10 +67,18 @@ def retried_for(checkpoint: Checkpoint, now: datetime | None) -> float:
     return (now - checkpoint.retry_since).total_seconds()
 
 
-def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_after: float | None,
-                now: datetime | None, *, handing_back: bool = False,
-                served_elsewhere: Callable[[], bool] | None = None, max_delay: float | None = None,
-                events: Sequence[EventDraft] = ()) -> StepResult:
+def retry_later(
+    deps: StepDeps,
+    checkpoint: Checkpoint,
+    error: LastError,
+    retry_after: float | None,
+    now: datetime | None,
+    *,
+    handing_back: bool = False,
+    served_elsewhere: Callable[[], bool] | None = None,
+    max_delay: float | None = None,
+    events: Sequence[EventDraft] = (),
+) -> StepResult:
     """Record a transient failure and when to try again, or park the run once the retry budget is spent.
 
     Waits up to ``COUNTDOWN_MAX_S`` go out as a countdown message; longer ones wait in Postgres
@@ -77,23 +90,38 @@ def retry_later(deps: StepDeps, checkpoint: Checkpoint, error: LastError, retry_
     error = error.model_copy(update={"retryable": True})
     elapsed = retried_for(checkpoint, now)
     if elapsed >= deps.retry_for_s and (served_elsewhere is None or not served_elsewhere()):
-        spent = error.model_copy(update={"retryable": False, "message": payloads.clean_error(
-            f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})")})
+        spent = error.model_copy(
+            update={
+                "retryable": False,
+                "message": payloads.clean_error(
+                    f"{error.message} (retried for {elapsed:.0f} s; LOUSHO_RETRY_FOR_S is {deps.retry_for_s:g})"
+                ),
+            }
+        )
         return park(deps, checkpoint, spent)
     delay = retry_delay(checkpoint.failures + 1, retry_after, deps.retry_backoff_max_s)
     if max_delay is not None:
         delay = min(delay, max(max_delay, 0.0))
     drafts: list[EventDraft] = []
     if not handing_back:  # a deploy under way is not the run's failure
-        drafts.append(live.provider_retry(error, checkpoint.failures + 1, delay)
-                      if error.code == errors.ProviderError.code else live.error(error))
+        drafts.append(
+            live.provider_retry(error, checkpoint.failures + 1, delay)
+            if error.code == errors.ProviderError.code
+            else live.error(error)
+        )
     drafts.extend(events)
     seq = deps.store.retry_later(sid, checkpoint.fence, error, delay, drafts)
     if seq is None:
         return StepResult(Outcome.FENCED)
     telemetry.note(error_code=error.code, retry_in=delay)
-    log.warning("step of %s %s: %s (failure %d in a row, next attempt in %.1f s)", sid,
-                "handed back" if handing_back else "failed", error.code, checkpoint.failures + 1, delay)
+    log.warning(
+        "step of %s %s: %s (failure %d in a row, next attempt in %.1f s)",
+        sid,
+        "handed back" if handing_back else "failed",
+        error.code,
+        checkpoint.failures + 1,
+        delay,
+    )
     # The seq the run is at now: a batch may have saved results before it failed.
     follow_up = Next(seq, delay, checkpoint.current_agent) if delay <= COUNTDOWN_MAX_S else None
     return StepResult(Outcome.HANDED_BACK if handing_back else Outcome.FAILED, follow_up)
@@ -112,15 +140,18 @@ def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None
     unknown = errors.AgentNotFoundError(agent, list(deps.agents))
     unregistered_for = None if served else deps.unregistered_for(agent, checkpoint.session_id)
     if unregistered_for is not None and unregistered_for >= deps.agent_grace_s:
-        message = (f"{unknown.message}; no live worker has registered it, and no worker ever has (waited"
-                   f" {unregistered_for:.0f} s,"
-                   f" LOUSHO_AGENT_GRACE_S is {deps.agent_grace_s:g}): check the agent's name, then resume the run"
-                   " or send again")
+        message = (
+            f"{unknown.message}; no live worker has registered it, and no worker ever has (waited"
+            f" {unregistered_for:.0f} s,"
+            f" LOUSHO_AGENT_GRACE_S is {deps.agent_grace_s:g}): check the agent's name, then resume the run"
+            " or send again"
+        )
         return park(deps, checkpoint, LastError(code=unknown.code, message=payloads.clean_error(message)))
     if unregistered_for is not None:
         reason = f"no worker has registered agent {agent!r}; parked after LOUSHO_AGENT_GRACE_S unless one does"
-        message = (f"{unknown.message}; this worker cannot run it; no live worker has registered it, and no worker"
-                   " ever has")
+        message = (
+            f"{unknown.message}; this worker cannot run it; no live worker has registered it, and no worker ever has"
+        )
     elif not served:
         reason = f"no live worker serves agent {agent!r}; waiting for one"
         message = f"{unknown.message}; this worker cannot run it; no live worker has registered it"
@@ -129,8 +160,9 @@ def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None
     telemetry.note(hand_back=reason)
     error = LastError(code=unknown.code, message=payloads.clean_error(message), retryable=True)
     deadline = None if unregistered_for is None else deps.agent_grace_s - unregistered_for
-    result = retry_later(deps, checkpoint, error, None, now, handing_back=True, served_elsewhere=lambda: bool(served),
-                         max_delay=deadline)
+    result = retry_later(
+        deps, checkpoint, error, None, now, handing_back=True, served_elsewhere=lambda: bool(served), max_delay=deadline
+    )
     if not served:
         # Nobody consumes the agent's queue: no message there. The sweep sends the run, when its retry
         # comes due, to the shared queue, until a worker with the agent registers or the budget is spent.
@@ -138,8 +170,7 @@ def hand_back_agent(deps: StepDeps, checkpoint: Checkpoint, now: datetime | None
     return result
 
 
-def hand_back_unreadable(deps: StepDeps, session_id: str, fence: int,
-                         exc: errors.CheckpointFormatError) -> StepResult:
+def hand_back_unreadable(deps: StepDeps, session_id: str, fence: int, exc: errors.CheckpointFormatError) -> StepResult:
     """Hand the step back: the checkpoint is in a format this release does not read; recorded as a retry.
 
     No follow-up message: the recovery sweep sends the run once the retry comes due, to the queue of

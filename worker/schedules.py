@@ -42,8 +42,14 @@ def _next_or_never(schedule: Schedule, after: datetime) -> datetime:
         return NEVER
 
 
-def plan_ticks(schedule: Schedule, now: datetime, previous_busy: bool, *, grace: timedelta = DEFAULT_GRACE,
-               max_ticks: int = MAX_TICKS) -> TickPlan:
+def plan_ticks(
+    schedule: Schedule,
+    now: datetime,
+    previous_busy: bool,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    max_ticks: int = MAX_TICKS,
+) -> TickPlan:
     """Decide what happens to the due ticks of ``schedule`` at the database time ``now``.
 
     Ticks no older than ``grace`` are on time and each is handled once. Older ones (downtime,
@@ -104,8 +110,9 @@ class SweepResult:
         return [session_id for _, _, session_id in self.fired]
 
 
-def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
-          max_schedules: int = MAX_SCHEDULES) -> SweepResult:
+def sweep(
+    store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE, max_schedules: int = MAX_SCHEDULES
+) -> SweepResult:
     """Fire every due tick of every schedule once; safe to run from any number of beats at once.
 
     Each due schedule is locked (others skip it), its ticks claimed and its runs created in one
@@ -131,16 +138,23 @@ def sweep(store: PostgresScheduleStore, *, grace: timedelta = DEFAULT_GRACE,
         result.now = swept.now
         if swept.schedule.broken_error is not None:
             result.broken.append(swept.schedule.name)
-            log.error("schedule %s is broken and skipped until it is redefined or resumed: %s",
-                      swept.schedule.name, swept.schedule.broken_error)
+            log.error(
+                "schedule %s is broken and skipped until it is redefined or resumed: %s",
+                swept.schedule.name,
+                swept.schedule.broken_error,
+            )
             continue
         result.fired.extend((swept.schedule.name, tick, sid) for tick, sid in swept.fired)
         result.agents.update((sid, swept.schedule.agent) for _, sid in swept.fired)
         result.skipped += len(swept.skipped)
         result.missed += swept.missed
         if swept.missed:
-            log.info("schedule %s: %d overdue tick(s) dropped by catch_up=%s", swept.schedule.name, swept.missed,
-                     swept.schedule.catch_up)
+            log.info(
+                "schedule %s: %d overdue tick(s) dropped by catch_up=%s",
+                swept.schedule.name,
+                swept.missed,
+                swept.schedule.catch_up,
+            )
     return result
 
 
@@ -155,9 +169,18 @@ def publish(result: SweepResult, enqueue: Callable[[str], None]) -> int:
     return len(result.fired)
 
 
-def declare(name: str, agent: str, input: inputs.Input, *, cron: str | None = None,
-            every: float | timedelta | None = None, timezone: str = "UTC", overlap: Overlap = "skip",
-            catch_up: CatchUp = "one", fairness_key: str | None = None) -> ScheduleSpec:
+def declare(
+    name: str,
+    agent: str,
+    input: inputs.Input,
+    *,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    timezone: str = "UTC",
+    overlap: Overlap = "skip",
+    catch_up: CatchUp = "one",
+    fairness_key: str | None = None,
+) -> ScheduleSpec:
     """A schedule declared in code, next to its agent; workers sync it at start (see ``sync_declared``).
 
     ``fairness_key``: the runs it starts share contended model slots round-robin with other keys' runs.
@@ -170,8 +193,17 @@ def declare(name: str, agent: str, input: inputs.Input, *, cron: str | None = No
         messages = inputs.normalize_input(input)
     except errors.ConfigurationError as exc:
         raise errors.ConfigurationError(f"schedule {name!r}: {exc}") from exc
-    return build_spec(name, agent, messages, cron=cron, every=every, timezone=timezone, overlap=overlap,
-                      catch_up=catch_up, fairness_key=fairness_key)
+    return build_spec(
+        name,
+        agent,
+        messages,
+        cron=cron,
+        every=every,
+        timezone=timezone,
+        overlap=overlap,
+        catch_up=catch_up,
+        fairness_key=fairness_key,
+    )
 
 
 def declared_schedules(modules: Iterable[str]) -> list[ScheduleSpec]:

@@ -21,8 +21,18 @@ from store.model_limit import ModelLimit, SlotAnswer
 from store.records import Checkpoint
 from worker.agents import Agent
 
-__all__ = ["COOL_DOWN_STATUSES", "Held", "SlotKeeper", "cool_down_of", "fairness_of", "limit_of", "noted",
-           "settled_limits", "wait_countdown", "woken_names"]
+__all__ = [
+    "COOL_DOWN_STATUSES",
+    "Held",
+    "SlotKeeper",
+    "cool_down_of",
+    "fairness_of",
+    "limit_of",
+    "noted",
+    "settled_limits",
+    "wait_countdown",
+    "woken_names",
+]
 
 log = logging.getLogger("lousho.limits")
 

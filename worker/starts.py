@@ -63,9 +63,16 @@ class Every(schedules.schedule):  # type: ignore[misc]  # celery ships no type h
         return f"<every {self.every_s:g} s on the epoch's grid>"
 
 
-def beat_entry(name: str, agent: str, input: Any, schedule: float | schedules.crontab, *,
-               queue: str = "lousho", metadata: dict[str, Any] | None = None,
-               fairness_key: str | None = None) -> dict[str, Any]:
+def beat_entry(
+    name: str,
+    agent: str,
+    input: Any,
+    schedule: float | schedules.crontab,
+    *,
+    queue: str = "lousho",
+    metadata: dict[str, Any] | None = None,
+    fairness_key: str | None = None,
+) -> dict[str, Any]:
     """A ``beat_schedule`` entry that starts one run of ``agent`` per tick, however many beats send it.
 
     ``schedule`` is seconds (fired on the epoch's grid) or a ``crontab`` (at most one tick a minute). Each tick's
@@ -76,8 +83,9 @@ def beat_entry(name: str, agent: str, input: Any, schedule: float | schedules.cr
         ConfigurationError: the name is not 1-100 letters, digits, ``_`` or ``-``, or the schedule is neither.
     """
     if not isinstance(name, str) or not _ENTRY_NAME.fullmatch(name):
-        raise errors.ConfigurationError(f"invalid beat entry name {str(name)[:80]!r}: use 1-100 letters, digits,"
-                                        " '_' or '-'", field="name")
+        raise errors.ConfigurationError(
+            f"invalid beat entry name {str(name)[:80]!r}: use 1-100 letters, digits, '_' or '-'", field="name"
+        )
     records.validate_agent_name(agent)
     if isinstance(schedule, schedules.crontab):
         fired, every_s = schedule, None
@@ -85,10 +93,19 @@ def beat_entry(name: str, agent: str, input: Any, schedule: float | schedules.cr
         fired, every_s = Every(float(schedule)), float(schedule)
     else:
         raise errors.ConfigurationError("a beat entry's schedule is seconds or a crontab", field="schedule")
-    return {"task": START_TASK, "schedule": fired,
-            "kwargs": {"agent": agent, "input": input, "metadata": metadata, "beat_entry": name, "every_s": every_s,
-                       **({"fairness_key": fairness_key} if fairness_key is not None else {})},
-            "options": {"queue": start_queue(queue), "expires": 3600}}
+    return {
+        "task": START_TASK,
+        "schedule": fired,
+        "kwargs": {
+            "agent": agent,
+            "input": input,
+            "metadata": metadata,
+            "beat_entry": name,
+            "every_s": every_s,
+            **({"fairness_key": fairness_key} if fairness_key is not None else {}),
+        },
+        "options": {"queue": start_queue(queue), "expires": 3600},
+    }
 
 
 def tick_of(sent_at: float, every_s: float | None) -> datetime:
@@ -100,8 +117,9 @@ def tick_of(sent_at: float, every_s: float | None) -> datetime:
     return datetime.fromtimestamp(math.floor((sent_at + 0.5) / 60) * 60, UTC)
 
 
-def run_id_for(task_id: str, session_id: str | None, beat_entry: str | None, every_s: float | None,
-               sent_at: float | None) -> tuple[str, str]:
+def run_id_for(
+    task_id: str, session_id: str | None, beat_entry: str | None, every_s: float | None, sent_at: float | None
+) -> tuple[str, str]:
     """The run a ``lousho.start`` message starts or continues, and the idempotency key of its input.
 
     Raises:

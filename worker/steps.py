@@ -64,8 +64,13 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         # After the release: the next step must find the lease free, or it would be dropped as busy.
         retrying = result.outcome in (Outcome.FAILED, Outcome.HANDED_BACK)
         kind = telemetry.RETRY if retrying or state is None else telemetry.kind_of(state)
-        deps.enqueue(session_id, follow_up.seq, follow_up.countdown, follow_up.agent,
-                     name=telemetry.step_name(follow_up.agent, kind))
+        deps.enqueue(
+            session_id,
+            follow_up.seq,
+            follow_up.countdown,
+            follow_up.agent,
+            name=telemetry.step_name(follow_up.agent, kind),
+        )
         crash_point("after_enqueue_before_ack", session_id)
     for other, agent in result.also:
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
@@ -75,15 +80,23 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.SLOT_FREED))
     if result.watch and _moved_on(deps, result.watch):
         # A child settled while this step held the lease: its wake-up found the run busy and was dropped.
-        deps.enqueue(session_id, None, 0.0, None,
-                     name=telemetry.step_name(state.current_agent if state is not None else None,
-                                              telemetry.CHILDREN_SETTLED))
+        deps.enqueue(
+            session_id,
+            None,
+            0.0,
+            None,
+            name=telemetry.step_name(state.current_agent if state is not None else None, telemetry.CHILDREN_SETTLED),
+        )
     lead = records.lead_of(session_id)
     if lead is not None and result.outcome in _SETTLED:
         # A child that settled wakes its lead (the sweep, if this is lost).
-        deps.enqueue(lead, None, 0.0, None,
-                     name=telemetry.step_name(state.lead_agent if state is not None else None,
-                                              telemetry.CHILDREN_SETTLED))
+        deps.enqueue(
+            lead,
+            None,
+            0.0,
+            None,
+            name=telemetry.step_name(state.lead_agent if state is not None else None, telemetry.CHILDREN_SETTLED),
+        )
     return result.outcome
 
 
@@ -129,11 +142,18 @@ def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | No
         if claim.checkpoint is None:
             return StepResult(Outcome.BUSY)
     checkpoint = claim.checkpoint
-    telemetry.note(agent=checkpoint.current_agent, kind=telemetry.kind_of(checkpoint), trace=checkpoint.trace,
-                   checkpoint=checkpoint)
+    telemetry.note(
+        agent=checkpoint.current_agent,
+        kind=telemetry.kind_of(checkpoint),
+        trace=checkpoint.trace,
+        checkpoint=checkpoint,
+    )
     _forget_stale_signals(deps, lease, claim)
-    if claim.lead_gone and checkpoint.status != "finished" and not (
-            checkpoint.last_error is not None and not checkpoint.last_error.retryable):
+    if (
+        claim.lead_gone
+        and checkpoint.status != "finished"
+        and not (checkpoint.last_error is not None and not checkpoint.last_error.retryable)
+    ):
         # A sub-agent whose lead was deleted: nothing would read its result, so it stops before any model call
         # or tool (and retention prunes it once it is old enough).
         gone = errors.LeadGoneError(f"the lead of run {session_id!r} is gone; this sub-agent run stops here")
@@ -161,14 +181,27 @@ def _end_hooks(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, now: dateti
     """
     hooks = hook_calls.having(agent.hooks, "on_run_end")
     sid = checkpoint.session_id
-    end = RunEnd(end_id=f"{sid}:{checkpoint.seq}", session_id=sid, agent=agent.name, status=checkpoint.status,
-                 finish_reason=checkpoint.finish_reason or (
-                     "awaiting-approval" if checkpoint.status == "awaiting-approval" else None),
-                 text=checkpoint.final_text, steps=checkpoint.step, usage=checkpoint.usage,
-                 approval_ids=tuple(checkpoint.approval_ids))
-    ctx = business.read_only(HookContext(session_id=sid, agent=agent.name, step=checkpoint.step,
-                                         metadata=checkpoint.metadata,
-                                         business_state=business.handed(checkpoint.business_state)))
+    end = RunEnd(
+        end_id=f"{sid}:{checkpoint.seq}",
+        session_id=sid,
+        agent=agent.name,
+        status=checkpoint.status,
+        finish_reason=checkpoint.finish_reason
+        or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None),
+        text=checkpoint.final_text,
+        steps=checkpoint.step,
+        usage=checkpoint.usage,
+        approval_ids=tuple(checkpoint.approval_ids),
+    )
+    ctx = business.read_only(
+        HookContext(
+            session_id=sid,
+            agent=agent.name,
+            step=checkpoint.step,
+            metadata=checkpoint.metadata,
+            business_state=business.handed(checkpoint.business_state),
+        )
+    )
     try:
         hook_calls.on_run_end(hooks, ctx, end)
     except errors.HookFailedError as exc:
@@ -193,13 +226,15 @@ def _forget_stale_signals(deps: StepDeps, lease: Lease, claim: records.Claim) ->
             deps.signals.clear_steer(lease.session_id)
 
 
-def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
-          live: Live) -> StepResult:
+def _step(
+    deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int, now: datetime | None, live: Live
+) -> StepResult:
     if checkpoint.last_error is not None and not checkpoint.last_error.retryable:
         return StepResult(Outcome.IDLE)
     if checkpoint.attempts > deps.max_attempts:
         exceeded = errors.StepAttemptsExceededError(
-            f"step started {checkpoint.attempts} times without finishing (the worker died each time); run parked")
+            f"step started {checkpoint.attempts} times without finishing (the worker died each time); run parked"
+        )
         return retry.park(deps, checkpoint, LastError(**exceeded.to_record()))
     agent = handoffs.agent_for(checkpoint, deps.agents)
     if agent is None:
@@ -225,8 +260,9 @@ def _step(deps: StepDeps, lease: Lease, checkpoint: Checkpoint, inbox_head: int,
         return _fail(deps, checkpoint, action, exc, now, live)
 
 
-def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int, now: datetime | None,
-          live: Live) -> tuple[Agent, machine.ModelTurn | machine.ToolBatch | machine.Save] | StepResult:
+def _plan(
+    deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int, now: datetime | None, live: Live
+) -> tuple[Agent, machine.ModelTurn | machine.ToolBatch | machine.Save] | StepResult:
     """The agent that runs the step (a dynamic agent's choice) and what it does, or the step's result already.
 
     ``on_run_end`` hooks an earlier save owes run first; input that would not fit once merged parks the run.
@@ -244,12 +280,20 @@ def _plan(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, inbox_head: int,
     except errors.LoushoError as exc:
         return retry.record_failure(deps, checkpoint, exc, now)
     in_flight = (lambda: subagents.in_flight(deps.store, checkpoint)) if checkpoint.background else None
-    action = machine.plan(checkpoint, inbox, instructions=agent.instructions, max_steps=agent.max_steps,
-                          over_budget=budgets.checker(limits, agent.prices, live.db_now(), in_flight))
+    action = machine.plan(
+        checkpoint,
+        inbox,
+        instructions=agent.instructions,
+        max_steps=agent.max_steps,
+        over_budget=budgets.checker(limits, agent.prices, live.db_now(), in_flight),
+    )
     if isinstance(action, machine.Idle):
         return StepResult(Outcome.IDLE)
-    if isinstance(action, machine.ModelTurn | machine.Save) and action.drained_inbox and \
-            action.checkpoint.business_state != checkpoint.business_state:
+    if (
+        isinstance(action, machine.ModelTurn | machine.Save)
+        and action.drained_inbox
+        and action.checkpoint.business_state != checkpoint.business_state
+    ):
         # Saved with the merged input, by whichever save of this step makes it durable.
         live.pending.append(business.sent(action.checkpoint.business_state, action.checkpoint.inbox_cursor))
     if chose and isinstance(action, machine.ModelTurn | machine.Save):
@@ -274,8 +318,9 @@ def _too_large_to_merge(merged: Checkpoint) -> errors.InputTooLargeError | None:
     return None if inputs.leaves_room(size) else inputs.no_room(merged.session_id, size, queued=True)
 
 
-def _fail(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception,
-          now: datetime | None, live: Live) -> StepResult:
+def _fail(
+    deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, exc: Exception, now: datetime | None, live: Live
+) -> StepResult:
     """Record why the step failed, after keeping the input it had merged."""
     try:
         checkpoint = _keep_input(deps, checkpoint, action, live)
@@ -295,15 +340,17 @@ def _keep_input(deps: StepDeps, checkpoint: Checkpoint, action: machine.Action, 
     The events the merge made true (a business state sent with the input) are saved with it.
     """
     if isinstance(action, machine.ModelTurn) and action.drained_inbox:
-        kept = save(deps, action.checkpoint, drained_inbox=True, status_before=checkpoint.status,
-                    events=tuple(live.pending))
+        kept = save(
+            deps, action.checkpoint, drained_inbox=True, status_before=checkpoint.status, events=tuple(live.pending)
+        )
         live.pending.clear()
         return kept
     return checkpoint
 
 
-def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
-                  action: machine.ModelTurn | machine.ToolBatch, live: Live) -> errors.LoushoError | None:
+def _check_resume(
+    deps: StepDeps, agent: Agent, checkpoint: Checkpoint, action: machine.ModelTurn | machine.ToolBatch, live: Live
+) -> errors.LoushoError | None:
     """Before any model call or tool runs: is the agent still the one that saved the run?"""
     saved_tools = (checkpoint.fingerprint or {}).get("tools") or {}
     if isinstance(action, machine.ToolBatch):
@@ -311,22 +358,34 @@ def _check_resume(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
         if missing:
             return errors.ResumeToolMissingError(
                 f"pending calls of run {checkpoint.session_id!r} use tools agent {agent.name!r} no longer has:"
-                f" {', '.join(missing)}")
+                f" {', '.join(missing)}"
+            )
     found = drift.compare(checkpoint.fingerprint, deps.fingerprint(agent))
     if found is None or agent.on_agent_drift == "ignore":
         return None
     if agent.on_agent_drift == "error":
         return errors.AgentDriftError(
-            f"agent {agent.name!r} changed since run {checkpoint.session_id!r} was saved: {found.describe()}")
-    drift_log.warning("agent %s changed under run %s: %s", agent.name, checkpoint.session_id, found.describe(),
-                      extra={"lousho_event": "agent.drift", "drift": found.as_event()})
+            f"agent {agent.name!r} changed since run {checkpoint.session_id!r} was saved: {found.describe()}"
+        )
+    drift_log.warning(
+        "agent %s changed under run %s: %s",
+        agent.name,
+        checkpoint.session_id,
+        found.describe(),
+        extra={"lousho_event": "agent.drift", "drift": found.as_event()},
+    )
     live.pending.append(live_events.drift(found.as_event()))
     return None
 
 
-def _stop_if_refused(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
-                     action: machine.ModelTurn | machine.ToolBatch, now: datetime | None,
-                     live: Live) -> StepResult | None:
+def _stop_if_refused(
+    deps: StepDeps,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    action: machine.ModelTurn | machine.ToolBatch,
+    now: datetime | None,
+    live: Live,
+) -> StepResult | None:
     """Stop when ``agent`` cannot resume the run: hand the step back while a live worker can, else refuse.
 
     None lets the step go on.
@@ -342,8 +401,13 @@ def _stop_if_refused(deps: StepDeps, agent: Agent, checkpoint: Checkpoint,
 def _refuse(deps: StepDeps, checkpoint: Checkpoint, error: errors.LoushoError) -> Outcome:
     """Stop without touching the checkpoint; decisions the run was about to act on are put back."""
     last_error = LastError(**error.to_record())
-    deps.store.refuse(checkpoint.session_id, checkpoint.fence, last_error, checkpoint.approval_ids,
-                      [live_events.error(last_error), live_events.run_done(checkpoint, "error")])
+    deps.store.refuse(
+        checkpoint.session_id,
+        checkpoint.fence,
+        last_error,
+        checkpoint.approval_ids,
+        [live_events.error(last_error), live_events.run_done(checkpoint, "error")],
+    )
     log.warning("run %s refused: %s", checkpoint.session_id, error.code)
     return Outcome.PARKED
 
@@ -404,12 +468,21 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> tuple[ModelRe
     assert model is not None  # a dynamic agent's model is chosen before its step runs (worker.dynamic)
     messages, tools = handoffs.instructed(list(checkpoint.messages), agent, checkpoint), agent.tool_specs()
     hooks = agent.hooks
-    ctx = HookContext(session_id=checkpoint.session_id, agent=agent.name, step=checkpoint.step,
-                      metadata=checkpoint.metadata,
-                      business_state=business.handed(checkpoint.business_state)) if hooks else None
+    ctx = (
+        HookContext(
+            session_id=checkpoint.session_id,
+            agent=agent.name,
+            step=checkpoint.step,
+            metadata=checkpoint.metadata,
+            business_state=business.handed(checkpoint.business_state),
+        )
+        if hooks
+        else None
+    )
     if ctx is not None and hook_calls.having(hooks, "pre_generate"):
-        request = hook_calls.pre_generate(hook_calls.having(hooks, "pre_generate"), ctx,
-                                          hook_calls.ModelRequest(messages, list(tools)))
+        request = hook_calls.pre_generate(
+            hook_calls.having(hooks, "pre_generate"), ctx, hook_calls.ModelRequest(messages, list(tools))
+        )
         messages, tools = list(request.messages), list(request.tools)
     streams = live.watched and _takes_listener(type(model))
     model_id = str(getattr(model, "model_id", None) or type(model).__name__)
@@ -425,8 +498,13 @@ def _generate(agent: Agent, checkpoint: Checkpoint, live: Live) -> tuple[ModelRe
     except Exception as exc:
         telemetry.model_call(model_id, started, error=getattr(exc, "code", None) or type(exc).__name__)
         raise
-    telemetry.model_call(model_id, started, input_tokens=response.usage.input_tokens,
-                         output_tokens=response.usage.output_tokens, finish_reason=response.finish_reason)
+    telemetry.model_call(
+        model_id,
+        started,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        finish_reason=response.finish_reason,
+    )
     if ctx is not None and hook_calls.having(hooks, "post_generate"):
         hook_calls.post_generate(hook_calls.having(hooks, "post_generate"), ctx, response)
     return response, business.hook_written(checkpoint.business_state, ctx) if ctx is not None else None
@@ -479,8 +557,9 @@ def _wait(deps: StepDeps, checkpoint: Checkpoint, countdown: float | None) -> St
     return StepResult(Outcome.WAITING, follow_up)
 
 
-def _give_back(deps: StepDeps, held: slots.Held | None, live: Live, tokens: int = 0,
-               failed: BaseException | None = None) -> float | None:
+def _give_back(
+    deps: StepDeps, held: slots.Held | None, live: Live, tokens: int = 0, failed: BaseException | None = None
+) -> float | None:
     """Release the call's slot, counting the ``tokens`` it reported; the key's cool-down when ``failed`` asks one."""
     if held is None or deps.slots is None:
         return None
@@ -496,8 +575,9 @@ def _give_back(deps: StepDeps, held: slots.Held | None, live: Live, tokens: int 
     return cool
 
 
-def _limited_generate(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live: Live
-                      ) -> tuple[ModelResponse | None, business.Write | None] | StepResult:
+def _limited_generate(
+    deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live: Live
+) -> tuple[ModelResponse | None, business.Write | None] | StepResult:
     """``_generate`` under the agent's model limit: the answer, or the step's result when the run must wait."""
     held = _take_slot(deps, agent, checkpoint, live)
     if isinstance(held, StepResult):
@@ -517,8 +597,9 @@ def _limited_generate(deps: StepDeps, agent: Agent, checkpoint: Checkpoint, live
     return response, write
 
 
-def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: Lease, live: Live,
-                status_before: str) -> StepResult:
+def _model_turn(
+    deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: Lease, live: Live, status_before: str
+) -> StepResult:
     checkpoint = action.checkpoint
     sid = checkpoint.session_id
     started = time.perf_counter()
@@ -535,8 +616,9 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     stop = _cut_short(deps, lease, checkpoint, live)
     if stop == "abort":
         billed = checkpoint.usage + response.usage if response is not None else checkpoint.usage
-        return abort.settle(deps, checkpoint.model_copy(update={"usage": billed}), live, [],
-                             drained=action.drained_inbox)
+        return abort.settle(
+            deps, checkpoint.model_copy(update={"usage": billed}), live, [], drained=action.drained_inbox
+        )
     if stop is not None or response is None:
         # Steered before the model said anything: ask again, with the new message (its usage is kept as
         # uncounted until the next save).
@@ -545,13 +627,18 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     calls = response.tool_calls
     overflow: list[ToolCall] = []
     if len(calls) > payloads.MAX_TOOL_CALLS_PER_TURN:
-        calls, overflow = calls[:payloads.MAX_TOOL_CALLS_PER_TURN], calls[payloads.MAX_TOOL_CALLS_PER_TURN:]
+        calls, overflow = calls[: payloads.MAX_TOOL_CALLS_PER_TURN], calls[payloads.MAX_TOOL_CALLS_PER_TURN :]
     crash_point("after_model_response_before_save", sid)
-    updated = machine.apply_model_response(checkpoint, response.text, calls + overflow, response.usage,
-                                           response.finish_reason)
+    updated = machine.apply_model_response(
+        checkpoint, response.text, calls + overflow, response.usage, response.finish_reason
+    )
     for call in overflow:
-        updated = machine.record_tool_result(updated, machine.tool_error(
-            call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"))
+        updated = machine.record_tool_result(
+            updated,
+            machine.tool_error(
+                call, "not-run", "TooManyToolCalls", f"only {payloads.MAX_TOOL_CALLS_PER_TURN} tool calls run per turn"
+            ),
+        )
     updated = updated.model_copy(update={"fingerprint": deps.fingerprint(agent)})
     if write is not None:
         updated = updated.model_copy(update={"business_state": write.value})
@@ -563,8 +650,9 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     events = [live_events.step_done(updated.step, turn, response.usage, (time.perf_counter() - started) * 1000, cost)]
     if write is not None:
         events.append(business.changed(write, step=updated.step))
-    saved = save(deps, updated, drained_inbox=action.drained_inbox, events=events, status_before=status_before,
-                 live=live)
+    saved = save(
+        deps, updated, drained_inbox=action.drained_inbox, events=events, status_before=status_before, live=live
+    )
     crash_point("after_model_save_before_enqueue", sid)
     if saved.status == "finished":
         return StepResult(Outcome.FINISHED, also=_cancel(deps, cancel))
@@ -574,8 +662,9 @@ def _model_turn(deps: StepDeps, agent: Agent, action: machine.ModelTurn, lease: 
     return StepResult(Outcome.ADVANCED, Next(saved.seq, agent=checkpoint.current_agent))
 
 
-def _runs_elsewhere(deps: StepDeps, checkpoint: Checkpoint, action: machine.ModelTurn | machine.ToolBatch,
-                    refusal: errors.LoushoError) -> bool:
+def _runs_elsewhere(
+    deps: StepDeps, checkpoint: Checkpoint, action: machine.ModelTurn | machine.ToolBatch, refusal: errors.LoushoError
+) -> bool:
     """Whether another live worker has what this one lacks to resume the run (a deploy under way).
 
     That is the tools of the pending calls, or exactly the agent the run was saved with.
@@ -584,6 +673,5 @@ def _runs_elsewhere(deps: StepDeps, checkpoint: Checkpoint, action: machine.Mode
         names = {call.name for call in action.calls}
         return any(serving.has_tools(names) for serving in deps.serving(checkpoint.current_agent))
     if isinstance(refusal, errors.AgentDriftError) and checkpoint.fingerprint is not None:
-        return any(serving.fingerprint == checkpoint.fingerprint
-                   for serving in deps.serving(checkpoint.current_agent))
+        return any(serving.fingerprint == checkpoint.fingerprint for serving in deps.serving(checkpoint.current_agent))
     return False

@@ -32,8 +32,10 @@ def child_id(lead: str, step: int, call_id: str) -> str | None:
 
 
 def _footer(name: str, child: Checkpoint) -> str:
-    return (f"\n\n[sub-agent '{name}': {child.step} step(s), finish reason '{child.finish_reason}',"
-            f" task '{child.session_id}']")
+    return (
+        f"\n\n[sub-agent '{name}': {child.step} step(s), finish reason '{child.finish_reason}',"
+        f" task '{child.session_id}']"
+    )
 
 
 def state_of(child: Checkpoint | None) -> str:
@@ -65,17 +67,29 @@ def result_of(call: ToolCall, child: Checkpoint | None) -> Message | None:
     if state == "finished":
         if child.finish_reason in ("stop", "length"):
             return machine.tool_message(call, (child.final_text or "") + _footer(name, child))
-        return machine.tool_error(call, "execution", "SubagentUnfinished",
-                                  f"the sub-agent ended with '{child.finish_reason}'" + _footer(name, child))
+        return machine.tool_error(
+            call,
+            "execution",
+            "SubagentUnfinished",
+            f"the sub-agent ended with '{child.finish_reason}'" + _footer(name, child),
+        )
     if state == "parked" and records.is_refused(child.last_error):
         return None
     if state == "parked" and child.last_error is not None:
-        return machine.tool_error(call, "execution", "SubagentParked",
-                                  f"the sub-agent stopped on an error {child.last_error.code}:"
-                                  f" {child.last_error.message}" + _footer(name, child))
+        return machine.tool_error(
+            call,
+            "execution",
+            "SubagentParked",
+            f"the sub-agent stopped on an error {child.last_error.code}:"
+            f" {child.last_error.message}" + _footer(name, child),
+        )
     if state == "stopped":
-        return machine.tool_error(call, "execution", "SubagentStopped",
-                                  f"the sub-agent was stopped ('{child.finish_reason}')" + _footer(name, child))
+        return machine.tool_error(
+            call,
+            "execution",
+            "SubagentStopped",
+            f"the sub-agent was stopped ('{child.finish_reason}')" + _footer(name, child),
+        )
     return None
 
 
@@ -111,8 +125,9 @@ def status_of(task_id: str, child: Checkpoint | None) -> dict[str, object]:
     elif state == "parked" and child.last_error is not None:
         body.update(status="failed", error=child.last_error.code)
     elif state == "stopped":
-        body.update(status="cancelled" if child.finish_reason == "aborted" else "stopped",
-                    finish_reason=child.finish_reason)
+        body.update(
+            status="cancelled" if child.finish_reason == "aborted" else "stopped", finish_reason=child.finish_reason
+        )
     else:
         body.update(status="running")  # running, or retrying after a transient failure
     return body
@@ -140,14 +155,27 @@ def usage_of(child: Checkpoint | None) -> Usage:
 
 def started(call: ToolCall, child: str) -> EventDraft:
     """The lead delegated ``call`` to the child run ``child``."""
-    return EventDraft(type="subagent.start", data={
-        "tool_call_id": call.id, "agent": call.args.get("agent"), "child_run_id": child,
-        "description": call.args.get("description") or ""})
+    return EventDraft(
+        type="subagent.start",
+        data={
+            "tool_call_id": call.id,
+            "agent": call.args.get("agent"),
+            "child_run_id": child,
+            "description": call.args.get("description") or "",
+        },
+    )
 
 
 def done(call: ToolCall, child: str, state: Checkpoint | None) -> EventDraft:
     """The child of ``call`` settled and its result was recorded."""
-    return EventDraft(type="subagent.done", data={
-        "tool_call_id": call.id, "agent": call.args.get("agent"), "child_run_id": child,
-        "finish_reason": state.finish_reason if state is not None else None,
-        "steps": state.step if state is not None else 0, "usage": usage_of(state).model_dump()})
+    return EventDraft(
+        type="subagent.done",
+        data={
+            "tool_call_id": call.id,
+            "agent": call.args.get("agent"),
+            "child_run_id": child,
+            "finish_reason": state.finish_reason if state is not None else None,
+            "steps": state.step if state is not None else 0,
+            "usage": usage_of(state).model_dump(),
+        },
+    )

@@ -67,8 +67,12 @@ extra_agents: dict[str, agent_registry.Agent] = {}
 #: step whose process died (celery#1628; the attempts cap stops message loops), acks on failure and timeout
 #: (failures are retried by our bounded logic, not by broker loops), and the step time limits.
 TASK_OPTIONS: dict[str, Any] = {
-    "serializer": "json", "acks_late": True, "reject_on_worker_lost": True, "acks_on_failure": True,
-    "acks_on_timeout": True, "soft_time_limit": settings.step_soft_time_limit_s,
+    "serializer": "json",
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "acks_on_failure": True,
+    "acks_on_timeout": True,
+    "soft_time_limit": settings.step_soft_time_limit_s,
     "time_limit": settings.step_time_limit_s,
 }
 
@@ -96,19 +100,31 @@ def _build() -> StepDeps:
     tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
     store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
-    client = _state["redis"] = redis_client.connect(settings, socket_timeout=5, socket_connect_timeout=5,
-                                                    health_check_interval=10)
+    client = _state["redis"] = redis_client.connect(
+        settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10
+    )
     leases = LeaseManager(client, settings.lease_ttl_ms)
     agents = {**agent_registry.load_agents(settings.agent_modules), **extra_agents}
     model_slots = RedisModelSlots(client, settings.lease_ttl_ms)
-    built = StepDeps(store=store, leases=leases, heartbeat=Heartbeat(leases, settings.lease_renew_ms),
-                     agents=agents, enqueue=enqueue, max_attempts=settings.max_attempts,
-                     retry_backoff_max_s=settings.retry_backoff_max_s, retry_for_s=settings.retry_for_s,
-                     registry=PostgresAgentRegistry(engine), worker_id=_state["worker_id"],
-                     signals=RedisSignals(client),
-                     registry_window_s=registration_window_s(), agent_grace_s=settings.agent_grace_s,
-                     slots=model_slots, slot_keeper=slots.SlotKeeper(model_slots),
-                     model_limits=settings.model_limit_table, fairness_weights=settings.fairness_weight_table)
+    built = StepDeps(
+        store=store,
+        leases=leases,
+        heartbeat=Heartbeat(leases, settings.lease_renew_ms),
+        agents=agents,
+        enqueue=enqueue,
+        max_attempts=settings.max_attempts,
+        retry_backoff_max_s=settings.retry_backoff_max_s,
+        retry_for_s=settings.retry_for_s,
+        registry=PostgresAgentRegistry(engine),
+        worker_id=_state["worker_id"],
+        signals=RedisSignals(client),
+        registry_window_s=registration_window_s(),
+        agent_grace_s=settings.agent_grace_s,
+        slots=model_slots,
+        slot_keeper=slots.SlotKeeper(model_slots),
+        model_limits=settings.model_limit_table,
+        fairness_weights=settings.fairness_weight_table,
+    )
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
     except errors.StorageError:
@@ -120,15 +136,19 @@ def _build() -> StepDeps:
     return built
 
 
-def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
-            name: str | None = None) -> None:
+def enqueue(
+    session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *, name: str | None = None
+) -> None:
     """Send ``advance`` for a run to its agent's queue (reuses the app's pooled producer connection).
 
     ``name`` is what Flower and the worker's log call the step (``telemetry.step_name``); ``agent``'s name
     with a plain ``step`` when not given.
     """
-    advance.apply_async(kwargs=step_message.arguments(session_id, seq), countdown=countdown or None,
-                        **step_message.routing(settings, agent, name))
+    advance.apply_async(
+        kwargs=step_message.arguments(session_id, seq),
+        countdown=countdown or None,
+        **step_message.routing(settings, agent, name),
+    )
 
 
 def registration_refresh_s() -> float:
@@ -253,8 +273,9 @@ def _dead_steps_loop(stop: threading.Event) -> None:
     try:
         orphans.resend_at_start(store, leases, _resend_run, SWEEP_LIMIT)
     except Exception as exc:  # Postgres, Redis or the broker down at start: the sweep recovers those runs later
-        log.warning("could not look for runs left by dead processes at start (%s); the sweep recovers them",
-                    type(exc).__name__)
+        log.warning(
+            "could not look for runs left by dead processes at start (%s); the sweep recovers them", type(exc).__name__
+        )
     watch = orphans.DeadSteps(leases, _resend_step, store)
     try:
         while not stop.wait(DEAD_STEP_CHECK_S):
@@ -284,14 +305,18 @@ def _pool_steps() -> list[orphans.PoolStep]:
     steps = []
     for request in requests:
         pid, kwargs = request.worker_pid, request.kwargs
-        if request.type != advance.name or not isinstance(kwargs, dict) or not isinstance(
-                kwargs.get("session_id"), str):
+        if (
+            request.type != advance.name
+            or not isinstance(kwargs, dict)
+            or not isinstance(kwargs.get("session_id"), str)
+        ):
             continue
         if not isinstance(pid, int) or pid == os.getpid():
             pid = None
         info = request.delivery_info or {}
-        steps.append(orphans.PoolStep(str(request.id), pid, kwargs["session_id"], info.get("routing_key") or None,
-                                      request.name))
+        steps.append(
+            orphans.PoolStep(str(request.id), pid, kwargs["session_id"], info.get("routing_key") or None, request.name)
+        )
     return steps
 
 
@@ -315,8 +340,13 @@ def _resend_step(step: orphans.PoolStep) -> None:
 def _resend_run(run: records.DueRun) -> None:
     """Send a step for a run a dead process of this host held (to its agent's queue when this worker serves it)."""
     served = _state.get("served") or set()
-    enqueue(run.session_id, run.seq, 0.0, run.agent if run.agent in served else None,
-            name=telemetry.step_name(run.agent, telemetry.RECOVERY))
+    enqueue(
+        run.session_id,
+        run.seq,
+        0.0,
+        run.agent if run.agent in served else None,
+        name=telemetry.step_name(run.agent, telemetry.RECOVERY),
+    )
 
 
 @signals.worker_ready.connect
@@ -364,8 +394,9 @@ class StepFailed(Exception):
     """A step that parked its run (the run waits for ``resume()``): the task fails with the step's summary."""
 
 
-@shared_task(name=step_message.ADVANCE, bind=True, ignore_result=True, throws=(StepFailed,), queue=settings.queue,
-             **TASK_OPTIONS)
+@shared_task(
+    name=step_message.ADVANCE, bind=True, ignore_result=True, throws=(StepFailed,), queue=settings.queue, **TASK_OPTIONS
+)
 def advance(self: Any, session_id: str, seq: int | None = None) -> str:
     """Do one step of the run ``session_id``; ``seq`` (when given) drops stale duplicates.
 
@@ -418,11 +449,19 @@ def _recycle_if_hung() -> None:
     if hung <= settings.hung_tool_calls_max:
         return
     if _state.get("pool_process") != os.getpid():
-        log.warning("%d tool calls hung in this worker (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); only a prefork pool"
-                    " process is recycled", hung, settings.hung_tool_calls_max)
+        log.warning(
+            "%d tool calls hung in this worker (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); only a prefork pool"
+            " process is recycled",
+            hung,
+            settings.hung_tool_calls_max,
+        )
         return
-    log.warning("%d tool calls hung in this pool process (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); it exits after this"
-                " step and Celery starts a fresh one", hung, settings.hung_tool_calls_max)
+    log.warning(
+        "%d tool calls hung in this pool process (LOUSHO_HUNG_TOOL_CALLS_MAX is %d); it exits after this"
+        " step and Celery starts a fresh one",
+        hung,
+        settings.hung_tool_calls_max,
+    )
     signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=EX_RECYCLE)
     os._exit(EX_RECYCLE)
 
@@ -432,10 +471,19 @@ SWEEP_LIMIT = 500
 
 
 # The one task whose result is stored (where the app has a result backend): its caller learns the run id.
-@shared_task(name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue),
-             **TASK_OPTIONS)
-def start(self: Any, agent: str, input: Any, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-          beat_entry: str | None = None, every_s: float | None = None, fairness_key: str | None = None) -> str:
+@shared_task(
+    name=starts.START_TASK, bind=True, ignore_result=False, queue=starts.start_queue(settings.queue), **TASK_OPTIONS
+)
+def start(
+    self: Any,
+    agent: str,
+    input: Any,
+    session_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    beat_entry: str | None = None,
+    every_s: float | None = None,
+    fairness_key: str | None = None,
+) -> str:
     """Start or continue a run of ``agent`` with ``input``, at most once per message (``worker.starts``).
 
     For any Celery app, by name: ``send_task("lousho.start", kwargs={"agent": ..., "input": ...,
@@ -452,8 +500,13 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
             shows it) and is not retried.
     """
     sent_at = self.request.get(starts.SENT_AT_HEADER)
-    run_id, key = starts.run_id_for(str(self.request.id or ""), session_id, beat_entry, every_s,
-                                    float(sent_at) if isinstance(sent_at, int | float) else None)
+    run_id, key = starts.run_id_for(
+        str(self.request.id or ""),
+        session_id,
+        beat_entry,
+        every_s,
+        float(sent_at) if isinstance(sent_at, int | float) else None,
+    )
     records.validate_agent_name(agent)
     messages = normalize_input(input)
     built = deps()
@@ -462,8 +515,7 @@ def start(self: Any, agent: str, input: Any, session_id: str | None = None, meta
         raise errors.AgentNotFoundError(agent, sorted(set(built.agents) | served))
     store = cast(interfaces.CheckpointStore, built.store)
     number = store.append_input(run_id, agent, messages, key, metadata, fairness_key=fairness_key)
-    enqueue(run_id, None, 0.0, agent if agent in served else None,
-            name=telemetry.step_name(agent, telemetry.NEW_INPUT))
+    enqueue(run_id, None, 0.0, agent if agent in served else None, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
     log.info("start: input %d of run %s queued", number, run_id)
     return run_id
 
@@ -479,8 +531,13 @@ def _served() -> set[str]:
 
 # The sweeps send no task events (nor does beat a task-sent event for them, ``worker.celery``): run every few
 # seconds, they would bury the steps in Flower's task list. Their work shows in the metrics and the log.
-@shared_task(name="lousho.recover", ignore_result=True, send_events=False,
-             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
+@shared_task(
+    name="lousho.recover",
+    ignore_result=True,
+    send_events=False,
+    queue=lousho_celery.control_queue(settings),
+    **TASK_OPTIONS,
+)
 def recover() -> int:
     """Send a step for each run that can move and is not moving.
 
@@ -526,9 +583,13 @@ def recover() -> int:
                 records.validate_session_id(run.session_id)
             except errors.SessionIdInvalidError:
                 continue
-            enqueue(run.session_id, run.seq, random.uniform(0, spread) if run.retrying else 0.0,
-                    run.agent if run.agent in served else None,
-                    name=telemetry.step_name(run.agent, telemetry.RETRY if run.retrying else telemetry.RECOVERY))
+            enqueue(
+                run.session_id,
+                run.seq,
+                random.uniform(0, spread) if run.retrying else 0.0,
+                run.agent if run.agent in served else None,
+                name=telemetry.step_name(run.agent, telemetry.RETRY if run.retrying else telemetry.RECOVERY),
+            )
             swept.append(run.session_id)
             sent += 1
         # Sent once per lease TTL at most: a run still queued behind a backlog is not sent again each pass.
@@ -564,8 +625,13 @@ def _wake_slot_waiters(built: StepDeps) -> int:
         return 0
     served = _served()
     for session_id, agent in woken:
-        enqueue(session_id, None, 0.0, agent if agent in served else None,
-                name=telemetry.step_name(agent or None, telemetry.SLOT_FREED))
+        enqueue(
+            session_id,
+            None,
+            0.0,
+            agent if agent in served else None,
+            name=telemetry.step_name(agent or None, telemetry.SLOT_FREED),
+        )
     return len(woken)
 
 
@@ -580,21 +646,38 @@ def _wake_leads(built: StepDeps, stale_after: float) -> int:
     return len(woken)
 
 
-@shared_task(name="lousho.schedules", ignore_result=True, send_events=False,
-             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
+@shared_task(
+    name="lousho.schedules",
+    ignore_result=True,
+    send_events=False,
+    queue=lousho_celery.control_queue(settings),
+    **TASK_OPTIONS,
+)
 def fire_schedules() -> None:
     """Claim every due schedule tick in Postgres with its run, then enqueue the runs (safe from any number of beats)."""
-    result = schedule_sweep.sweep(PostgresScheduleStore(_engine()),
-                                  grace=settings.schedule_grace)
-    sent = schedule_sweep.publish(result, lambda session_id: enqueue(
-        session_id, None, 0.0, result.agents.get(session_id),
-        name=telemetry.step_name(result.agents.get(session_id), telemetry.NEW_INPUT)))
+    result = schedule_sweep.sweep(PostgresScheduleStore(_engine()), grace=settings.schedule_grace)
+    sent = schedule_sweep.publish(
+        result,
+        lambda session_id: enqueue(
+            session_id,
+            None,
+            0.0,
+            result.agents.get(session_id),
+            name=telemetry.step_name(result.agents.get(session_id), telemetry.NEW_INPUT),
+        ),
+    )
     telemetry.count("schedule.fired", sent)
     telemetry.count("schedule.skipped", result.skipped)
     telemetry.count("schedule.missed", result.missed)
     if sent or result.skipped or result.missed or result.broken:
-        log.info("schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped,"
-                 " %d schedule(s) found broken", sent, result.skipped, result.missed, len(result.broken))
+        log.info(
+            "schedules: %d run(s) started, %d tick(s) skipped for overlap, %d overdue tick(s) dropped,"
+            " %d schedule(s) found broken",
+            sent,
+            result.skipped,
+            result.missed,
+            len(result.broken),
+        )
 
 
 def _redis_clients() -> tuple[redis_client.Client, redis_client.Client]:
@@ -607,13 +690,19 @@ def _redis_clients() -> tuple[redis_client.Client, redis_client.Client]:
     if settings.broker == settings.redis_url:
         return leases, leases
     if "broker" not in _state:
-        _state["broker"] = redis_client.connect(settings, url=settings.broker, socket_timeout=5,
-                                                socket_connect_timeout=5)
+        _state["broker"] = redis_client.connect(
+            settings, url=settings.broker, socket_timeout=5, socket_connect_timeout=5
+        )
     return leases, _state["broker"]
 
 
-@shared_task(name="lousho.doctor", ignore_result=True, send_events=False,
-             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
+@shared_task(
+    name="lousho.doctor",
+    ignore_result=True,
+    send_events=False,
+    queue=lousho_celery.control_queue(settings),
+    **TASK_OPTIONS,
+)
 def doctor_look() -> int:
     """One look of the I19 checker: every unfinished run has an owner, a timer or a waiter (``store.doctor``).
 
@@ -626,15 +715,25 @@ def doctor_look() -> int:
     leases, broker_client = _redis_clients()
     found = doctor.look(_engine(), leases, broker_client, settings)
     for finding in found.unexplained:
-        log.warning("doctor: run %s (%s, agent %s) has no owner, timer or waiter since %s", finding.summary.session_id,
-                    finding.summary.state, finding.summary.agent, finding.first_seen.isoformat())
+        log.warning(
+            "doctor: run %s (%s, agent %s) has no owner, timer or waiter since %s",
+            finding.summary.session_id,
+            finding.summary.state,
+            finding.summary.agent,
+            finding.first_seen.isoformat(),
+        )
     if not found.complete:
         log.warning("doctor: the look stopped at %d runs or at the broker's message limit", found.checked)
     return len(found.unexplained)
 
 
-@shared_task(name="lousho.prune", ignore_result=True, send_events=False,
-             queue=lousho_celery.control_queue(settings), **TASK_OPTIONS)
+@shared_task(
+    name="lousho.prune",
+    ignore_result=True,
+    send_events=False,
+    queue=lousho_celery.control_queue(settings),
+    **TASK_OPTIONS,
+)
 def prune() -> int:
     """One pass of the retention sweep: finished runs past ``LOUSHO_RETENTION_DAYS``, then keys past their age.
 
@@ -649,11 +748,30 @@ def prune() -> int:
         return 0
     done = retention.sweep(_engine(), policy)
     if done.runs or done.deliveries or done.bodies or done.ticks:
-        log.info("prune: %d run(s) with %d history entries, %d events and %d approvals; %d delivery id(s),"
-                 " %d body hash(es), %d tick(s)%s", done.runs, done.history, done.events, done.approvals,
-                 done.deliveries, done.bodies, done.ticks, "; more are due" if done.more else "")
+        log.info(
+            "prune: %d run(s) with %d history entries, %d events and %d approvals; %d delivery id(s),"
+            " %d body hash(es), %d tick(s)%s",
+            done.runs,
+            done.history,
+            done.events,
+            done.approvals,
+            done.deliveries,
+            done.bodies,
+            done.ticks,
+            "; more are due" if done.more else "",
+        )
     return done.runs
 
 
-__all__ = ["Outcome", "StepFailed", "advance", "deps", "doctor_look", "enqueue", "extra_agents", "fire_schedules",
-           "prune", "recover"]
+__all__ = [
+    "Outcome",
+    "StepFailed",
+    "advance",
+    "deps",
+    "doctor_look",
+    "enqueue",
+    "extra_agents",
+    "fire_schedules",
+    "prune",
+    "recover",
+]

@@ -36,6 +36,8 @@ without a provider, such as ``MockModel``'s, gives no provider), ``gen_ai.usage.
 name, a tool result's error kind, a run's error code) with status ERROR; ``messaging.message.id`` (the Celery
 task id); and ``lousho.session_id``, ``lousho.seq``, ``lousho.kind``, ``lousho.outcome``, ``lousho.ended_as``,
 ``lousho.finish_reason``, ``lousho.tool.outcome``.
+
+Stays whole: the span tree of a run and the one place that sets up OpenTelemetry, read together.
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ _ERROR_ENDINGS = ("budget-exceeded",)
 #: ``service.name`` when the environment names no service.
 SERVICE_NAME = "lousho-worker"
 #: The OTLP exporter class of each ``OTEL_EXPORTER_OTLP_PROTOCOL`` (packages ``opentelemetry-exporter-otlp-*``).
-_OTLP_MODULES = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                 "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"}
+_OTLP_MODULES = {
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+}
 _CONTEXT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})((?:;[a-z]+=[0-9A-Za-z_.-]*)*)")
 _CONTEXT_MAX = 512
 
@@ -173,8 +177,7 @@ class TraceSink:
     def new_context(self) -> str | None:
         """A new run input's trace context (``telemetry.use_traces``); None when the sampler drops the trace."""
         trace_id, span_id = self._ids.inner.generate_trace_id(), self._ids.inner.generate_span_id()
-        sampling = self.provider.sampler.should_sample(Context(), trace_id, "invoke_agent",
-                                                       trace_api.SpanKind.INTERNAL)
+        sampling = self.provider.sampler.should_sample(Context(), trace_id, "invoke_agent", trace_api.SpanKind.INTERNAL)
         if sampling.decision is not Decision.RECORD_AND_SAMPLE:
             return None
         report = telemetry.current()
@@ -186,11 +189,18 @@ class TraceSink:
         context = TraceContext.parse(report.trace)
         if context is None or not context.sampled or report.outcome in _NO_WORK:
             return
-        root = trace_api.NonRecordingSpan(trace_api.SpanContext(
-            context.trace_id, context.span_id, is_remote=True, trace_flags=trace_api.TraceFlags(1)))
+        root = trace_api.NonRecordingSpan(
+            trace_api.SpanContext(
+                context.trace_id, context.span_id, is_remote=True, trace_flags=trace_api.TraceFlags(1)
+            )
+        )
         ended = report.ended_ns or time.time_ns()
-        step = self._tracer.start_span(f"step {report.kind}", trace_api.set_span_in_context(root, Context()),
-                                       attributes=_step_attributes(report), start_time=report.started_ns or ended)
+        step = self._tracer.start_span(
+            f"step {report.kind}",
+            trace_api.set_span_in_context(root, Context()),
+            attributes=_step_attributes(report),
+            start_time=report.started_ns or ended,
+        )
         if report.outcome in _ERRORS:
             step.set_attribute("error.type", report.error_code or "_OTHER")
             step.set_status(trace_api.StatusCode.ERROR, report.error_code or "the step raised")
@@ -208,26 +218,39 @@ class TraceSink:
 
     def _chat(self, call: telemetry.ModelCallRecord, parent: Context) -> None:
         provider, model = _model_parts(call.model)
-        attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
-                                      "gen_ai.request.model": model,
-                                      "gen_ai.usage.input_tokens": call.input_tokens,
-                                      "gen_ai.usage.output_tokens": call.output_tokens,
-                                      "gen_ai.response.finish_reasons": [call.finish_reason] if call.finish_reason
-                                      else None, "error.type": call.error}
-        span = self._tracer.start_span(f"chat {model}", parent, kind=trace_api.SpanKind.CLIENT,
-                                       attributes=_present(attributes), start_time=call.started_ns)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model,
+            "gen_ai.usage.input_tokens": call.input_tokens,
+            "gen_ai.usage.output_tokens": call.output_tokens,
+            "gen_ai.response.finish_reasons": [call.finish_reason] if call.finish_reason else None,
+            "error.type": call.error,
+        }
+        span = self._tracer.start_span(
+            f"chat {model}",
+            parent,
+            kind=trace_api.SpanKind.CLIENT,
+            attributes=_present(attributes),
+            start_time=call.started_ns,
+        )
         if call.error is not None:
             span.set_status(trace_api.StatusCode.ERROR, call.error)
         span.end(end_time=call.ended_ns)
 
     def _tool(self, call: telemetry.ToolCallRecord, parent: Context) -> None:
         failed = call.outcome != "ok"
-        attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.tool,
-                                      "gen_ai.tool.call.id": call.call_id, "gen_ai.tool.type": "function",
-                                      "lousho.tool.outcome": call.outcome,
-                                      "error.type": call.outcome if failed else None}
-        span = self._tracer.start_span(f"execute_tool {call.tool}", parent, attributes=_present(attributes),
-                                       start_time=call.started_ns)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.tool,
+            "gen_ai.tool.call.id": call.call_id,
+            "gen_ai.tool.type": "function",
+            "lousho.tool.outcome": call.outcome,
+            "error.type": call.outcome if failed else None,
+        }
+        span = self._tracer.start_span(
+            f"execute_tool {call.tool}", parent, attributes=_present(attributes), start_time=call.started_ns
+        )
         if failed:
             span.set_status(trace_api.StatusCode.ERROR, call.outcome)
         span.end(end_time=call.ended_ns)
@@ -235,16 +258,24 @@ class TraceSink:
     def _root(self, report: telemetry.StepReport, context: TraceContext, ended: int) -> None:
         agent = report.agent or "agent"
         failed = report.ended_as in _ERROR_ENDINGS
-        attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": report.agent,
-                                      "gen_ai.conversation.id": report.session_id,
-                                      "lousho.session_id": report.session_id, "lousho.ended_as": report.ended_as,
-                                      "lousho.finish_reason": report.finish_reason,
-                                      "error.type": report.ended_as if failed else None}
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": report.agent,
+            "gen_ai.conversation.id": report.session_id,
+            "lousho.session_id": report.session_id,
+            "lousho.ended_as": report.ended_as,
+            "lousho.finish_reason": report.finish_reason,
+            "error.type": report.ended_as if failed else None,
+        }
         self._ids.due(context.trace_id, context.span_id)
         try:
             # An empty context: the root has no parent, whatever span this thread has current.
-            span = self._tracer.start_span(f"invoke_agent {agent}", Context(), attributes=_present(attributes),
-                                           start_time=min(context.started_ns or report.started_ns, ended))
+            span = self._tracer.start_span(
+                f"invoke_agent {agent}",
+                Context(),
+                attributes=_present(attributes),
+                start_time=min(context.started_ns or report.started_ns, ended),
+            )
         finally:
             self._ids.clear()
         if failed:
@@ -253,11 +284,21 @@ class TraceSink:
 
 
 def _step_attributes(report: telemetry.StepReport) -> dict[str, Any]:
-    return _present({"gen_ai.agent.name": report.agent, "gen_ai.conversation.id": report.session_id,
-                     "lousho.session_id": report.session_id, "lousho.seq": report.seq, "lousho.kind": report.kind,
-                     "lousho.outcome": report.outcome or "raised", "messaging.message.id": report.task_id,
-                     "lousho.input_started": report.input_started or None, "lousho.ended_as": report.ended_as,
-                     "lousho.approvals": report.approvals or None, "lousho.retry_in_s": report.retry_in})
+    return _present(
+        {
+            "gen_ai.agent.name": report.agent,
+            "gen_ai.conversation.id": report.session_id,
+            "lousho.session_id": report.session_id,
+            "lousho.seq": report.seq,
+            "lousho.kind": report.kind,
+            "lousho.outcome": report.outcome or "raised",
+            "messaging.message.id": report.task_id,
+            "lousho.input_started": report.input_started or None,
+            "lousho.ended_as": report.ended_as,
+            "lousho.approvals": report.approvals or None,
+            "lousho.retry_in_s": report.retry_in,
+        }
+    )
 
 
 def _present(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,8 +335,10 @@ def enable(settings: Settings, provider: TracerProvider | None = None) -> bool:
     if not settings.tracing:
         return False
     if not HAVE_OTEL:
-        log.error("LOUSHO_TRACING is on but OpenTelemetry is not installed (pip install 'lousho-worker[otel]');"
-                  " runs are not traced")
+        log.error(
+            "LOUSHO_TRACING is on but OpenTelemetry is not installed (pip install 'lousho-worker[otel]');"
+            " runs are not traced"
+        )
         return False
     with _lock:
         sink: TraceSink | None = _state["sink"]
@@ -306,8 +349,7 @@ def enable(settings: Settings, provider: TracerProvider | None = None) -> bool:
             chosen = provider if provider is not None else _configured_provider()
             sink = TraceSink(chosen) if chosen is not None else None
         except Exception:  # a broken OTEL_* setting must not stop the worker: it runs untraced, and says so
-            log.error("LOUSHO_TRACING is on but OpenTelemetry could not be set up; runs are not traced",
-                      exc_info=True)
+            log.error("LOUSHO_TRACING is on but OpenTelemetry could not be set up; runs are not traced", exc_info=True)
             return False
         if sink is None:
             return False
@@ -375,22 +417,34 @@ def _exporters() -> list[SpanExporter] | None:
             made.append(ConsoleSpanExporter())
             continue
         if name != "otlp":
-            log.error("LOUSHO_TRACING is on but OTEL_TRACES_EXPORTER names %r (otlp, console or none here);"
-                      " runs are not traced", name)
+            log.error(
+                "LOUSHO_TRACING is on but OTEL_TRACES_EXPORTER names %r (otlp, console or none here);"
+                " runs are not traced",
+                name,
+            )
             return None
-        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+        protocol = (
+            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
         module = _OTLP_MODULES.get(protocol)
         if module is None:
-            log.error("LOUSHO_TRACING is on but the OTLP protocol %r is not one of %s; runs are not traced",
-                      protocol, ", ".join(_OTLP_MODULES))
+            log.error(
+                "LOUSHO_TRACING is on but the OTLP protocol %r is not one of %s; runs are not traced",
+                protocol,
+                ", ".join(_OTLP_MODULES),
+            )
             return None
         try:
             made.append(importlib.import_module(module).OTLPSpanExporter())
         except ImportError:
             package = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
-            log.error("LOUSHO_TRACING is on and OTEL_TRACES_EXPORTER is otlp (the default), but %s is not"
-                      " installed: install it, or set OTEL_TRACES_EXPORTER=console; runs are not traced", package)
+            log.error(
+                "LOUSHO_TRACING is on and OTEL_TRACES_EXPORTER is otlp (the default), but %s is not"
+                " installed: install it, or set OTEL_TRACES_EXPORTER=console; runs are not traced",
+                package,
+            )
             return None
     return made
 

@@ -36,8 +36,11 @@ def _exec(services: EmbeddedServices, command: list[str]) -> int:
     except BaseException:
         services.release()
         raise
-    print(f"[embedded] postgres {env['LOUSHO_DATABASE_URL'].split('@')[-1]}  "
-          f"redis {env['LOUSHO_REDIS_URL'].split('@')[-1]}  (embedded data in {services.home})", flush=True)
+    print(
+        f"[embedded] postgres {env['LOUSHO_DATABASE_URL'].split('@')[-1]}  "
+        f"redis {env['LOUSHO_REDIS_URL'].split('@')[-1]}  (embedded data in {services.home})",
+        flush=True,
+    )
     child = subprocess.Popen(command, env=env)
 
     def forward(signum: int, _frame: object) -> None:
@@ -61,14 +64,16 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--root", type=Path, default=None, help="project folder (data in ROOT/.lousho)")
     common.add_argument("--json", action="store_true", help="print JSON")
     common.add_argument("--fast", action="store_true", help="no fsync (throwaway data)")
-    parser = argparse.ArgumentParser(prog="python -m devkit.embedded",
-                                     description="Embedded PostgreSQL and Redis for development.")
+    parser = argparse.ArgumentParser(
+        prog="python -m devkit.embedded", description="Embedded PostgreSQL and Redis for development."
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("start", parents=[common], help="start (or reuse) both servers; print their URLs")
     sub.add_parser("stop", parents=[common], help="stop both servers of the folder")
     sub.add_parser("status", parents=[common], help="show what runs")
-    run = sub.add_parser("exec", parents=[common], help="run a command with the URLs exported, then stop "
-                                                         "the servers started for it")
+    run = sub.add_parser(
+        "exec", parents=[common], help="run a command with the URLs exported, then stop the servers started for it"
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
 
@@ -92,10 +97,15 @@ def _run(services: EmbeddedServices, args: argparse.Namespace) -> int:
             print(f"stopped the embedded servers of {services.root}")
         return 0
     report = {name: vars(item) for name, item in services.status().items()}
-    print(json.dumps(report, indent=2) if args.json else
-          "\n".join(f"{name:8} {'running' if s['running'] else 'stopped'}"
-                    + (f"  pid {s['pid']}  port {s['port']}" if s["running"] else "")
-                    for name, s in report.items()))
+    print(
+        json.dumps(report, indent=2)
+        if args.json
+        else "\n".join(
+            f"{name:8} {'running' if s['running'] else 'stopped'}"
+            + (f"  pid {s['pid']}  port {s['port']}" if s["running"] else "")
+            for name, s in report.items()
+        )
+    )
     return 0
 
 

@@ -107,8 +107,14 @@ class PostgresServer:
         previous = self.folder.load_state().get(POSTGRES, {}).get("port")
         port = processes.pick_port(previous, preferred_port)
         log = self.dir / "postgres.log"
-        options = {"listen_addresses": processes.HOST, "port": str(port), "unix_socket_directories": "",
-                   "max_connections": "200", "log_min_messages": "warning", "log_checkpoints": "off"}
+        options = {
+            "listen_addresses": processes.HOST,
+            "port": str(port),
+            "unix_socket_directories": "",
+            "max_connections": "200",
+            "log_min_messages": "warning",
+            "log_checkpoints": "off",
+        }
         if not self.durable:
             options.update({"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
         command = [*prefix, str(postgres_bin_dir() / "postgres"), "-D", str(self.data)]
@@ -140,12 +146,30 @@ class PostgresServer:
         if owner:
             os.chown(self.data, *owner)
             os.chown(pwfile, *owner)
-        command = [*prefix, str(postgres_bin_dir() / "initdb"), "-D", str(self.data), "-U", SUPERUSER,
-                   "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "--encoding=UTF8",
-                   "--locale=C", "--no-sync", "--no-instructions"]
+        command = [
+            *prefix,
+            str(postgres_bin_dir() / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        ]
         try:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-                                    env={**os.environ, "LC_ALL": "C"})
+            result = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, "LC_ALL": "C"},
+            )
         finally:
             pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
@@ -187,8 +211,9 @@ class PostgresServer:
                 lines = []
             if len(lines) < 8 or lines[7].strip() != "ready":
                 if time.monotonic() > deadline:
-                    raise EmbeddedError(f"postgres did not get ready in {self.startup_timeout:.0f} s; "
-                                        f"{log}:\n{tail(log)}")
+                    raise EmbeddedError(
+                        f"postgres did not get ready in {self.startup_timeout:.0f} s; {log}:\n{tail(log)}"
+                    )
                 time.sleep(0.02)
                 continue
             try:
@@ -197,8 +222,10 @@ class PostgresServer:
                 return
             except psycopg.Error as exc:
                 if time.monotonic() > deadline:
-                    raise EmbeddedError(f"postgres did not accept connections in {self.startup_timeout:.0f} s "
-                                        f"({type(exc).__name__}); {log}:\n{tail(log)}") from exc
+                    raise EmbeddedError(
+                        f"postgres did not accept connections in {self.startup_timeout:.0f} s "
+                        f"({type(exc).__name__}); {log}:\n{tail(log)}"
+                    ) from exc
                 time.sleep(0.03)
 
     def _ensure_database(self, port: int) -> None:

@@ -30,6 +30,7 @@ class RunningServer(NamedTuple):
     port: int
     created: float
 
+
 # Popen handles of the servers this process started, so that stopping them also reaps them.
 _children: dict[int, subprocess.Popen[bytes]] = {}
 _drop_prefix: list[str] | None = None
@@ -54,8 +55,13 @@ def unprivileged_prefix() -> list[str]:
     unshare = shutil.which("unshare")
     if unshare:
         prefix = [unshare, "--user", f"--map-user={uid}", f"--map-group={gid}", "--"]
-        probe = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, check=False)
+        probe = subprocess.run(
+            [*prefix, "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
         if probe.returncode == 0:
             _drop_prefix = prefix
             return prefix
@@ -123,8 +129,9 @@ def create_time(pid: int) -> float:
 
 def launch(command: list[str], log: IO[bytes], **options: Any) -> subprocess.Popen[bytes]:
     """Start a server in a session of its own, its output going to ``log``; ``terminate`` reaps it later."""
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, **options)
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **options
+    )
     _children[process.pid] = process
     return process
 

@@ -40,8 +40,9 @@ def redis_server_binary() -> Path:
     found = shutil.which("redis-server")
     if found:
         return Path(found)
-    raise EmbeddedError(f"no redis-server: {processes.INSTALL_HINT} (Linux x86_64), "
-                        "or install Redis (e.g. brew install redis)")
+    raise EmbeddedError(
+        f"no redis-server: {processes.INSTALL_HINT} (Linux x86_64), or install Redis (e.g. brew install redis)"
+    )
 
 
 def _quoted(value: Path | str) -> str:
@@ -163,8 +164,10 @@ class RedisServer:
                         return
                 except redis.RedisError as exc:  # refused, or still loading the append-only file
                     if time.monotonic() > deadline:
-                        raise EmbeddedError(f"redis-server did not answer in {self.startup_timeout:.0f} s "
-                                            f"({type(exc).__name__}); {log}:\n{tail(log)}") from exc
+                        raise EmbeddedError(
+                            f"redis-server did not answer in {self.startup_timeout:.0f} s "
+                            f"({type(exc).__name__}); {log}:\n{tail(log)}"
+                        ) from exc
                 time.sleep(0.02)
         finally:
             client.close()

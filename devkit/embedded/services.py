@@ -73,9 +73,15 @@ class EmbeddedServices:
     do not pull the servers from under each other.
     """
 
-    def __init__(self, root: Path | str | None = None, *, postgres_port: int | None = PREFERRED_POSTGRES_PORT,
-                 redis_port: int | None = PREFERRED_REDIS_PORT, durable: bool = True,
-                 startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        postgres_port: int | None = PREFERRED_POSTGRES_PORT,
+        redis_port: int | None = PREFERRED_REDIS_PORT,
+        durable: bool = True,
+        startup_timeout: float = 60.0,
+    ) -> None:
         """Describe the servers of ``root``; nothing starts until ``start``.
 
         Args:
@@ -232,8 +238,9 @@ class EmbeddedServices:
     def __enter__(self) -> ServiceURLs:
         return self.start()
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.release()
 
 
@@ -246,6 +253,9 @@ def exported(urls: ServiceURLs | dict[str, str]) -> str:
     Returns:
         ``export NAME='value'`` lines.
     """
-    values = ({"LOUSHO_DATABASE_URL": urls.database_url, "LOUSHO_REDIS_URL": urls.redis_url}
-              if isinstance(urls, ServiceURLs) else urls)
+    values = (
+        {"LOUSHO_DATABASE_URL": urls.database_url, "LOUSHO_REDIS_URL": urls.redis_url}
+        if isinstance(urls, ServiceURLs)
+        else urls
+    )
     return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in values.items())

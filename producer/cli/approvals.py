@@ -41,18 +41,24 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
             expiry = f"  expires {a.expires_at.isoformat()}" if a.expires_at else ""
             if a.kind == "question":
                 choices = f"  options {json.dumps(a.options)}" if a.options else ""
-                print(f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}"
-                      f"  since {created}{expiry}")
+                print(
+                    f"{a.approval_id}  {a.agent}  {a.session_id}  question: {a.question}{choices}"
+                    f"  since {created}{expiry}"
+                )
                 continue
             if a.kind == "reconcile":
                 # A once call its worker died in: approve runs it again, reject records it as not done, answer
                 # records the text as its result.
-                print(f"{a.approval_id}  {a.agent}  {a.session_id}  reconcile: {a.tool_name}({json.dumps(a.args)})"
-                      f"  call {a.tool_call_id}  since {created}  (approve: run again; reject: not done;"
-                      " answer ID TEXT: it took effect, with TEXT as its result)")
+                print(
+                    f"{a.approval_id}  {a.agent}  {a.session_id}  reconcile: {a.tool_name}({json.dumps(a.args)})"
+                    f"  call {a.tool_call_id}  since {created}  (approve: run again; reject: not done;"
+                    " answer ID TEXT: it took effect, with TEXT as its result)"
+                )
                 continue
-            print(f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
-                  f"  call {a.tool_call_id}  since {created}{expiry}")
+            print(
+                f"{a.approval_id}  {a.agent}  {a.session_id}  {a.tool_name}({json.dumps(a.args)})"
+                f"  call {a.tool_call_id}  since {created}{expiry}"
+            )
         return 0
     if not args.approval_id:
         raise errors.ConfigurationError(f"approvals {args.action} needs an approval id")
@@ -74,8 +80,11 @@ def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho approvals`` to the ``lousho`` parser."""
-    approvals = accept_json(sub.add_parser(
-        "approvals", help="list, approve or reject gated calls; answer questions; decide reconciliations"))
+    approvals = accept_json(
+        sub.add_parser(
+            "approvals", help="list, approve or reject gated calls; answer questions; decide reconciliations"
+        )
+    )
     approvals.add_argument("action", choices=["list", "approve", "reject", "answer"])
     approvals.add_argument("approval_id", nargs="?")
     approvals.add_argument("text", nargs="?", help="the answer, or a reconciled call's result (with answer)")

@@ -37,17 +37,25 @@ def cmd_dev(client: Client, args: argparse.Namespace) -> int:
         stop_services()
         print("stopped the embedded PostgreSQL and Redis")
         return 0
-    return run_dev(None, concurrency=args.concurrency, flower=args.flower, flower_port=args.flower_port,
-                   keep_services=args.keep_services)
+    return run_dev(
+        None,
+        concurrency=args.concurrency,
+        flower=args.flower,
+        flower_port=args.flower_port,
+        keep_services=args.keep_services,
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho demo`` and ``lousho dev`` to the ``lousho`` parser."""
     demo = sub.add_parser("demo", help="show a run surviving a killed worker")
     refuse_json(demo, "lousho demo prints a timeline as it goes").set_defaults(fn=cmd_demo)
-    dev = sub.add_parser("dev", help="run a worker and beat in the foreground, on embedded Postgres and Redis "
-                                     "unless LOUSHO_DATABASE_URL / LOUSHO_REDIS_URL are set (Ctrl-C stops "
-                                     "everything)")
+    dev = sub.add_parser(
+        "dev",
+        help="run a worker and beat in the foreground, on embedded Postgres and Redis "
+        "unless LOUSHO_DATABASE_URL / LOUSHO_REDIS_URL are set (Ctrl-C stops "
+        "everything)",
+    )
     refuse_json(dev, "lousho dev runs in the foreground and prints a log")
     dev.add_argument("--concurrency", type=int, default=2, help="worker processes")
     dev.add_argument("--flower", action="store_true", help="also run Flower on 127.0.0.1 (needs flower)")

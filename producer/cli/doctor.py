@@ -25,17 +25,26 @@ def cmd_doctor(client: Client, args: argparse.Namespace) -> int:
     """``lousho doctor``: look for unfinished runs that nothing moves; exit 3 when there are some."""
     report = client.doctor(wait=not args.no_wait)
     if args.json:
-        print_json({"checked": report.checked, "complete": report.complete,
-                    "unexplained": [_finding(f) for f in report.unexplained],
-                    "suspects": [_finding(f) for f in report.suspects]})
+        print_json(
+            {
+                "checked": report.checked,
+                "complete": report.complete,
+                "unexplained": [_finding(f) for f in report.unexplained],
+                "suspects": [_finding(f) for f in report.suspects],
+            }
+        )
         return UNEXPLAINED_EXIT if report.unexplained else 0
     grace = client.settings.lease_ttl_ms / 1000 + client.settings.recover_interval_s
-    print(f"checked {report.checked} unfinished run(s) quiet for more than {grace:g} s (a lease TTL plus a sweep"
-          f" interval){'' if report.complete else '; the look stopped early, there are more'}")
+    print(
+        f"checked {report.checked} unfinished run(s) quiet for more than {grace:g} s (a lease TTL plus a sweep"
+        f" interval){'' if report.complete else '; the look stopped early, there are more'}"
+    )
     for finding in report.unexplained:
         run = finding.summary
-        print(f"unexplained: {run.session_id}  {run.agent}  {run.state}  since {finding.first_seen.isoformat()}"
-              f"\n  next: {run.next_action}")
+        print(
+            f"unexplained: {run.session_id}  {run.agent}  {run.state}  since {finding.first_seen.isoformat()}"
+            f"\n  next: {run.next_action}"
+        )
     for finding in report.suspects:
         print(f"suspect (look again to confirm): {finding.summary.session_id}  {finding.summary.state}")
     if not report.unexplained:
@@ -46,8 +55,11 @@ def cmd_doctor(client: Client, args: argparse.Namespace) -> int:
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``doctor`` to the ``lousho`` parser."""
     doctor = accept_json(sub.add_parser("doctor", help="find unfinished runs that nothing moves (exit 3 if any)"))
-    doctor.add_argument("--no-wait", action="store_true",
-                        help="look once: runs nothing explains now are reported as suspects, unconfirmed")
+    doctor.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="look once: runs nothing explains now are reported as suspects, unconfirmed",
+    )
     doctor.set_defaults(fn=cmd_doctor)
 
 

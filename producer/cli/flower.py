@@ -29,8 +29,16 @@ AUTH_VARIABLES = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH_PROVIDER")
 def flower_argv(celery: str, args: argparse.Namespace) -> list[str]:
     """The ``celery ... flower`` command line ``lousho flower`` runs."""
     extra = [arg for arg in args.flower_args if arg != "--"]
-    return [celery, "-A", args.app, "flower", f"--address={args.address}", f"--port={args.port}",
-            f"--tasks_columns={','.join(COLUMNS)}", *extra]
+    return [
+        celery,
+        "-A",
+        args.app,
+        "flower",
+        f"--address={args.address}",
+        f"--port={args.port}",
+        f"--tasks_columns={','.join(COLUMNS)}",
+        *extra,
+    ]
 
 
 def cmd_flower(client: Client, args: argparse.Namespace) -> int:
@@ -44,7 +52,8 @@ def cmd_flower(client: Client, args: argparse.Namespace) -> int:
         raise errors.ConfigurationError(
             "Flower never runs without authentication: set FLOWER_BASIC_AUTH=user:password (behind TLS or on a"
             " private network), or FLOWER_AUTH_PROVIDER with an anchored FLOWER_AUTH regex",
-            variable="FLOWER_BASIC_AUTH")
+            variable="FLOWER_BASIC_AUTH",
+        )
     if find_spec("flower") is None:
         raise errors.ConfigurationError("Flower is not installed: pip install 'lousho-worker[flower]'")
     beside = Path(sys.executable).with_name("celery")
@@ -61,11 +70,15 @@ def cmd_flower(client: Client, args: argparse.Namespace) -> int:
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho flower`` to the ``lousho`` parser."""
     flower = sub.add_parser("flower", help="start Flower with authentication and the columns that show runs")
-    flower.add_argument("--app", default="worker", help="the Celery app (celery -A): worker, or your app given to "
-                                                        "install() (default: worker)")
+    flower.add_argument(
+        "--app",
+        default="worker",
+        help="the Celery app (celery -A): worker, or your app given to install() (default: worker)",
+    )
     flower.add_argument("--address", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     flower.add_argument("--port", type=int, default=5555)
-    flower.add_argument("flower_args", nargs=argparse.REMAINDER,
-                        help="more Flower options after --, e.g. -- --url_prefix=flower")
+    flower.add_argument(
+        "flower_args", nargs=argparse.REMAINDER, help="more Flower options after --, e.g. -- --url_prefix=flower"
+    )
     refuse_json(flower, "lousho flower runs a server and prints its log")
     flower.set_defaults(fn=cmd_flower)

@@ -41,8 +41,10 @@ def _line(run: RunSummary) -> str:
         detail = f" ({run.finish_reason})"
     retry = f"  next attempt {_when(run.next_attempt_at)}" if run.next_attempt_at else ""
     indent = "  " * records.depth_of(run.session_id)
-    return (f"{indent}{run.session_id}  {run.agent}  {run.state}{detail}  step {run.step}"
-            f"  {run.usage.total_tokens} tokens  created {_when(run.created_at)}{retry}")
+    return (
+        f"{indent}{run.session_id}  {run.agent}  {run.state}{detail}  step {run.step}"
+        f"  {run.usage.total_tokens} tokens  created {_when(run.created_at)}{retry}"
+    )
 
 
 def cmd_runs(client: Client, args: argparse.Namespace) -> int:
@@ -51,12 +53,21 @@ def cmd_runs(client: Client, args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: an unknown state, a bad ``--since``, ``--limit`` out of 1-500, or a cursor no page gave.
     """
-    page = client.runs(agent=_names(args.agent), state=_names(args.state), since=parse_since(args.since),
-                       limit=args.limit, cursor=args.cursor)
+    page = client.runs(
+        agent=_names(args.agent),
+        state=_names(args.state),
+        since=parse_since(args.since),
+        limit=args.limit,
+        cursor=args.cursor,
+    )
     if args.json:
-        print_json({"items": [run.model_dump(mode="json", exclude={"waiting_on", "next_action"})
-                              for run in page.items],
-                    "next_cursor": page.next_cursor, "prev_cursor": page.prev_cursor})
+        print_json(
+            {
+                "items": [run.model_dump(mode="json", exclude={"waiting_on", "next_action"}) for run in page.items],
+                "next_cursor": page.next_cursor,
+                "prev_cursor": page.prev_cursor,
+            }
+        )
         return 0
     if not page.items:
         print("no runs")
@@ -88,22 +99,32 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     summary = client.describe(args.session)
     if summary is None:
         raise errors.CheckpointNotFoundError(f"run {args.session!r} is not stored")
-    steps = [{"step": e.step, "seq": e.seq, "status": e.status, "saved_at": e.saved_at.isoformat()}
-             for e in client.store.history(summary.session_id, SHOW_STEPS)]
+    steps = [
+        {"step": e.step, "seq": e.seq, "status": e.status, "saved_at": e.saved_at.isoformat()}
+        for e in client.store.history(summary.session_id, SHOW_STEPS)
+    ]
     links = _links(client, summary.session_id)
     if args.json:
         print_json({**summary.model_dump(mode="json"), "last_steps": steps, "links": links})
         return 0
     print(f"{summary.session_id}  {summary.agent}  {summary.state}")
     fields: list[tuple[str, Any]] = [
-        ("status", summary.status), ("finish reason", summary.finish_reason), ("step", summary.step),
+        ("status", summary.status),
+        ("finish reason", summary.finish_reason),
+        ("step", summary.step),
         ("usage", f"{summary.usage.input_tokens} in, {summary.usage.output_tokens} out"),
-        ("cost", summary.cost), ("lead", summary.parent_id),
-        ("last error", f"{summary.last_error.code}: {summary.last_error.message[:200]}"
-         if summary.last_error else None),
-        ("failures", summary.failures or None), ("attempts", summary.attempts or None),
+        ("cost", summary.cost),
+        ("lead", summary.parent_id),
+        (
+            "last error",
+            f"{summary.last_error.code}: {summary.last_error.message[:200]}" if summary.last_error else None,
+        ),
+        ("failures", summary.failures or None),
+        ("attempts", summary.attempts or None),
         ("next attempt", _when(summary.next_attempt_at) if summary.next_attempt_at else None),
-        ("created", _when(summary.created_at)), ("updated", _when(summary.updated_at))]
+        ("created", _when(summary.created_at)),
+        ("updated", _when(summary.updated_at)),
+    ]
     for name, value in fields:
         if value is not None:
             print(f"  {name + ':':<15}{value}")
@@ -141,8 +162,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     """Add ``runs``, ``show`` and ``delete`` to the ``lousho`` parser."""
     listed = accept_json(sub.add_parser("runs", help="list runs, finished ones included, newest first"))
     listed.add_argument("--agent", action="append", help="only this agent's runs (repeat, or a,b)")
-    listed.add_argument("--state", action="append",
-                        help=f"only runs in this state (repeat, or a,b): {', '.join(records.LISTED_STATES)}")
+    listed.add_argument(
+        "--state", action="append", help=f"only runs in this state (repeat, or a,b): {', '.join(records.LISTED_STATES)}"
+    )
     listed.add_argument("--since", default=None, help="only runs created since: 30m, 6h, 2d, or an ISO-8601 time")
     listed.add_argument("--limit", type=int, default=50, help="most runs listed (1-500)")
     listed.add_argument("--cursor", default=None, help="the page after the one that printed it")

@@ -65,8 +65,13 @@ class _RefuseJson(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
         self.reason = reason
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
         parser.error(f"--json is not supported here: {self.reason}")
 
 
@@ -79,7 +84,7 @@ def refuse_json(parser: argparse.ArgumentParser, reason: str) -> argparse.Argume
 def _one_line(value: Any, limit: int) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _duration(ms: Any) -> str:
@@ -92,9 +97,13 @@ def _duration(ms: Any) -> str:
 Decided = Callable[[Sequence[str]], dict[str, str]]
 
 #: What each outcome of a ``tool.reconcile`` event means, as ``lousho watch`` says it.
-_RECONCILED = {"happened": "it took effect", "not-happened": "it did not take effect; it runs again",
-               "not-done": "recorded as not done", "failed": "reconcile failed; it is retried",
-               "asked": "a person decides"}
+_RECONCILED = {
+    "happened": "it took effect",
+    "not-happened": "it did not take effect; it runs again",
+    "not-done": "recorded as not done",
+    "failed": "reconcile failed; it is retried",
+    "asked": "a person decides",
+}
 
 
 class EventPrinter:
@@ -173,13 +182,16 @@ class EventPrinter:
 
     def _on_tool_done(self, data: dict[str, Any]) -> None:
         call = self._call(data.get("tool_call_id"), data.get("tool_name"))
-        self.line(f"tool {call} done{_duration(data.get('duration_ms'))}: "
-                  f"{_one_line(data.get('result'), _RESULT_CHARS)}")
+        self.line(
+            f"tool {call} done{_duration(data.get('duration_ms'))}: {_one_line(data.get('result'), _RESULT_CHARS)}"
+        )
 
     def _on_tool_error(self, data: dict[str, Any]) -> None:
         call = self._call(data.get("tool_call_id"), data.get("tool_name"))
-        self.line(f"tool {call} failed ({data.get('kind') or 'error'}){_duration(data.get('duration_ms'))}: "
-                  f"{_one_line(data.get('result'), _RESULT_CHARS)}")
+        self.line(
+            f"tool {call} failed ({data.get('kind') or 'error'}){_duration(data.get('duration_ms'))}: "
+            f"{_one_line(data.get('result'), _RESULT_CHARS)}"
+        )
 
     def _decisions(self, approval_ids: Sequence[Any]) -> dict[str, str]:
         ids = [str(approval_id) for approval_id in approval_ids if approval_id]
@@ -188,24 +200,27 @@ class EventPrinter:
     def _on_tool_reconcile(self, data: dict[str, Any]) -> None:
         call = self._call(data.get("tool_call_id"), data.get("tool_name"))
         found = _RECONCILED.get(str(data.get("outcome")), str(data.get("outcome")))
-        self.line(f"tool {call} was interrupted by a crash: {found} (found by {data.get('by')},"
-                  f" attempt {data.get('attempt')})")
+        self.line(
+            f"tool {call} was interrupted by a crash: {found} (found by {data.get('by')},"
+            f" attempt {data.get('attempt')})"
+        )
 
     def _on_approval_requested(self, data: dict[str, Any]) -> None:
         approval_id = data.get("approval_id")
         call = f"{data.get('tool_name')}({_one_line(data.get('args') or {}, _ARGS_CHARS)})"
         if data.get("kind") == "reconcile":
             self.line(f"reconciliation {approval_id} needed for {call}: {_one_line(data.get('question'), 200)}")
-            self.line(f"  decide with: lousho approvals answer {approval_id} RESULT  (it took effect), approve"
-                      f" {approval_id}  (run it again) or reject {approval_id}  (not done)")
+            self.line(
+                f"  decide with: lousho approvals answer {approval_id} RESULT  (it took effect), approve"
+                f" {approval_id}  (run it again) or reject {approval_id}  (not done)"
+            )
             return
         decision = self._decisions([approval_id]).get(str(approval_id))
         if decision is not None:
             self.line(f"approval {approval_id} for {call}: {decision}")
             return
         self.line(f"approval {approval_id} needed for {call}")
-        self.line(f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject "
-                  f"{approval_id})")
+        self.line(f"  decide with: lousho approvals approve {approval_id}  (or: lousho approvals reject {approval_id})")
 
     def _on_agent_drift(self, data: dict[str, Any]) -> None:
         changed = {key: value for key, value in data.items() if value}
@@ -214,8 +229,10 @@ class EventPrinter:
     def _on_provider_retry(self, data: dict[str, Any]) -> None:
         delay = data.get("delay_s")
         when = f"; next attempt in {delay:.1f} s" if isinstance(delay, int | float) else ""
-        self.line(f"provider failed ({data.get('code')}, failure {data.get('failures')}): "
-                  f"{_one_line(data.get('message'), _RESULT_CHARS)}{when}")
+        self.line(
+            f"provider failed ({data.get('code')}, failure {data.get('failures')}): "
+            f"{_one_line(data.get('message'), _RESULT_CHARS)}{when}"
+        )
 
     def _on_error(self, data: dict[str, Any]) -> None:
         again = " (retried)" if data.get("retryable") else ""
@@ -223,8 +240,14 @@ class EventPrinter:
 
     def _on_run_done(self, data: dict[str, Any]) -> None:
         usage = data.get("usage") or {}
-        tokens = (f"; tokens {usage.get('input_tokens', 0)} in, {usage.get('output_tokens', 0)} out, "
-                  f"{usage.get('total_tokens', 0)} total") if usage else ""
+        tokens = (
+            (
+                f"; tokens {usage.get('input_tokens', 0)} in, {usage.get('output_tokens', 0)} out, "
+                f"{usage.get('total_tokens', 0)} total"
+            )
+            if usage
+            else ""
+        )
         self.line(f"== {data.get('finish_reason')} after {data.get('steps')} step(s){tokens}")
         text = data.get("text")
         if text and text != self.last_text:

@@ -32,11 +32,18 @@ def cmd_prune(client: Client, args: argparse.Namespace) -> int:
     if args.dry_run:
         due = retention.count_due(client.engine, older_than, keys_older_than=keys_age)
         if args.json:
-            print_json({"dry_run": True, **due.model_dump(include={"runs", "deliveries", "bodies", "ticks"}),
-                        "keys_older_than_s": keys_age.total_seconds()})
+            print_json(
+                {
+                    "dry_run": True,
+                    **due.model_dump(include={"runs", "deliveries", "bodies", "ticks"}),
+                    "keys_older_than_s": keys_age.total_seconds(),
+                }
+            )
         else:
-            print(f"would prune {due.runs} run(s) (sub-agent runs included), and {_keys(due)} older than"
-                  f" {_days(keys_age)}")
+            print(
+                f"would prune {due.runs} run(s) (sub-agent runs included), and {_keys(due)} older than"
+                f" {_days(keys_age)}"
+            )
         return 0
     total, batches = retention.PruneResult(), 0
     while True:
@@ -45,12 +52,20 @@ def cmd_prune(client: Client, args: argparse.Namespace) -> int:
         if not done.more:
             break
     if args.json:
-        print_json({"dry_run": False, **total.model_dump(exclude={"more"}), "batches": batches,
-                    "keys_older_than_s": keys_age.total_seconds()})
+        print_json(
+            {
+                "dry_run": False,
+                **total.model_dump(exclude={"more"}),
+                "batches": batches,
+                "keys_older_than_s": keys_age.total_seconds(),
+            }
+        )
         return 0
-    print(f"pruned {total.runs} run(s) (sub-agent runs included) with {total.history} history entries,"
-          f" {total.messages} message rows, {total.events} events and {total.approvals} approvals,"
-          f" in {batches} batch(es)")
+    print(
+        f"pruned {total.runs} run(s) (sub-agent runs included) with {total.history} history entries,"
+        f" {total.messages} message rows, {total.events} events and {total.approvals} approvals,"
+        f" in {batches} batch(es)"
+    )
     print(f"pruned {_keys(total)} older than {_days(keys_age)}")
     return 0
 
@@ -73,15 +88,29 @@ def _age(value: str) -> timedelta:
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho prune`` to the ``lousho`` parser."""
-    prune = accept_json(sub.add_parser(
-        "prune", help="delete finished runs older than an age, with their history, events and approvals"))
-    prune.add_argument("--older-than", type=_age, required=True, metavar="AGE",
-                       help="age of the last save of the runs to prune: 30d, 12h, 90m, 2w")
-    prune.add_argument("--keys-older-than", type=_age, metavar="AGE",
-                       help="age of the webhook delivery ids, GitHub body hashes and schedule ticks to prune (default:"
-                            " LOUSHO_RETENTION_KEYS_DAYS, else 4 x --older-than and at least 30d; never less than"
-                            " --older-than)")
+    prune = accept_json(
+        sub.add_parser("prune", help="delete finished runs older than an age, with their history, events and approvals")
+    )
+    prune.add_argument(
+        "--older-than",
+        type=_age,
+        required=True,
+        metavar="AGE",
+        help="age of the last save of the runs to prune: 30d, 12h, 90m, 2w",
+    )
+    prune.add_argument(
+        "--keys-older-than",
+        type=_age,
+        metavar="AGE",
+        help="age of the webhook delivery ids, GitHub body hashes and schedule ticks to prune (default:"
+        " LOUSHO_RETENTION_KEYS_DAYS, else 4 x --older-than and at least 30d; never less than"
+        " --older-than)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="count what is due, delete nothing")
-    prune.add_argument("--batch", type=batch_size, default=retention.BATCH,
-                       help=f"runs (and keys of each kind) per batch, one transaction each (default {retention.BATCH})")
+    prune.add_argument(
+        "--batch",
+        type=batch_size,
+        default=retention.BATCH,
+        help=f"runs (and keys of each kind) per batch, one transaction each (default {retention.BATCH})",
+    )
     prune.set_defaults(fn=cmd_prune)

@@ -109,14 +109,18 @@ def _metadata(text: str | None) -> dict[str, Any] | None:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise errors.ConfigurationError("--metadata must be a JSON object, such as '{\"plan\": \"pro\"}'")
+        raise errors.ConfigurationError('--metadata must be a JSON object, such as \'{"plan": "pro"}\'')
     return value
 
 
 def _limits(args: argparse.Namespace) -> Limits | None:
     """The ``--max-*`` options of ``resume`` as ``Limits``; None when none is given."""
-    given = {"max_cost": args.max_cost, "max_input_tokens": args.max_input_tokens,
-             "max_output_tokens": args.max_output_tokens, "max_duration_s": args.max_duration}
+    given = {
+        "max_cost": args.max_cost,
+        "max_input_tokens": args.max_input_tokens,
+        "max_output_tokens": args.max_output_tokens,
+        "max_duration_s": args.max_duration,
+    }
     if all(value is None for value in given.values()):
         return None
     try:
@@ -162,8 +166,10 @@ def cmd_abort(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json({"session_id": session_id, "aborting": aborting})
     elif aborting:
-        print(f"abort requested for {session_id}: it stops at its next safe point and stays resumable "
-              f"(lousho resume {session_id}, or a send)")
+        print(
+            f"abort requested for {session_id}: it stops at its next safe point and stays resumable "
+            f"(lousho resume {session_id}, or a send)"
+        )
     else:
         print(f"{session_id} is finished; nothing to abort")
     return 0
@@ -193,16 +199,28 @@ def cmd_history(client: Client, args: argparse.Namespace) -> int:
     """``lousho history ID``: the run's saved states, newest first."""
     entries = client.store.history(records.validate_session_id(args.session), args.limit)
     if args.json:
-        print_json([{"step": e.step, "seq": e.seq, "saved_at": e.saved_at.isoformat(), "status": e.status,
-                     "checkpoint": e.checkpoint.model_dump(mode="json", exclude_none=True)} for e in entries])
+        print_json(
+            [
+                {
+                    "step": e.step,
+                    "seq": e.seq,
+                    "saved_at": e.saved_at.isoformat(),
+                    "status": e.status,
+                    "checkpoint": e.checkpoint.model_dump(mode="json", exclude_none=True),
+                }
+                for e in entries
+            ]
+        )
         return 0
     if not entries:
         print(f"no history for {args.session}")
     for entry in entries:
         messages = entry.checkpoint.messages
         last = messages[-1].role if messages else "-"
-        print(f"seq {entry.seq:>4}  step {entry.step:>3}  {entry.status:<17}  {entry.saved_at.isoformat()}"
-              f"  {len(messages)} messages, last {last}")
+        print(
+            f"seq {entry.seq:>4}  step {entry.step:>3}  {entry.status:<17}  {entry.saved_at.isoformat()}"
+            f"  {len(messages)} messages, last {last}"
+        )
     return 0
 
 
@@ -222,11 +240,18 @@ def cmd_fork(client: Client, args: argparse.Namespace) -> int:
     patch = {"append_input": args.append_input} if args.append_input else None
     made = client.agent(agent).fork(session_id, args.from_step, patch=patch, new_session_id=args.new_id)
     if args.json:
-        print_json({"session_id": made.session_id, "step": made.step,
-                    "checkpoint": made.checkpoint.model_dump(mode="json", exclude_none=True)})
+        print_json(
+            {
+                "session_id": made.session_id,
+                "step": made.step,
+                "checkpoint": made.checkpoint.model_dump(mode="json", exclude_none=True),
+            }
+        )
     else:
-        print(f"forked {session_id} at step {made.step} as {made.session_id}; run it with: lousho resume "
-              f"{made.session_id}")
+        print(
+            f"forked {session_id} at step {made.step} as {made.session_id}; run it with: lousho resume "
+            f"{made.session_id}"
+        )
     return 0
 
 
@@ -269,11 +294,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     send.add_argument("--session", required=True, help="run id (1-200 of A-Za-z0-9_.-)")
     send.add_argument("--wait", action="store_true", help="wait for the run to settle")
     send.add_argument("--timeout", type=float, default=60.0)
-    send.add_argument("--metadata", default=None, metavar="JSON",
-                      help="a JSON object sent with the input for the application's code (at most 16 KiB)")
+    send.add_argument(
+        "--metadata",
+        default=None,
+        metavar="JSON",
+        help="a JSON object sent with the input for the application's code (at most 16 KiB)",
+    )
     send.set_defaults(fn=cmd_send)
-    pending = accept_json(sub.add_parser("pending", help="list runs that are interrupted, running or awaiting "
-                                                         "approval"))
+    pending = accept_json(
+        sub.add_parser("pending", help="list runs that are interrupted, running or awaiting approval")
+    )
     pending.add_argument("--agent", default=None)
     pending.set_defaults(fn=cmd_pending)
     resume = accept_json(sub.add_parser("resume", help="finish an interrupted run"))
@@ -283,8 +313,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     resume.add_argument("--max-cost", type=float, default=None, help="the run's new cost limit")
     resume.add_argument("--max-input-tokens", type=int, default=None, help="the run's new input-token limit")
     resume.add_argument("--max-output-tokens", type=int, default=None, help="the run's new output-token limit")
-    resume.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
-                        help="the run's new wall-time limit (pauses excluded)")
+    resume.add_argument(
+        "--max-duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the run's new wall-time limit (pauses excluded)",
+    )
     resume.set_defaults(fn=cmd_resume)
     abort = accept_json(sub.add_parser("abort", help="stop a run at its next safe point (it stays resumable)"))
     abort.add_argument("session")

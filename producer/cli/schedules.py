@@ -27,14 +27,18 @@ def _line(schedule: Schedule) -> str:
     if schedule.broken_error is not None:
         since = schedule.broken_at.isoformat() if schedule.broken_at else "?"
         state = f"BROKEN since {since}: {schedule.broken_error}" + ("  (paused)" if schedule.paused else "")
-    return (f"{schedule.name}  {schedule.agent}  {timing}  overlap={schedule.overlap}  catch_up={schedule.catch_up}"
-            f"  {state}")
+    return (
+        f"{schedule.name}  {schedule.agent}  {timing}  overlap={schedule.overlap}  catch_up={schedule.catch_up}"
+        f"  {state}"
+    )
 
 
 def _dump(schedule: Schedule) -> dict[str, Any]:
     # The broken fields are always present (null when healthy) so a script can filter on them.
-    return {**schedule.model_dump(mode="json", exclude_none=True),
-            **schedule.model_dump(mode="json", include={"broken_error", "broken_at"})}
+    return {
+        **schedule.model_dump(mode="json", exclude_none=True),
+        **schedule.model_dump(mode="json", include={"broken_error", "broken_at"}),
+    }
 
 
 def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
@@ -43,8 +47,16 @@ def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
     if args.action == "create":
         if args.every is None and args.cron is None:
             raise errors.ConfigurationError("schedules create needs --cron or --every")
-        made = schedules.create(args.name, args.agent, args.input, cron=args.cron, every=args.every,
-                                timezone=args.timezone, overlap=args.overlap, catch_up=args.catch_up)
+        made = schedules.create(
+            args.name,
+            args.agent,
+            args.input,
+            cron=args.cron,
+            every=args.every,
+            timezone=args.timezone,
+            overlap=args.overlap,
+            catch_up=args.catch_up,
+        )
         _say(args, _dump(made), f"created {_line(made)}")
         return 0
     if args.action == "list":
@@ -55,21 +67,28 @@ def cmd_schedules(client: Client, args: argparse.Namespace) -> int:
             print("\n".join(_line(s) for s in found) or "no schedules")
             broken = [s.name for s in found if s.broken_error is not None]
             if broken:
-                print(f"{len(broken)} broken (not firing): {', '.join(broken)}; fix the timing and redefine,"
-                      " or `lousho schedules resume NAME` once the workers can compute it")
+                print(
+                    f"{len(broken)} broken (not firing): {', '.join(broken)}; fix the timing and redefine,"
+                    " or `lousho schedules resume NAME` once the workers can compute it"
+                )
         return 0
     if args.action == "fires":
         fires = schedules.fires(args.name, args.limit)
         if args.json:
             output.print_json([f.model_dump(mode="json") for f in fires])
         else:
-            print("\n".join(f"{f.fire_at.isoformat()}  {f.outcome}  {f.session_id or '-'}" for f in fires)
-                  or "no ticks fired yet")
+            print(
+                "\n".join(f"{f.fire_at.isoformat()}  {f.outcome}  {f.session_id or '-'}" for f in fires)
+                or "no ticks fired yet"
+            )
         return 0
     if args.action == "delete":
         deleted = schedules.delete(args.name)
-        _say(args, {"name": args.name, "deleted": deleted},
-             f"deleted {args.name}" if deleted else f"no schedule named {args.name}")
+        _say(
+            args,
+            {"name": args.name, "deleted": deleted},
+            f"deleted {args.name}" if deleted else f"no schedule named {args.name}",
+        )
         return 0 if deleted else 1
     changed = schedules.pause(args.name) if args.action == "pause" else schedules.resume(args.name)
     _say(args, _dump(changed), f"{args.action}d {_line(changed)}")
@@ -97,9 +116,11 @@ def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
     create.add_argument("--catch-up", dest="catch_up", choices=["skip", "one"], default="one")
     action("list", "list schedules")
-    for name, text in (("pause", "stop firing a schedule"),
-                       ("resume", "fire a paused schedule again, or try a broken one again"),
-                       ("delete", "delete a schedule (its runs stay)")):
+    for name, text in (
+        ("pause", "stop firing a schedule"),
+        ("resume", "fire a paused schedule again, or try a broken one again"),
+        ("delete", "delete a schedule (its runs stay)"),
+    ):
         action(name, text).add_argument("name")
     fires = action("fires", "show a schedule's claimed ticks, newest first")
     fires.add_argument("name")

@@ -33,9 +33,12 @@ def cmd_storage_upgrade(client: Client, args: argparse.Namespace) -> int:
     behind = PostgresAgentRegistry(client.engine).not_reading(records.CHECKPOINT_FORMAT, LIVE_WITHIN_S)
     if behind and not args.force:
         named = ", ".join(behind[:_SHOWN]) + (f" and {len(behind) - _SHOWN} more" if len(behind) > _SHOWN else "")
-        print(f"refused: {len(behind)} live worker(s) do not read checkpoint format {records.CHECKPOINT_FORMAT}"
-              f" ({named}); they would write converted runs back in the old format. Upgrade or stop them first,"
-              " or pass --force", file=sys.stderr)
+        print(
+            f"refused: {len(behind)} live worker(s) do not read checkpoint format {records.CHECKPOINT_FORMAT}"
+            f" ({named}); they would write converted runs back in the old format. Upgrade or stop them first,"
+            " or pass --force",
+            file=sys.stderr,
+        )
         return 1
     report = upgrade_runs(client.engine, batch=args.batch)
     if args.json:
@@ -43,8 +46,10 @@ def cmd_storage_upgrade(client: Client, args: argparse.Namespace) -> int:
         return 0
     print(f"converted {report.converted} run(s) to checkpoint format {records.CHECKPOINT_FORMAT}")
     if report.skipped:
-        print(f"skipped {report.skipped} run(s) a worker moved meanwhile (its save converts them; run the command"
-              " again to catch any that did not save)")
+        print(
+            f"skipped {report.skipped} run(s) a worker moved meanwhile (its save converts them; run the command"
+            " again to catch any that did not save)"
+        )
     if report.unreadable:
         names = ", ".join(report.unreadable_runs[:_SHOWN])
         more = report.unreadable - min(len(report.unreadable_runs), _SHOWN)
@@ -68,9 +73,15 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Add ``lousho storage upgrade`` to the ``lousho`` parser."""
     storage = sub.add_parser("storage", help="maintain how runs are stored")
     actions = storage.add_subparsers(dest="action", required=True)
-    upgrade = accept_json(actions.add_parser(
-        "upgrade", help="convert runs still stored in the previous checkpoint format (once no old worker is left)"))
+    upgrade = accept_json(
+        actions.add_parser(
+            "upgrade", help="convert runs still stored in the previous checkpoint format (once no old worker is left)"
+        )
+    )
     upgrade.add_argument("--batch", type=batch_size, default=200, help="runs read per page (default 200)")
-    upgrade.add_argument("--force", action="store_true",
-                         help="convert even while live workers that do not read the current format are registered")
+    upgrade.add_argument(
+        "--force",
+        action="store_true",
+        help="convert even while live workers that do not read the current format are registered",
+    )
     upgrade.set_defaults(fn=cmd_storage_upgrade)

@@ -78,8 +78,9 @@ def _resume_after(client: Client, session_id: str, position: Position) -> int | 
     if found and found[0].seq == seq and found[0].at == at:
         return seq
     # The run was deleted and started again under the same id: the saved seq means nothing now.
-    print(f"the saved position of {session_id} no longer matches the run; starting at its latest input",
-          file=sys.stderr)
+    print(
+        f"the saved position of {session_id} no longer matches the run; starting at its latest input", file=sys.stderr
+    )
     position.clear()
     return None
 
@@ -156,14 +157,23 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             printer.end_stream()
             sys.stdout.flush()
-            print(_stopped(session_id, last if last is not None else position_seq(position), start, args.after),
-                  file=sys.stderr)
+            print(
+                _stopped(session_id, last if last is not None else position_seq(position), start, args.after),
+                file=sys.stderr,
+            )
             return INTERRUPTED
     return 0
 
 
-def _print_to_run_done(client: Client, session_id: str, after: int | None, args: argparse.Namespace,
-                       printer: EventPrinter, position: Position, interrupts: _Interrupts) -> Event | None:
+def _print_to_run_done(
+    client: Client,
+    session_id: str,
+    after: int | None,
+    args: argparse.Namespace,
+    printer: EventPrinter,
+    position: Position,
+    interrupts: _Interrupts,
+) -> Event | None:
     """Print the events after ``after`` up to the next ``run.done`` (returned), saving the position of each."""
     for event in client.events(session_id, after, live=args.live):
         with interrupts.held():
@@ -181,8 +191,7 @@ def _decided_reader(client: Client) -> Callable[[Sequence[str]], dict[str, str]]
 
     def decided(approval_ids: Sequence[str]) -> dict[str, str]:
         found = store.by_ids(list(approval_ids))
-        return {approval_id: approval.status for approval_id, approval in found.items()
-                if approval.status != "pending"}
+        return {approval_id: approval.status for approval_id, approval in found.items() if approval.status != "pending"}
 
     return decided
 
@@ -228,14 +237,24 @@ def _seq(value: str) -> int:
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``lousho watch`` to the ``lousho`` parser."""
-    watch = accept_json(sub.add_parser("watch", help="print a run as it happens (Ctrl-C, then run again to "
-                                                     "continue)"))
+    watch = accept_json(sub.add_parser("watch", help="print a run as it happens (Ctrl-C, then run again to continue)"))
     watch.add_argument("session")
-    watch.add_argument("--after", type=_seq, default=None, help="start after this event seq (default: where the "
-                                                               "last watch stopped, else the latest input)")
-    watch.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
-                       help="show model text as it streams and tools as they start (default: on)")
-    watch.add_argument("--follow", action="store_true",
-                       help="keep following the run's later inputs, until Ctrl-C or the run is deleted (default: "
-                            "stop at the end of the input, past a pause that was decided since)")
+    watch.add_argument(
+        "--after",
+        type=_seq,
+        default=None,
+        help="start after this event seq (default: where the last watch stopped, else the latest input)",
+    )
+    watch.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show model text as it streams and tools as they start (default: on)",
+    )
+    watch.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep following the run's later inputs, until Ctrl-C or the run is deleted (default: "
+        "stop at the end of the input, past a pause that was decided since)",
+    )
     watch.set_defaults(fn=cmd_watch)

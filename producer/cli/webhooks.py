@@ -26,8 +26,9 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Add ``lousho webhooks serve`` to the ``lousho`` parser."""
     webhooks = sub.add_parser("webhooks", help="receive signed webhooks that start runs")
     actions = webhooks.add_subparsers(dest="action", required=True)
-    serve = actions.add_parser("serve", help="serve POST /webhooks/{agent}, GET /runs/{id}, POST /approvals/{id} and"
-                                              " the run pages under /ui")
+    serve = actions.add_parser(
+        "serve", help="serve POST /webhooks/{agent}, GET /runs/{id}, POST /approvals/{id} and the run pages under /ui"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

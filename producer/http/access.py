@@ -75,10 +75,21 @@ class Keys:
 
     def fingerprint(self) -> bytes:
         """A digest of every key and its scope: signed sessions end when a key is added, changed or removed."""
-        joined = b"\0".join(sorted(
-            key.secret + b"\0" + key.principal.name.encode() + b"\0"
-            + repr((key.principal.read_only, sorted(key.principal.agents) if key.principal.agents is not None
-                    else None)).encode() for key in self._keys))
+        joined = b"\0".join(
+            sorted(
+                key.secret
+                + b"\0"
+                + key.principal.name.encode()
+                + b"\0"
+                + repr(
+                    (
+                        key.principal.read_only,
+                        sorted(key.principal.agents) if key.principal.agents is not None else None,
+                    )
+                ).encode()
+                for key in self._keys
+            )
+        )
         return hmac.digest(b"lousho-keys", joined, "sha256")
 
     @classmethod
@@ -103,7 +114,8 @@ class Keys:
             # LOUSHO_API_KEY predates the rule: a short one is kept working, the listed keys are held to it.
             if principal.name != "default" and len(secret) < MIN_KEY_LENGTH:
                 raise errors.ConfigurationError(
-                    f"API key {principal.name!r} is shorter than {MIN_KEY_LENGTH} characters")
+                    f"API key {principal.name!r} is shorter than {MIN_KEY_LENGTH} characters"
+                )
         return cls(keys)
 
 

@@ -66,8 +66,9 @@ def _version() -> str:
 def _metrics(request: Request) -> Response:
     """``GET /metrics``: this server's counts and the approvals gauges, for Prometheus (no key: its convention)."""
     backend: Backend | None = request.app.state.backend
-    body, content_type = metrics.render(request.app.state.metrics, backend.approvals.engine if backend else None,
-                                        request.headers.get("accept"))
+    body, content_type = metrics.render(
+        request.app.state.metrics, backend.approvals.engine if backend else None, request.headers.get("accept")
+    )
     return Response(body, headers={"Content-Type": content_type})
 
 
@@ -109,8 +110,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             built.close()
 
 
-def create_app(config: WebhookConfig | None = None, backend: Backend | None = None, *,
-               clock: Callable[[], float] = time.time, settings: Settings | None = None) -> FastAPI:
+def create_app(
+    config: WebhookConfig | None = None,
+    backend: Backend | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    settings: Settings | None = None,
+) -> FastAPI:
     """The receiver. What is not given is built at startup from ``settings`` (read from the environment if None).
 
     Routes: ``POST /webhooks/{agent}``; with ``Authorization: Bearer <LOUSHO_API_KEY>``: ``GET /runs``,
@@ -127,9 +133,15 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     """
     if config is not None:
         config.check()
-    app = FastAPI(title="Lousho Worker", version=_version(), docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json", lifespan=_lifespan,
-                  description="Webhook intake and the JSON routes of runs, their events and approvals.")
+    app = FastAPI(
+        title="Lousho Worker",
+        version=_version(),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=_lifespan,
+        description="Webhook intake and the JSON routes of runs, their events and approvals.",
+    )
     app.state.config, app.state.backend, app.state.clock, app.state.settings = config, backend, clock, settings
     app.state.metrics = metrics.make_sink()
     # The threads that pull run events for ``GET /runs/{id}/events``; a stream holds one while it waits.
@@ -140,37 +152,98 @@ def create_app(config: WebhookConfig | None = None, backend: Backend | None = No
     app.add_exception_handler(errors.StorageError, _on_storage)
     keyed, unavailable = openapi.keyed(), openapi.errors(503)
     if config is None or config.intake:
-        app.add_api_route("/webhooks/{agent}", _receive, methods=["POST"], status_code=202, tags=["intake"],
-                          summary="Take a signed webhook delivery as one run (exactly once per delivery id)",
-                          responses={**openapi.errors(400, 401, 404, 409, 413), **unavailable})
-    app.add_api_route("/runs", listing.list_runs, methods=["GET"], tags=["runs"], openapi_extra=keyed,
-                      summary="List runs, finished ones included, newest first, in their state",
-                      response_model=listing.RunsBody, responses={**openapi.errors(400, 401), **unavailable})
-    app.add_api_route("/runs/{session_id}", routes.run_status, methods=["GET"], name="run_status", tags=["runs"],
-                      summary="How a run stands and its pending approvals", openapi_extra=keyed,
-                      responses={**openapi.errors(401, 404), **unavailable})
-    app.add_api_route("/runs/{session_id}", listing.delete_run, methods=["DELETE"], tags=["runs"],
-                      summary="Delete a run and its sub-agents' runs (an acting key)", openapi_extra=keyed,
-                      response_model=listing.DeletedBody, responses={**openapi.errors(401, 403, 404), **unavailable})
-    app.add_api_route("/runs/{session_id}/events", routes.run_events, methods=["GET"], tags=["runs"],
-                      summary="The run's events as Server-Sent Events (Last-Event-ID or ?after= resumes)",
-                      openapi_extra=keyed, responses={200: {"content": {events.MEDIA_TYPE: {}},
-                                                            "description": "the event stream"},
-                                                      **openapi.errors(400, 401, 404), **unavailable})
-    app.add_api_route("/runs/{session_id}/abort", routes.abort, methods=["POST"], tags=["runs"],
-                      summary="Stop a run at its next safe point (an acting key)", openapi_extra=keyed,
-                      responses={**openapi.errors(401, 403, 404), **unavailable})
-    app.add_api_route("/runs/{session_id}/steer", routes.steer, methods=["POST"], tags=["runs"],
-                      summary="Give a run a message it takes at its next safe point (an acting key)",
-                      openapi_extra=keyed, responses={**openapi.errors(400, 401, 403, 404, 409, 413), **unavailable})
-    app.add_api_route("/approvals", listing.list_approvals, methods=["GET"], tags=["approvals"],
-                      summary="Undecided approvals of the runs the key sees, oldest first", openapi_extra=keyed,
-                      response_model=listing.ApprovalsBody, responses={**openapi.errors(400, 401), **unavailable})
-    app.add_api_route("/approvals/{approval_id}", routes.approval, methods=["POST"], tags=["approvals"],
-                      summary="Approve, reject or answer an approval (an acting key)", openapi_extra=keyed,
-                      responses={**openapi.errors(400, 401, 403, 404, 409, 410), **unavailable})
-    app.add_api_route("/healthz", routes.healthz, methods=["GET"], tags=["health"],
-                      summary="200 when Postgres answers, else 503")
+        app.add_api_route(
+            "/webhooks/{agent}",
+            _receive,
+            methods=["POST"],
+            status_code=202,
+            tags=["intake"],
+            summary="Take a signed webhook delivery as one run (exactly once per delivery id)",
+            responses={**openapi.errors(400, 401, 404, 409, 413), **unavailable},
+        )
+    app.add_api_route(
+        "/runs",
+        listing.list_runs,
+        methods=["GET"],
+        tags=["runs"],
+        openapi_extra=keyed,
+        summary="List runs, finished ones included, newest first, in their state",
+        response_model=listing.RunsBody,
+        responses={**openapi.errors(400, 401), **unavailable},
+    )
+    app.add_api_route(
+        "/runs/{session_id}",
+        routes.run_status,
+        methods=["GET"],
+        name="run_status",
+        tags=["runs"],
+        summary="How a run stands and its pending approvals",
+        openapi_extra=keyed,
+        responses={**openapi.errors(401, 404), **unavailable},
+    )
+    app.add_api_route(
+        "/runs/{session_id}",
+        listing.delete_run,
+        methods=["DELETE"],
+        tags=["runs"],
+        summary="Delete a run and its sub-agents' runs (an acting key)",
+        openapi_extra=keyed,
+        response_model=listing.DeletedBody,
+        responses={**openapi.errors(401, 403, 404), **unavailable},
+    )
+    app.add_api_route(
+        "/runs/{session_id}/events",
+        routes.run_events,
+        methods=["GET"],
+        tags=["runs"],
+        summary="The run's events as Server-Sent Events (Last-Event-ID or ?after= resumes)",
+        openapi_extra=keyed,
+        responses={
+            200: {"content": {events.MEDIA_TYPE: {}}, "description": "the event stream"},
+            **openapi.errors(400, 401, 404),
+            **unavailable,
+        },
+    )
+    app.add_api_route(
+        "/runs/{session_id}/abort",
+        routes.abort,
+        methods=["POST"],
+        tags=["runs"],
+        summary="Stop a run at its next safe point (an acting key)",
+        openapi_extra=keyed,
+        responses={**openapi.errors(401, 403, 404), **unavailable},
+    )
+    app.add_api_route(
+        "/runs/{session_id}/steer",
+        routes.steer,
+        methods=["POST"],
+        tags=["runs"],
+        summary="Give a run a message it takes at its next safe point (an acting key)",
+        openapi_extra=keyed,
+        responses={**openapi.errors(400, 401, 403, 404, 409, 413), **unavailable},
+    )
+    app.add_api_route(
+        "/approvals",
+        listing.list_approvals,
+        methods=["GET"],
+        tags=["approvals"],
+        summary="Undecided approvals of the runs the key sees, oldest first",
+        openapi_extra=keyed,
+        response_model=listing.ApprovalsBody,
+        responses={**openapi.errors(400, 401), **unavailable},
+    )
+    app.add_api_route(
+        "/approvals/{approval_id}",
+        routes.approval,
+        methods=["POST"],
+        tags=["approvals"],
+        summary="Approve, reject or answer an approval (an acting key)",
+        openapi_extra=keyed,
+        responses={**openapi.errors(400, 401, 403, 404, 409, 410), **unavailable},
+    )
+    app.add_api_route(
+        "/healthz", routes.healthz, methods=["GET"], tags=["health"], summary="200 when Postgres answers, else 503"
+    )
     if app.state.metrics is not None:
         app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     openapi.install(app)

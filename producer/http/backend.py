@@ -46,10 +46,16 @@ class Backend:
     def from_client(cls, client: Client) -> Backend:
         """A backend on a producer client's engine, broker connection and Redis."""
         engine = client.engine
-        return cls(deliveries=PostgresDeliveryStore(engine), checkpoints=client.store,
-                   approvals=PostgresApprovalStore(engine), enqueue=client.enqueuer.advance,
-                   lease_holder=client.leases.holder, known_agents=client.known_agents, close=client.close,
-                   client=client)
+        return cls(
+            deliveries=PostgresDeliveryStore(engine),
+            checkpoints=client.store,
+            approvals=PostgresApprovalStore(engine),
+            enqueue=client.enqueuer.advance,
+            lease_holder=client.leases.holder,
+            known_agents=client.known_agents,
+            close=client.close,
+            client=client,
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Backend:
@@ -77,5 +83,8 @@ class Backend:
         try:
             self.enqueue(session_id, agent=agent)
         except _BROKER_ERRORS as exc:
-            log.warning("run %s is committed but its step could not be published (%s); the recover sweep will "
-                        "send it", session_id, type(exc).__name__)
+            log.warning(
+                "run %s is committed but its step could not be published (%s); the recover sweep will send it",
+                session_id,
+                type(exc).__name__,
+            )

@@ -79,7 +79,8 @@ def _parse_secrets(spec: _SecretSpec, value: SecretStr) -> tuple[tuple[bytes, ..
         except errors.ConfigurationError as exc:
             raise errors.ConfigurationError(
                 f"{spec.variable}: {where}: {exc.message}; the form is agent=secret or secret, comma-separated",
-                variable=spec.variable) from None
+                variable=spec.variable,
+            ) from None
         (unbound if agent == "*" else bound.setdefault(agent, [])).append(key)
     return tuple(unbound), {agent: tuple(keys) for agent, keys in bound.items()}
 
@@ -103,8 +104,11 @@ def _parse_fairness_sources(value: str) -> dict[str, str]:
         source = source.strip()
         header = source.removeprefix("header:").strip() if source.startswith("header:") else None
         if not sep or not agent.strip() or not (source.startswith("/") or header):
-            raise errors.ConfigurationError("LOUSHO_WEBHOOK_FAIRNESS is agent=header:Name or agent=/json/pointer,"
-                                            " comma-separated (* for every agent)", variable="LOUSHO_WEBHOOK_FAIRNESS")
+            raise errors.ConfigurationError(
+                "LOUSHO_WEBHOOK_FAIRNESS is agent=header:Name or agent=/json/pointer,"
+                " comma-separated (* for every agent)",
+                variable="LOUSHO_WEBHOOK_FAIRNESS",
+            )
         sources[agent.strip()] = f"header:{header.lower()}" if header else source
     return sources
 
@@ -160,11 +164,18 @@ class WebhookConfig:
         secrets, agent_secrets = _parse_secrets(_STANDARD_SPEC, settings.webhook_secrets)
         github, github_agents = _parse_secrets(_GITHUB_SPEC, settings.github_webhook_secrets)
         api_key = settings.api_key if settings.api_key is not None and settings.api_key.get_secret_value() else None
-        config = cls(secrets=secrets, github_secrets=github, api_key=api_key, api_keys=settings.api_keys,
-                     max_body_bytes=settings.webhook_max_body_bytes,
-                     input_pointers=_parse_input_pointers(settings.webhook_input), agent_secrets=agent_secrets,
-                     github_agent_secrets=github_agents, intake=settings.webhooks_enabled,
-                     fairness_sources=_parse_fairness_sources(settings.webhook_fairness))
+        config = cls(
+            secrets=secrets,
+            github_secrets=github,
+            api_key=api_key,
+            api_keys=settings.api_keys,
+            max_body_bytes=settings.webhook_max_body_bytes,
+            input_pointers=_parse_input_pointers(settings.webhook_input),
+            agent_secrets=agent_secrets,
+            github_agent_secrets=github_agents,
+            intake=settings.webhooks_enabled,
+            fairness_sources=_parse_fairness_sources(settings.webhook_fairness),
+        )
         config.check()
         config.keys  # noqa: B018  # a malformed LOUSHO_API_KEYS is refused here, before a port is bound
         return config
@@ -203,10 +214,15 @@ class WebhookConfig:
             ConfigurationError: no secret while intake is on, a secret bound to a name no agent can have, or a
                 body cap that is not positive.
         """
-        if self.intake and not (self.secrets or self.github_secrets or any(self.agent_secrets.values())
-                or any(self.github_agent_secrets.values())):
+        if self.intake and not (
+            self.secrets
+            or self.github_secrets
+            or any(self.agent_secrets.values())
+            or any(self.github_agent_secrets.values())
+        ):
             raise errors.ConfigurationError(
-                "set LOUSHO_WEBHOOK_SECRETS (whsec_... or agent=whsec_...) to receive webhooks")
+                "set LOUSHO_WEBHOOK_SECRETS (whsec_... or agent=whsec_...) to receive webhooks"
+            )
         for agent in (*self.agent_secrets, *self.github_agent_secrets):
             if not AGENT_NAME.fullmatch(agent):
                 raise errors.ConfigurationError("a webhook secret is bound to a name no agent can have")

@@ -44,8 +44,7 @@ def standard_headers(headers: Headers) -> tuple[str, int, list[str]]:
     Raises:
         Rejected: 400 when a header is missing, repeated or malformed.
     """
-    delivery_id, stamp, signature = (one(headers, n) for n in ("webhook-id", "webhook-timestamp",
-                                                               "webhook-signature"))
+    delivery_id, stamp, signature = (one(headers, n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
     if delivery_id is None or stamp is None or signature is None:
         raise bad_request("webhook-id, webhook-timestamp and webhook-signature are required")
     _delivery_id(delivery_id, "webhook-id")

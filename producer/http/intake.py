@@ -118,8 +118,11 @@ def fairness_key(config: WebhookConfig, agent: str, delivery: Verified, document
     try:
         return model_limit.validate_fairness_key(value)
     except errors.ConfigurationError:
-        raise Rejected(422, "LOUSHO_WEBHOOK_FAIRNESS_INVALID", "the delivery's fairness key is not 1-128 letters,"
-                       " digits, '.', '_', ':', '@' or '-'") from None
+        raise Rejected(
+            422,
+            "LOUSHO_WEBHOOK_FAIRNESS_INVALID",
+            "the delivery's fairness key is not 1-128 letters, digits, '.', '_', ':', '@' or '-'",
+        ) from None
 
 
 def settled_status(backend: Backend, session_id: str) -> str:
@@ -161,10 +164,15 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
     fairness = fairness_key(config, agent, delivery, document)
     digest = hashlib.sha256(delivery.body).hexdigest()
     try:
-        intake = backend.deliveries.record(agent, delivery.delivery_id, delivery.source, digest, messages,
-                                           fairness_key=fairness)
-    except (errors.ConfigurationError, errors.SessionAwaitingApprovalError, errors.CheckpointCorruptError,
-            errors.CheckpointFormatError):
+        intake = backend.deliveries.record(
+            agent, delivery.delivery_id, delivery.source, digest, messages, fairness_key=fairness
+        )
+    except (
+        errors.ConfigurationError,
+        errors.SessionAwaitingApprovalError,
+        errors.CheckpointCorruptError,
+        errors.CheckpointFormatError,
+    ):
         raise Rejected(409, "LOUSHO_WEBHOOK_CONFLICT", "the delivery's run id is used by another run") from None
     except errors.InputTooLargeError as exc:  # a run made under the delivery's id has no room left for it
         raise Rejected(413, exc.code, "the delivery's run has no room for this input") from None
@@ -172,11 +180,16 @@ def accept(backend: Backend, config: WebhookConfig, agent: str, delivery: Verifi
     if not intake.created:
         if intake.replay_of is not None:
             # Answered like a duplicate: the sender learns nothing new and a genuine redelivery is settled.
-            log.warning("GitHub delivery %s for %s repeats the signed body of delivery %s; it starts nothing",
-                        delivery.delivery_id, agent, intake.replay_of)
+            log.warning(
+                "GitHub delivery %s for %s repeats the signed body of delivery %s; it starts nothing",
+                delivery.delivery_id,
+                agent,
+                intake.replay_of,
+            )
         elif intake.delivery.body_sha256 != digest:
-            log.warning("delivery %s for %s came again with another body; the first one stands",
-                        delivery.delivery_id, agent)
+            log.warning(
+                "delivery %s for %s came again with another body; the first one stands", delivery.delivery_id, agent
+            )
         return session_id, settled_status(backend, session_id), True
     crash_point("webhook_commit_before_enqueue", session_id)
     backend.publish(session_id, agent)

@@ -97,8 +97,14 @@ def _visible(principal: Principal, wanted: list[str] | None) -> list[str] | None
     return sorted(principal.agents if wanted is None else principal.agents & set(wanted))
 
 
-def _runs(backend: Backend, agents: list[str] | None, states: list[str] | None, since: str | None, limit: int,
-          cursor: str | None) -> RunsBody:
+def _runs(
+    backend: Backend,
+    agents: list[str] | None,
+    states: list[str] | None,
+    since: str | None,
+    limit: int,
+    cursor: str | None,
+) -> RunsBody:
     try:
         page = inspection.runs(backend.checkpoints, agents, states, inspection.parse_since(since), limit, cursor)
     except errors.ConfigurationError as exc:
@@ -107,16 +113,24 @@ def _runs(backend: Backend, agents: list[str] | None, states: list[str] | None, 
 
 
 _Agents = Annotated[list[str] | None, Query(description="only runs of these agents (repeat, or a,b)")]
-_States = Annotated[list[str] | None, Query(description="only runs in these states (repeat, or a,b): "
-                                                        + ", ".join(records.LISTED_STATES))]
+_States = Annotated[
+    list[str] | None,
+    Query(description="only runs in these states (repeat, or a,b): " + ", ".join(records.LISTED_STATES)),
+]
 _Since = Annotated[str | None, Query(max_length=64, description="only runs created since: 30m, 6h, 2d, or a time")]
 _Limit = Annotated[int, Query(ge=1, le=inspection.MAX_LIMIT, description="most runs on the page")]
 _Cursor = Annotated[str | None, Query(max_length=2000, description="next_cursor or prev_cursor of a page")]
 _Agent = Annotated[str | None, Query(max_length=64, description="only this agent's approvals")]
 
 
-async def list_runs(request: Request, agent: _Agents = None, state: _States = None, since: _Since = None,
-                    limit: _Limit = 50, cursor: _Cursor = None) -> JSONResponse:
+async def list_runs(
+    request: Request,
+    agent: _Agents = None,
+    state: _States = None,
+    since: _Since = None,
+    limit: _Limit = 50,
+    cursor: _Cursor = None,
+) -> JSONResponse:
     """``GET /runs``: runs the key sees, finished ones included, newest first, in their state (API key required)."""
     config, backend = routes.state_of(request)
     principal = routes.authorize(request, config)
@@ -143,11 +157,26 @@ def _approvals(backend: Backend, principal: Principal, agent: str | None) -> App
     if agent is not None and not principal.sees(agent):
         return ApprovalsBody(items=[])
     found = backend.approvals.pending(agent, APPROVALS_LIMIT)
-    return ApprovalsBody(items=[
-        ApprovalBody(approval_id=a.approval_id, session_id=a.session_id, agent=a.agent, kind=a.kind,
-                     tool_name=a.tool_name, tool_call_id=a.tool_call_id, args=a.args, question=a.question,
-                     options=a.options, created_at=a.created_at, expires_at=a.expires_at, run_path=a.run_path)
-        for a in found if principal.sees(a.agent)])
+    return ApprovalsBody(
+        items=[
+            ApprovalBody(
+                approval_id=a.approval_id,
+                session_id=a.session_id,
+                agent=a.agent,
+                kind=a.kind,
+                tool_name=a.tool_name,
+                tool_call_id=a.tool_call_id,
+                args=a.args,
+                question=a.question,
+                options=a.options,
+                created_at=a.created_at,
+                expires_at=a.expires_at,
+                run_path=a.run_path,
+            )
+            for a in found
+            if principal.sees(a.agent)
+        ]
+    )
 
 
 async def list_approvals(request: Request, agent: _Agent = None) -> JSONResponse:
@@ -158,5 +187,13 @@ async def list_approvals(request: Request, agent: _Agent = None) -> JSONResponse
     return JSONResponse(body.model_dump(mode="json"))
 
 
-__all__ = ["APPROVALS_LIMIT", "ApprovalBody", "ApprovalsBody", "DeletedBody", "RunsBody", "delete_run",
-           "list_approvals", "list_runs"]
+__all__ = [
+    "APPROVALS_LIMIT",
+    "ApprovalBody",
+    "ApprovalsBody",
+    "DeletedBody",
+    "RunsBody",
+    "delete_run",
+    "list_approvals",
+    "list_runs",
+]

@@ -60,11 +60,12 @@ def install(app: FastAPI) -> None:
 
     def document() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             schema.setdefault("components", {}).setdefault("securitySchemes", {})[BEARER] = {
-                "type": "http", "scheme": "bearer",
-                "description": "an API key of LOUSHO_API_KEY or LOUSHO_API_KEYS (a scoped key sees its agents only)"}
+                "type": "http",
+                "scheme": "bearer",
+                "description": "an API key of LOUSHO_API_KEY or LOUSHO_API_KEYS (a scoped key sees its agents only)",
+            }
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -130,19 +130,37 @@ def _run_view(backend: Backend, session_id: str) -> dict[str, Any]:
     if checkpoint is None:
         raise Rejected(404, "LOUSHO_RUN_NOT_FOUND", "no such run")
     approvals = backend.approvals.by_ids(checkpoint.approval_ids)
-    pending = [a.model_dump(mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at",
-                                                  "kind", "question"})
-               for a in approvals.values() if a.status == "pending"]
+    pending = [
+        a.model_dump(
+            mode="json", include={"approval_id", "tool_call_id", "tool_name", "args", "created_at", "kind", "question"}
+        )
+        for a in approvals.values()
+        if a.status == "pending"
+    ]
     progress = backend.checkpoints.progress(session_id)
     queued = progress is not None and progress.inbox_head > progress.inbox_cursor
     state = records.listed_state(
-        checkpoint.status, checkpoint.aborted, checkpoint.finish_reason, checkpoint.last_error,
-        checkpoint.next_attempt_at, waiting=checkpoint.waiting, queued=queued, end_due=checkpoint.end_due,
-        own_approvals=any(a.session_id == session_id and a.status == "pending" for a in approvals.values()))
-    return {"session_id": session_id, "agent": checkpoint.agent, "state": state, "status": checkpoint.status,
-            "finish_reason": checkpoint.finish_reason, "text": checkpoint.final_text, "steps": checkpoint.step,
-            "last_error": checkpoint.last_error.model_dump() if checkpoint.last_error else None,
-            "pending_approvals": pending}
+        checkpoint.status,
+        checkpoint.aborted,
+        checkpoint.finish_reason,
+        checkpoint.last_error,
+        checkpoint.next_attempt_at,
+        waiting=checkpoint.waiting,
+        queued=queued,
+        end_due=checkpoint.end_due,
+        own_approvals=any(a.session_id == session_id and a.status == "pending" for a in approvals.values()),
+    )
+    return {
+        "session_id": session_id,
+        "agent": checkpoint.agent,
+        "state": state,
+        "status": checkpoint.status,
+        "finish_reason": checkpoint.finish_reason,
+        "text": checkpoint.final_text,
+        "steps": checkpoint.step,
+        "last_error": checkpoint.last_error.model_dump() if checkpoint.last_error else None,
+        "pending_approvals": pending,
+    }
 
 
 def _decide(backend: Backend, found: Approval, decision: _DecisionBody) -> tuple[str, bool]:
@@ -201,8 +219,9 @@ async def receive(agent: str, request: Request) -> JSONResponse:
         raise
     telemetry.count("webhook.duplicate" if duplicate else "webhook.accepted", agent=agent, source=delivery.source)
     url = str(request.url_for("run_status", session_id=session_id))
-    return JSONResponse({"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate},
-                        status_code=202)
+    return JSONResponse(
+        {"session_id": session_id, "status": status, "status_url": url, "duplicate": duplicate}, status_code=202
+    )
 
 
 async def run_status(session_id: str, request: Request) -> JSONResponse:
@@ -225,8 +244,9 @@ async def run_events(session_id: str, request: Request) -> StreamingResponse:
     client = _client(backend)
     after, live = events.resume_after(request), events.wants_live(request)
     source = client.events_async(session_id, after, live=live, executor=request.app.state.event_threads)
-    return StreamingResponse(events.stream(session_id, source), media_type=events.MEDIA_TYPE,
-                             headers=events.STREAM_HEADERS)
+    return StreamingResponse(
+        events.stream(session_id, source), media_type=events.MEDIA_TYPE, headers=events.STREAM_HEADERS
+    )
 
 
 async def abort(session_id: str, request: Request) -> JSONResponse:
@@ -262,17 +282,23 @@ async def approval(approval_id: str, request: Request) -> JSONResponse:
     principal = authorize(request, config)
     headers.check_json_type(request.headers)
     try:
-        decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request,
-                                                                                         _MAX_DECISION_BYTES)))
+        decision = _DecisionBody.model_validate(bodies.parse_json(await bodies.read_body(request, _MAX_DECISION_BYTES)))
     except ValidationError:
-        raise bad_request('the body must be {"approved": true|false, "note": optional text}, or'
-                          ' {"answer": text} for a question or a reconciliation') from None
+        raise bad_request(
+            'the body must be {"approved": true|false, "note": optional text}, or'
+            ' {"answer": text} for a question or a reconciliation'
+        ) from None
     found = await run_in_threadpool(approval_for, backend, principal, approval_id)
     session_id, continues = await run_in_threadpool(_decide, backend, found, decision)
-    return JSONResponse({"approval_id": approval_id, "session_id": session_id,
-                         "decision": "answered" if decision.answer is not None
-                         else "approved" if decision.approved else "rejected", "run_continues": continues,
-                         "status_url": str(request.url_for("run_status", session_id=session_id))})
+    return JSONResponse(
+        {
+            "approval_id": approval_id,
+            "session_id": session_id,
+            "decision": "answered" if decision.answer is not None else "approved" if decision.approved else "rejected",
+            "run_continues": continues,
+            "status_url": str(request.url_for("run_status", session_id=session_id)),
+        }
+    )
 
 
 async def healthz(request: Request) -> JSONResponse:

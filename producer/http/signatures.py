@@ -50,8 +50,9 @@ def _v1_digests(signatures: list[str]) -> list[bytes]:
     return provided
 
 
-def verify_standard(keys: tuple[bytes, ...], delivery_id: str, timestamp: int, body: bytes,
-                    signatures: list[str]) -> None:
+def verify_standard(
+    keys: tuple[bytes, ...], delivery_id: str, timestamp: int, body: bytes, signatures: list[str]
+) -> None:
     """Accept when any ``v1`` signature matches any key (rotation) over ``id.timestamp.body``.
 
     Raises:

@@ -29,14 +29,22 @@ from store.settings import Settings
 
 _HERE = Path(__file__).parent
 STATIC_DIR = _HERE / "static"
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
-                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(_HERE / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
 _ENV.filters["took"] = lambda ms: drawing.duration_text(float(ms) / 1000)
 #: Headers of every page: nothing loads from elsewhere, nothing inline runs, nothing is cached or framed.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-    "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store"}
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 #: Largest form body accepted (a fork's patch is the biggest field).
 MAX_FORM_BYTES = 256 * 1024
 CSRF_REFUSED = "CSRF token missing or invalid"
@@ -155,8 +163,15 @@ def check_origin(request: Request) -> None:
     parts = urllib.parse.urlsplit(origin)
     host = request.headers.get("host", "")
     default_port = {"http": ":80", "https": ":443"}.get(parts.scheme, "")
-    if origin == "null" or not parts.netloc or (parts.netloc != host and parts.netloc + default_port != host
-                                                 and parts.netloc != host.removesuffix(default_port)):
+    if (
+        origin == "null"
+        or not parts.netloc
+        or (
+            parts.netloc != host
+            and parts.netloc + default_port != host
+            and parts.netloc != host.removesuffix(default_port)
+        )
+    ):
         raise PageError(403, "This request came from another site and was refused")
 
 
@@ -169,8 +184,9 @@ async def read_form(request: Request) -> dict[str, str]:
     try:
         body = await bodies.read_body(request, MAX_FORM_BYTES)
     except Rejected as exc:
-        raise PageError(exc.status, "The form is too large" if exc.status == 413 else "The form could not be read")\
-            from None
+        raise PageError(
+            exc.status, "The form is too large" if exc.status == 413 else "The form could not be read"
+        ) from None
     try:
         fields = urllib.parse.parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
     except (UnicodeDecodeError, ValueError):
@@ -208,19 +224,22 @@ def not_found(what: str = "run") -> NoReturn:
     raise PageError(404, f"No such {what}")
 
 
-def render(name: str, request: Request, found: Viewer | None, status_code: int = 200,
-           **context: Any) -> HTMLResponse:
+def render(name: str, request: Request, found: Viewer | None, status_code: int = 200, **context: Any) -> HTMLResponse:
     """The page ``name`` with the common context (who is signed in, their CSRF token, the Flower address)."""
     html = _ENV.get_template(name).render(
-        viewer=found, csrf_token=found.csrf_token if found else "", flower_url=settings_of(request).flower_url,
-        **context)
+        viewer=found,
+        csrf_token=found.csrf_token if found else "",
+        flower_url=settings_of(request).flower_url,
+        **context,
+    )
     return HTMLResponse(html, status_code=status_code, headers=PAGE_HEADERS)
 
 
 def render_fragment(name: str, request: Request, found: Viewer, **context: Any) -> str:
     """A part of a page (what the live endpoint sends)."""
-    return _ENV.get_template(name).render(viewer=found, csrf_token=found.csrf_token,
-                                          flower_url=settings_of(request).flower_url, **context)
+    return _ENV.get_template(name).render(
+        viewer=found, csrf_token=found.csrf_token, flower_url=settings_of(request).flower_url, **context
+    )
 
 
 def redirect(path: str) -> RedirectResponse:
@@ -251,6 +270,24 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(_SignIn, _on_sign_in)
 
 
-__all__ = ["CSRF_REFUSED", "MAX_FORM_BYTES", "PAGE_HEADERS", "PageError", "Viewer", "acting", "add_handlers",
-           "backend_of", "check_enabled", "config_of", "not_found", "redirect", "render", "render_fragment",
-           "safe_next", "settings_of", "signed_in", "signer_of", "viewer"]
+__all__ = [
+    "CSRF_REFUSED",
+    "MAX_FORM_BYTES",
+    "PAGE_HEADERS",
+    "PageError",
+    "Viewer",
+    "acting",
+    "add_handlers",
+    "backend_of",
+    "check_enabled",
+    "config_of",
+    "not_found",
+    "redirect",
+    "render",
+    "render_fragment",
+    "safe_next",
+    "settings_of",
+    "signed_in",
+    "signer_of",
+    "viewer",
+]

@@ -91,17 +91,37 @@ def _waits(run_events: Sequence[Event], approvals: Iterable[Approval], now: date
         what = "question" if approval.kind == "question" else f"approval of {approval.tool_name}"
         pending = approval.status == "pending"
         end = now if pending or approval.decided_at is None else approval.decided_at
-        found.append(Bar("approval", approval.approval_id, f"waits on a person: {what}", approval.created_at,
-                         max(end, approval.created_at), open=pending))
-    settled = {(str(e.data.get("tool_call_id")), str(e.data.get("child_run_id"))): e.at
-               for e in run_events if e.type == "subagent.done"}
+        found.append(
+            Bar(
+                "approval",
+                approval.approval_id,
+                f"waits on a person: {what}",
+                approval.created_at,
+                max(end, approval.created_at),
+                open=pending,
+            )
+        )
+    settled = {
+        (str(e.data.get("tool_call_id")), str(e.data.get("child_run_id"))): e.at
+        for e in run_events
+        if e.type == "subagent.done"
+    }
     for event in run_events:
         child = event.data.get("child_run_id")
         if event.type != "subagent.start" or not isinstance(child, str):
             continue
         ended = settled.get((str(event.data.get("tool_call_id")), child))
-        found.append(Bar("children", child, f"waits on child run: {event.data.get('agent') or 'sub-agent'}",
-                         event.at, max(ended or now, event.at), open=ended is None, run_id=child))
+        found.append(
+            Bar(
+                "children",
+                child,
+                f"waits on child run: {event.data.get('agent') or 'sub-agent'}",
+                event.at,
+                max(ended or now, event.at),
+                open=ended is None,
+                run_id=child,
+            )
+        )
     return found
 
 
@@ -122,8 +142,9 @@ def _work(checkpoint: Checkpoint, run_events: Sequence[Event], waits: Sequence[B
             if duration is not None:
                 start: datetime | None = event.at - timedelta(milliseconds=duration)
             else:
-                start = max([w.end for w in waits if w.end <= event.at] + ([previous] if previous else []),
-                            default=None)
+                start = max(
+                    [w.end for w in waits if w.end <= event.at] + ([previous] if previous else []), default=None
+                )
             turns += 1
             if start is not None:
                 found.append(Bar("step", str(event.seq), f"step {turns}: model", start, event.at))
@@ -131,24 +152,34 @@ def _work(checkpoint: Checkpoint, run_events: Sequence[Event], waits: Sequence[B
         elif event.type in _TOOL_EVENTS and duration is not None:
             call_id = str(event.data.get("tool_call_id"))
             name = event.data.get("tool_name") or names.get(call_id) or "tool"
-            found.append(Bar("tool", call_id, f"tool {name}" + (" (error)" if event.type == "tool.error" else ""),
-                             event.at - timedelta(milliseconds=duration), event.at))
+            found.append(
+                Bar(
+                    "tool",
+                    call_id,
+                    f"tool {name}" + (" (error)" if event.type == "tool.error" else ""),
+                    event.at - timedelta(milliseconds=duration),
+                    event.at,
+                )
+            )
         previous = event.at
     found.extend(_running_calls(checkpoint, waits, last_turn, now))
     return found
 
 
-def _running_calls(checkpoint: Checkpoint, waits: Sequence[Bar], last_turn: datetime | None,
-                   now: datetime) -> list[Bar]:
+def _running_calls(
+    checkpoint: Checkpoint, waits: Sequence[Bar], last_turn: datetime | None, now: datetime
+) -> list[Bar]:
     """Calls of the last turn that have no result and wait on nothing: they run now (or are about to)."""
     if last_turn is None or checkpoint.status != "in-progress" or checkpoint.aborted or checkpoint.last_error:
         return []
     turns = [m for m in checkpoint.messages if m.role == "assistant"]
     done = {m.tool_call_id for m in checkpoint.messages if m.role == "tool"}
     delegated = set((checkpoint.delegated or {}).keys())
-    return [Bar("tool", call.id, f"tool {call.name} (under way)", last_turn, max(now, last_turn), open=True)
-            for call in (turns[-1].tool_calls or () if turns else ())
-            if call.id not in done and call.id not in delegated and not any(w.open for w in waits)]
+    return [
+        Bar("tool", call.id, f"tool {call.name} (under way)", last_turn, max(now, last_turn), open=True)
+        for call in (turns[-1].tool_calls or () if turns else ())
+        if call.id not in done and call.id not in delegated and not any(w.open for w in waits)
+    ]
 
 
 def _retries(checkpoint: Checkpoint, run_events: Sequence[Event], work: Sequence[Bar], now: datetime) -> list[Bar]:
@@ -170,8 +201,9 @@ def _retries(checkpoint: Checkpoint, run_events: Sequence[Event], work: Sequence
     return found
 
 
-def bars(checkpoint: Checkpoint, run_events: Sequence[Event], approvals: Iterable[Approval],
-         now: datetime | None = None) -> list[Bar]:
+def bars(
+    checkpoint: Checkpoint, run_events: Sequence[Event], approvals: Iterable[Approval], now: datetime | None = None
+) -> list[Bar]:
     """Every bar of the run, by start time: its turns, calls, and waits on people, retries and children.
 
     ``run_events`` are the run's durable events in seq order; ``approvals`` those the run asked for (decided ones
@@ -218,13 +250,46 @@ def draw(found: Sequence[Bar]) -> Drawing | None:
         width = max((bar.end - bar.start).total_seconds() / span * 100, MIN_WIDTH)
         # A bar widened to be seen near the end of the axis moves left by at most that widening.
         x = min((bar.start - origin).total_seconds() / span * 100, 100 - width)
-        placed.append(PlacedBar(bar, round(x, 4), round(width, 4), TOP_PX + row * ROW_PX, stamp(bar.start),
-                                stamp(bar.end), duration_text((bar.end - bar.start).total_seconds())))
-    ticks = [Tick(share * 100, "0" if share == 0 else "+" + duration_text(span * share),
-                  "start" if share == 0 else "end" if share == 1 else "middle") for share in (0, 0.25, 0.5, 0.75, 1)]
-    return Drawing(stamp(origin), stamp(end), duration_text(span), placed, ticks, TOP_PX + len(kept) * ROW_PX + 4,
-                   len(found) - len(kept))
+        placed.append(
+            PlacedBar(
+                bar,
+                round(x, 4),
+                round(width, 4),
+                TOP_PX + row * ROW_PX,
+                stamp(bar.start),
+                stamp(bar.end),
+                duration_text((bar.end - bar.start).total_seconds()),
+            )
+        )
+    ticks = [
+        Tick(
+            share * 100,
+            "0" if share == 0 else "+" + duration_text(span * share),
+            "start" if share == 0 else "end" if share == 1 else "middle",
+        )
+        for share in (0, 0.25, 0.5, 0.75, 1)
+    ]
+    return Drawing(
+        stamp(origin),
+        stamp(end),
+        duration_text(span),
+        placed,
+        ticks,
+        TOP_PX + len(kept) * ROW_PX + 4,
+        len(found) - len(kept),
+    )
 
 
-__all__ = ["MAX_BARS", "MIN_WIDTH", "Bar", "BarKind", "Drawing", "PlacedBar", "Tick", "bars", "draw",
-           "duration_text", "stamp"]
+__all__ = [
+    "MAX_BARS",
+    "MIN_WIDTH",
+    "Bar",
+    "BarKind",
+    "Drawing",
+    "PlacedBar",
+    "Tick",
+    "bars",
+    "draw",
+    "duration_text",
+    "stamp",
+]

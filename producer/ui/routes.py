@@ -44,8 +44,15 @@ EVENTS_LIMIT = 2000
 
 
 def _cookie(response: Response, request: Request, name: str, value: str, max_age: int | None) -> None:
-    response.set_cookie(name, value, max_age=max_age, path=sessions.COOKIE_PATH, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path=sessions.COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
 def _client(backend: Backend) -> Client:
@@ -73,8 +80,9 @@ def _load(backend: Backend, principal_sees: _Sees, run_id: str) -> Checkpoint:
 
 def _login_page(request: Request, status: int, error: str | None, next_path: str) -> Response:
     cookie, token = pages.signer_of(request).login_cookie()
-    response = pages.render("login.html", request, None, status_code=status, login_token=token, error=error,
-                            next_path=next_path)
+    response = pages.render(
+        "login.html", request, None, status_code=status, login_token=token, error=error, next_path=next_path
+    )
     _cookie(response, request, sessions.LOGIN_COOKIE, cookie, sessions.LOGIN_FORM_S)
     return response
 
@@ -115,8 +123,13 @@ async def logout(request: Request) -> Response:
     """Sign out: the session cookie is cleared."""
     await pages.acting(request, read_ok=True)
     response = pages.redirect("/ui/login")
-    response.delete_cookie(sessions.SESSION_COOKIE, path=sessions.COOKIE_PATH, httponly=True, samesite="strict",
-                           secure=request.url.scheme == "https")
+    response.delete_cookie(
+        sessions.SESSION_COOKIE,
+        path=sessions.COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 
@@ -126,8 +139,11 @@ async def static(name: str, request: Request) -> Response:
     pages.check_enabled(request)
     if name not in _STATIC_TYPES:
         pages.not_found("file")
-    return FileResponse(pages.STATIC_DIR / name, media_type=_STATIC_TYPES[name],
-                        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+    return FileResponse(
+        pages.STATIC_DIR / name,
+        media_type=_STATIC_TYPES[name],
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 @router.get("")
@@ -141,14 +157,21 @@ async def home(request: Request) -> Response:
 # -- runs ----------------------------------------------------------------------------------------------------
 
 
-def _runs(backend: Backend, agents: frozenset[str] | None, status: str, query: str, cursor: str | None,
-          since: datetime | None) -> tuple[records.RunsPage, dict[records.ListedState, int], list[str]]:
+def _runs(
+    backend: Backend, agents: frozenset[str] | None, status: str, query: str, cursor: str | None, since: datetime | None
+) -> tuple[records.RunsPage, dict[records.ListedState, int], list[str]]:
     """One page of the runs list and the counts by state of the runs of its agents and time, read by the store.
 
     Neither reads a transcript: the page is one keyset statement, the counts one ``GROUP BY``.
     """
-    page = backend.checkpoints.list_runs(agents=agents, states=views.states_of(status), id_contains=query or None,
-                                         since=since, limit=views.PAGE_SIZE, cursor=cursor)
+    page = backend.checkpoints.list_runs(
+        agents=agents,
+        states=views.states_of(status),
+        id_contains=query or None,
+        since=since,
+        limit=views.PAGE_SIZE,
+        cursor=cursor,
+    )
     return page, backend.checkpoints.count_runs(agents=agents, since=since), backend.known_agents()
 
 
@@ -175,8 +198,9 @@ async def runs(request: Request) -> Response:
     agents = principal.agents if not agent else frozenset({agent} if principal.sees(agent) else ())
     since = runs_list.since_of(params.get("since", ""), datetime.now(UTC))
     try:
-        page, counted, known = await run_in_threadpool(_runs, pages.backend_of(request), agents, status, query,
-                                                       cursor, since.at)
+        page, counted, known = await run_in_threadpool(
+            _runs, pages.backend_of(request), agents, status, query, cursor, since.at
+        )
     except errors.ConfigurationError:
         raise pages.PageError(400, "That page of runs cannot be found: start from the first page") from None
     listed = principal.visible(set(known) | {run.agent for run in page.items} | ({agent} if agent else set()))
@@ -187,16 +211,29 @@ async def runs(request: Request) -> Response:
         kept = {k: v for k, v in (("agent", agent), ("status", status), ("q", query), ("since", since.value)) if v}
         return "/ui/runs?" + urllib.parse.urlencode({**kept, "cursor": at})
 
-    return pages.render("runs.html", request, found, rows=views.run_rows(page), agents=listed,
-                        statuses=views.STATUSES, agent=agent, status=status, query=query, since=since,
-                        windows=runs_list.WINDOWS, total=sum(counted.values()),
-                        counts=runs_list.state_counts(counted, {"agent": agent, "q": query, "since": since.value}),
-                        all_link=runs_list.listing_link({"agent": agent, "q": query, "since": since.value}),
-                        next_link=link(page.next_cursor), prev_link=link(page.prev_cursor))
+    return pages.render(
+        "runs.html",
+        request,
+        found,
+        rows=views.run_rows(page),
+        agents=listed,
+        statuses=views.STATUSES,
+        agent=agent,
+        status=status,
+        query=query,
+        since=since,
+        windows=runs_list.WINDOWS,
+        total=sum(counted.values()),
+        counts=runs_list.state_counts(counted, {"agent": agent, "q": query, "since": since.value}),
+        all_link=runs_list.listing_link({"agent": agent, "q": query, "since": since.value}),
+        next_link=link(page.next_cursor),
+        prev_link=link(page.prev_cursor),
+    )
 
 
-def _run_data(backend: Backend, principal: Principal, run_id: str, with_history: bool,
-              known_version: str | None = None) -> dict[str, Any]:
+def _run_data(
+    backend: Backend, principal: Principal, run_id: str, with_history: bool, known_version: str | None = None
+) -> dict[str, Any]:
     """What a run's page shows: its state, timeline and drawing, approvals, the runs under it, its usage, and why.
 
     The why of an unfinished run (``Client.describe``: what it waits on, what moves it next) tops ``_live.html``.
@@ -221,11 +258,21 @@ def _run_data(backend: Backend, principal: Principal, run_id: str, with_history:
     shown = sorted((views.approval_view(a) for a in approvals.values()), key=lambda a: (a.created or "", a.approval_id))
     children = tree.children_of_calls(checkpoint, found_events)
     # Only a run that started children has runs under it: others skip the listing's search.
-    under = (tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
-             if children or checkpoint.background else tree.Tree([], 0))
+    under = (
+        tree.tree(backend.checkpoints, run_id, principal.agents, views.status_of)
+        if children or checkpoint.background
+        else tree.Tree([], 0)
+    )
     # A digest, short enough for the page to send back in a query string whatever the size of the tree.
-    version = hashlib.blake2b((f"{checkpoint.seq}:{status}:" + ",".join(f"{a.approval_id}={a.status}" for a in shown)
-                               + ":" + tree.version(under)).encode(), digest_size=16).hexdigest()
+    version = hashlib.blake2b(
+        (
+            f"{checkpoint.seq}:{status}:"
+            + ",".join(f"{a.approval_id}={a.status}" for a in shown)
+            + ":"
+            + tree.version(under)
+        ).encode(),
+        digest_size=16,
+    ).hexdigest()
     changed = version != known_version
     summary, why_error = why.describe(backend.client, run_id, status) if changed else (None, None)
     told = None
@@ -234,14 +281,26 @@ def _run_data(backend: Backend, principal: Principal, run_id: str, with_history:
         missing = [a for a in summary.waiting_on.approval_ids if a not in approvals]
         waited = {**approvals, **(backend.approvals.by_ids(missing) if missing else {})}
         told = why.why(summary, run_id, waited, under, principal.sees)
-    return {"run": checkpoint, "run_id": run_id, "status": status, "settled": status in views.SETTLED,
-            "timeline": views.timeline(checkpoint, found_events, children),
-            "drift": views.drift_notes(found_events), "approvals": shown, "steps": steps, "version": version,
-            "can_abort": status in views.ABORTABLE, "can_resume": status in views.RESUMABLE,
-            "updated": views.iso(checkpoint.updated_at), "tree": under,
-            "spent": spend.spend(checkpoint.usage, found_events),
-            "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values())),
-            "why": told, "why_error": why_error, "changed": changed}
+    return {
+        "run": checkpoint,
+        "run_id": run_id,
+        "status": status,
+        "settled": status in views.SETTLED,
+        "timeline": views.timeline(checkpoint, found_events, children),
+        "drift": views.drift_notes(found_events),
+        "approvals": shown,
+        "steps": steps,
+        "version": version,
+        "can_abort": status in views.ABORTABLE,
+        "can_resume": status in views.RESUMABLE,
+        "updated": views.iso(checkpoint.updated_at),
+        "tree": under,
+        "spent": spend.spend(checkpoint.usage, found_events),
+        "drawing": drawing.draw(drawing.bars(checkpoint, found_events, approvals.values())),
+        "why": told,
+        "why_error": why_error,
+        "changed": changed,
+    }
 
 
 @router.get("/runs/{run_id}")
@@ -250,8 +309,15 @@ async def run_page(run_id: str, request: Request) -> Response:
     found = pages.signed_in(request)
     data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, True)
     acts = found.principal.acts_on(data["run"].agent)
-    return pages.render("run.html", request, found, acts=acts, next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
-                        lead_id=records.lead_of(run_id), **data)
+    return pages.render(
+        "run.html",
+        request,
+        found,
+        acts=acts,
+        next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
+        lead_id=records.lead_of(run_id),
+        **data,
+    )
 
 
 @router.get("/runs/{run_id}/live")
@@ -265,11 +331,17 @@ async def run_live(run_id: str, request: Request) -> Response:
     known = request.query_params.get("version", "")[:64] or None
     data = await run_in_threadpool(_run_data, pages.backend_of(request), found.principal, run_id, False, known)
     acts = found.principal.acts_on(data["run"].agent)
-    html = pages.render_fragment("_live.html", request, found, acts=acts,
-                                 next_path=f"/ui/runs/{urllib.parse.quote(run_id)}",
-                                 **data) if data["changed"] else None
-    return JSONResponse({"status": data["status"], "settled": data["settled"], "version": data["version"],
-                         "html": html}, headers=pages.PAGE_HEADERS)
+    html = (
+        pages.render_fragment(
+            "_live.html", request, found, acts=acts, next_path=f"/ui/runs/{urllib.parse.quote(run_id)}", **data
+        )
+        if data["changed"]
+        else None
+    )
+    return JSONResponse(
+        {"status": data["status"], "settled": data["settled"], "version": data["version"], "html": html},
+        headers=pages.PAGE_HEADERS,
+    )
 
 
 @router.get("/runs/{run_id}/events")
@@ -279,10 +351,10 @@ async def run_events(run_id: str, request: Request) -> Response:
     backend = pages.backend_of(request)
     await run_in_threadpool(_load, backend, found.principal.sees, run_id)
     client = _client(backend)
-    source = client.events_async(run_id, events.resume_after(request), live=events.wants_live(request),
-                                 executor=request.app.state.event_threads)
-    return StreamingResponse(events.stream(run_id, source), media_type=events.MEDIA_TYPE,
-                             headers=events.STREAM_HEADERS)
+    source = client.events_async(
+        run_id, events.resume_after(request), live=events.wants_live(request), executor=request.app.state.event_threads
+    )
+    return StreamingResponse(events.stream(run_id, source), media_type=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)
 
 
 # -- actions -------------------------------------------------------------------------------------------------
@@ -329,8 +401,9 @@ async def resume(run_id: str, request: Request) -> Response:
     return pages.redirect(f"/ui/runs/{urllib.parse.quote(run_id)}")
 
 
-def _fork(backend: Backend, found: pages.Viewer, run_id: str, step: int, patch: dict[str, Any] | None,
-          new_id: str | None) -> str:
+def _fork(
+    backend: Backend, found: pages.Viewer, run_id: str, step: int, patch: dict[str, Any] | None, new_id: str | None
+) -> str:
     checkpoint = _acting_on(backend, found, run_id)
     handle = _client(backend).agent(checkpoint.agent)
     try:
@@ -369,8 +442,9 @@ async def fork(run_id: str, request: Request) -> Response:
     return pages.redirect("/ui/compare?" + urllib.parse.urlencode({"a": run_id, "b": made}))
 
 
-def _decide(backend: Backend, found: pages.Viewer, approval_id: str, decision: str, note: str | None,
-            answer: str | None) -> str:
+def _decide(
+    backend: Backend, found: pages.Viewer, approval_id: str, decision: str, note: str | None, answer: str | None
+) -> str:
     try:
         approval = wh_routes.approval_for(backend, found.principal, approval_id)
     except Rejected as exc:
@@ -403,12 +477,13 @@ async def approval(approval_id: str, request: Request) -> Response:
     decision = form.get("decision", "")
     if decision not in ("approve", "reject", "answer", "decline"):
         raise pages.PageError(400, "Choose approve, reject, answer or decline")
-    note = form.get("note", "").strip()[:inputs.MAX_NOTE_CHARS] or None
-    answer = form.get("answer", "").strip()[:inputs.MAX_NOTE_CHARS]
+    note = form.get("note", "").strip()[: inputs.MAX_NOTE_CHARS] or None
+    answer = form.get("answer", "").strip()[: inputs.MAX_NOTE_CHARS]
     if decision == "answer" and not answer:
         raise pages.PageError(400, "Write an answer first")
-    run_id = await run_in_threadpool(_decide, pages.backend_of(request), found, approval_id, decision, note,
-                                     answer or None)
+    run_id = await run_in_threadpool(
+        _decide, pages.backend_of(request), found, approval_id, decision, note, answer or None
+    )
     return pages.redirect(pages.safe_next(form.get("next"), f"/ui/runs/{urllib.parse.quote(run_id)}"))
 
 
@@ -432,8 +507,15 @@ def _compare(backend: Backend, principal_sees: _Sees, a: str, b: str | None) -> 
     second = _load(backend, principal_sees, b)
     comparison = compare_trajectories(first, second)
     side_a, side_b = views.compare_sides(comparison)
-    return {"a": a, "b": b, "side_a": side_a, "side_b": side_b, "diverged_at": comparison.diverged_at,
-            "status_a": views.status_of(first), "status_b": views.status_of(second)}
+    return {
+        "a": a,
+        "b": b,
+        "side_a": side_a,
+        "side_b": side_b,
+        "diverged_at": comparison.diverged_at,
+        "status_a": views.status_of(first),
+        "status_b": views.status_of(second),
+    }
 
 
 @router.get("/compare")

@@ -15,8 +15,11 @@ from store import records
 
 #: The time windows the runs list offers, by query value: the runs created within that time before now.
 WINDOWS: dict[str, tuple[str, timedelta]] = {
-    "1h": ("Last hour", timedelta(hours=1)), "24h": ("Last 24 hours", timedelta(hours=24)),
-    "7d": ("Last 7 days", timedelta(days=7)), "30d": ("Last 30 days", timedelta(days=30))}
+    "1h": ("Last hour", timedelta(hours=1)),
+    "24h": ("Last 24 hours", timedelta(hours=24)),
+    "7d": ("Last 7 days", timedelta(days=7)),
+    "30d": ("Last 30 days", timedelta(days=30)),
+}
 #: Longest ``since`` value read (an ISO-8601 time with microseconds and an offset fits well within it).
 _MAX_SINCE = 40
 

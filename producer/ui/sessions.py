@@ -81,8 +81,13 @@ class Signer:
         """A new session of ``principal`` lasting ``hours``: the cookie value and the session."""
         session = Session(principal, secrets.token_urlsafe(18), time.time() + hours * 3600)
         agents = sorted(principal.agents) if principal.agents is not None else None
-        body = {"n": principal.name, "r": principal.read_only, "a": agents, "sid": session.session_id,
-                "exp": session.expires_at}
+        body = {
+            "n": principal.name,
+            "r": principal.read_only,
+            "a": agents,
+            "sid": session.session_id,
+            "exp": session.expires_at,
+        }
         return self._seal("session", body), session
 
     def read_session(self, value: str | None) -> Session | None:
@@ -102,13 +107,15 @@ class Signer:
         """A sign-in form's cookie value and the CSRF token the form carries."""
         nonce = secrets.token_urlsafe(18)
         return self._seal("login", {"nonce": nonce, "exp": time.time() + LOGIN_FORM_S}), self.csrf_token(
-            "login:" + nonce)
+            "login:" + nonce
+        )
 
     def login_token_ok(self, cookie: str | None, token: str | None) -> bool:
         """Whether ``token`` is the CSRF token of the sign-in form whose cookie is ``cookie``."""
         body = self._open("login", cookie)
-        return body is not None and isinstance(body.get("nonce"), str) and self.token_ok(
-            "login:" + body["nonce"], token)
+        return (
+            body is not None and isinstance(body.get("nonce"), str) and self.token_ok("login:" + body["nonce"], token)
+        )
 
     def csrf_token(self, bound_to: str) -> str:
         """The CSRF token of forms shown to the session (or sign-in form) ``bound_to``."""
@@ -140,5 +147,4 @@ def proxy_session_id(user: str) -> str:
     return "proxy:" + hashlib.sha256(user.encode()).hexdigest()
 
 
-__all__ = ["COOKIE_PATH", "LOGIN_COOKIE", "SESSION_COOKIE", "Session", "Signer", "proxy_principal",
-           "proxy_session_id"]
+__all__ = ["COOKIE_PATH", "LOGIN_COOKIE", "SESSION_COOKIE", "Session", "Signer", "proxy_principal", "proxy_session_id"]

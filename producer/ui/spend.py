@@ -31,8 +31,11 @@ class Spend:
 def spend(usage: Usage, run_events: Sequence[Event]) -> Spend:
     """The run's ``usage`` and the sum of the costs its ``step.done`` events recorded (None when none did)."""
     turns = [event for event in run_events if event.type == "step.done"]
-    costs = [float(c) for c in (event.data.get("cost") for event in turns)
-             if isinstance(c, (int, float)) and not isinstance(c, bool)]
+    costs = [
+        float(c)
+        for c in (event.data.get("cost") for event in turns)
+        if isinstance(c, (int, float)) and not isinstance(c, bool)
+    ]
     return Spend(usage, sum(costs) if costs else None, len(costs), len(turns))
 
 

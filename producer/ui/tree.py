@@ -57,16 +57,25 @@ def _under(store: interfaces.ProducerStore, run_id: str, agents: frozenset[str] 
     return kept, more
 
 
-def tree(store: interfaces.ProducerStore, run_id: str, agents: frozenset[str] | None,
-         state_of: Callable[[ListedRun], str]) -> Tree:
+def tree(
+    store: interfaces.ProducerStore, run_id: str, agents: frozenset[str] | None, state_of: Callable[[ListedRun], str]
+) -> Tree:
     """The runs under ``run_id`` that a viewer of ``agents`` sees (None: every agent), nested by lead.
 
     A run whose lead the viewer does not see hangs from its nearest seen lead (or from the top). ``state_of``
     says what a page calls a listed run's state.
     """
     found, more = _under(store, run_id, agents)
-    nodes = {run.session_id: Node(run, state_of(run), drawing.duration_text(
-        (run.updated_at - run.created_at).total_seconds()) if run.state == "finished" else None) for run in found}
+    nodes = {
+        run.session_id: Node(
+            run,
+            state_of(run),
+            drawing.duration_text((run.updated_at - run.created_at).total_seconds())
+            if run.state == "finished"
+            else None,
+        )
+        for run in found
+    }
     roots: list[Node] = []
     for run in found:
         lead = run.parent_id or records.lead_of(run.session_id)
@@ -78,8 +87,11 @@ def tree(store: interfaces.ProducerStore, run_id: str, agents: frozenset[str] | 
 
 def children_of_calls(checkpoint: Checkpoint, run_events: Sequence[Event]) -> dict[str, str]:
     """Tool call id -> the child run its ``task`` call started, from the run's events and open delegations."""
-    found = {str(event.data["tool_call_id"]): str(event.data["child_run_id"]) for event in run_events
-             if event.type == "subagent.start" and isinstance(event.data.get("child_run_id"), str)}
+    found = {
+        str(event.data["tool_call_id"]): str(event.data["child_run_id"])
+        for event in run_events
+        if event.type == "subagent.start" and isinstance(event.data.get("child_run_id"), str)
+    }
     for call_id, child in (checkpoint.delegated or {}).items():
         found.setdefault(call_id, child)
     return found
@@ -87,9 +99,13 @@ def children_of_calls(checkpoint: Checkpoint, run_events: Sequence[Event]) -> di
 
 def version(found: Tree) -> str:
     """What changes when a run of the tree appears or moves (part of a run page's live version)."""
+
     def walk(nodes: list[Node]) -> list[str]:
-        return [f"{n.run.session_id}={n.state}" + ("(" + ",".join(walk(n.children)) + ")" if n.children else "")
-                for n in nodes]
+        return [
+            f"{n.run.session_id}={n.state}" + ("(" + ",".join(walk(n.children)) + ")" if n.children else "")
+            for n in nodes
+        ]
+
     return ",".join(walk(found.roots))
 
 

@@ -117,8 +117,9 @@ def _step_key(calls: Sequence[str], text: Any) -> tuple[Any, ...]:
     return tuple(calls) if calls else ("text", text if isinstance(text, str) else None)
 
 
-def timeline(checkpoint: Checkpoint, run_events: Sequence[Event],
-             children: dict[str, str] | None = None) -> list[TimelineItem]:
+def timeline(
+    checkpoint: Checkpoint, run_events: Sequence[Event], children: dict[str, str] | None = None
+) -> list[TimelineItem]:
     """The run's inputs and steps in order; durations, usage and times come from its durable events if kept.
 
     ``children`` maps a ``task`` call's id to the child run it started (``tree.children_of_calls``).
@@ -141,20 +142,36 @@ def timeline(checkpoint: Checkpoint, run_events: Sequence[Event],
             calls = []
             for call in message.tool_calls or ():
                 result = results.get(call.id)
-                calls.append(ToolCallView(
-                    call.id, call.name, json.dumps(call.args, indent=2, ensure_ascii=False, default=str)
-                    if call.invalid_args is None else call.invalid_args,
-                    None if result is None else as_text(result.content), bool(result and result.is_error),
-                    durations.get(call.id), children.get(call.id)))
+                calls.append(
+                    ToolCallView(
+                        call.id,
+                        call.name,
+                        json.dumps(call.args, indent=2, ensure_ascii=False, default=str)
+                        if call.invalid_args is None
+                        else call.invalid_args,
+                        None if result is None else as_text(result.content),
+                        bool(result and result.is_error),
+                        durations.get(call.id),
+                        children.get(call.id),
+                    )
+                )
             matched = turns.get(_step_key([c.id for c in message.tool_calls or ()], message.content))
             turn = matched.pop(0) if matched else None
             usage = turn.data.get("usage") if turn is not None else None
             took = turn.data.get("duration_ms") if turn is not None else None
-            items.append(TimelineItem(
-                "step", as_text(message.content) if message.content else "", sum(i.kind == "step" for i in items) + 1,
-                calls, {"input": int(usage.get("input_tokens", 0)), "output": int(usage.get("output_tokens", 0))}
-                if isinstance(usage, dict) else None, iso(turn.at) if turn is not None else None,
-                float(took) if isinstance(took, (int, float)) else None))
+            items.append(
+                TimelineItem(
+                    "step",
+                    as_text(message.content) if message.content else "",
+                    sum(i.kind == "step" for i in items) + 1,
+                    calls,
+                    {"input": int(usage.get("input_tokens", 0)), "output": int(usage.get("output_tokens", 0))}
+                    if isinstance(usage, dict)
+                    else None,
+                    iso(turn.at) if turn is not None else None,
+                    float(took) if isinstance(took, (int, float)) else None,
+                )
+            )
     return items
 
 
@@ -188,10 +205,20 @@ class ApprovalView:
 
 def approval_view(approval: Approval) -> ApprovalView:
     """The display fields of ``approval``."""
-    return ApprovalView(approval.approval_id, approval.session_id, approval.agent, approval.kind, approval.tool_name,
-                        json.dumps(approval.args, indent=2, ensure_ascii=False, default=str), approval.status,
-                        approval.question, list(approval.options or ()), approval.note, approval.answer,
-                        iso(approval.created_at))
+    return ApprovalView(
+        approval.approval_id,
+        approval.session_id,
+        approval.agent,
+        approval.kind,
+        approval.tool_name,
+        json.dumps(approval.args, indent=2, ensure_ascii=False, default=str),
+        approval.status,
+        approval.question,
+        list(approval.options or ()),
+        approval.note,
+        approval.answer,
+        iso(approval.created_at),
+    )
 
 
 @dataclass
@@ -206,15 +233,48 @@ class CompareStep:
 
 def compare_sides(comparison: TrajectoryComparison) -> tuple[list[CompareStep], list[CompareStep]]:
     """Both sides of ``comparison``, the step where they diverge marked (``index`` counts from 1, as history does)."""
+
     def side(steps: list[TrajectoryStep]) -> list[CompareStep]:
         at = comparison.diverged_at
-        return [CompareStep(index, step.text or "", [
-            {"name": str(c["name"]), "args": json.dumps(c["args"], ensure_ascii=False, default=str),
-             "result": as_text(c["result"])} for c in step.tool_calls], at is not None and index == at)
-            for index, step in enumerate(steps, start=1)]
+        return [
+            CompareStep(
+                index,
+                step.text or "",
+                [
+                    {
+                        "name": str(c["name"]),
+                        "args": json.dumps(c["args"], ensure_ascii=False, default=str),
+                        "result": as_text(c["result"]),
+                    }
+                    for c in step.tool_calls
+                ],
+                at is not None and index == at,
+            )
+            for index, step in enumerate(steps, start=1)
+        ]
+
     return side(comparison.a), side(comparison.b)
 
 
-__all__ = ["ABORTABLE", "PAGE_SIZE", "RESUMABLE", "SETTLED", "STATUSES", "ApprovalView", "CompareStep", "RunRow",
-           "TimelineItem", "ToolCallView", "approval_view", "as_text", "compare_sides", "drift_notes", "iso",
-           "run_rows", "states_of", "status_filter", "status_of", "timeline"]
+__all__ = [
+    "ABORTABLE",
+    "PAGE_SIZE",
+    "RESUMABLE",
+    "SETTLED",
+    "STATUSES",
+    "ApprovalView",
+    "CompareStep",
+    "RunRow",
+    "TimelineItem",
+    "ToolCallView",
+    "approval_view",
+    "as_text",
+    "compare_sides",
+    "drift_notes",
+    "iso",
+    "run_rows",
+    "states_of",
+    "status_filter",
+    "status_of",
+    "timeline",
+]

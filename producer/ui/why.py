@@ -18,8 +18,10 @@ from store.records import Approval
 from store.summaries import RunSummary, WaitingOn
 
 #: What the page says, per place of a step message (``WaitingOn.step_message``).
-_PLACES = {"queued": "waits in the broker's queue for a worker",
-           "reserved": "was taken by a worker that has not finished it yet"}
+_PLACES = {
+    "queued": "waits in the broker's queue for a worker",
+    "reserved": "was taken by a worker that has not finished it yet",
+}
 
 
 @dataclass
@@ -71,8 +73,12 @@ UNREADABLE = "What the run waits on cannot be read now (Postgres, Redis or the b
 
 
 #: Why a run waits on its model limit, as the page says it.
-_LIMIT_REASONS = {"slot": "a model slot", "requests": "the requests per minute", "tokens": "the tokens per minute",
-                  "cool-down": "the cool-down after a 429/529"}
+_LIMIT_REASONS = {
+    "slot": "a model slot",
+    "requests": "the requests per minute",
+    "tokens": "the tokens per minute",
+    "cool-down": "the cool-down after a 429/529",
+}
 
 
 def anchor(approval_id: str) -> str:
@@ -103,8 +109,13 @@ def describe(client: Client | None, run_id: str, status: str) -> tuple[RunSummar
     return summary, None
 
 
-def why(summary: RunSummary, run_id: str, approvals: Mapping[str, Approval], under: tree.Tree,
-        sees: Callable[[str | None], bool]) -> Why:
+def why(
+    summary: RunSummary,
+    run_id: str,
+    approvals: Mapping[str, Approval],
+    under: tree.Tree,
+    sees: Callable[[str | None], bool],
+) -> Why:
     """What the page says of ``summary`` (a ``describe`` of the run ``run_id`` shown).
 
     ``approvals`` holds the approvals it waits on that could be read; one of a run whose agent the viewer does not
@@ -120,16 +131,24 @@ def why(summary: RunSummary, run_id: str, approvals: Mapping[str, Approval], und
         own = approval.session_id == run_id
         place = f"#{anchor(approval_id)}"
         href = place if own else f"/ui/runs/{urllib.parse.quote(approval.session_id)}{place}"
-        shown.append(ApprovalWait(approval_id, href,
-                                  approval.tool_name, None if own else approval.session_id))
+        shown.append(ApprovalWait(approval_id, href, approval.tool_name, None if own else approval.session_id))
     states = dict(_states(under.roots))
-    return Why(state=summary.state, next_action=summary.next_action or "", seen_at=views.iso(datetime.now(UTC)),
-               lease_holder=waiting.lease_holder, lease_age_ms=waiting.lease_age_ms,
-               step_message=_PLACES.get(waiting.step_message or ""), retry_at=views.iso(waiting.retry_at),
-               failures=summary.failures, approvals=shown,
-               children=[ChildWait(child, states.get(child)) for child in waiting.children],
-               unserved_agent=waiting.unserved_agent, person=waiting.person, model_limit=waiting.model_limit,
-               model_limit_reason=_LIMIT_REASONS.get(waiting.model_limit_reason or "", waiting.model_limit_reason))
+    return Why(
+        state=summary.state,
+        next_action=summary.next_action or "",
+        seen_at=views.iso(datetime.now(UTC)),
+        lease_holder=waiting.lease_holder,
+        lease_age_ms=waiting.lease_age_ms,
+        step_message=_PLACES.get(waiting.step_message or ""),
+        retry_at=views.iso(waiting.retry_at),
+        failures=summary.failures,
+        approvals=shown,
+        children=[ChildWait(child, states.get(child)) for child in waiting.children],
+        unserved_agent=waiting.unserved_agent,
+        person=waiting.person,
+        model_limit=waiting.model_limit,
+        model_limit_reason=_LIMIT_REASONS.get(waiting.model_limit_reason or "", waiting.model_limit_reason),
+    )
 
 
 __all__ = ["UNREADABLE", "ApprovalWait", "ChildWait", "Why", "anchor", "describe", "why"]

@@ -14,5 +14,11 @@ from store.memory.leases import MemoryLeaseManager
 from store.memory.model_slots import MemoryModelSlots
 from store.memory.state import Clock, MemoryState
 
-__all__ = ["Clock", "MemoryApprovalStore", "MemoryCheckpointStore", "MemoryLeaseManager", "MemoryModelSlots",
-           "MemoryState"]
+__all__ = [
+    "Clock",
+    "MemoryApprovalStore",
+    "MemoryCheckpointStore",
+    "MemoryLeaseManager",
+    "MemoryModelSlots",
+    "MemoryState",
+]

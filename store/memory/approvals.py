@@ -23,9 +23,17 @@ def insert(state: MemoryState, approvals: Sequence[records.Approval], now: datet
     """
     for approval in approvals:
         expires_at = None if approval.expires_in is None else now + timedelta(seconds=approval.expires_in)
-        stored = approval.model_copy(update={"args": payloads.sanitize(approval.args), "created_at": now,
-                                             "status": "pending", "note": None, "decided_at": None,
-                                             "expires_at": expires_at, "expires_in": None})
+        stored = approval.model_copy(
+            update={
+                "args": payloads.sanitize(approval.args),
+                "created_at": now,
+                "status": "pending",
+                "note": None,
+                "decided_at": None,
+                "expires_at": expires_at,
+                "expires_in": None,
+            }
+        )
         state.approvals.setdefault(approval.approval_id, stored)
 
 
@@ -35,9 +43,14 @@ def expire_due(state: MemoryState, now: datetime, limit: int) -> int:
     Returns:
         How many approvals were taken off pending: rejected, or withdrawn because their run no longer waits.
     """
-    due = sorted((a for a in state.approvals.values()
-                  if a.status == "pending" and a.expires_at is not None and a.expires_at <= now),
-                 key=lambda a: (a.expires_at, a.approval_id))[:limit]
+    due = sorted(
+        (
+            a
+            for a in state.approvals.values()
+            if a.status == "pending" and a.expires_at is not None and a.expires_at <= now
+        ),
+        key=lambda a: (a.expires_at, a.approval_id),
+    )[:limit]
     touched: dict[str, RunRow] = {}
     for approval in due:
         run = state.runs.get(approval.session_id)
@@ -46,7 +59,8 @@ def expire_due(state: MemoryState, now: datetime, limit: int) -> int:
             touched[approval.session_id] = run
         else:
             state.approvals[approval.approval_id] = approval.model_copy(
-                update={"status": "withdrawn", "note": None, "answer": None, "decided_at": now})
+                update={"status": "withdrawn", "note": None, "answer": None, "decided_at": now}
+            )
     for run in touched.values():
         _continue_if_decided(state, run, by_person=False)
     return len(due)
@@ -61,8 +75,9 @@ def _expired(approval: records.Approval, now: datetime) -> records.Approval:
     """``approval`` as its expiry decides it: rejected, with the note ``store.approvals`` writes."""
     assert approval.expires_at is not None  # only expired approvals get here
     stamp = approval.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
-    return approval.model_copy(update={"status": "rejected", "note": EXPIRED_NOTE + stamp, "answer": None,
-                                       "decided_at": now})
+    return approval.model_copy(
+        update={"status": "rejected", "note": EXPIRED_NOTE + stamp, "answer": None, "decided_at": now}
+    )
 
 
 def _continue_if_decided(state: MemoryState, run: RunRow, *, by_person: bool = True) -> bool:
@@ -84,7 +99,8 @@ def put_back(state: MemoryState, approval_ids: Sequence[str]) -> None:
         approval = state.approvals.get(approval_id)
         if approval is not None and approval.status in ("approved", "rejected"):
             state.approvals[approval_id] = approval.model_copy(
-                update={"status": "pending", "note": None, "answer": None, "decided_at": None})
+                update={"status": "pending", "note": None, "answer": None, "decided_at": None}
+            )
 
 
 def withdraw_for_run(state: MemoryState, session_id: str, now: datetime) -> None:
@@ -121,12 +137,16 @@ class MemoryApprovalStore:
     def pending(self, agent: str | None = None, limit: int = 1000) -> builtins.list[records.Approval]:
         """Undecided approvals, oldest first."""
         with self._state.lock:
-            found = [a for a in self._state.approvals.values()
-                     if a.status == "pending" and (agent is None or a.agent == agent)]
+            found = [
+                a
+                for a in self._state.approvals.values()
+                if a.status == "pending" and (agent is None or a.agent == agent)
+            ]
         return sorted(found, key=lambda a: (a.created_at or datetime.min.replace(tzinfo=UTC), a.approval_id))[:limit]
 
-    def resolve(self, approval_id: str, approved: bool | None = None, note: str | None = None,
-                answer: str | None = None) -> records.Decision:
+    def resolve(
+        self, approval_id: str, approved: bool | None = None, note: str | None = None, answer: str | None = None
+    ) -> records.Decision:
         """Decide an approval once: approve or reject a tool call, answer or decline a question.
 
         Raises:
@@ -144,7 +164,9 @@ class MemoryApprovalStore:
             if approval is not None and approval.status == "withdrawn":
                 raise errors.ApprovalOrphanedError(
                     f"approval {approval_id!r} was withdrawn: its run was deleted or replaced",
-                    approval_id=approval_id, session_id=approval.session_id)
+                    approval_id=approval_id,
+                    session_id=approval.session_id,
+                )
             if approval is None or approval.status != "pending":
                 found = "unknown" if approval is None else f"already {approval.status}"
                 raise errors.ApprovalNotFoundError(f"approval {approval_id!r} is {found}")
@@ -152,16 +174,20 @@ class MemoryApprovalStore:
             run = state.runs.get(approval.session_id)
             if run is None or not _waits_on(run, approval_id):
                 state.approvals[approval_id] = approval.model_copy(
-                    update={"status": "withdrawn", "note": None, "decided_at": now})
+                    update={"status": "withdrawn", "note": None, "decided_at": now}
+                )
                 raise errors.ApprovalOrphanedError(
                     f"approval {approval_id!r} belongs to a run that no longer waits on it; it was withdrawn",
-                    approval_id=approval_id, session_id=approval.session_id)
+                    approval_id=approval_id,
+                    session_id=approval.session_id,
+                )
             if approval.expires_at is not None and approval.expires_at <= now:
                 expired = state.approvals[approval_id] = _expired(approval, now)
                 _continue_if_decided(state, run)
                 raise errors.ApprovalExpiredError(
                     f"approval {approval_id!r} expired before this decision; it was recorded as rejected"
-                    f" with the note {expired.note!r}")
+                    f" with the note {expired.note!r}"
+                )
             status, answer = inputs.decision_status(approval.kind, approved, answer)
             decided = {"status": status, "note": note, "answer": answer}
             state.approvals[approval_id] = approval.model_copy(update={**decided, "decided_at": now})

@@ -55,9 +55,13 @@ class MemoryCheckpointStore:
             if (seq is None or run.seq == seq) and runs.has_work(run):
                 run.attempts += 1
             run.fence = token
-            return records.Claim(to_checkpoint(session_id, run), inbox_head=run.inbox_head, now=state.clock(),
-                                 abort_requested=run.abort_requested,
-                                 lead_gone=run.parent_id is not None and run.parent_id not in state.runs)
+            return records.Claim(
+                to_checkpoint(session_id, run),
+                inbox_head=run.inbox_head,
+                now=state.clock(),
+                abort_requested=run.abort_requested,
+                lead_gone=run.parent_id is not None and run.parent_id not in state.runs,
+            )
 
     def inbox(self, session_id: str, cursor: int) -> list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""
@@ -76,12 +80,23 @@ class MemoryCheckpointStore:
             StorageError: the document holds a NUL (as Postgres refuses it), or the history
                 ring already has this seq (a primary-key violation in Postgres).
         """
-        return self.save(write.checkpoint, drained_inbox=write.drained_inbox, approvals=write.approvals,
-                         drafts=write.events, settles_abort=write.settles_abort)
+        return self.save(
+            write.checkpoint,
+            drained_inbox=write.drained_inbox,
+            approvals=write.approvals,
+            drafts=write.events,
+            settles_abort=write.settles_abort,
+        )
 
-    def save(self, checkpoint: records.Checkpoint, *, drained_inbox: bool = False,
-             approvals: Sequence[records.Approval] = (), drafts: Sequence[records.EventDraft] = (),
-             settles_abort: bool = False) -> datetime | None:
+    def save(
+        self,
+        checkpoint: records.Checkpoint,
+        *,
+        drained_inbox: bool = False,
+        approvals: Sequence[records.Approval] = (),
+        drafts: Sequence[records.EventDraft] = (),
+        settles_abort: bool = False,
+    ) -> datetime | None:
         """Write ``checkpoint`` as a step that does not say what it added, with the approvals it opened.
 
         Raises:
@@ -156,8 +171,9 @@ class MemoryCheckpointStore:
         run.last_error, run.updated_at = record, self.state.clock()
         return run
 
-    def record_failure(self, session_id: str, fence: int, error: records.LastError,
-                       drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def record_failure(
+        self, session_id: str, fence: int, error: records.LastError, drafts: Sequence[records.EventDraft] = ()
+    ) -> int | None:
         """Store why a step failed (fenced), with its events; returns the attempts count, None if fenced out."""
         with self.state.lock:
             run = self._failed(session_id, fence, error)
@@ -167,8 +183,14 @@ class MemoryCheckpointStore:
             self.state.add_events(session_id, run, drafts, run.updated_at)
             return run.attempts
 
-    def retry_later(self, session_id: str, fence: int, error: records.LastError, delay_s: float,
-                    drafts: Sequence[records.EventDraft] = ()) -> int | None:
+    def retry_later(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        delay_s: float,
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> int | None:
         """Record a transient failure and when to try again (see ``PostgresCheckpointStore.retry_later``)."""
         with self.state.lock:
             run = self._failed(session_id, fence, error)
@@ -180,8 +202,14 @@ class MemoryCheckpointStore:
             run.next_attempt_at = run.updated_at + timedelta(seconds=max(delay_s, 0.0))
             return run.seq
 
-    def refuse(self, session_id: str, fence: int, error: records.LastError, approval_ids: Sequence[str],
-               drafts: Sequence[records.EventDraft] = ()) -> bool:
+    def refuse(
+        self,
+        session_id: str,
+        fence: int,
+        error: records.LastError,
+        approval_ids: Sequence[str],
+        drafts: Sequence[records.EventDraft] = (),
+    ) -> bool:
         """Park the run with a non-retryable ``error``, leaving its checkpoint as it was.
 
         Decisions of ``approval_ids`` go back to pending and the run back to awaiting approval.
@@ -212,9 +240,16 @@ class MemoryCheckpointStore:
 
     # -- producers -------------------------------------------------------------------------
 
-    def append_input(self, session_id: str, agent: str, messages: Sequence[records.Message],
-                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                     business_state: Any = None, fairness_key: str | None = None) -> int:
+    def append_input(
+        self,
+        session_id: str,
+        agent: str,
+        messages: Sequence[records.Message],
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        business_state: Any = None,
+        fairness_key: str | None = None,
+    ) -> int:
         """Queue input for a run (creating the run) and return its per-run inbox number.
 
         ``metadata`` and ``business_state`` are kept with the input (see ``PostgresCheckpointStore.append_input``).
@@ -229,7 +264,8 @@ class MemoryCheckpointStore:
         metadata = runs.stored_metadata(
             runs.check_metadata(metadata),
             None if business_state is None else runs.check_business_state(business_state),
-            None if fairness_key is None else model_limit.validate_fairness_key(fairness_key))
+            None if fairness_key is None else model_limit.validate_fairness_key(fairness_key),
+        )
         body = run_rows.dump_messages(messages)
         if metadata is not None:
             body = f'{{"messages":{body},"metadata":{payloads.dumps(metadata)}}}'
@@ -250,9 +286,11 @@ class MemoryCheckpointStore:
         """Clear a parked run's error so it runs again (see ``PostgresCheckpointStore.reset_attempts``)."""
         with self.state.lock:
             run = self.state.runs.get(session_id)
-            if run is None or not (runs.has_work(run) or (run.aborted and run.status == "in-progress")
-                                   or (run.waiting and run.status == "in-progress"
-                                       and not listing.children_moving(self.state, session_id))):
+            if run is None or not (
+                runs.has_work(run)
+                or (run.aborted and run.status == "in-progress")
+                or (run.waiting and run.status == "in-progress" and not listing.children_moving(self.state, session_id))
+            ):
                 return None
             run.clear_failures()
             run.aborted = False
@@ -263,8 +301,9 @@ class MemoryCheckpointStore:
                 run.document = payloads.dumps(document)
             return run.seq
 
-    def start_children(self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *,
-                       fence: int) -> builtins.list[str]:
+    def start_children(
+        self, lead: str, lead_agent: str, children: Sequence[tuple[str, str, str]], *, fence: int
+    ) -> builtins.list[str]:
         """Create the child runs of ``lead`` that do not exist yet (see ``PostgresCheckpointStore.start_children``).
 
         Raises:
@@ -281,8 +320,13 @@ class MemoryCheckpointStore:
                     if child.parent_id != lead:
                         refused.append(child_id)
                     continue
-                run_rows.queue_input(self.state, child_id, agent,
-                                     run_rows.dump_messages([records.Message(role="user", content=prompt)]), None)
+                run_rows.queue_input(
+                    self.state,
+                    child_id,
+                    agent,
+                    run_rows.dump_messages([records.Message(role="user", content=prompt)]),
+                    None,
+                )
                 child = self.state.runs[child_id]
                 child.parent_id = lead
                 document = json.loads(child.document)
@@ -322,14 +366,19 @@ class MemoryCheckpointStore:
         """Durable events of the run with a seq above ``after``, oldest first."""
         with self.state.lock:
             found = [row for row in self.state.events.get(session_id, ()) if row[0] > after][:limit]
-        return [events.Event(run_id=session_id, seq=seq, type=kind, at=at,
-                             data=events.with_message(kind, dict(data), None)) for seq, kind, at, data in found]
+        return [
+            events.Event(run_id=session_id, seq=seq, type=kind, at=at, data=events.with_message(kind, dict(data), None))
+            for seq, kind, at, data in found
+        ]
 
     def input_start(self, session_id: str, number: int) -> int | None:
         """The seq of the ``run.start`` that merged input ``number`` (None while it is not merged)."""
         with self.state.lock:
-            starts = [row[0] for row in self.state.events.get(session_id, ())
-                      if row[1] == "run.start" and int(row[3].get("input_number", 0)) >= number]
+            starts = [
+                row[0]
+                for row in self.state.events.get(session_id, ())
+                if row[1] == "run.start" and int(row[3].get("input_number", 0)) >= number
+            ]
         return min(starts, default=None)
 
     def latest_start(self, session_id: str) -> int | None:
@@ -358,20 +407,40 @@ class MemoryCheckpointStore:
                 return None
             error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
             finish = json.loads(run.document).get("finish_reason") if run.document else None
-            return records.Progress(status=run.status, inbox_cursor=run.inbox_cursor, inbox_head=run.inbox_head,
-                                    last_error=error,
-                                    aborted=run.aborted, events_next=run.events_next, finish_reason=finish,
-                                    agent=run.agent)
+            return records.Progress(
+                status=run.status,
+                inbox_cursor=run.inbox_cursor,
+                inbox_head=run.inbox_head,
+                last_error=error,
+                aborted=run.aborted,
+                events_next=run.events_next,
+                finish_reason=finish,
+                agent=run.agent,
+            )
 
-    def list(self, *, statuses: Iterable[str] | None = None, agent: str | None = None,
-             limit: int = 1000, newest: bool = False) -> builtins.list[records.Checkpoint | records.PendingRun]:
+    def list(
+        self,
+        *,
+        statuses: Iterable[str] | None = None,
+        agent: str | None = None,
+        limit: int = 1000,
+        newest: bool = False,
+    ) -> builtins.list[records.Checkpoint | records.PendingRun]:
         """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a PendingRun."""
         with self.state.lock:
             return listing.latest(self.state, statuses, agent, limit, newest)
 
-    def list_runs(self, *, agents: Iterable[str] | None = None, states: Iterable[str] | None = None,
-                  id_contains: str | None = None, since: datetime | None = None, limit: int = 50,
-                  cursor: str | None = None, details: bool = False) -> records.RunsPage:
+    def list_runs(
+        self,
+        *,
+        agents: Iterable[str] | None = None,
+        states: Iterable[str] | None = None,
+        id_contains: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        details: bool = False,
+    ) -> records.RunsPage:
         """A page of runs, newest first by creation (see ``PostgresCheckpointStore.list_runs``).
 
         Raises:
@@ -382,8 +451,9 @@ class MemoryCheckpointStore:
         with self.state.lock:
             return listing.runs_page(self.state, wanted, run_listing.check_limit(limit), position, details)
 
-    def count_runs(self, *, agents: Iterable[str] | None = None, since: datetime | None = None
-                   ) -> dict[records.ListedState, int]:
+    def count_runs(
+        self, *, agents: Iterable[str] | None = None, since: datetime | None = None
+    ) -> dict[records.ListedState, int]:
         """How many runs stand in each state (see ``PostgresCheckpointStore.count_runs``)."""
         wanted = run_listing.RunFilter.of(agents, None, None, since)
         with self.state.lock:
@@ -397,15 +467,27 @@ class MemoryCheckpointStore:
             agent = run.agent if run is not None else ""
         if limit is not None:
             saved = saved[:limit]
-        return [history.entry(session_id, agent, json.loads(row.document), step=row.step, seq=row.seq,
-                              fence=row.fence, status=row.status, saved_at=row.saved_at) for row in saved]
+        return [
+            history.entry(
+                session_id,
+                agent,
+                json.loads(row.document),
+                step=row.step,
+                seq=row.seq,
+                fence=row.fence,
+                status=row.status,
+                saved_at=row.saved_at,
+            )
+            for row in saved
+        ]
 
     def stale_runs(self, stale_after_s: float, limit: int = 500) -> builtins.list[tuple[str, int]]:
         """Runs that should be moving and did not save for ``stale_after_s``: (session_id, seq)."""
         return [(run.session_id, run.seq) for run in self.due_runs(stale_after_s, limit)]
 
-    def due_runs(self, stale_after_s: float, limit: int = 500,
-                 after: records.DueRun | None = None) -> builtins.list[records.DueRun]:
+    def due_runs(
+        self, stale_after_s: float, limit: int = 500, after: records.DueRun | None = None
+    ) -> builtins.list[records.DueRun]:
         """Runs a step can move now, most overdue first (see ``PostgresCheckpointStore.due_runs``)."""
         with self.state.lock:
             return listing.due(self.state, stale_after_s, limit, after)
@@ -433,11 +515,22 @@ class MemoryCheckpointStore:
                 run.recovery = None
                 document = json.loads(run.document) if run.document else {}
                 error = run.last_error
-                found.append(records.SweptRun(
-                    session_id=sid, agent=run.agent, status=run.status, finish_reason=document.get("finish_reason"),
-                    aborted=run.aborted, last_error=None if error is None else records.LastError(
-                        code=str(error.get("code", "")), message=str(error.get("message", "")),
-                        retryable=error.get("retryable") is True)))
+                found.append(
+                    records.SweptRun(
+                        session_id=sid,
+                        agent=run.agent,
+                        status=run.status,
+                        finish_reason=document.get("finish_reason"),
+                        aborted=run.aborted,
+                        last_error=None
+                        if error is None
+                        else records.LastError(
+                            code=str(error.get("code", "")),
+                            message=str(error.get("message", "")),
+                            retryable=error.get("retryable") is True,
+                        ),
+                    )
+                )
         return found
 
     def expire_approvals(self, limit: int = 500) -> int:
@@ -479,8 +572,11 @@ class MemoryCheckpointStore:
             raise errors.ConfigurationError("prune needs a timezone-aware cutoff")
         state = self.state
         with state.lock:
-            doomed = [sid for sid, run in state.runs.items() if run.status == "finished"
-                      and run.inbox_head <= run.inbox_cursor and run.updated_at < older_than]
+            doomed = [
+                sid
+                for sid, run in state.runs.items()
+                if run.status == "finished" and run.inbox_head <= run.inbox_cursor and run.updated_at < older_than
+            ]
             for sid in doomed:
                 del state.runs[sid]
                 state.events.pop(sid, None)

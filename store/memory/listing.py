@@ -16,19 +16,29 @@ from store import listing as run_listing
 from store.memory.state import MemoryState, RunRow, to_checkpoint
 
 
-def _by_creation(wanted: Iterable[tuple[str, RunRow]], limit: int, newest: bool = False
-                 ) -> list[tuple[str, RunRow]]:
-    return [(sid, run) for _, sid, run in sorted(((run.created_at, sid, run) for sid, run in wanted),
-                                                 key=lambda item: (item[0], item[1]), reverse=newest)[:limit]]
+def _by_creation(wanted: Iterable[tuple[str, RunRow]], limit: int, newest: bool = False) -> list[tuple[str, RunRow]]:
+    return [
+        (sid, run)
+        for _, sid, run in sorted(
+            ((run.created_at, sid, run) for sid, run in wanted), key=lambda item: (item[0], item[1]), reverse=newest
+        )[:limit]
+    ]
 
 
-def latest(state: MemoryState, statuses: Iterable[str] | None, agent: str | None,
-           limit: int, newest: bool = False) -> list[records.Checkpoint | records.PendingRun]:
+def latest(
+    state: MemoryState, statuses: Iterable[str] | None, agent: str | None, limit: int, newest: bool = False
+) -> list[records.Checkpoint | records.PendingRun]:
     """Latest checkpoints by creation, optionally filtered; an unreadable one comes as a ``PendingRun``."""
     wanted = None if statuses is None else set(statuses)
-    rows = _by_creation(((sid, run) for sid, run in state.runs.items()
-                         if (wanted is None or run.status in wanted) and (agent is None or run.agent == agent)), limit,
-                        newest)
+    rows = _by_creation(
+        (
+            (sid, run)
+            for sid, run in state.runs.items()
+            if (wanted is None or run.status in wanted) and (agent is None or run.agent == agent)
+        ),
+        limit,
+        newest,
+    )
     found: list[records.Checkpoint | records.PendingRun] = []
     for sid, run in rows:
         try:
@@ -51,31 +61,58 @@ def _listed(state: MemoryState, session_id: str, run: RunRow, details: bool = Fa
     last_error = None if run.last_error is None else records.LastError.model_validate(run.last_error)
     more: dict[str, Any] = {}
     if details:
-        more = {"finish_reason": finish_reason, "step": run_listing.step_of(document.get("step")),
-                "usage": run_listing.usage_of(document.get("usage"))}
+        more = {
+            "finish_reason": finish_reason,
+            "step": run_listing.step_of(document.get("step")),
+            "usage": run_listing.usage_of(document.get("usage")),
+        }
     return records.ListedRun(
-        session_id=session_id, agent=run.agent, status=run.status, parent_id=run.parent_id,
+        session_id=session_id,
+        agent=run.agent,
+        status=run.status,
+        parent_id=run.parent_id,
         state=state_of(state, session_id, run, finish_reason, last_error),
-        created_at=run.created_at, updated_at=run.updated_at, last_error=last_error, attempts=run.attempts,
-        failures=run.failures, next_attempt_at=run.next_attempt_at, **more)
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        last_error=last_error,
+        attempts=run.attempts,
+        failures=run.failures,
+        next_attempt_at=run.next_attempt_at,
+        **more,
+    )
 
 
-def state_of(state: MemoryState, session_id: str, run: RunRow, finish_reason: str | None,
-             last_error: records.LastError | None) -> records.ListedState:
+def state_of(
+    state: MemoryState, session_id: str, run: RunRow, finish_reason: str | None, last_error: records.LastError | None
+) -> records.ListedState:
     """Where the run stands (``records.listed_state`` on the row, as ``store.listing.STATE`` reads it)."""
-    return records.listed_state(run.status, run.aborted, finish_reason, last_error, run.next_attempt_at,
-                                waiting=run.waiting, queued=run.inbox_head > run.inbox_cursor, end_due=run.end_due,
-                                own_approvals=own_approvals(state, session_id))
+    return records.listed_state(
+        run.status,
+        run.aborted,
+        finish_reason,
+        last_error,
+        run.next_attempt_at,
+        waiting=run.waiting,
+        queued=run.inbox_head > run.inbox_cursor,
+        end_due=run.end_due,
+        own_approvals=own_approvals(state, session_id),
+    )
 
 
 def own_approvals(state: MemoryState, session_id: str) -> bool:
     """Whether the run has an undecided approval of its own (``store.listing.OWN_APPROVALS``)."""
-    return any(approval.session_id == session_id and approval.status == "pending"
-               for approval in state.approvals.values())
+    return any(
+        approval.session_id == session_id and approval.status == "pending" for approval in state.approvals.values()
+    )
 
 
-def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
-              position: run_listing.Position | None, details: bool = False) -> records.RunsPage:
+def runs_page(
+    state: MemoryState,
+    wanted: run_listing.RunFilter,
+    limit: int,
+    position: run_listing.Position | None,
+    details: bool = False,
+) -> records.RunsPage:
     """A page of runs matching ``wanted`` from ``position`` (see ``PostgresCheckpointStore.list_runs``)."""
     newer = position is not None and position.direction == "newer"
     found = []
@@ -86,7 +123,7 @@ def runs_page(state: MemoryState, wanted: run_listing.RunFilter, limit: int,
                 continue
         found.append(_listed(state, sid, run, details))
     found.sort(key=lambda r: (r.created_at, r.session_id), reverse=not newer)
-    return run_listing.page_of(found[:limit + 1], limit, position)
+    return run_listing.page_of(found[: limit + 1], limit, position)
 
 
 def counts(state: MemoryState, wanted: run_listing.RunFilter) -> dict[records.ListedState, int]:
@@ -110,17 +147,28 @@ def _matching(state: MemoryState, wanted: run_listing.RunFilter) -> Iterator[tup
 
 def pending(state: MemoryState, agent: str | None, limit: int) -> list[records.PendingRun]:
     """Runs that are not finished, oldest first; an unreadable one is listed parked as corrupt."""
-    rows = _by_creation(((sid, run) for sid, run in state.runs.items()
-                         if (run.status == "awaiting-approval" or run.aborted or run.waiting or runs.has_work(run))
-                         and (agent is None or run.agent == agent)), limit)
+    rows = _by_creation(
+        (
+            (sid, run)
+            for sid, run in state.runs.items()
+            if (run.status == "awaiting-approval" or run.aborted or run.waiting or runs.has_work(run))
+            and (agent is None or run.agent == agent)
+        ),
+        limit,
+    )
     found = []
     for sid, run in rows:
         try:
             checkpoint = to_checkpoint(sid, run)
             first = state.approvals.get(checkpoint.approval_ids[0]) if checkpoint.approval_ids else None
-            found.append(records.pending_run(checkpoint, first.kind if first is not None else None,
-                                             queued=run.inbox_head > run.inbox_cursor,
-                                             own_approvals=own_approvals(state, sid)))
+            found.append(
+                records.pending_run(
+                    checkpoint,
+                    first.kind if first is not None else None,
+                    queued=run.inbox_head > run.inbox_cursor,
+                    own_approvals=own_approvals(state, sid),
+                )
+            )
         except (errors.CheckpointCorruptError, errors.CheckpointFormatError) as exc:
             found.append(records.unreadable_run(sid, run.agent, run.status, run.attempts, exc, run.next_attempt_at))
     return found
@@ -142,8 +190,11 @@ def due(state: MemoryState, stale_after_s: float, limit: int, after: records.Due
         due_at = run.next_attempt_at or run.updated_at
         moving = run.updated_at < cutoff if run.next_attempt_at is None else run.next_attempt_at <= now
         if moving and (after is None or (due_at, sid) > (after.due, after.session_id)):
-            found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent,
-                                        retrying=run.next_attempt_at is not None, due=due_at))
+            found.append(
+                records.DueRun(
+                    session_id=sid, seq=run.seq, agent=run.agent, retrying=run.next_attempt_at is not None, due=due_at
+                )
+            )
     found.sort(key=lambda r: (r.due, r.session_id))
     return found[:limit]
 
@@ -157,9 +208,10 @@ def waiting_leads(state: MemoryState, stale_after_s: float, limit: int) -> list[
             continue
         children = [child for child in state.runs.values() if child.parent_id == sid]
         if not children_moving(state, sid) and (
-                not children or any(child.updated_at > run.updated_at and not records.is_refused(child.last_error)
-                                    for child in children)
-                or _waits_on_settled(state, sid, run)):
+            not children
+            or any(child.updated_at > run.updated_at and not records.is_refused(child.last_error) for child in children)
+            or _waits_on_settled(state, sid, run)
+        ):
             found.append(records.DueRun(session_id=sid, seq=run.seq, agent=run.agent, due=run.updated_at))
     return found[:limit]
 
@@ -171,14 +223,22 @@ def _waits_on_settled(state: MemoryState, session_id: str, run: RunRow) -> bool:
     waited = list(delegated.values()) if isinstance(delegated, dict) else list(document.get("background") or [])
     for child_id in waited:
         child = state.runs.get(child_id)
-        if child is not None and child.parent_id == session_id and (
-                child.status == "finished" or child.aborted
-                or (runs.is_parked(child.last_error) and not records.is_refused(child.last_error))):
+        if (
+            child is not None
+            and child.parent_id == session_id
+            and (
+                child.status == "finished"
+                or child.aborted
+                or (runs.is_parked(child.last_error) and not records.is_refused(child.last_error))
+            )
+        ):
             return True
     return False
 
 
 def children_moving(state: MemoryState, session_id: str) -> bool:
     """Whether a child of the run can still move by itself (has work and is not parked)."""
-    return any(child.parent_id == session_id and runs.has_work(child) and not runs.is_parked(child.last_error)
-               for child in state.runs.values())
+    return any(
+        child.parent_id == session_id and runs.has_work(child) and not runs.is_parked(child.last_error)
+        for child in state.runs.values()
+    )

@@ -18,10 +18,10 @@ from store.model_slots import DEFAULT_FAIRNESS_KEY, NUMBERS_WINDOW_MS
 
 @dataclass
 class _Key:
-    held: dict[str, float] = field(default_factory=dict)       # run -> expiry (ms)
-    woken: dict[str, float] = field(default_factory=dict)      # run -> expiry of the slot kept for it (ms)
-    queues: dict[str, dict[str, float]] = field(default_factory=dict)   # fairness key -> run -> since (ms)
-    fair: dict[str, float] = field(default_factory=dict)       # fairness key with waiters -> pass
+    held: dict[str, float] = field(default_factory=dict)  # run -> expiry (ms)
+    woken: dict[str, float] = field(default_factory=dict)  # run -> expiry of the slot kept for it (ms)
+    queues: dict[str, dict[str, float]] = field(default_factory=dict)  # fairness key -> run -> since (ms)
+    fair: dict[str, float] = field(default_factory=dict)  # fairness key with waiters -> pass
     passes: dict[str, float] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)
     vt: float = 0.0
@@ -42,8 +42,9 @@ class MemoryModelSlots:
     _keys: dict[str, _Key] = field(default_factory=dict, repr=False)
     _marks: dict[str, tuple[str, str, float]] = field(default_factory=dict, repr=False)
 
-    def acquire(self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None,
-                weight: int = 1) -> SlotAnswer:
+    def acquire(
+        self, limit: ModelLimit, session_id: str, agent: str, fairness_key: str | None = None, weight: int = 1
+    ) -> SlotAnswer:
         """Take a slot for one model call of the run, or say why not (``RedisModelSlots.acquire``).
 
         Raises:
@@ -56,9 +57,17 @@ class MemoryModelSlots:
         with self._lock:
             now = self._now()
             state = self._keys.setdefault(limit.key, _Key())
-            limit = ModelLimit(limit.key, *(self._smallest(state, name, number or 0, now) or None for name, number in (
-                ("concurrent", limit.concurrent), ("rpm", limit.requests_per_minute),
-                ("tpm", limit.tokens_per_minute))))
+            limit = ModelLimit(
+                limit.key,
+                *(
+                    self._smallest(state, name, number or 0, now) or None
+                    for name, number in (
+                        ("concurrent", limit.concurrent),
+                        ("rpm", limit.requests_per_minute),
+                        ("tpm", limit.tokens_per_minute),
+                    )
+                ),
+            )
             state.concurrent = limit.concurrent or 0
             self._purge(state, now)
             if state.cool_until > now:
@@ -72,14 +81,20 @@ class MemoryModelSlots:
                     return held
             rpm_level = self._level(state, "rpm", limit.requests_per_minute or 0, now)
             tpm_level = self._level(state, "tpm", limit.tokens_per_minute or 0, now)
-            timed = [(math.ceil((1 - level) * 60000 / per_minute), why) for level, per_minute, why in (
-                (rpm_level, limit.requests_per_minute, "requests"), (tpm_level, limit.tokens_per_minute, "tokens"))
-                if per_minute and level < 1]
+            timed = [
+                (math.ceil((1 - level) * 60000 / per_minute), why)
+                for level, per_minute, why in (
+                    (rpm_level, limit.requests_per_minute, "requests"),
+                    (tpm_level, limit.tokens_per_minute, "tokens"),
+                )
+                if per_minute and level < 1
+            ]
             if timed:
                 wait, reason = max(timed, key=lambda w: w[0])
                 self._marks[session_id] = (limit.key, reason, now + wait + 15_000)
-                return SlotAnswer.model_validate({"granted": False, "reason": reason, "wait_s": wait / 1000,
-                                                  "woken": woken})
+                return SlotAnswer.model_validate(
+                    {"granted": False, "reason": reason, "wait_s": wait / 1000, "woken": woken}
+                )
             if limit.requests_per_minute:
                 state.buckets["rpm"] = (rpm_level - 1, now)
             state.held[session_id] = now + self.ttl_ms
@@ -89,8 +104,9 @@ class MemoryModelSlots:
             self._marks.pop(session_id, None)
             return SlotAnswer(granted=True, woken=woken)
 
-    def _take_slot(self, key: str, state: _Key, session_id: str, agent: str, fkey: str, weight: int,
-                   now: float) -> tuple[SlotAnswer | None, tuple[tuple[str, str], ...]]:
+    def _take_slot(
+        self, key: str, state: _Key, session_id: str, agent: str, fkey: str, weight: int, now: float
+    ) -> tuple[SlotAnswer | None, tuple[tuple[str, str], ...]]:
         """A slot for a run that holds none: the wait (None: it may go on) and the other runs woken meanwhile."""
         reserved = session_id in state.woken
         free = state.concurrent - len(state.held) - len(state.woken) + (1 if reserved else 0)
@@ -168,9 +184,14 @@ class MemoryModelSlots:
             for key in sorted(self._keys):
                 state = self._keys[key]
                 self._purge(state, now)
-                found.append(SlotUsage(key=key, in_use=len(state.held) + len(state.woken),
-                                       waiting=sum(len(q) for q in state.queues.values()),
-                                       cooling_s=max(0.0, state.cool_until - now) / 1000))
+                found.append(
+                    SlotUsage(
+                        key=key,
+                        in_use=len(state.held) + len(state.woken),
+                        waiting=sum(len(q) for q in state.queues.values()),
+                        cooling_s=max(0.0, state.cool_until - now) / 1000,
+                    )
+                )
             return found
 
     def flush_all(self) -> None:

@@ -40,8 +40,9 @@ def queue_input(state: MemoryState, session_id: str, agent: str, body: str, idem
         return earlier
     if run is None:
         now = state.clock()
-        state.runs[session_id] = RunRow(agent=agent, created_at=now, updated_at=now, seq=state.kept_seq(session_id),
-                                        inbox_head=1)
+        state.runs[session_id] = RunRow(
+            agent=agent, created_at=now, updated_at=now, seq=state.kept_seq(session_id), inbox_head=1
+        )
         number = 1
     else:
         if json.loads(run.document):
@@ -52,8 +53,10 @@ def queue_input(state: MemoryState, session_id: str, agent: str, body: str, idem
             waiting = run.waiting_on()
             raise errors.SessionAwaitingApprovalError(session_id, waiting[0] if waiting else None)
         queued = state.inbox.get(session_id, {})
-        held = sum(len(text.encode("utf-8")) for text in
-                   (run.document, body, *(queued[n] for n in queued if n > run.inbox_cursor)))
+        held = sum(
+            len(text.encode("utf-8"))
+            for text in (run.document, body, *(queued[n] for n in queued if n > run.inbox_cursor))
+        )
         if not inputs.leaves_room(held):
             raise inputs.no_room(session_id, held, queued=False)
         run.inbox_head += 1
@@ -74,8 +77,15 @@ def create_from(state: MemoryState, checkpoint: records.Checkpoint, document: st
     if sid in state.runs:
         return False
     now = state.clock()
-    state.runs[sid] = RunRow(agent=checkpoint.agent, created_at=now, updated_at=now, status=checkpoint.status,
-                             seq=state.kept_seq(sid), inbox_head=1 if queued is not None else 0, document=document)
+    state.runs[sid] = RunRow(
+        agent=checkpoint.agent,
+        created_at=now,
+        updated_at=now,
+        status=checkpoint.status,
+        seq=state.kept_seq(sid),
+        inbox_head=1 if queued is not None else 0,
+        document=document,
+    )
     if queued is not None:
         state.inbox.setdefault(sid, {})[1] = queued
     return True

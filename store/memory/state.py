@@ -139,8 +139,20 @@ def to_checkpoint(session_id: str, run: RunRow) -> records.Checkpoint:
         document = None
     if not isinstance(document, dict):
         raise errors.CheckpointCorruptError(f"checkpoint of run {session_id!r} cannot be read")
-    columns = {"agent": run.agent, "status": run.status, "seq": run.seq, "fence": run.fence, "attempts": run.attempts,
-               "last_error": run.last_error, "inbox_cursor": run.inbox_cursor, "updated_at": run.updated_at,
-               "next_attempt_at": run.next_attempt_at, "retry_since": run.retry_since, "failures": run.failures,
-               "aborted": run.aborted, "end_due": run.end_due, "waiting": run.waiting}
+    columns = {
+        "agent": run.agent,
+        "status": run.status,
+        "seq": run.seq,
+        "fence": run.fence,
+        "attempts": run.attempts,
+        "last_error": run.last_error,
+        "inbox_cursor": run.inbox_cursor,
+        "updated_at": run.updated_at,
+        "next_attempt_at": run.next_attempt_at,
+        "retry_since": run.retry_since,
+        "failures": run.failures,
+        "aborted": run.aborted,
+        "end_due": run.end_due,
+        "waiting": run.waiting,
+    }
     return records.stored_checkpoint(session_id, columns, document, run.uncounted_usage)

@@ -79,15 +79,28 @@ transfer = Tool(_transfer, name="transfer", needs_approval=True)
 
 def weather_agent() -> Agent:
     """One tool turn, then the answer (and more answers for follow-up input)."""
-    return Agent(name="weather", model=MockModel([
-        {"tool_calls": [{"name": "lookup", "args": {"city": "Oslo"}}]}, "Sunny in Oslo.", "Still sunny.",
-        "Sunny again."]), instructions="Report the weather.", tools=[lookup])
+    return Agent(
+        name="weather",
+        model=MockModel(
+            [
+                {"tool_calls": [{"name": "lookup", "args": {"city": "Oslo"}}]},
+                "Sunny in Oslo.",
+                "Still sunny.",
+                "Sunny again.",
+            ]
+        ),
+        instructions="Report the weather.",
+        tools=[lookup],
+    )
 
 
 def bank_agent() -> Agent:
     """A transfer that needs a human's approval, then the answer."""
-    return Agent(name="bank", model=MockModel([
-        {"tool_calls": [{"name": "transfer", "args": {"amount": 10}}]}, "Done.", "Done again."]), tools=[transfer])
+    return Agent(
+        name="bank",
+        model=MockModel([{"tool_calls": [{"name": "transfer", "args": {"amount": 10}}]}, "Done.", "Done again."]),
+        tools=[transfer],
+    )
 
 
 @pytest.fixture

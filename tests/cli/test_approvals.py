@@ -98,9 +98,9 @@ def test_approve_without_an_id_prints_the_configuration_code(lousho: Lousho) -> 
     assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_CONFIG_INVALID"
 
 
-
 def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
-        lousho: Lousho, paused: tuple[Driver, str], make_driver: Callable[..., Driver], client: Client) -> None:
+    lousho: Lousho, paused: tuple[Driver, str], make_driver: Callable[..., Driver], client: Client
+) -> None:
     from worker import Agent
     from worker.providers import MockModel
 
@@ -108,9 +108,22 @@ def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
     refused = lousho("approvals", "answer", transfer_id, "yes")
     assert refused.code == 1 and "LOUSHO_CONFIG_INVALID" in refused.err
 
-    driver = make_driver(Agent(name="asker", ask_question=True, model=MockModel([
-        {"tool_calls": [{"name": "ask_question", "args": {"question": "Which city?", "options": ["Oslo"]}}]},
-        "Going to Oslo."])))
+    driver = make_driver(
+        Agent(
+            name="asker",
+            ask_question=True,
+            model=MockModel(
+                [
+                    {
+                        "tool_calls": [
+                            {"name": "ask_question", "args": {"question": "Which city?", "options": ["Oslo"]}}
+                        ]
+                    },
+                    "Going to Oslo.",
+                ]
+            ),
+        )
+    )
     client.agent("asker").send("plan", session_id="ask-1", check_agent=False)
     driver.drain("ask-1")
     listed = lousho("approvals", "list", "--agent", "asker")
@@ -125,13 +138,16 @@ def test_answer_decides_a_question_and_is_refused_for_a_tool_call(
 
 
 def test_list_shows_the_expiry_and_a_decision_after_it_prints_the_expired_code(
-        lousho: Lousho, paused: tuple[Driver, str], client: Client) -> None:
+    lousho: Lousho, paused: tuple[Driver, str], client: Client
+) -> None:
     _, approval_id = paused
 
     def expire_in(seconds: int) -> None:
         with client.engine.begin() as conn:
-            conn.execute(text("UPDATE approvals SET expires_at = now() + make_interval(secs => :s)"
-                              " WHERE approval_id = :id"), {"s": seconds, "id": approval_id})
+            conn.execute(
+                text("UPDATE approvals SET expires_at = now() + make_interval(secs => :s) WHERE approval_id = :id"),
+                {"s": seconds, "id": approval_id},
+            )
 
     assert "expires" not in lousho("approvals", "list").out
     expire_in(3600)
@@ -153,8 +169,8 @@ def test_list_shows_the_expiry_and_a_decision_after_it_prints_the_expired_code(
 
 
 def test_a_reconciliation_is_listed_and_answered_with_the_call_s_result(
-        lousho: Lousho, make_driver: Callable[..., Driver], client: Client, leases: LeaseManager,
-        redis_client: redis.Redis) -> None:
+    lousho: Lousho, make_driver: Callable[..., Driver], client: Client, leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     from store import keys
     from tests.fakes.crash import die_at
     from worker import Agent, tool
@@ -165,8 +181,13 @@ def test_a_reconciliation_is_listed_and_answered_with_the_call_s_result(
         """Charge the card for an order."""
         return f"charged {order}"
 
-    driver = make_driver(Agent(name="till", tools=[charge], model=MockModel([
-        {"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."])))
+    driver = make_driver(
+        Agent(
+            name="till",
+            tools=[charge],
+            model=MockModel([{"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."]),
+        )
+    )
     client.agent("till").send("charge order 7", session_id="till-1", check_agent=False)
     die_at("after_once_effect_before_result_save", "till-1", leases, lambda: driver.drain("till-1"))
     driver.queue.clear()

@@ -43,8 +43,9 @@ def test_dev_stop_with_nothing_running_says_so_and_leaves_an_empty_state(lousho:
     assert json.loads((project / ".lousho" / "state.json").read_text()) == {}
 
 
-def test_dev_prints_the_code_of_an_embedded_failure(lousho: Lousho, project: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dev_prints_the_code_of_an_embedded_failure(
+    lousho: Lousho, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def fail(root: Path | None = None) -> None:
         raise EmbeddedError("another process holds .lousho/lock (password=hunter2)")
 
@@ -70,8 +71,9 @@ def test_demo_prints_the_code_of_an_embedded_failure(lousho: Lousho, monkeypatch
     assert printed.error_code() == "LOUSHO_EMBEDDED_FAILED"
 
 
-def test_the_embedded_command_line_prints_the_code_of_its_errors(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_embedded_command_line_prints_the_code_of_its_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = devkit.embedded.main(["exec", "--root", str(tmp_path)])
 
     printed = capsys.readouterr()
@@ -80,7 +82,8 @@ def test_the_embedded_command_line_prints_the_code_of_its_errors(tmp_path: Path,
 
 
 def test_the_embedded_command_line_refuses_json_for_exec_and_honours_it_elsewhere(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as refused:
         devkit.embedded.main(["exec", "--json", "--root", str(tmp_path), "--", "true"])
     assert refused.value.code == 2

@@ -22,13 +22,19 @@ def _parked(store: PostgresCheckpointStore, session_id: str) -> None:
     store.append_input(session_id, "weather", [Message(role="user", content="hi")])
     claim = store.claim(session_id, 3, None)
     assert claim.checkpoint is not None
-    store.record_failure(session_id, claim.checkpoint.fence,
-                         LastError(code="LOUSHO_PROVIDER_ERROR", message="400", retryable=False))
+    store.record_failure(
+        session_id, claim.checkpoint.fence, LastError(code="LOUSHO_PROVIDER_ERROR", message="400", retryable=False)
+    )
 
 
 def test_runs_lists_every_run_in_the_state_client_runs_gives_it(
-        lousho: Lousho, client: Client, store: PostgresCheckpointStore, weather: Driver, paused: tuple[Driver, str],
-        finished: str) -> None:
+    lousho: Lousho,
+    client: Client,
+    store: PostgresCheckpointStore,
+    weather: Driver,
+    paused: tuple[Driver, str],
+    finished: str,
+) -> None:
     _parked(store, "w-parked")
     client.agent("weather").send("Weather in Rome?", session_id="w-queued")
 
@@ -37,18 +43,25 @@ def test_runs_lists_every_run_in_the_state_client_runs_gives_it(
 
     assert as_json.code == 0 and printed.code == 0
     listed = {run["session_id"]: run["state"] for run in as_json.json()["items"]}
-    assert listed == {run.session_id: run.state for run in client.runs().items} == {
-        "w-1": "finished", "b-1": "awaiting-approval", "w-parked": "parked", "w-queued": "running"}
+    assert (
+        listed
+        == {run.session_id: run.state for run in client.runs().items}
+        == {"w-1": "finished", "b-1": "awaiting-approval", "w-parked": "parked", "w-queued": "running"}
+    )
     assert as_json.json()["next_cursor"] is None
     lines = printed.out.splitlines()
     assert [line.split("  ")[:3] for line in lines] == [
-        ["w-queued", "weather", "running"], ["w-parked", "weather", "parked (LOUSHO_PROVIDER_ERROR)"],
-        ["w-1", "weather", "finished (stop)"], ["b-1", "bank", "awaiting-approval"]]
+        ["w-queued", "weather", "running"],
+        ["w-parked", "weather", "parked (LOUSHO_PROVIDER_ERROR)"],
+        ["w-1", "weather", "finished (stop)"],
+        ["b-1", "bank", "awaiting-approval"],
+    ]
     assert "step 2" in lines[2] and "created " in lines[2]
 
 
 def test_runs_filters_pages_and_takes_the_old_word_for_a_run_awaiting_approval(
-        lousho: Lousho, client: Client, weather: Driver, paused: tuple[Driver, str], finished: str) -> None:
+    lousho: Lousho, client: Client, weather: Driver, paused: tuple[Driver, str], finished: str
+) -> None:
     for n in range(3):
         client.agent("weather").send("more", session_id=f"w-more-{n}")
 
@@ -74,7 +87,8 @@ def test_runs_filters_pages_and_takes_the_old_word_for_a_run_awaiting_approval(
 
 
 def test_show_explains_a_run_awaiting_approval_with_its_last_steps_and_links(
-        lousho: Lousho, paused: tuple[Driver, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lousho: Lousho, paused: tuple[Driver, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, approval_id = paused
     monkeypatch.setenv("LOUSHO_UI_URL", "https://lousho.example/")
     monkeypatch.setenv("LOUSHO_FLOWER_URL", "http://flower.example:5555")
@@ -92,7 +106,10 @@ def test_show_explains_a_run_awaiting_approval_with_its_last_steps_and_links(
     assert "  flower: http://flower.example:5555/tasks?search=b-1\n" in out
     shown = as_json.json()
     assert (shown["state"], shown["finish_reason"], shown["waiting_on"]["approval_ids"]) == (
-        "awaiting-approval", "awaiting-approval", [approval_id])
+        "awaiting-approval",
+        "awaiting-approval",
+        [approval_id],
+    )
     steps = [s["step"] for s in shown["last_steps"]]
     assert steps[0] == 1 and steps == sorted(steps, reverse=True) and shown["links"]["page"].endswith("/ui/runs/b-1")
 

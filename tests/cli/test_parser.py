@@ -55,8 +55,14 @@ def test_the_installed_command_and_python_m_print_the_version() -> None:
 
 
 def test_python_m_reports_a_usage_error_with_status_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "producer.cli", "no-such-command"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "no-such-command"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
@@ -64,22 +70,44 @@ def test_python_m_reports_a_usage_error_with_status_2() -> None:
 
 def test_every_command_accepts_or_refuses_json_and_none_ignores_it() -> None:
     commands = _commands(cli.build_parser())
-    refused = {name for name, parser in commands.items()
-               if (option := _json_option(parser)) is not None and not isinstance(option, argparse._StoreTrueAction)}
-    accepted = {name for name, parser in commands.items()
-                if isinstance(_json_option(parser), argparse._StoreTrueAction)}
+    refused = {
+        name
+        for name, parser in commands.items()
+        if (option := _json_option(parser)) is not None and not isinstance(option, argparse._StoreTrueAction)
+    }
+    accepted = {
+        name for name, parser in commands.items() if isinstance(_json_option(parser), argparse._StoreTrueAction)
+    }
 
     assert refused == {"lousho dev", "lousho demo", "lousho webhooks serve", "lousho flower"}
     assert accepted | refused == set(commands), "a command without --json"
-    assert {"lousho migrate", "lousho send", "lousho pending", "lousho resume", "lousho history", "lousho fork",
-            "lousho compare", "lousho approvals", "lousho schedules create", "lousho schedules list",
-            "lousho schedules pause", "lousho schedules resume", "lousho schedules delete",
-            "lousho schedules fires"} <= accepted
+    assert {
+        "lousho migrate",
+        "lousho send",
+        "lousho pending",
+        "lousho resume",
+        "lousho history",
+        "lousho fork",
+        "lousho compare",
+        "lousho approvals",
+        "lousho schedules create",
+        "lousho schedules list",
+        "lousho schedules pause",
+        "lousho schedules resume",
+        "lousho schedules delete",
+        "lousho schedules fires",
+    } <= accepted
 
 
-@pytest.mark.parametrize("argv", [
-    ["dev", "--json"], ["dev", "--stop", "--json"], ["demo", "--json"], ["webhooks", "serve", "--json"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dev", "--json"],
+        ["dev", "--stop", "--json"],
+        ["demo", "--json"],
+        ["webhooks", "serve", "--json"],
+    ],
+)
 def test_json_on_a_long_running_command_is_a_usage_error(lousho: Lousho, argv: list[str]) -> None:
     printed = lousho(*argv)
 
@@ -89,27 +117,30 @@ def test_json_on_a_long_running_command_is_a_usage_error(lousho: Lousho, argv: l
     assert printed.err.startswith("usage: lousho ")
 
 
-@pytest.mark.parametrize("argv", [
-    [],
-    ["no-such-command"],
-    ["send", "weather", "hello"],                       # --session is required
-    ["send", "weather", "--session", "s-1"],            # the message is missing
-    ["resume"],
-    ["history", "w-1", "--limit", "many"],
-    ["fork", "w-1"],                                     # --from-step is required
-    ["fork", "w-1", "--from-step", "one"],
-    ["compare", "w-1"],
-    ["approvals", "maybe", "appr-1"],
-    ["schedules"],
-    ["schedules", "create", "daily", "weather", "hi"],  # --cron or --every is required
-    ["schedules", "create", "daily", "weather", "hi", "--cron", "@daily", "--every", "60"],
-    ["schedules", "create", "daily", "weather", "hi", "--every", "60", "--overlap", "sometimes"],
-    ["schedules", "fires"],
-    ["webhooks"],
-    ["webhooks", "serve", "--port", "eighty"],
-    ["webhooks", "serve", "--log-level", "loud"],
-    ["dev", "--concurrency", "two"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["no-such-command"],
+        ["send", "weather", "hello"],  # --session is required
+        ["send", "weather", "--session", "s-1"],  # the message is missing
+        ["resume"],
+        ["history", "w-1", "--limit", "many"],
+        ["fork", "w-1"],  # --from-step is required
+        ["fork", "w-1", "--from-step", "one"],
+        ["compare", "w-1"],
+        ["approvals", "maybe", "appr-1"],
+        ["schedules"],
+        ["schedules", "create", "daily", "weather", "hi"],  # --cron or --every is required
+        ["schedules", "create", "daily", "weather", "hi", "--cron", "@daily", "--every", "60"],
+        ["schedules", "create", "daily", "weather", "hi", "--every", "60", "--overlap", "sometimes"],
+        ["schedules", "fires"],
+        ["webhooks"],
+        ["webhooks", "serve", "--port", "eighty"],
+        ["webhooks", "serve", "--log-level", "loud"],
+        ["dev", "--concurrency", "two"],
+    ],
+)
 def test_bad_arguments_exit_2_with_usage(lousho: Lousho, argv: list[str]) -> None:
     printed = lousho(*argv)
 
@@ -118,15 +149,18 @@ def test_bad_arguments_exit_2_with_usage(lousho: Lousho, argv: list[str]) -> Non
     assert "usage: lousho" in printed.err
 
 
-@pytest.mark.parametrize("argv", [
-    ["send", "weather", "hello", "--session", "bad id"],
-    ["send", "weather", "hello", "--session", "x" * 201],
-    ["resume", "bad/id"],
-    ["history", "bad id"],
-    ["fork", ".hidden", "--from-step", "1"],
-    ["fork", "w-1", "--from-step", "1", "--new-id", "no spaces"],
-    ["compare", "w-1", "bad id"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["send", "weather", "hello", "--session", "bad id"],
+        ["send", "weather", "hello", "--session", "x" * 201],
+        ["resume", "bad/id"],
+        ["history", "bad id"],
+        ["fork", ".hidden", "--from-step", "1"],
+        ["fork", "w-1", "--from-step", "1", "--new-id", "no spaces"],
+        ["compare", "w-1", "bad id"],
+    ],
+)
 def test_an_invalid_session_id_is_refused_with_its_code(lousho: Lousho, argv: list[str]) -> None:
     printed = lousho(*argv)
     as_json = lousho(*argv, "--json")

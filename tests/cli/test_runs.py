@@ -38,12 +38,21 @@ def test_send_queues_the_input_and_pending_lists_the_run(lousho: Lousho) -> None
     assert listed.out.startswith("w-1  weather  running  step 0")
     [run] = as_json.json()
     assert run["session_id"] == "w-1" and run["agent"] == "weather" and run["status"] == "in-progress"
-    assert {"kind", "checkpoint_id", "state", "step", "approval_id", "last_error", "attempts",
-            "next_attempt_at"} <= run.keys()
+    assert {
+        "kind",
+        "checkpoint_id",
+        "state",
+        "step",
+        "approval_id",
+        "last_error",
+        "attempts",
+        "next_attempt_at",
+    } <= run.keys()
 
 
-def test_pending_shows_a_retrying_runs_failures_in_a_row_and_next_attempt(lousho: Lousho,
-                                                                        store: PostgresCheckpointStore) -> None:
+def test_pending_shows_a_retrying_runs_failures_in_a_row_and_next_attempt(
+    lousho: Lousho, store: PostgresCheckpointStore
+) -> None:
     assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
     for token in (10, 11):  # two transient failures in a row, the next attempt an hour away
         claim = store.claim("w-1", token, None)
@@ -128,13 +137,18 @@ def test_send_with_metadata_stores_it_with_the_input(lousho: Lousho, store: Post
     assert entry.metadata == {"plan": "pro", "seats": [1, 2]}
 
 
-@pytest.mark.parametrize(("metadata", "code"), [
-    ("not json", "LOUSHO_CONFIG_INVALID"),
-    ("[1, 2]", "LOUSHO_CONFIG_INVALID"),
-    ('{"blob": "' + "x" * 17_000 + '"}', "LOUSHO_INPUT_TOO_LARGE"),
-], ids=["not-json", "not-an-object", "too-large"])
+@pytest.mark.parametrize(
+    ("metadata", "code"),
+    [
+        ("not json", "LOUSHO_CONFIG_INVALID"),
+        ("[1, 2]", "LOUSHO_CONFIG_INVALID"),
+        ('{"blob": "' + "x" * 17_000 + '"}', "LOUSHO_INPUT_TOO_LARGE"),
+    ],
+    ids=["not-json", "not-an-object", "too-large"],
+)
 def test_send_with_unusable_metadata_prints_its_code_and_queues_nothing(
-        lousho: Lousho, client: Client, metadata: str, code: str) -> None:
+    lousho: Lousho, client: Client, metadata: str, code: str
+) -> None:
     printed = lousho("send", "weather", "hi", "--session", "w-1", "--metadata", metadata, "--json")
 
     assert printed.code == 1 and printed.json()["error"]["code"] == code
@@ -144,20 +158,34 @@ def test_send_with_unusable_metadata_prints_its_code_and_queues_nothing(
 def test_resume_with_limits_writes_them_into_the_run(lousho: Lousho, client: Client) -> None:
     assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
 
-    resumed = lousho("resume", "w-1", "--max-cost", "2.5", "--max-input-tokens", "1000", "--max-output-tokens",
-                     "200", "--max-duration", "90", "--json")
+    resumed = lousho(
+        "resume",
+        "w-1",
+        "--max-cost",
+        "2.5",
+        "--max-input-tokens",
+        "1000",
+        "--max-output-tokens",
+        "200",
+        "--max-duration",
+        "90",
+        "--json",
+    )
 
     assert (resumed.code, resumed.json()) == (0, {"session_id": "w-1", "resumed": True})
     loaded = client.store.load("w-1")
-    assert loaded is not None and loaded.limits == {"max_cost": 2.5, "max_input_tokens": 1000,
-                                                    "max_output_tokens": 200, "max_duration_s": 90.0}
+    assert loaded is not None and loaded.limits == {
+        "max_cost": 2.5,
+        "max_input_tokens": 1000,
+        "max_output_tokens": 200,
+        "max_duration_s": 90.0,
+    }
     assert lousho("resume", "w-1", "--max-output-tokens", "500").code == 0
     loaded = client.store.load("w-1")
     assert loaded is not None and loaded.limits == {"max_output_tokens": 500}
 
 
-def test_resume_with_a_limit_that_is_not_positive_prints_the_configuration_code(
-        lousho: Lousho, client: Client) -> None:
+def test_resume_with_a_limit_that_is_not_positive_prints_the_configuration_code(lousho: Lousho, client: Client) -> None:
     assert lousho("send", "weather", "hi", "--session", "w-1").code == 0
 
     printed = lousho("resume", "w-1", "--max-cost", "-1")
@@ -203,8 +231,7 @@ def test_history_of_an_unknown_run_is_empty(lousho: Lousho) -> None:
 
 def test_fork_starts_a_new_run_from_a_step(lousho: Lousho, finished: str, client: Client) -> None:
     printed = lousho("fork", finished, "--from-step", "1")
-    as_json = lousho("fork", finished, "--from-step", "1", "--new-id", "w-2", "--append-input", "And Rome?",
-                     "--json")
+    as_json = lousho("fork", finished, "--from-step", "1", "--new-id", "w-2", "--append-input", "And Rome?", "--json")
 
     assert printed.code == 0
     assert printed.out.startswith(f"forked {finished} at step 1 as ")
@@ -249,8 +276,9 @@ def test_compare_with_an_unknown_run_prints_not_found(lousho: Lousho, finished: 
 def test_pending_lists_a_sub_agents_run_under_its_lead(lousho: Lousho, store: PostgresCheckpointStore) -> None:
     assert lousho("send", "weather", "plan a trip", "--session", "w-1").code == 0
     assert lousho("send", "weather", "other", "--session", "w-2").code == 0
-    store.start_children("w-1", "weather", [("w-1.task-0123456789abcdef", "weather", "check the tides")],
-                         fence=0)  # no step claimed the lead yet
+    store.start_children(
+        "w-1", "weather", [("w-1.task-0123456789abcdef", "weather", "check the tides")], fence=0
+    )  # no step claimed the lead yet
 
     listed = lousho("pending").out.splitlines()
     as_json = lousho("pending", "--json").json()
@@ -258,4 +286,7 @@ def test_pending_lists_a_sub_agents_run_under_its_lead(lousho: Lousho, store: Po
     assert [line.split("  ")[0] for line in listed] == ["w-1", "", "w-2"]
     assert listed[1].startswith("  w-1.task-0123456789abcdef  weather  running")
     assert [(r["session_id"], r["lead"]) for r in as_json] == [
-        ("w-1", None), ("w-1.task-0123456789abcdef", "w-1"), ("w-2", None)]
+        ("w-1", None),
+        ("w-1.task-0123456789abcdef", "w-1"),
+        ("w-2", None),
+    ]

@@ -11,8 +11,22 @@ pytestmark = pytest.mark.integration
 
 def test_create_prints_the_schedule(lousho: Lousho) -> None:
     printed = lousho("schedules", "create", "hourly", "weather", "Weather report", "--every", "3600")
-    as_json = lousho("schedules", "create", "daily", "weather", "Weather report", "--cron", "0 9 * * *",
-                     "--timezone", "Europe/Oslo", "--overlap", "allow", "--catch-up", "skip", "--json")
+    as_json = lousho(
+        "schedules",
+        "create",
+        "daily",
+        "weather",
+        "Weather report",
+        "--cron",
+        "0 9 * * *",
+        "--timezone",
+        "Europe/Oslo",
+        "--overlap",
+        "allow",
+        "--catch-up",
+        "skip",
+        "--json",
+    )
 
     assert printed.code == 0
     assert printed.out.startswith("created hourly  weather  every 3600s  overlap=skip  catch_up=one  next ")
@@ -72,11 +86,14 @@ def test_an_unknown_schedule_prints_its_code(lousho: Lousho) -> None:
     assert as_json.code == 1 and as_json.json()["error"]["code"] == "LOUSHO_SCHEDULE_NOT_FOUND"
 
 
-@pytest.mark.parametrize("argv", [
-    ["--cron", "not a cron"],
-    ["--cron", "0 9 * * *", "--timezone", "Mars/Olympus"],
-    ["--every", "0"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cron", "not a cron"],
+        ["--cron", "0 9 * * *", "--timezone", "Mars/Olympus"],
+        ["--every", "0"],
+    ],
+)
 def test_an_invalid_timing_prints_the_configuration_code(lousho: Lousho, argv: list[str]) -> None:
     printed = lousho("schedules", "create", "broken", "weather", "hi", *argv, "--json")
 

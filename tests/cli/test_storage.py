@@ -13,8 +13,11 @@ from tests.support import services
 
 def _old_run(session_id: str, document: dict[str, object]) -> None:
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
-        conn.execute("INSERT INTO runs (session_id, agent, status, seq, inbox_head, inbox_cursor, document)"
-                     " VALUES (%s, 'weather', 'finished', 2, 1, 1, %s)", (session_id, Jsonb(document)))
+        conn.execute(
+            "INSERT INTO runs (session_id, agent, status, seq, inbox_head, inbox_cursor, document)"
+            " VALUES (%s, 'weather', 'finished', 2, 1, 1, %s)",
+            (session_id, Jsonb(document)),
+        )
 
 
 def _formats() -> dict[str, object]:
@@ -23,19 +26,29 @@ def _formats() -> dict[str, object]:
 
 
 @pytest.mark.integration
-def test_storage_upgrade_converts_format_1_runs_and_prints_what_it_did(lousho: Lousho,
-                                                                       store: PostgresCheckpointStore) -> None:
+def test_storage_upgrade_converts_format_1_runs_and_prints_what_it_did(
+    lousho: Lousho, store: PostgresCheckpointStore
+) -> None:
     for n in range(3):
-        _old_run(f"w-{n}", {"agent": "weather", "step": 1, "finish_reason": "stop", "messages": [
-            {"role": "user", "content": f"question {n}"}, {"role": "assistant", "content": f"answer {n}"}]})
+        _old_run(
+            f"w-{n}",
+            {
+                "agent": "weather",
+                "step": 1,
+                "finish_reason": "stop",
+                "messages": [
+                    {"role": "user", "content": f"question {n}"},
+                    {"role": "assistant", "content": f"answer {n}"},
+                ],
+            },
+        )
     _old_run("w-bad", {"agent": "weather", "messages": "not a transcript"})
 
     printed = lousho("storage", "upgrade", "--batch", "2")
     again = lousho("storage", "upgrade", "--json")
 
     assert printed.code == 0, printed.err
-    assert printed.out == ("converted 3 run(s) to checkpoint format 2\n"
-                           "left 1 unreadable run(s) as they are: w-bad\n")
+    assert printed.out == ("converted 3 run(s) to checkpoint format 2\nleft 1 unreadable run(s) as they are: w-bad\n")
     assert _formats() == {"w-0": 2, "w-1": 2, "w-2": 2, "w-bad": None}
     assert again.code == 0, again.err
     assert again.json() == {"converted": 0, "skipped": 0, "unreadable": 1, "unreadable_runs": ["w-bad"]}
@@ -53,8 +66,9 @@ def test_a_batch_size_that_is_not_a_positive_whole_number_is_a_usage_error(loush
 
 
 @pytest.mark.integration
-def test_storage_upgrade_refuses_while_a_live_worker_does_not_read_format_2(lousho: Lousho,
-                                                                            store: PostgresCheckpointStore) -> None:
+def test_storage_upgrade_refuses_while_a_live_worker_does_not_read_format_2(
+    lousho: Lousho, store: PostgresCheckpointStore
+) -> None:
     from store.registry import PostgresAgentRegistry
 
     _old_run("w-old", {"agent": "weather", "step": 1, "messages": [{"role": "user", "content": "q"}]})

@@ -52,9 +52,9 @@ def _once_watched(redis_client: redis.Redis, session_id: str) -> Callable[[], bo
     return lambda: bool(redis_client.exists(keys.watch_key(session_id)))
 
 
-def test_watch_prints_each_tool_call_with_its_duration_and_the_result(lousho: Lousho, weather: Driver,
-                                                                      client: Client, state_dir: Path,
-                                                                      redis_client: redis.Redis) -> None:
+def test_watch_prints_each_tool_call_with_its_duration_and_the_result(
+    lousho: Lousho, weather: Driver, client: Client, state_dir: Path, redis_client: redis.Redis
+) -> None:
     client.agent("weather").send("Weather in Oslo?", session_id="w-1")
     thread = drive_in_background(weather, "w-1", _once_watched(redis_client, "w-1"))
 
@@ -74,8 +74,9 @@ def test_watch_prints_each_tool_call_with_its_duration_and_the_result(lousho: Lo
 
 
 @pytest.mark.parametrize("live", [True, False])
-def test_watch_json_interleaves_live_signals_only_when_live(lousho: Lousho, weather: Driver, client: Client,
-                                                            redis_client: redis.Redis, live: bool) -> None:
+def test_watch_json_interleaves_live_signals_only_when_live(
+    lousho: Lousho, weather: Driver, client: Client, redis_client: redis.Redis, live: bool
+) -> None:
     client.agent("weather").send("Weather in Oslo?", session_id="w-1")
     thread = drive_in_background(weather, "w-1", _once_watched(redis_client, "w-1"))
 
@@ -107,16 +108,31 @@ def test_the_printer_shows_streamed_text_once_and_each_kind_of_event_on_its_line
     show("step.start", step=1)
     show("text.delta", text="Let me ")
     show("text.delta", text="check.")
-    show("step.done", 1, step=1, text="Let me check.", tool_calls=[
-        {"id": "c1", "name": "charge", "args": {"amount": 5}}, {"id": "c2", "name": "refund", "args": {"n": 1}}])
+    show(
+        "step.done",
+        1,
+        step=1,
+        text="Let me check.",
+        tool_calls=[
+            {"id": "c1", "name": "charge", "args": {"amount": 5}},
+            {"id": "c2", "name": "refund", "args": {"n": 1}},
+        ],
+    )
     show("tool.start", tool_call_id="c1", tool_name="charge", args={"amount": 5})
     show("tool.done", 2, tool_call_id="c1", tool_name="charge", result="ok\nmore", duration_ms=1234.5)
     show("tool.error", 3, tool_call_id="c2", tool_name="refund", result="boom", kind="cancelled", duration_ms=None)
     show("approval.requested", 4, approval_id="ap-1", tool_call_id="c3", tool_name="email", args={}, kind="tool")
     show("provider.retry", 5, code="LOUSHO_PROVIDER_RATE_LIMITED", message="slow down", failures=2, delay_s=1.5)
     show("error", 6, code="LOUSHO_X", message="bad", retryable=False)
-    show("run.done", 7, finish_reason="awaiting-approval", text="Let me check.", steps=1,
-         usage={"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}, approval_ids=["ap-1"])
+    show(
+        "run.done",
+        7,
+        finish_reason="awaiting-approval",
+        text="Let me check.",
+        steps=1,
+        usage={"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+        approval_ids=["ap-1"],
+    )
     show("compaction.done", 8, trigger="size")
 
     assert out.getvalue().splitlines() == [
@@ -146,8 +162,16 @@ def test_the_printer_says_what_a_reconciliation_found_and_how_to_decide_one() ->
     show("step.done", 1, step=1, text=None, tool_calls=[{"id": "c1", "name": "charge", "args": {"order": "7"}}])
     show("tool.reconcile", 2, tool_call_id="c1", tool_name="charge", outcome="happened", by="reconcile", attempt=2)
     show("tool.reconcile", 3, tool_call_id="c1", tool_name="charge", outcome="asked", by="reconcile", attempt=2)
-    show("approval.requested", 3, approval_id="ap-2", tool_call_id="c1", tool_name="charge", args={"order": "7"},
-         kind="reconcile", question="Did it take effect?")
+    show(
+        "approval.requested",
+        3,
+        approval_id="ap-2",
+        tool_call_id="c1",
+        tool_name="charge",
+        args={"order": "7"},
+        kind="reconcile",
+        question="Did it take effect?",
+    )
 
     assert out.getvalue().splitlines() == [
         'tool charge({"order": "7"}) was interrupted by a crash: it took effect (found by reconcile, attempt 2)',
@@ -169,8 +193,9 @@ def test_the_printer_prints_the_whole_text_of_a_step_it_saw_only_part_of() -> No
     assert out.getvalue() == "check.\nLet me check.\n"
 
 
-def test_watch_json_prints_one_event_per_line_from_the_latest_input(lousho: Lousho, weather: Driver,
-                                                                   client: Client) -> None:
+def test_watch_json_prints_one_event_per_line_from_the_latest_input(
+    lousho: Lousho, weather: Driver, client: Client
+) -> None:
     agent = client.agent("weather")
     agent.send("Weather in Oslo?", session_id="w-1")
     weather.drain("w-1")
@@ -202,8 +227,14 @@ class Watcher:
 def watcher(state_dir: Path) -> Iterator[Watcher]:
     """``lousho watch w-1`` in a process of its own (so SIGINT reaches it as a terminal's Ctrl-C would)."""
     env = {**os.environ, **services.test_environment(), "LOUSHO_WATCH_STATE_DIR": str(state_dir)}
-    process = subprocess.Popen([sys.executable, "-m", "producer.cli", "watch", "w-1"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "producer.cli", "watch", "w-1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
 
     def read() -> None:
@@ -224,8 +255,8 @@ def watcher(state_dir: Path) -> Iterator[Watcher]:
 
 
 def test_a_watch_stopped_with_ctrl_c_continues_where_it_stopped_without_repeating(
-        lousho: Lousho, weather: Driver, client: Client, state_dir: Path,
-        watcher: Watcher) -> None:
+    lousho: Lousho, weather: Driver, client: Client, state_dir: Path, watcher: Watcher
+) -> None:
     # Given a run whose first model turn and tool batch are saved, and a watch that printed them
     client.agent("weather").send("Weather in Oslo?", session_id="w-1")
     weather.step("w-1")
@@ -261,8 +292,9 @@ def test_a_watch_stopped_with_ctrl_c_continues_where_it_stopped_without_repeatin
     assert not any(line.startswith(("tool ", "-- ")) for line in second.out.splitlines())
 
 
-def test_a_saved_position_the_run_no_longer_has_is_dropped(lousho: Lousho, weather: Driver, client: Client,
-                                                           state_dir: Path) -> None:
+def test_a_saved_position_the_run_no_longer_has_is_dropped(
+    lousho: Lousho, weather: Driver, client: Client, state_dir: Path
+) -> None:
     client.agent("weather").send("Weather in Oslo?", session_id="w-1")
     weather.drain("w-1")
     state_dir.mkdir(parents=True)
@@ -285,8 +317,7 @@ def test_watch_of_an_unknown_or_invalid_run_fails_with_its_code(lousho: Lousho) 
     assert bad_after.code == 2 and "not an event seq" in bad_after.err
 
 
-def test_abort_requests_a_stop_and_leaves_a_finished_run_alone(lousho: Lousho, weather: Driver,
-                                                               client: Client) -> None:
+def test_abort_requests_a_stop_and_leaves_a_finished_run_alone(lousho: Lousho, weather: Driver, client: Client) -> None:
     agent = client.agent("weather")
     agent.send("Weather in Oslo?", session_id="w-1")
     agent.send("Weather in Rome?", session_id="w-2")
@@ -304,9 +335,9 @@ def test_abort_requests_a_stop_and_leaves_a_finished_run_alone(lousho: Lousho, w
     assert checkpoint is not None and checkpoint.finish_reason == "aborted"
 
 
-def test_steer_gives_a_run_a_message_and_a_paused_run_refuses_it(lousho: Lousho, weather: Driver,
-                                                                 paused: tuple[Driver, str], finished: str,
-                                                                 client: Client) -> None:
+def test_steer_gives_a_run_a_message_and_a_paused_run_refuses_it(
+    lousho: Lousho, weather: Driver, paused: tuple[Driver, str], finished: str, client: Client
+) -> None:
     steered = lousho("steer", finished, "Use Celsius", "--json")
     refused = lousho("steer", "b-1", "Hurry")
     weather.drain(finished)
@@ -319,7 +350,8 @@ def test_steer_gives_a_run_a_message_and_a_paused_run_refuses_it(lousho: Lousho,
 
 
 def test_watch_of_a_run_that_paused_was_approved_and_finished_shows_it_finished(
-        lousho: Lousho, paused: tuple[Driver, str], client: Client) -> None:
+    lousho: Lousho, paused: tuple[Driver, str], client: Client
+) -> None:
     driver, approval_id = paused
     client.agent("bank").approvals.resolve(approval_id, approved=True)
     driver.drain("b-1")
@@ -337,7 +369,8 @@ def test_watch_of_a_run_that_paused_was_approved_and_finished_shows_it_finished(
 
 
 def test_watch_of_a_run_paused_on_an_undecided_approval_stops_there_with_how_to_decide(
-        lousho: Lousho, paused: tuple[Driver, str]) -> None:
+    lousho: Lousho, paused: tuple[Driver, str]
+) -> None:
     _, approval_id = paused
 
     printed = lousho("watch", "b-1")
@@ -349,8 +382,9 @@ def test_watch_of_a_run_paused_on_an_undecided_approval_stops_there_with_how_to_
     assert lines[-1] == f"waiting on approval {approval_id}"
 
 
-def test_watch_follow_keeps_following_later_inputs(lousho: Lousho, weather: Driver, client: Client,
-                                                   redis_client: redis.Redis) -> None:
+def test_watch_follow_keeps_following_later_inputs(
+    lousho: Lousho, weather: Driver, client: Client, redis_client: redis.Redis
+) -> None:
     agent = client.agent("weather")
     agent.send("Weather in Oslo?", session_id="w-1")
     weather.drain("w-1")
@@ -374,19 +408,28 @@ def test_watch_follow_keeps_following_later_inputs(lousho: Lousho, weather: Driv
     lines = printed.out.splitlines()
     print(f"\n{printed.out}{printed.err}")
     assert [line for line in lines if line.startswith("-- ")] == [
-        "-- input 1 (agent weather)", "-- input 2 (agent weather)", "-- input 3 (agent weather)"]
+        "-- input 1 (agent weather)",
+        "-- input 2 (agent weather)",
+        "-- input 3 (agent weather)",
+    ]
     assert "Still sunny." in lines and "Sunny again." in lines
     assert printed.error_code() == "LOUSHO_CHECKPOINT_NOT_FOUND"
 
 
-def test_an_error_event_reaches_readers_with_its_message(lousho: Lousho, make_driver: Callable[..., Driver],
-                                                         client: Client) -> None:
+def test_an_error_event_reaches_readers_with_its_message(
+    lousho: Lousho, make_driver: Callable[..., Driver], client: Client
+) -> None:
     def refuse(order: str) -> str:
         """Charge an order."""
         raise PropagatingToolError(f"card of {order} declined for good")
 
-    driver = make_driver(Agent(name="payer", model=MockModel([
-        {"tool_calls": [{"name": "refuse", "args": {"order": "o-7"}}]}, "never"]), tools=[tool(refuse)]))
+    driver = make_driver(
+        Agent(
+            name="payer",
+            model=MockModel([{"tool_calls": [{"name": "refuse", "args": {"order": "o-7"}}]}, "never"]),
+            tools=[tool(refuse)],
+        )
+    )
     client.agent("payer").send("Pay o-7", session_id="p-1")
     driver.drain("p-1")
 

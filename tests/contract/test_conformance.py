@@ -69,10 +69,14 @@ def _shape(function: Callable[..., Any], names: dict[str, Any] | None = None) ->
     return [*shape, ("return", None, None, hints.get("return"))]
 
 
-@pytest.mark.parametrize(("port", "implementation"), IMPLEMENTATIONS,
-                         ids=[f"{impl.__name__}-{port.__name__}" for port, impl in IMPLEMENTATIONS])
-def test_an_implementation_offers_every_method_of_its_port_with_the_same_signature(port: type,
-                                                                                   implementation: type) -> None:
+@pytest.mark.parametrize(
+    ("port", "implementation"),
+    IMPLEMENTATIONS,
+    ids=[f"{impl.__name__}-{port.__name__}" for port, impl in IMPLEMENTATIONS],
+)
+def test_an_implementation_offers_every_method_of_its_port_with_the_same_signature(
+    port: type, implementation: type
+) -> None:
     methods = list(_methods(port))
     assert methods, f"{port.__name__} declares no method"
     for name in methods:

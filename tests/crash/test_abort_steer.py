@@ -35,8 +35,11 @@ def _cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
 
 
 def _tool_log(cluster: Cluster, session_id: str, phase: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events()
-            if e.get("kind") == "tool" and e.get("run_id") == session_id and e.get("phase") == phase]
+    return [
+        e
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("run_id") == session_id and e.get("phase") == phase
+    ]
 
 
 def _model_calls(cluster: Cluster, session_id: str) -> list[dict[str, Any]]:
@@ -44,8 +47,10 @@ def _model_calls(cluster: Cluster, session_id: str) -> list[dict[str, Any]]:
 
 
 def _first_call_started(cluster: Cluster, session_id: str) -> dict[str, Any]:
-    return cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start"
-                              and e.get("run_id") == session_id, what="the first slow call to start")
+    return cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id,
+        what="the first slow call to start",
+    )
 
 
 def _results(cluster: Cluster, session_id: str) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
@@ -68,7 +73,8 @@ def _start_of_input(events: list[Event], number: int) -> int:
 
 
 def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_finishes_the_run(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     settings = cluster.settings()
     handle = cluster.client.agent(AGENT)
@@ -89,9 +95,11 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
     renew_s = settings.lease_renew_ms / 1000
     limit_s = round(renew_s + REACTION_S + SLACK_S, 3)
     (ended,) = _tool_log(cluster, session_id, "end")
-    print(f"abort latency: aborted save {saved:.3f} s after abort(), wait() returned after {returned:.3f} s;"
-          f" the running call stopped {ended['ts'] - asked:.3f} s after abort() (limit {limit_s} s = renewal"
-          f" {renew_s} + reaction {REACTION_S} + slack {SLACK_S})")
+    print(
+        f"abort latency: aborted save {saved:.3f} s after abort(), wait() returned after {returned:.3f} s;"
+        f" the running call stopped {ended['ts'] - asked:.3f} s after abort() (limit {limit_s} s = renewal"
+        f" {renew_s} + reaction {REACTION_S} + slack {SLACK_S})"
+    )
     assert saved <= limit_s and returned <= limit_s
 
     # The running call stopped on ctx.cancelled; the two after it never started.
@@ -99,8 +107,9 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
     assert ended["tool_call_id"] == first["tool_call_id"] and ended["cancelled"] is True
     calls, results = _results(cluster, session_id)
     assert len(calls) == CALLS and calls[0] == first["tool_call_id"]
-    assert {call_id: [r.get("kind") for r in found] for call_id, found in results.items()} \
-        == {call_id: ["cancelled"] for call_id in calls}
+    assert {call_id: [r.get("kind") for r in found] for call_id, found in results.items()} == {
+        call_id: ["cancelled"] for call_id in calls
+    }
     checkpoint = handle.load(session_id)
     assert checkpoint is not None and checkpoint.status == "in-progress" and checkpoint.aborted
     assert [(p.session_id, p.state) for p in cluster.client.pending()] == [(session_id, "aborted")]
@@ -109,8 +118,11 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
     seq = cluster.statuses([session_id])[session_id]["seq"]
     _, received = cluster.sweeps()
     quiet_until = done.at.timestamp() + settings.lease_ttl_ms / 1000
-    wait_until(lambda: time.time() > quiet_until and cluster.sweeps()[1] >= received + SWEEPS,
-               10 + SWEEPS * settings.recover_interval_s, f"{SWEEPS} sweeps after the aborted run went quiet")
+    wait_until(
+        lambda: time.time() > quiet_until and cluster.sweeps()[1] >= received + SWEEPS,
+        10 + SWEEPS * settings.recover_interval_s,
+        f"{SWEEPS} sweeps after the aborted run went quiet",
+    )
     swept = cluster.sweeps()[1] - received
     assert cluster.statuses([session_id])[session_id]["seq"] == seq
     assert [e.seq for e in cluster.client.read_events(session_id, -1)] == [e.seq for e in events]
@@ -125,9 +137,9 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
 
     events = cluster.client.read_events(session_id, -1)
     second = _start_of_input(events, 2)
-    assert [e.type for e in events[second - 4:second]] == ["tool.error"] * 3 + ["run.done"]
-    assert [e.data["kind"] for e in events[second - 4:second - 1]] == ["cancelled"] * 3
-    assert sorted(e.data["tool_call_id"] for e in events[second - 4:second - 1]) == sorted(calls)
+    assert [e.type for e in events[second - 4 : second]] == ["tool.error"] * 3 + ["run.done"]
+    assert [e.data["kind"] for e in events[second - 4 : second - 1]] == ["cancelled"] * 3
+    assert sorted(e.data["tool_call_id"] for e in events[second - 4 : second - 1]) == sorted(calls)
     assert events[second - 1].data["finish_reason"] == "aborted"
     assert [e.type for e in events[second:]] == ["run.start", "step.done", "run.done"]
     assert events[-1].data["finish_reason"] == "stop"
@@ -136,7 +148,8 @@ def test_abort_mid_batch_cancels_the_running_call_starts_no_more_and_a_send_fini
 
 
 def test_abort_of_a_paused_run_withdraws_its_approval_and_cancels_the_gated_call(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(AGENT)
     approvals = handle.approvals
@@ -167,8 +180,10 @@ def test_abort_of_a_paused_run_withdraws_its_approval_and_cancels_the_gated_call
     assert checkpoint is not None and checkpoint.aborted and checkpoint.approval_ids == []
     assert [p.state for p in cluster.client.pending()] == ["aborted"]
     assert _tool_log(cluster, session_id, "start") == []  # the gated call never ran
-    print(f"paused run: aborted save {took:.3f} s after abort() (the abort's nudge runs a step at once);"
-          f" approval {approval.approval_id} withdrawn and orphaned")
+    print(
+        f"paused run: aborted save {took:.3f} s after abort() (the abort's nudge runs a step at once);"
+        f" approval {approval.approval_id} withdrawn and orphaned"
+    )
 
     resumed = handle.resume(session_id)
     assert resumed is not None
@@ -178,7 +193,8 @@ def test_abort_of_a_paused_run_withdraws_its_approval_and_cancels_the_gated_call
 
 
 def test_steer_mid_batch_keeps_unstarted_calls_from_starting_and_the_model_sees_the_message_next(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(AGENT)
     session_id = fresh_id("steer")
@@ -216,8 +232,10 @@ def test_steer_mid_batch_keeps_unstarted_calls_from_starting_and_the_model_sees_
     assert [e.type for e in events[second:]] == ["run.start", "step.done", "run.done"]
     assert [e.seq for e in events] == list(range(len(events)))
     steer_s = max(e.at.timestamp() for e in redirected) - asked
-    print(f"steer latency: redirected results saved {steer_s:.3f} s after steer(); the running call"
-          f" ({CALL_MS} ms, started {asked - first['ts']:.3f} s before steer()) ended {ended['ts'] - asked:.3f} s"
-          f" after it, so the save came {max(e.at.timestamp() for e in redirected) - ended['ts']:.3f} s after"
-          f" the call ended")
+    print(
+        f"steer latency: redirected results saved {steer_s:.3f} s after steer(); the running call"
+        f" ({CALL_MS} ms, started {asked - first['ts']:.3f} s before steer()) ended {ended['ts'] - asked:.3f} s"
+        f" after it, so the save came {max(e.at.timestamp() for e in redirected) - ended['ts']:.3f} s after"
+        f" the call ended"
+    )
     print(f"events: {[e.type for e in events]}")

@@ -22,14 +22,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _approved_executions(cluster: Cluster, run_id: str) -> Counter[str]:
-    return Counter(str(e["tool_call_id"]) for e in cluster.events()
-                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id
-                   and e.get("approved"))
+    return Counter(
+        str(e["tool_call_id"])
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id and e.get("approved")
+    )
 
 
 def _paused(cluster: Cluster, run_id: str, timeout: float = 20) -> list[str]:
-    wait_until(lambda: cluster.statuses([run_id]).get(run_id, {}).get("status") == "awaiting-approval",
-               timeout, f"{run_id} to pause on its approvals")
+    wait_until(
+        lambda: cluster.statuses([run_id]).get(run_id, {}).get("status") == "awaiting-approval",
+        timeout,
+        f"{run_id} to pause on its approvals",
+    )
     checkpoint = cluster.client.store.load(run_id)
     assert checkpoint is not None
     return list(checkpoint.approval_ids)
@@ -38,20 +43,25 @@ def _paused(cluster: Cluster, run_id: str, timeout: float = 20) -> list[str]:
 def _tool_results(cluster: Cluster, run_id: str) -> list[dict[str, object]]:
     checkpoint = cluster.client.store.load(run_id)
     assert checkpoint is not None
-    return [{"id": m.tool_call_id, "name": m.name, "error": m.is_error, "content": m.content}
-            for m in checkpoint.messages if m.role == "tool"]
+    return [
+        {"id": m.tool_call_id, "name": m.name, "error": m.is_error, "content": m.content}
+        for m in checkpoint.messages
+        if m.role == "tool"
+    ]
 
 
 def test_a_turn_with_two_gated_calls_pauses_once_and_finishes_after_both_decisions(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     run_id = "gated-two"
     cluster.send("chaos", run_id, run_input(run_id, calls="4", gate="0.1,0.3"))
     first, second = _paused(cluster, run_id)
-    ungated = [e for e in cluster.events() if e.get("kind") == "tool" and e.get("run_id") == run_id
-               and e.get("phase") == "end"]
+    ungated = [
+        e for e in cluster.events() if e.get("kind") == "tool" and e.get("run_id") == run_id and e.get("phase") == "end"
+    ]
     assert len(ungated) == 2 and not any(e.get("approved") for e in ungated)
     approvals = cluster.client.agent("chaos").approvals
     approvals.resolve(first, approved=True)
@@ -68,8 +78,7 @@ def test_a_turn_with_two_gated_calls_pauses_once_and_finishes_after_both_decisio
     assert sum(_approved_executions(cluster, run_id).values()) == 1
 
 
-def test_a_worker_killed_while_an_approved_call_runs_never_runs_it_again(
-        make_cluster: Callable[..., Cluster]) -> None:
+def test_a_worker_killed_while_an_approved_call_runs_never_runs_it_again(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
@@ -77,9 +86,15 @@ def test_a_worker_killed_while_an_approved_call_runs_never_runs_it_again(
     cluster.send("chaos", run_id, run_input(run_id, gate="0.1", slow="0.1:3000"))
     (approval_id,) = _paused(cluster, run_id)
     cluster.client.agent("chaos").approvals.resolve(approval_id, approved=True)
-    started = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start"
-                                 and e.get("run_id") == run_id and bool(e.get("approved")),
-                                 what="the approved call to start")
+    started = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("phase") == "start"
+            and e.get("run_id") == run_id
+            and bool(e.get("approved"))
+        ),
+        what="the approved call to start",
+    )
     holder = cluster.holder_pid(run_id)
     assert holder is not None and holder == started["pid"] and is_alive(holder)
     cluster.kill_pid(holder)
@@ -95,17 +110,23 @@ def test_a_worker_killed_while_an_approved_call_runs_never_runs_it_again(
 
 
 def test_a_decision_whose_process_died_before_the_resume_is_picked_up_by_the_sweep(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     run_id = "decided-then-died"
     cluster.send("chaos", run_id, run_input(run_id, gate="0.1"))
     (approval_id,) = _paused(cluster, run_id)
-    env = {**os.environ, **services.test_environment(), "LOUSHO_CRASH_AT": "approval_decided_before_resume_enqueue",
-           "LOUSHO_CRASH_DIR": str(tmp_path)}
-    code = ("import sys; from producer import Client; "
-            "Client().agent('chaos').approvals.resolve(sys.argv[1], approved=True)")
+    env = {
+        **os.environ,
+        **services.test_environment(),
+        "LOUSHO_CRASH_AT": "approval_decided_before_resume_enqueue",
+        "LOUSHO_CRASH_DIR": str(tmp_path),
+    }
+    code = (
+        "import sys; from producer import Client; Client().agent('chaos').approvals.resolve(sys.argv[1], approved=True)"
+    )
     died = subprocess.run([sys.executable, "-c", code, approval_id], cwd=ROOT, env=env, timeout=60)
     assert died.returncode == 137
     assert (tmp_path / f"crash-approval_decided_before_resume_enqueue-{run_id}").exists()
@@ -126,11 +147,19 @@ def test_ten_concurrent_resolves_from_ten_processes_decide_once(make_cluster: Ca
     (approval_id,) = _paused(cluster, "ten-resolves")
 
     def resolve(_: int) -> str:
-        code = ("import sys; from producer import Client\n"
-                "try:\n Client().agent('chaos').approvals.resolve(sys.argv[1], approved=True); print('decided')\n"
-                "except Exception as e:\n print(getattr(e, 'code', type(e).__name__))")
-        done = subprocess.run([sys.executable, "-c", code, approval_id], cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, **services.test_environment()}, timeout=60)
+        code = (
+            "import sys; from producer import Client\n"
+            "try:\n Client().agent('chaos').approvals.resolve(sys.argv[1], approved=True); print('decided')\n"
+            "except Exception as e:\n print(getattr(e, 'code', type(e).__name__))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, approval_id],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **services.test_environment()},
+            timeout=60,
+        )
         return done.stdout.strip().splitlines()[-1]
 
     with ThreadPoolExecutor(max_workers=10) as pool:
@@ -145,7 +174,8 @@ def test_ten_concurrent_resolves_from_ten_processes_decide_once(make_cluster: Ca
 
 
 def test_resolving_an_approval_of_a_deleted_run_is_orphaned_and_runs_nothing(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=2)
     cluster.start_beat()

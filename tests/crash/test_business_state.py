@@ -12,7 +12,8 @@ MODULE = "tests.support.state_agents"
 
 
 def test_a_tools_business_state_write_survives_a_kill_right_after_its_result_is_saved(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     session_id = fresh_id("ledger")
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE}, crash_at=f"between_results:{session_id}")
     cluster.start_worker(concurrency=1)

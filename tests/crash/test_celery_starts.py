@@ -31,8 +31,9 @@ WINDOW_S = 20.0
 def _runs(cluster: Cluster, prefix: str) -> dict[str, tuple[str, int]]:
     """Run id -> (status, inputs) of the runs whose id starts with ``prefix``."""
     with psycopg.connect(cluster.database_url) as conn:
-        rows = conn.execute("SELECT session_id, status, inbox_head FROM runs WHERE left(session_id, %s) = %s",
-                            (len(prefix), prefix)).fetchall()
+        rows = conn.execute(
+            "SELECT session_id, status, inbox_head FROM runs WHERE left(session_id, %s) = %s", (len(prefix), prefix)
+        ).fetchall()
     return {row[0]: (row[1], int(row[2])) for row in rows}
 
 
@@ -42,7 +43,8 @@ def _sent(cluster: Cluster, entry: str) -> int:
 
 
 def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_BEAT_MODULES": MODULE})
     cluster.start_worker(concurrency=2)
     began = time.time()
@@ -54,8 +56,14 @@ def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
         beat.kill()
         beat.wait(10)
     ended = time.time()
-    wait_until(lambda: all(status == "finished" for status, _ in _runs(cluster, "ticks-").values())
-               and all(status == "finished" for status, _ in _runs(cluster, "task-").values()), 30, "runs finished")
+    wait_until(
+        lambda: (
+            all(status == "finished" for status, _ in _runs(cluster, "ticks-").values())
+            and all(status == "finished" for status, _ in _runs(cluster, "task-").values())
+        ),
+        30,
+        "runs finished",
+    )
 
     ticks = _runs(cluster, "ticks-")
     times = sorted(datetime.strptime(run_id.removeprefix("ticks-"), "%Y%m%dT%H%M%S").timestamp() for run_id in ticks)
@@ -63,9 +71,11 @@ def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
     steps = {round(b - a) for a, b in itertools.pairwise(times)}
     twice = [run_id for run_id, (_, inputs) in ticks.items() if inputs != 1]
     plain = _runs(cluster, "task-")
-    print(f"\n[beat ticks] {WINDOW_S:.0f} s, two beats: {_sent(cluster, 'ticks')} messages sent for {len(ticks)} tick"
-          f" run(s) ({expected} grid points in the window), {len(twice)} run(s) started twice, gaps {sorted(steps)};"
-          f" plain entry: {_sent(cluster, 'plain')} messages, {len(plain)} run(s)")
+    print(
+        f"\n[beat ticks] {WINDOW_S:.0f} s, two beats: {_sent(cluster, 'ticks')} messages sent for {len(ticks)} tick"
+        f" run(s) ({expected} grid points in the window), {len(twice)} run(s) started twice, gaps {sorted(steps)};"
+        f" plain entry: {_sent(cluster, 'plain')} messages, {len(plain)} run(s)"
+    )
     assert twice == []
     assert steps <= {int(TICK_S)}  # consecutive ticks: none missing inside the window
     assert expected - 2 <= len(ticks) <= expected  # at most one tick missing at each edge
@@ -75,22 +85,37 @@ def test_two_beats_start_one_run_per_tick_and_a_plain_entry_one_run_per_message(
 
 
 def test_lousho_s_beat_reads_the_beat_modules_and_a_team_s_beat_keeps_its_own_entries(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     url = services.test_redis_url()
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_BEAT_MODULES": MODULE,
-                                      "HOST_APP_REDIS_URL": url, "LOUSHO_BROKER_URL": url})
+    cluster = make_cluster(
+        extra_env={
+            "LOUSHO_AGENTS": MODULE,
+            "LOUSHO_BEAT_MODULES": MODULE,
+            "HOST_APP_REDIS_URL": url,
+            "LOUSHO_BROKER_URL": url,
+        }
+    )
     cluster.start_worker(concurrency=2)
 
     cluster.start_beat()  # celery -A worker beat
     cluster.start_beat(app="tests.support.host_app")  # the team's beat, after install(app)
 
-    wait_until(lambda: any(status == "finished" for status, _ in _runs(cluster, "ticks-").values())
-               and any(status == "finished" for status, _ in _runs(cluster, "host-ticks-").values()), 30,
-               "a run of the beat module's entry and one of the team's own entry")
+    wait_until(
+        lambda: (
+            any(status == "finished" for status, _ in _runs(cluster, "ticks-").values())
+            and any(status == "finished" for status, _ in _runs(cluster, "host-ticks-").values())
+        ),
+        30,
+        "a run of the beat module's entry and one of the team's own entry",
+    )
     # The sweeps run next to the team's entries: the team's beat sends the recover sweep at its own interval, which
     # may come after the first tick's run finished.
-    wait_until(lambda: "Sending due task lousho-recover " in (cluster.workdir / "beat-2.log").read_text(
-        errors="replace"), 30, "the team's beat sending the recover sweep")
+    wait_until(
+        lambda: "Sending due task lousho-recover " in (cluster.workdir / "beat-2.log").read_text(errors="replace"),
+        30,
+        "the team's beat sending the recover sweep",
+    )
     lousho_beat = (cluster.workdir / "beat-1.log").read_text(errors="replace")
     team_beat = (cluster.workdir / "beat-2.log").read_text(errors="replace")
     assert "Sending due task ticks " in lousho_beat and "Sending due task host-ticks " not in lousho_beat
@@ -98,7 +123,8 @@ def test_lousho_s_beat_reads_the_beat_modules_and_a_team_s_beat_keeps_its_own_en
 
 
 def test_a_second_celery_app_that_knows_only_the_task_name_starts_a_run_once_per_message(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE})
     cluster.start_worker(concurrency=1)
     settings = cluster.settings()
@@ -125,8 +151,12 @@ def test_a_start_answers_its_run_id_and_a_refused_start_its_error_once(make_clus
     settings = cluster.settings()
     # A plain Celery app with a result backend, routing the task by name to the start queue (no queue= per call).
     caller = Celery("elsewhere", broker=settings.broker, backend=url, set_as_current=False)
-    caller.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"],
-                       task_routes={START_TASK: {"queue": start_queue(settings.queue)}})
+    caller.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_routes={START_TASK: {"queue": start_queue(settings.queue)}},
+    )
     tap = EventTap()
     try:
         named = caller.send_task(START_TASK, kwargs={"agent": AGENT, "input": "answer me", "session_id": "answer-1"})
@@ -137,8 +167,11 @@ def test_a_start_answers_its_run_id_and_a_refused_start_its_error_once(make_clus
         assert unnamed.get(timeout=30) == "task-delivery-9"
         with pytest.raises(errors.AgentNotFoundError) as raised:
             refused.get(timeout=30)
-        wait_until(lambda: any(e.get("type") == "task-failed" and e.get("uuid") == refused.id for e in tap.drain()),
-                   10, "the refused start's task-failed event")
+        wait_until(
+            lambda: any(e.get("type") == "task-failed" and e.get("uuid") == refused.id for e in tap.drain()),
+            10,
+            "the refused start's task-failed event",
+        )
     finally:
         tap.close()
         caller.close()

@@ -124,39 +124,59 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     unfinished_at_end = sum(1 for s in run_ids if found[s]["status"] != "finished")
 
     drained = cluster.wait_finished(run_ids, timeout=60)
-    report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults,
-                           effects=True)
+    report = checker.check(
+        cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults, effects=True
+    )
     checker.print_report(report, "chaos")
-    print(f"effects: {report['applied_effects']} applied, {report['raw_effects']} raw (the sink kept"
-          f" {report['raw_effects'] - report['applied_effects']} repeats out), orphan effects"
-          f" {report['orphan_effects']}")
+    print(
+        f"effects: {report['applied_effects']} applied, {report['raw_effects']} raw (the sink kept"
+        f" {report['raw_effects'] - report['applied_effects']} repeats out), orphan effects"
+        f" {report['orphan_effects']}"
+    )
     recovery = report["recovery"]
     again = recovery["hit_again"]
     budget = _recovery_budget(cluster)
     hits = sum(1 for fault in cluster.faults if fault.runs)
-    print(f"kills: {sum(kinds.values())} {dict(kinds)}, kills hitting a lease holder: {hits},"
-          f" runs in flight at the first kill: {in_flight_at_first_kill}, unfinished when the chaos ended:"
-          f" {unfinished_at_end}, drain after chaos: {drained:.1f} s")
-    print(f"raw re-executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']},"
-          f" interrupted model calls: {report['interrupted_model_calls']}, executions: {report['executions']}")
-    print(f"once calls: {report['once_calls']}, reconciled after a kill: {report['reconcile_calls']} (result"
-          f" recorded: {report['reconciled_results']}, run again before their effect: {report['once_reruns']}),"
-          f" executed again after their effect: {report['once_reexecutions']}")
-    print(f"recovery over {recovery['count']} interruptions, each from the last fault that touched the run:"
-          f" p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s, max {recovery['max_s']} s"
-          f" (budget {budget})")
-    print(f"runs hit again while recovering: {again['count']}"
-          + "".join(f"\n  {r['run']}: {' then '.join(r['actions'])}, {r['recovery_s']} s after the last,"
-                    f" {r['since_first_s']} s after the first" for r in again["runs"]))
+    print(
+        f"kills: {sum(kinds.values())} {dict(kinds)}, kills hitting a lease holder: {hits},"
+        f" runs in flight at the first kill: {in_flight_at_first_kill}, unfinished when the chaos ended:"
+        f" {unfinished_at_end}, drain after chaos: {drained:.1f} s"
+    )
+    print(
+        f"raw re-executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']},"
+        f" interrupted model calls: {report['interrupted_model_calls']}, executions: {report['executions']}"
+    )
+    print(
+        f"once calls: {report['once_calls']}, reconciled after a kill: {report['reconcile_calls']} (result"
+        f" recorded: {report['reconciled_results']}, run again before their effect: {report['once_reruns']}),"
+        f" executed again after their effect: {report['once_reexecutions']}"
+    )
+    print(
+        f"recovery over {recovery['count']} interruptions, each from the last fault that touched the run:"
+        f" p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s, max {recovery['max_s']} s"
+        f" (budget {budget})"
+    )
+    print(
+        f"runs hit again while recovering: {again['count']}"
+        + "".join(
+            f"\n  {r['run']}: {' then '.join(r['actions'])}, {r['recovery_s']} s after the last,"
+            f" {r['since_first_s']} s after the first"
+            for r in again["runs"]
+        )
+    )
     steps = cluster.step_times()
     sweeps_sent, sweeps_received = cluster.sweeps()
-    print(f"step outcomes: {dict(cluster.outcomes())}; step p50 {checker.percentile(steps, 50)} s,"
-          f" p99 {checker.percentile(steps, 99)} s over {len(steps)} steps;"
-          f" recover sweeps sent by the beat / received by workers: {sweeps_sent} / {sweeps_received}")
+    print(
+        f"step outcomes: {dict(cluster.outcomes())}; step p50 {checker.percentile(steps, 50)} s,"
+        f" p99 {checker.percentile(steps, 99)} s over {len(steps)} steps;"
+        f" recover sweeps sent by the beat / received by workers: {sweeps_sent} / {sweeps_received}"
+    )
 
     for slow in recovery["slowest"][:1]:
-        print(f"slowest recovery: {slow['run']} after {slow['action']}, {slow['recovery_s']} s\n"
-              + cluster.explain(slow["run"], slow["fault_ts"]))
+        print(
+            f"slowest recovery: {slow['run']} after {slow['action']}, {slow['recovery_s']} s\n"
+            + cluster.explain(slow["run"], slow["fault_ts"])
+        )
 
     checker.assert_clean(report)
     assert report["once_reexecutions"] == 0 and report["once_calls"] == RUNS * (TURNS - 1)

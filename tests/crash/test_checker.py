@@ -25,8 +25,11 @@ def _user(run_id: str) -> Messages:
 
 
 def _turn(nonce: str, calls: list[str], tool: str = "work") -> dict[str, Any]:
-    return {"role": "assistant", "content": f"turn {response_tag(nonce)}",
-            "tool_calls": [{"id": c, "name": tool, "args": {"ms": 1}} for c in calls]}
+    return {
+        "role": "assistant",
+        "content": f"turn {response_tag(nonce)}",
+        "tool_calls": [{"id": c, "name": tool, "args": {"ms": 1}} for c in calls],
+    }
 
 
 def _result(call: str, execution: str) -> dict[str, Any]:
@@ -60,14 +63,31 @@ class _Fixture:
 
     def model(self, turn: int, seen: Messages, nonce: str, calls: list[str], valid: bool = True) -> None:
         call = f"m{len(self.events)}"
-        common = {"kind": "model", "call": call, "run_id": self.run_id, "turn_index": turn, "pid": 1, "ts": 0.0,
-                  "transcript_valid": valid}
-        self.events += [{**common, "phase": "start", "digest": transcript_digest(seen)},
-                        {**common, "phase": "end", "response_id": nonce, "tool_call_ids": calls}]
+        common = {
+            "kind": "model",
+            "call": call,
+            "run_id": self.run_id,
+            "turn_index": turn,
+            "pid": 1,
+            "ts": 0.0,
+            "transcript_valid": valid,
+        }
+        self.events += [
+            {**common, "phase": "start", "digest": transcript_digest(seen)},
+            {**common, "phase": "end", "response_id": nonce, "tool_call_ids": calls},
+        ]
 
     def tool_run(self, call: str, base_seq: int, execution: str) -> None:
-        common = {"kind": "tool", "run_id": self.run_id, "tool_call_id": call, "base_seq": base_seq,
-                  "exec": execution, "pid": 1, "ts": 0.0, "approved": self.tool == APPROVED_TOOL}
+        common = {
+            "kind": "tool",
+            "run_id": self.run_id,
+            "tool_call_id": call,
+            "base_seq": base_seq,
+            "exec": execution,
+            "pid": 1,
+            "ts": 0.0,
+            "approved": self.tool == APPROVED_TOOL,
+        }
         self.events += [{**common, "phase": "start"}, {**common, "phase": "end"}]
 
     def save(self, messages: Messages, status: str = "in-progress") -> None:
@@ -78,13 +98,17 @@ class _Fixture:
         final_seq, final_messages, final_status = self.saves[-1]
         document = {"messages": final_messages, "finish_reason": "stop" if final_status == "finished" else None}
         with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
-            conn.execute("INSERT INTO runs (session_id, agent, status, seq, fence, document)"
-                         " VALUES (%s, 'chaos', %s, %s, %s, %s)",
-                         (self.run_id, final_status, final_seq, fences[-1], json.dumps(document)))
+            conn.execute(
+                "INSERT INTO runs (session_id, agent, status, seq, fence, document)"
+                " VALUES (%s, 'chaos', %s, %s, %s, %s)",
+                (self.run_id, final_status, final_seq, fences[-1], json.dumps(document)),
+            )
             for (seq, messages, status), fence in zip(self.saves, fences, strict=True):
-                conn.execute("INSERT INTO checkpoint_history (session_id, seq, fence, step, status, document)"
-                             " VALUES (%s, %s, %s, 0, %s, %s)",
-                             (self.run_id, seq, fence, status, json.dumps({"messages": messages})))
+                conn.execute(
+                    "INSERT INTO checkpoint_history (session_id, seq, fence, step, status, document)"
+                    " VALUES (%s, %s, %s, 0, %s, %s)",
+                    (self.run_id, seq, fence, status, json.dumps({"messages": messages})),
+                )
         with open(log, "a") as out:
             out.writelines(json.dumps(event) + "\n" for event in self.events)
 
@@ -130,8 +154,13 @@ def _approved_call_twice(f: _Fixture) -> None:
 
 
 CASES: list[tuple[str, Callable[[_Fixture], None]]] = [
-    ("I7", _fence_falls), ("I2", _recorded_result_rerun), ("I1", _results_out_of_order),
-    ("I3", _turn_regenerated), ("I4", _invalid_transcript), ("I10", _unfinished), ("I5", _approved_call_twice),
+    ("I7", _fence_falls),
+    ("I2", _recorded_result_rerun),
+    ("I1", _results_out_of_order),
+    ("I3", _turn_regenerated),
+    ("I4", _invalid_transcript),
+    ("I10", _unfinished),
+    ("I5", _approved_call_twice),
 ]
 
 
@@ -185,9 +214,15 @@ def test_a_hit_after_the_run_progressed_is_a_new_interruption() -> None:
 
 
 def test_the_recovery_report_lists_runs_hit_again_apart() -> None:
-    runs = {run: checker._Run(run, status="finished", seq=len(at),
-                              history=[checker._Save(n + 1, 1, "in-progress", ts, []) for n, ts in enumerate(at)])
-            for run, at in {"r": [-0.4, 5.9], "s": [-0.2, 3.0]}.items()}
+    runs = {
+        run: checker._Run(
+            run,
+            status="finished",
+            seq=len(at),
+            history=[checker._Save(n + 1, 1, "in-progress", ts, []) for n, ts in enumerate(at)],
+        )
+        for run, at in {"r": [-0.4, 5.9], "s": [-0.2, 3.0]}.items()
+    }
     recovery = checker._Checker(runs, [], None, [_kill(0.0, ("r", "s")), _kill(2.8, ("r",))]).recovery()
     assert (recovery["count"], recovery["max_s"], recovery["by_run_s"]) == (2, 3.1, {"r": 3.1, "s": 3.0})
     again = recovery["hit_again"]
@@ -202,12 +237,15 @@ def _effects(rows: list[tuple[str, str]]) -> None:
             conn.execute(f"INSERT INTO {checker.EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s)", (call, run))
 
 
-@pytest.mark.parametrize("rows", [
-    [("a", "nc-fx")],                             # b's result is recorded but its effect never applied
-    [("a", "nc-fx"), ("b", "nc-fx"), ("z", "nc-fx")],  # z: an effect of a call no transcript asked for
-], ids=["lost-effect", "orphan-effect"])
-def test_the_applied_effects_check_reports_lost_and_orphan_effects(tmp_path: Path, rows: list[tuple[str, str]]
-                                                                   ) -> None:
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [("a", "nc-fx")],  # b's result is recorded but its effect never applied
+        [("a", "nc-fx"), ("b", "nc-fx"), ("z", "nc-fx")],  # z: an effect of a call no transcript asked for
+    ],
+    ids=["lost-effect", "orphan-effect"],
+)
+def test_the_applied_effects_check_reports_lost_and_orphan_effects(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
     log = tmp_path / "events.jsonl"
     fixture = _Fixture("nc-fx").clean()
     fixture.tool_run("z", 1, "x9")  # an execution of z is logged, so only the transcript can tell it is an orphan
@@ -223,36 +261,57 @@ def _once_sink(rows: list[tuple[str, str, str]]) -> None:
     checker.prepare_once_sink(services.test_database_url())
     with psycopg.connect(services.test_database_url(), autocommit=True) as conn:
         for call, execution, run in rows:
-            conn.execute(f"INSERT INTO {checker.ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s)",
-                         (call, execution, run))
+            conn.execute(
+                f"INSERT INTO {checker.ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s)", (call, execution, run)
+            )
 
 
 def _once_run(run_id: str, *, rerun_after_effect: bool = False, reconciled_as: str | None = None) -> _Fixture:
     """Calls a, b of a once tool; a was interrupted before its effect (x0) and ran again (x1)."""
     fixture = _Fixture(run_id, tool=checker.ONCE_TOOL)
-    fixture.events.append({"kind": "tool", "run_id": run_id, "tool_call_id": "a", "base_seq": 1, "exec": "x0",
-                           "pid": 1, "ts": 0.0, "approved": False, "phase": "start"})
+    fixture.events.append(
+        {
+            "kind": "tool",
+            "run_id": run_id,
+            "tool_call_id": "a",
+            "base_seq": 1,
+            "exec": "x0",
+            "pid": 1,
+            "ts": 0.0,
+            "approved": False,
+            "phase": "start",
+        }
+    )
     fixture.clean()
     if rerun_after_effect:
         fixture.tool_run("b", 2, "x3")  # b ran again after x2 applied its effect
     if reconciled_as is not None:
         seq, messages, status = fixture.saves[2]
-        reconciled = {"role": "tool", "tool_call_id": "b", "name": checker.ONCE_TOOL,
-                      "content": json.dumps({"exec": reconciled_as, "reconciled": True})}
+        reconciled = {
+            "role": "tool",
+            "tool_call_id": "b",
+            "name": checker.ONCE_TOOL,
+            "content": json.dumps({"exec": reconciled_as, "reconciled": True}),
+        }
         fixture.saves[2] = (seq, [*messages[:-1], reconciled], status)
         final = fixture.saves[3]
         fixture.saves[3] = (final[0], [*final[1][:-2], reconciled, final[1][-1]], final[2])
     return fixture
 
 
-@pytest.mark.parametrize(("shape", "verdict"), [
-    ({}, "pass"),
-    ({"reconciled_as": "x2"}, "pass"),
-    ({"rerun_after_effect": True}, "fail"),   # ran again once its effect was applied
-    ({"reconciled_as": "x9"}, "fail"),        # a reconciled result naming an execution that applied nothing
-], ids=["rerun-before-effect", "reconciled", "rerun-after-effect", "false-reconciliation"])
-def test_the_once_check_reports_an_execution_after_the_effect(tmp_path: Path, shape: dict[str, Any],
-                                                              verdict: str) -> None:
+@pytest.mark.parametrize(
+    ("shape", "verdict"),
+    [
+        ({}, "pass"),
+        ({"reconciled_as": "x2"}, "pass"),
+        ({"rerun_after_effect": True}, "fail"),  # ran again once its effect was applied
+        ({"reconciled_as": "x9"}, "fail"),  # a reconciled result naming an execution that applied nothing
+    ],
+    ids=["rerun-before-effect", "reconciled", "rerun-after-effect", "false-reconciliation"],
+)
+def test_the_once_check_reports_an_execution_after_the_effect(
+    tmp_path: Path, shape: dict[str, Any], verdict: str
+) -> None:
     log = tmp_path / "events.jsonl"
     _once_run("nc-once", **shape).write(log)
     _once_sink([("a", "x1", "nc-once"), ("b", "x2", "nc-once")])

@@ -48,8 +48,11 @@ def _reconciles(cluster: Cluster, run_id: str) -> int:
 
 
 def _approved_executions(cluster: Cluster, run_id: str) -> int:
-    return sum(1 for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"
-               and e.get("run_id") == run_id and e.get("approved"))
+    return sum(
+        1
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id and e.get("approved")
+    )
 
 
 def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: Callable[..., Cluster]) -> None:
@@ -66,34 +69,44 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
     serial = {point: f"{prefix}serial" for point, prefix in prefixes.items()}
     parallel = {point: f"{prefix}parallel" for point, prefix in prefixes.items()}
     for point in POINTS:
-        options = {"gate": "0.1"} if point in APPROVAL_CRASH_POINTS else {"once": "0.1"} \
-            if point in ONCE_CRASH_POINTS else {}
+        options = (
+            {"gate": "0.1"} if point in APPROVAL_CRASH_POINTS else {"once": "0.1"} if point in ONCE_CRASH_POINTS else {}
+        )
         cluster.send("serial", serial[point], run_input(serial[point], **options))
         cluster.send("chaos", parallel[point], run_input(parallel[point], **options))
     run_ids = [*serial.values(), *parallel.values()]
 
     approved: list[int] = []
-    cluster.wait_finished(run_ids, timeout=90, on_poll=lambda: approved.extend(
-        [cluster.approve_pending("serial"), cluster.approve_pending("chaos")]))
+    cluster.wait_finished(
+        run_ids,
+        timeout=90,
+        on_poll=lambda: approved.extend([cluster.approve_pending("serial"), cluster.approve_pending("chaos")]),
+    )
     faults = cluster.crash_faults()
     report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=faults)
     checker.print_report(report, "crash-point matrix")
 
     fired = {fault.runs[0] for fault in faults}
     recovery = report["recovery"]["by_run_s"]
-    print(f"{'point':42} {'fired':>5} {'raw re-exec':>11} {'wasted':>6} {'interrupted':>11} {'reconciled':>10}"
-          f" {'recovery s':>10}   parallel twin")
+    print(
+        f"{'point':42} {'fired':>5} {'raw re-exec':>11} {'wasted':>6} {'interrupted':>11} {'reconciled':>10}"
+        f" {'recovery s':>10}   parallel twin"
+    )
     for point in POINTS:
         run, twin = report["per_run"][serial[point]], report["per_run"][parallel[point]]
         reconciled = _reconciles(cluster, serial[point])
-        print(f"{point:42} {'y' if serial[point] in fired else 'n':>5} {run['raw_reexecutions']:>11}"
-              f" {run['wasted_model_calls']:>6} {run['interrupted_results']:>11} {reconciled:>10}"
-              f" {recovery.get(serial[point], '-')!s:>10}   raw {twin['raw_reexecutions']},"
-              f" wasted {twin['wasted_model_calls']}, recovery {recovery.get(parallel[point], '-')}")
+        print(
+            f"{point:42} {'y' if serial[point] in fired else 'n':>5} {run['raw_reexecutions']:>11}"
+            f" {run['wasted_model_calls']:>6} {run['interrupted_results']:>11} {reconciled:>10}"
+            f" {recovery.get(serial[point], '-')!s:>10}   raw {twin['raw_reexecutions']},"
+            f" wasted {twin['wasted_model_calls']}, recovery {recovery.get(parallel[point], '-')}"
+        )
     worst = report["recovery"]["max_s"]
     verdict = "met" if worst is not None and worst <= RECOVERY_TARGET_S else "MISSED"
-    print(f"approvals granted: {sum(approved)}; recovery p50 {report['recovery']['p50_s']} s, max {worst} s"
-          f" (C1 target {RECOVERY_TARGET_S} s: {verdict})")
+    print(
+        f"approvals granted: {sum(approved)}; recovery p50 {report['recovery']['p50_s']} s, max {worst} s"
+        f" (C1 target {RECOVERY_TARGET_S} s: {verdict})"
+    )
 
     checker.assert_clean(report)
     assert fired == set(run_ids), f"crash points that never fired: {sorted(set(run_ids) - fired)}"
@@ -101,8 +114,13 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
     for point in POINTS:
         figures = report["per_run"][serial[point]]
         executions = _approved_executions(cluster, serial[point]) if point in APPROVAL_CRASH_POINTS else None
-        extra[point] = (figures["raw_reexecutions"], figures["wasted_model_calls"], figures["interrupted_results"],
-                        executions, _reconciles(cluster, serial[point]))
+        extra[point] = (
+            figures["raw_reexecutions"],
+            figures["wasted_model_calls"],
+            figures["interrupted_results"],
+            executions,
+            _reconciles(cluster, serial[point]),
+        )
         twin = report["per_run"][parallel[point]]
         assert twin["raw_reexecutions"] <= TWIN_MAX_REEXECUTIONS, (point, twin)
         assert _reconciles(cluster, parallel[point]) == EXPECTED_EXTRA[point][4], point
@@ -115,7 +133,8 @@ def test_every_crash_point_costs_at_most_its_expected_extra_work(make_cluster: C
 
 
 def test_a_run_whose_next_message_died_with_its_worker_or_was_never_sent_is_sent_on(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     run_id, lost_id = "rescue-1", "lost-1"
     cluster = make_cluster(crash_at="after_model_save_before_enqueue:rescue-")
     cluster.start_worker(concurrency=2)
@@ -134,7 +153,8 @@ def test_a_run_whose_next_message_died_with_its_worker_or_was_never_sent_is_sent
     assert [f.runs for f in faults] == [(run_id,)], "the crash point did not fire"
     logs = cluster.worker_logs()
     assert f"step of {run_id} sent again: the pool process running it died" in logs, (
-        "the crashed run was not sent on by its worker")
+        "the crashed run was not sent on by its worker"
+    )
     assert "recover: re-enqueued" in logs, "the run whose message was never sent finished without the sweep"
     assert report["raw_reexecutions"] == 0 and report["wasted_model_calls"] == 0
     print(f"crashed run sent on by its worker in {report['recovery']['max_s']} s")

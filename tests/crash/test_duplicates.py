@@ -37,9 +37,11 @@ def test_every_message_delivered_twice_executes_nothing_twice(make_cluster: Call
     checker.print_report(report, "duplicate delivery (every message twice, 0-500 ms jitter)")
     outcomes = cluster.outcomes()
     duplicates = sum(1 for e in cluster.events() if e.get("kind") == "duplicate")
-    print(f"duplicates published: {duplicates + RUNS}, stale_dropped: {outcomes['stale']},"
-          f" busy_rejections: {outcomes['busy']}, idle: {outcomes['idle']},"
-          f" double executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']}")
+    print(
+        f"duplicates published: {duplicates + RUNS}, stale_dropped: {outcomes['stale']},"
+        f" busy_rejections: {outcomes['busy']}, idle: {outcomes['idle']},"
+        f" double executions: {report['raw_reexecutions']}, wasted model calls: {report['wasted_model_calls']}"
+    )
     checker.assert_clean(report)
     assert report["raw_reexecutions"] == 0
     assert report["wasted_model_calls"] == 0 and report["interrupted_model_calls"] == 0

@@ -39,8 +39,15 @@ def _consumers() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         if after is not None:
             args += ["--after", str(after)]
         with open(out.with_suffix(".log"), "ab") as log:
-            process = subprocess.Popen(args, cwd=ROOT, env=cluster.env(), stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=cluster.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         started.append(process)
         return process
 
@@ -58,8 +65,14 @@ def _epoch(at: str) -> float:
 
 
 def _turn_starts(cluster: Cluster, run_id: str, turn: int) -> list[dict[str, Any]]:
-    return [e for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"
-            and e.get("run_id") == run_id and str(e.get("tool_call_id")).startswith(f"c{turn}-")]
+    return [
+        e
+        for e in cluster.events()
+        if e.get("kind") == "tool"
+        and e.get("phase") == "start"
+        and e.get("run_id") == run_id
+        and str(e.get("tool_call_id")).startswith(f"c{turn}-")
+    ]
 
 
 def _ended(cluster: Cluster) -> set[str]:
@@ -85,8 +98,9 @@ def _assert_matches_transcript(union: list[dict[str, Any]], cluster: Cluster, ru
 
     steps = [e for e in union if e["type"] == "step.done"]
     assert [e["data"]["text"] for e in steps] == [m.content for m in turns]
-    assert ([[c["id"] for c in e["data"]["tool_calls"]] for e in steps]
-            == [[c.id for c in m.tool_calls or ()] for m in turns])
+    assert [[c["id"] for c in e["data"]["tool_calls"]] for e in steps] == [
+        [c.id for c in m.tool_calls or ()] for m in turns
+    ]
     # Each result follows the turn that asked for it, and comes before the next turn.
     asked: set[str] = set()
     for event in union:
@@ -101,7 +115,8 @@ def _assert_matches_transcript(union: list[dict[str, Any]], cluster: Cluster, ru
 
 
 def test_consumers_killed_and_resumed_see_every_event_once_while_a_worker_is_killed_mid_batch(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     started_at = time.monotonic()
     cluster = make_cluster()
     # A fresh id: a run's events outlive a truncation of the run tables between tests.
@@ -116,8 +131,11 @@ def test_consumers_killed_and_resumed_see_every_event_once_while_a_worker_is_kil
         wait_until(lambda: READY in out1.with_suffix(".log").read_text(), 20, "the first consumer to follow the run")
         first = cluster.start_worker("w1", concurrency=2)
         cluster.start_beat()
-        wait_until(lambda: len(read_lines(out1)) >= FIRST_CONSUMER_EVENTS, 20,
-                   f"the first consumer to write {FIRST_CONSUMER_EVENTS} events")
+        wait_until(
+            lambda: len(read_lines(out1)) >= FIRST_CONSUMER_EVENTS,
+            20,
+            f"the first consumer to write {FIRST_CONSUMER_EVENTS} events",
+        )
         consumer1.send_signal(signal.SIGKILL)
         consumer1.wait(timeout=10)
         seen1 = read_lines(out1)
@@ -125,8 +143,10 @@ def test_consumers_killed_and_resumed_see_every_event_once_while_a_worker_is_kil
 
         # The worker dies while every call of the next batch sleeps.
         ended = _ended(cluster)
-        turn = next((t for t in range(1, TURNS - 1)
-                     if not any(e["exec"] in ended for e in _turn_starts(cluster, run_id, t))), None)
+        turn = next(
+            (t for t in range(1, TURNS - 1) if not any(e["exec"] in ended for e in _turn_starts(cluster, run_id, t))),
+            None,
+        )
         assert turn is not None, "the run ended its last batch before the first consumer saw a few events"
         wait_until(lambda: len(_turn_starts(cluster, run_id, turn)) == CALLS, 20, f"the calls of turn {turn} to start")
         holder = cluster.holder_pid(run_id)
@@ -148,14 +168,16 @@ def test_consumers_killed_and_resumed_see_every_event_once_while_a_worker_is_kil
     seen2 = read_lines(out2)
     union = seen1 + seen2
     seqs = [e["seq"] for e in union]
-    assert seqs == list(range(len(union))), f"consumer 1: {seqs[:len(seen1)]}, consumer 2: {seqs[len(seen1):]}"
+    assert seqs == list(range(len(union))), f"consumer 1: {seqs[: len(seen1)]}, consumer 2: {seqs[len(seen1) :]}"
     types = [e["type"] for e in union]
     assert types[0] == "run.start" and types.count("run.start") == 1
     assert types[-1] == "run.done" and types.count("run.done") == 1
     assert union[0]["data"]["resumed"] is False
     # The consumers saw exactly what the run's log holds.
-    stored = [{k: v for k, v in e.wire().items() if k in ("seq", "type", "at", "data")}
-              for e in cluster.client.read_events(run_id, -1)]
+    stored = [
+        {k: v for k, v in e.wire().items() if k in ("seq", "type", "at", "data")}
+        for e in cluster.client.read_events(run_id, -1)
+    ]
     assert [{k: e[k] for k in ("seq", "type", "at", "data")} for e in union] == stored
     _assert_matches_transcript(union, cluster, run_id)
 
@@ -169,12 +191,18 @@ def test_consumers_killed_and_resumed_see_every_event_once_while_a_worker_is_kil
 
     saved_before_kill = [e["seq"] for e in union if _epoch(e["at"]) <= fault.ts]
     taken_over = next(e for e in union if _epoch(e["at"]) > fault.ts + checker.VICTIM_GRACE_S)
-    print(f"events: {len(union)} (seq 0..{seqs[-1]}); consumer 1 saw {len(seen1)} (seq 0..{killed_after}), killed"
-          f" after seq {killed_after}; consumer 2 resumed at seq {seen2[0]['seq']} and saw {len(seen2)}"
-          f" (seq {seen2[0]['seq']}..{seen2[-1]['seq']})")
-    print(f"worker killed after event seq {max(saved_before_kill)}, {len(in_flight)} of {CALLS} calls of turn {turn}"
-          f" running; new worker ready {workerless_s:.1f} s after the kill; first save after it"
-          f" {recovery_s} s after the kill (budget {budget}); consumer 2 saw it (seq {taken_over['seq']},"
-          f" {taken_over['type']}) {taken_over['seen'] - fault.ts:.2f} s after the kill")
-    print(f"raw tool re-executions: {report['raw_reexecutions']}, model calls: {report['model_calls']},"
-          f" wall time {time.monotonic() - started_at:.1f} s")
+    print(
+        f"events: {len(union)} (seq 0..{seqs[-1]}); consumer 1 saw {len(seen1)} (seq 0..{killed_after}), killed"
+        f" after seq {killed_after}; consumer 2 resumed at seq {seen2[0]['seq']} and saw {len(seen2)}"
+        f" (seq {seen2[0]['seq']}..{seen2[-1]['seq']})"
+    )
+    print(
+        f"worker killed after event seq {max(saved_before_kill)}, {len(in_flight)} of {CALLS} calls of turn {turn}"
+        f" running; new worker ready {workerless_s:.1f} s after the kill; first save after it"
+        f" {recovery_s} s after the kill (budget {budget}); consumer 2 saw it (seq {taken_over['seq']},"
+        f" {taken_over['type']}) {taken_over['seen'] - fault.ts:.2f} s after the kill"
+    )
+    print(
+        f"raw tool re-executions: {report['raw_reexecutions']}, model calls: {report['model_calls']},"
+        f" wall time {time.monotonic() - started_at:.1f} s"
+    )

@@ -34,8 +34,11 @@ def _cluster(make_cluster: Callable[..., Cluster], *, beat: bool) -> Cluster:
 def _paused(cluster: Cluster, session_id: str) -> dict[str, Approval]:
     """Send the run, wait for its pause, and return its approvals by tool name."""
     cluster.client.agent(AGENT).send(ask(session_id), session_id=session_id, check_agent=False)
-    wait_until(lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
-               20, f"{session_id} to pause on its approval and question")
+    wait_until(
+        lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
+        20,
+        f"{session_id} to pause on its approval and question",
+    )
     found = {a.tool_name: a for a in cluster.client.agent(AGENT).approvals.list() if a.session_id == session_id}
     assert sorted(found) == ["ask_question", "refund"]
     return found
@@ -65,7 +68,8 @@ def _decided(cluster: Cluster, approvals: dict[str, Approval]) -> dict[str, Appr
 
 
 def test_an_undecided_approval_and_question_expire_and_the_run_finishes_with_them_rejected(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster, beat=True)
     session_id = fresh_id("expire")
     approvals = _paused(cluster, session_id)
@@ -83,11 +87,14 @@ def test_an_undecided_approval_and_question_expire_and_the_run_finishes_with_the
     shown = _shown(cluster, session_id)
     assert (shown["refund"]["kind"], shown["refund"]["note"]) == ("rejected", _note(approvals["refund"]))
     assert (shown["ask_question"]["kind"], shown["ask_question"]["note"]) == (
-        "declined", _note(approvals["ask_question"]))
-    assert _refunds(cluster, session_id) == 0   # the expired call never ran
+        "declined",
+        _note(approvals["ask_question"]),
+    )
+    assert _refunds(cluster, session_id) == 0  # the expired call never ran
     decided = _decided(cluster, approvals)
     assert {name: (a.status, a.note) for name, a in decided.items()} == {
-        name: ("rejected", _note(a)) for name, a in approvals.items()}
+        name: ("rejected", _note(a)) for name, a in approvals.items()
+    }
     assert "recover: 2 approval(s) expired undecided" in cluster.worker_logs()
     # A decision now is refused as for any decided approval: the expiry already decided it.
     with pytest.raises(errors.ApprovalNotFoundError) as refused:
@@ -96,13 +103,14 @@ def test_an_undecided_approval_and_question_expire_and_the_run_finishes_with_the
 
 
 def test_a_late_decision_raises_approval_expired_and_the_run_goes_on_with_the_rejection(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     # No beat yet: nothing rejects the expired approval before the person's late decision does.
     cluster = _cluster(make_cluster, beat=False)
     session_id = fresh_id("late")
     approvals = _paused(cluster, session_id)
     handle = cluster.client.agent(AGENT)
-    handle.approvals.resolve(approvals["ask_question"].approval_id, answer="card")   # in time
+    handle.approvals.resolve(approvals["ask_question"].approval_id, answer="card")  # in time
 
     expires_at = approvals["refund"].expires_at
     assert expires_at is not None

@@ -29,8 +29,7 @@ RESULT_MAX = 120
 
 
 @pytest.fixture
-def flower_and_browser(
-        make_cluster: Callable[..., Cluster]) -> Iterator[tuple[Cluster, FlowerProcess, EventTap, Any]]:
+def flower_and_browser(make_cluster: Callable[..., Cluster]) -> Iterator[tuple[Cluster, FlowerProcess, EventTap, Any]]:
     """A cluster on the Flower agents, Flower (not started), a tap on the raw events and a Playwright browser."""
     problem = missing_prerequisite()
     if problem is not None:
@@ -45,8 +44,9 @@ def flower_and_browser(
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-            context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD},
-                                          viewport={"width": 2400, "height": 1200})
+            context = browser.new_context(
+                http_credentials={"username": USER, "password": PASSWORD}, viewport={"width": 2400, "height": 1200}
+            )
             try:
                 yield cluster, flower, tap, context
             finally:
@@ -108,7 +108,8 @@ def _table(title: str, rows: list[dict[str, str]]) -> str:
 
 
 def test_flower_finds_a_runs_steps_by_id_named_for_agent_and_kind_and_shows_failed_steps(
-        flower_and_browser: tuple[Cluster, FlowerProcess, EventTap, Any]) -> None:
+    flower_and_browser: tuple[Cluster, FlowerProcess, EventTap, Any],
+) -> None:
     cluster, flower, tap, context = flower_and_browser
     began = time.monotonic()
     # Given Flower, a worker, and a beat sending both sweeps every second; Flower listens before any run
@@ -143,17 +144,22 @@ def test_flower_finds_a_runs_steps_by_id_named_for_agent_and_kind_and_shows_fail
     shown = page.text()
     info = page.page.inner_text(".dataTables_info")
     looked = time.monotonic()
-    beats_sent = sum(path.read_text(errors="replace").count("Sending due task")
-                     for path in cluster.workdir.glob("beat-*.log"))
+    beats_sent = sum(
+        path.read_text(errors="replace").count("Sending due task") for path in cluster.workdir.glob("beat-*.log")
+    )
 
     print("\n" + _table(f"[flower] run {done} ({agents.SCOUT}), as the tasks page shows it:", done_rows))
     print(_table(f"[flower] run {parked} ({agents.BREAKER}):", parked_rows))
     print(_table(f"[flower] run {retried} ({agents.FLAKY}):", retried_rows))
     print(f"[flower] unfiltered: {info!r}; sweep rows {len(sweep_rows)} while the beat sent {beats_sent} sweeps")
-    print(f"[flower] raw task events of the three runs: {len(tap.task_events('sent', '-'))} task-sent,"
-          f" {len(tap.task_events('received', '-'))} task-received")
-    print(f"[flower] timings: flower + worker + beat up {ready - began:.1f} s, runs settled {settled - ready:.1f} s,"
-          f" page read {looked - settled:.1f} s")
+    print(
+        f"[flower] raw task events of the three runs: {len(tap.task_events('sent', '-'))} task-sent,"
+        f" {len(tap.task_events('received', '-'))} task-received"
+    )
+    print(
+        f"[flower] timings: flower + worker + beat up {ready - began:.1f} s, runs settled {settled - ready:.1f} s,"
+        f" page read {looked - settled:.1f} s"
+    )
 
     # The finished run: every step succeeded, named for the agent, ids in kwargs, a short result.
     kinds = [_check_step(row, agents.SCOUT, done) for row in done_rows]

@@ -36,7 +36,8 @@ def _get(url: str, auth: bool) -> tuple[int, str]:
 
 
 def test_lousho_flower_serves_its_api_and_the_run_columns_behind_authentication(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     if find_spec("flower") is None:
         if os.environ.get("CI"):
             pytest.fail("the flower package is not installed")
@@ -46,13 +47,22 @@ def test_lousho_flower_serves_its_api_and_the_run_columns_behind_authentication(
     env = {**cluster.env(), "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}
     log_path = cluster.workdir / "flower.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "producer.cli", "flower", "--port", str(port)], cwd=ROOT,
-                                   env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "flower", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: process.poll() is None and _get(f"{base}/healthcheck", auth=True)[0] == 200, 30,
-                   f"Flower answering (log: {log_path})")
+        wait_until(
+            lambda: process.poll() is None and _get(f"{base}/healthcheck", auth=True)[0] == 200,
+            30,
+            f"Flower answering (log: {log_path})",
+        )
 
         assert _get(f"{base}/api/tasks", auth=False)[0] == 401
         status, body = _get(f"{base}/api/tasks", auth=True)
@@ -73,8 +83,15 @@ def test_lousho_flower_refuses_to_start_without_credentials(make_cluster: Callab
     cluster = make_cluster()
     env = {name: value for name, value in cluster.env().items() if not name.startswith("FLOWER_")}
 
-    done = subprocess.run([sys.executable, "-m", "producer.cli", "flower"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "flower"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error LOUSHO_CONFIG_INVALID: Flower never runs without authentication")
@@ -86,5 +103,12 @@ def test_lousho_flower_passes_more_flower_options_after_a_double_dash() -> None:
     args = build_parser().parse_args(["flower", "--app", "myapp", "--port", "5600", "--", "--url_prefix=flower"])
 
     assert flower.flower_argv("celery", args) == [
-        "celery", "-A", "myapp", "flower", "--address=127.0.0.1", "--port=5600",
-        f"--tasks_columns={','.join(SHOWN)}", "--url_prefix=flower"]
+        "celery",
+        "-A",
+        "myapp",
+        "flower",
+        "--address=127.0.0.1",
+        "--port=5600",
+        f"--tasks_columns={','.join(SHOWN)}",
+        "--url_prefix=flower",
+    ]

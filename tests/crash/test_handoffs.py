@@ -14,14 +14,17 @@ MODULE = "tests.support.handoff_agents"
 
 
 def test_a_run_handed_off_and_then_crashed_resumes_as_the_agent_it_was_handed_to(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE})
     first = cluster.start_worker(concurrency=1)
     cluster.start_beat()
     session_id = fresh_id("handed")
     cluster.send(FRONT, session_id, run_input(session_id))
-    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start"
-                       and e.get("run_id") == session_id, what="the refund desk's call to start")
+    cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id,
+        what="the refund desk's call to start",
+    )
     handed = cluster.checkpoint(FRONT, session_id)
     assert handed.active_agent == REFUNDS and handed.agent == FRONT
     cluster.kill_group(first)
@@ -40,20 +43,31 @@ def test_a_run_handed_off_and_then_crashed_resumes_as_the_agent_it_was_handed_to
 
 
 def test_a_handoff_waits_for_its_turns_approval_and_the_approved_call_runs_as_the_agent_that_asked(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE})
     first = cluster.start_worker(concurrency=1)
     cluster.start_beat()
     session_id = fresh_id("gated-handoff")
     cluster.send(GATED_FRONT, session_id, run_input(session_id))
-    wait_until(lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
-               20, "the run to pause on its approval")
+    wait_until(
+        lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
+        20,
+        "the run to pause on its approval",
+    )
     held = cluster.checkpoint(GATED_FRONT, session_id)
     assert held.active_agent is None  # the handoff waits for the decision
     (approval_id,) = held.approval_ids
     cluster.client.agent(GATED_FRONT).approvals.resolve(approval_id, approved=True)
-    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start" and bool(e.get("approved"))
-                       and e.get("run_id") == session_id, what="the approved call to start")
+    cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("phase") == "start"
+            and bool(e.get("approved"))
+            and e.get("run_id") == session_id
+        ),
+        what="the approved call to start",
+    )
     cluster.kill_group(first)  # mid-call: the approved call gets an interrupted result, never a second run
     cluster.start_worker(name="w2", concurrency=1)
     cluster.wait_finished([session_id], timeout=60)
@@ -61,8 +75,11 @@ def test_a_handoff_waits_for_its_turns_approval_and_the_approved_call_runs_as_th
     finished = cluster.checkpoint(GATED_FRONT, session_id)
     assert finished.last_error is None and finished.active_agent == REFUNDS
     assert finished.final_text is not None and finished.final_text.startswith("refunds answered")
-    approved_runs = [e for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"
-                     and e.get("approved") and e.get("run_id") == session_id]
+    approved_runs = [
+        e
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("approved") and e.get("run_id") == session_id
+    ]
     assert len(approved_runs) == 1
     gated, handed = [m for m in finished.messages if m.role == "tool"][:2]
     assert gated.is_error and "interrupted" in str(gated.content)

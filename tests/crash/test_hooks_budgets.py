@@ -84,19 +84,27 @@ def _end_due(cluster: Cluster, session_id: str) -> bool:
 
 def _assert_checked(cluster: Cluster, session_id: str, title: str, faults: Iterable[Fault] | None = None) -> None:
     """The checker finds nothing wrong with the run (results a hook gave without running the call included)."""
-    report = checker.check(cluster.database_url, cluster.log_path, expected=[session_id],
-                           faults=list(cluster.faults if faults is None else faults))
+    report = checker.check(
+        cluster.database_url,
+        cluster.log_path,
+        expected=[session_id],
+        faults=list(cluster.faults if faults is None else faults),
+    )
     checker.print_report(report, title)
     left = report["violations"]
     assert not left, f"{len(left)} violation(s):\n" + "\n".join(left[:20])
 
 
 def test_hooks_deny_one_call_rewrite_another_and_replace_a_third_result_with_a_real_worker(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     session_id = fresh_id("guarded")
-    result = cluster.client.agent(GUARDED).send(run_input(session_id), session_id=session_id,
-                                                check_agent=False).wait(timeout=20)
+    result = (
+        cluster.client.agent(GUARDED)
+        .send(run_input(session_id), session_id=session_id, check_agent=False)
+        .wait(timeout=20)
+    )
     assert result.finish_reason == "stop" and str(result.text).startswith("recorded")
 
     checkpoint = cluster.checkpoint(GUARDED, session_id)
@@ -105,8 +113,10 @@ def test_hooks_deny_one_call_rewrite_another_and_replace_a_third_result_with_a_r
     assert [args for _, args in calls] == list(GUARDED_CALLS)
     (denied_id, _), (rewritten_id, _), (replaced_id, _) = calls
     # The denied call never ran; the rewritten one ran with the hook's arguments; the third with the model's.
-    assert [{k: v for k, v in a.items() if k != "call"} for a in received_args(shared, session_id)] \
-        == [{"order": "A2", "amount": 20}, {"order": "a3", "amount": 5}]
+    assert [{k: v for k, v in a.items() if k != "call"} for a in received_args(shared, session_id)] == [
+        {"order": "A2", "amount": 20},
+        {"order": "a3", "amount": 5},
+    ]
     assert [a["call"] for a in received_args(shared, session_id)] == [rewritten_id, replaced_id]
     assert cluster.call_starts(session_id) == Counter({rewritten_id: 1, replaced_id: 1})
 
@@ -125,7 +135,8 @@ def test_hooks_deny_one_call_rewrite_another_and_replace_a_third_result_with_a_r
 
 
 def test_a_raising_hook_parks_the_run_across_a_worker_restart_and_resume_after_the_fix_finishes_it(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     handle = cluster.client.agent(FRAGILE)
     session_id = fresh_id("fragile")
@@ -166,7 +177,8 @@ def test_a_raising_hook_parks_the_run_across_a_worker_restart_and_resume_after_t
 
 
 def test_a_hook_cannot_change_the_arguments_a_person_approved(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     handle = cluster.client.agent(PINNED)
     session_id = fresh_id("pinned")
@@ -189,18 +201,23 @@ def test_a_hook_cannot_change_the_arguments_a_person_approved(
 
 
 def test_on_run_end_runs_again_with_the_same_end_id_after_a_crash_before_its_note(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     prefix = "ending-"
     cluster, shared = _cluster(make_cluster, tmp_path, crash_at=f"{END_POINT}:{prefix}")
     cluster.start_beat()
     session_id = fresh_id("ending")
-    result = cluster.client.agent(ENDING).send(run_input(session_id), session_id=session_id,
-                                               check_agent=False).wait(timeout=20)
+    result = (
+        cluster.client.agent(ENDING)
+        .send(run_input(session_id), session_id=session_id, check_agent=False)
+        .wait(timeout=20)
+    )
     assert result.finish_reason == "stop"
 
     ends = ends_file(shared, session_id)
-    wait_until(lambda: ends.exists() and len(ends.read_text().splitlines()) >= 2, 20,
-               "on_run_end delivered a second time")
+    wait_until(
+        lambda: ends.exists() and len(ends.read_text().splitlines()) >= 2, 20, "on_run_end delivered a second time"
+    )
     wait_until(lambda: not _end_due(cluster, session_id), 10, "the note that the end hooks ran")
     marker = cluster.crash_dir / f"crash-{END_POINT}-{session_id}"
     assert marker.exists(), "the crash point did not fire"
@@ -214,13 +231,15 @@ def test_on_run_end_runs_again_with_the_same_end_id_after_a_crash_before_its_not
     assert len(ends.read_text().splitlines()) == 2 and not _end_due(cluster, session_id)
     logs = cluster.worker_logs()
     assert "recover: re-enqueued" in logs or f"step of {session_id} sent again: the pool process" in logs, (
-        "the second delivery came neither from the sweep nor from the worker that saw its process die")
+        "the second delivery came neither from the sweep nor from the worker that saw its process die"
+    )
     fault = Fault(marker.stat().st_mtime, f"crash:{END_POINT}", (crashed,), (session_id,))
     _assert_checked(cluster, session_id, "on_run_end across a crash before its note", faults=[fault])
 
 
 def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_limit_finishes_the_run(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster, _ = _cluster(make_cluster, tmp_path)
     cluster.start_beat()
     settings = cluster.settings()
@@ -243,8 +262,11 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
     seq = _status(cluster, session_id)["seq"]
     _, received = cluster.sweeps()
     quiet_until = done.at.timestamp() + settings.lease_ttl_ms / 1000
-    wait_until(lambda: time.time() > quiet_until and cluster.sweeps()[1] >= received + SWEEPS,
-               10 + SWEEPS * settings.recover_interval_s, f"{SWEEPS} sweeps after the stopped run went quiet")
+    wait_until(
+        lambda: time.time() > quiet_until and cluster.sweeps()[1] >= received + SWEEPS,
+        10 + SWEEPS * settings.recover_interval_s,
+        f"{SWEEPS} sweeps after the stopped run went quiet",
+    )
     assert _status(cluster, session_id)["seq"] == seq
     assert [e.seq for e in cluster.client.read_events(session_id, -1)] == [e.seq for e in events]
     assert len(cluster.model_starts(session_id)) == turns
@@ -260,7 +282,8 @@ def test_a_budget_stop_is_left_alone_by_the_sweep_and_a_resume_with_a_raised_lim
 
 
 def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_one_resolve_picks_now(
-        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     cluster, shared = _cluster(make_cluster, tmp_path)
     cluster.start_beat()
     session_id = fresh_id("tiered")
@@ -268,8 +291,10 @@ def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_
     tier.write_text("fast")
     cluster.send(TIERED, session_id, run_input(session_id))
 
-    started = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start"
-                                 and e.get("run_id") == session_id, what="the slow call to start")
+    started = cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id,
+        what="the slow call to start",
+    )
     (first,) = cluster.live_workers()
     fault = cluster.kill_group(first)
     assert fault.runs == (session_id,), "the killed worker did not hold the run"
@@ -282,8 +307,11 @@ def test_a_dynamic_agent_killed_mid_run_resumes_with_the_model_it_chose_not_the_
     assert str(checkpoint.final_text).startswith(f"{ANSWERED_BY}fast")
     assert checkpoint.run_config is not None and checkpoint.run_config["model"]["model_id"] == TIERS["fast"]
     # resolve ran again after the kill and would have chosen the other model; the saved choice won.
-    later = [e["tier"] for e in cluster.events()
-             if e.get("kind") == "resolve" and e.get("run_id") == session_id and e["ts"] > fault.ts]
+    later = [
+        e["tier"]
+        for e in cluster.events()
+        if e.get("kind") == "resolve" and e.get("run_id") == session_id and e["ts"] > fault.ts
+    ]
     assert later and set(later) == {"smart"}
     assert cluster.call_starts(session_id) == Counter({str(started["tool_call_id"]): 2})  # killed once, then ran
     _assert_checked(cluster, session_id, "dynamic agent killed mid-run")

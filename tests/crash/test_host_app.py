@@ -16,7 +16,8 @@ from tests.support.cluster import Cluster
 
 @pytest.mark.parametrize("lousho_broker", [True, False], ids=["LOUSHO_BROKER_URL-set", "LOUSHO_BROKER_URL-unset"])
 def test_a_worker_of_the_team_s_app_runs_a_lousho_run_and_the_app_s_own_task(
-        make_cluster: Callable[..., Cluster], lousho_broker: bool) -> None:
+    make_cluster: Callable[..., Cluster], lousho_broker: bool
+) -> None:
     url = services.test_redis_url()
     env = {"HOST_APP_REDIS_URL": url, **({"LOUSHO_BROKER_URL": url} if lousho_broker else {})}
     cluster = make_cluster(extra_env=env)

@@ -53,8 +53,11 @@ def _results(checkpoint: Checkpoint) -> dict[str, dict[str, Any]]:
 
 def _paused_on_question(cluster: Cluster, session_id: str) -> tuple[str, str, str]:
     """Wait for the asker's run to pause; (approval id, question call id, ordinary call id)."""
-    wait_until(lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
-               20, f"{session_id} to pause on its question")
+    wait_until(
+        lambda: cluster.statuses([session_id]).get(session_id, {}).get("status") == "awaiting-approval",
+        20,
+        f"{session_id} to pause on its question",
+    )
     (approval,) = cluster.client.agent(ASKER).approvals.list()
     assert (approval.session_id, approval.kind, approval.tool_name) == (session_id, "question", "ask_question")
     assert (approval.question, approval.options) == (QUESTION, OPTIONS)
@@ -78,14 +81,16 @@ def _assert_checked(cluster: Cluster, session_id: str, title: str) -> None:
 
 
 def test_a_question_is_answered_from_another_process_after_the_asking_worker_was_killed(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     cluster.start_beat()
     session_id = fresh_id("asked")
     cluster.send(ASKER, session_id, run_input(session_id))
     approval_id, question_id, work_id = _paused_on_question(cluster, session_id)
     assert [(p.state, p.approval_kind) for p in cluster.client.agent(ASKER).pending()] == [
-        ("awaiting-approval", "question")]
+        ("awaiting-approval", "question")
+    ]
 
     # The worker that asked dies; a new one starts, and the sweep leaves the waiting run alone.
     (first,) = cluster.live_workers()
@@ -101,10 +106,14 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
     # The person answers through the command line, another OS process.
     answered = subprocess.run(
         [sys.executable, "-m", "producer.cli", "approvals", "answer", approval_id, "Oslo", "--json"],
-        cwd=ROOT, env={**os.environ, **services.test_environment()}, capture_output=True, text=True, timeout=60)
+        cwd=ROOT,
+        env={**os.environ, **services.test_environment()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert answered.returncode == 0, answered.stderr
-    assert json.loads(answered.stdout) == {"approval_id": approval_id, "decision": "answered",
-                                           "session_id": session_id}
+    assert json.loads(answered.stdout) == {"approval_id": approval_id, "decision": "answered", "session_id": session_id}
     cluster.wait_finished([session_id], timeout=20)
 
     checkpoint = cluster.checkpoint(ASKER, session_id)
@@ -118,7 +127,8 @@ def test_a_question_is_answered_from_another_process_after_the_asking_worker_was
 
 
 def test_a_declined_question_finishes_the_run_with_the_declined_result_and_cannot_be_decided_again(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     session_id = fresh_id("declined")
     cluster.send(ASKER, session_id, run_input(session_id))
@@ -129,8 +139,11 @@ def test_a_declined_question_finishes_the_run_with_the_declined_result_and_canno
 
     assert result.finish_reason == "stop" and str(result.text).startswith(NOT_BOOKED + "ask me tomorrow")
     declined = _results(cluster.checkpoint(ASKER, session_id))[question_id]
-    assert (declined["kind"], declined["error"], declined["note"]) == ("declined", "QuestionDeclined",
-                                                                       "ask me tomorrow")
+    assert (declined["kind"], declined["error"], declined["note"]) == (
+        "declined",
+        "QuestionDeclined",
+        "ask me tomorrow",
+    )
     with pytest.raises(errors.ApprovalNotFoundError):
         approvals.resolve(approval_id, approved=False, note="again")
     with pytest.raises(errors.ApprovalNotFoundError):
@@ -141,7 +154,8 @@ def test_a_declined_question_finishes_the_run_with_the_declined_result_and_canno
 
 
 def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_the_raising_call_again(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster)
     handle = cluster.client.agent(SHIPPER)
     session_id = fresh_id("propagated")
@@ -162,8 +176,9 @@ def test_a_propagating_tool_error_mid_batch_parks_the_run_and_resume_runs_only_t
     (raised,) = [e for e in log if e["phase"] == "raised"]
     assert raised["tool_call_id"] == middle
     assert any(e["phase"] == "end" and e["ts"] > raised["ts"] for e in log)
-    assert [(p.session_id, p.state, p.last_error.code if p.last_error else None) for p in handle.pending()] \
-        == [(session_id, "parked", errors.PropagatingToolError.code)]
+    assert [(p.session_id, p.state, p.last_error.code if p.last_error else None) for p in handle.pending()] == [
+        (session_id, "parked", errors.PropagatingToolError.code)
+    ]
     assert cluster.call_starts(session_id) == Counter({first: 1, middle: 1, last: 1})
 
     marker.unlink()  # the carrier is back

@@ -12,7 +12,8 @@ MODULE = "tests.support.hung_agents"
 
 
 def test_a_pool_process_with_more_hung_calls_than_allowed_is_recycled_and_the_run_goes_on(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULE, "LOUSHO_HUNG_TOOL_CALLS_MAX": "1"})
     worker = cluster.start_worker(concurrency=1)
     cluster.start_beat()

@@ -25,13 +25,20 @@ SLACK_S = 2.0
 
 
 def _tool_started(run_id: str, call_prefix: str) -> Callable[[dict[str, object]], bool]:
-    return lambda e: (e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id
-                      and str(e.get("tool_call_id")).startswith(call_prefix))
+    return lambda e: (
+        e.get("kind") == "tool"
+        and e.get("phase") == "start"
+        and e.get("run_id") == run_id
+        and str(e.get("tool_call_id")).startswith(call_prefix)
+    )
 
 
 def _executions(cluster: Cluster, run_id: str) -> Counter[str]:
-    return Counter(str(e["tool_call_id"]) for e in cluster.events()
-                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id)
+    return Counter(
+        str(e["tool_call_id"])
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id
+    )
 
 
 def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Callable[..., Cluster]) -> None:
@@ -63,8 +70,7 @@ def test_child_killed_mid_tool_reruns_only_the_interrupted_call(make_cluster: Ca
     assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= budget.limit_s
 
 
-def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
-        make_cluster: Callable[..., Cluster]) -> None:
+def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
@@ -73,9 +79,15 @@ def test_child_killed_mid_model_call_regenerates_only_the_unsaved_turn(
     # The first save after the kill is turn 1, generated again.
     budget = cluster.recovery_budget(SLOW_MS / 1000, SLACK_S)
 
-    call = cluster.wait_event(lambda e: e.get("kind") == "model" and e.get("phase") == "start"
-                              and e.get("run_id") == run_id and e.get("turn_index") == 1,
-                              what="the slow model call")
+    call = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "model"
+            and e.get("phase") == "start"
+            and e.get("run_id") == run_id
+            and e.get("turn_index") == 1
+        ),
+        what="the slow model call",
+    )
     time.sleep(0.2)
     holder = cluster.holder_pid(run_id)
     assert holder is not None and holder == call["pid"] and is_alive(holder)
@@ -102,8 +114,11 @@ def test_killed_worker_is_replaced_and_its_runs_finish(make_cluster: Callable[..
     run_ids = [f"{action}-{n}" for n in range(4)]
     for run_id in run_ids:
         cluster.send("chaos", run_id, run_input(run_id, sleep="{}-{}".format(*SLEEP_MS)))
-    wait_until(lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2, 15,
-               "both pool processes holding a lease")
+    wait_until(
+        lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2,
+        15,
+        "both pool processes holding a lease",
+    )
 
     # Killing the main process only must take its pool children down too, or they would go on
     # renewing leases for runs nobody finishes.
@@ -120,11 +135,14 @@ def test_killed_worker_is_replaced_and_its_runs_finish(make_cluster: Callable[..
     # The sweep needs a live worker: the time without one beyond the TTL adds to the bound. One
     # step is a run's longest call, queued behind the other runs' steps on the new worker's pool.
     ttl_s = cluster.settings().lease_ttl_ms / 1000
-    budget = cluster.recovery_budget(math.ceil(len(run_ids) / concurrency) * SLEEP_MS[1] / 1000,
-                                     round(max(0.0, workerless_s - ttl_s), 3) + SLACK_S)
-    print(f"runs hit: {len(fault.runs)}, all finished {waited:.1f} s after the kill"
-          f" (new worker ready {workerless_s:.1f} s after it), recovery max {report['recovery']['max_s']} s"
-          f" (budget {budget})")
+    budget = cluster.recovery_budget(
+        math.ceil(len(run_ids) / concurrency) * SLEEP_MS[1] / 1000, round(max(0.0, workerless_s - ttl_s), 3) + SLACK_S
+    )
+    print(
+        f"runs hit: {len(fault.runs)}, all finished {waited:.1f} s after the kill"
+        f" (new worker ready {workerless_s:.1f} s after it), recovery max {report['recovery']['max_s']} s"
+        f" (budget {budget})"
+    )
     assert report["recovery"]["count"] == len(fault.runs)
     assert report["recovery"]["max_s"] is not None and report["recovery"]["max_s"] <= budget.limit_s
 
@@ -162,6 +180,8 @@ def test_stopped_lease_holder_is_fenced_and_its_late_result_dropped(make_cluster
     recorded = {json.loads(str(m.content))["exec"] for m in checkpoint.messages if m.role == "tool"}
     assert slow["exec"] not in recorded, "the zombie's late result reached the transcript"
     executions = _executions(cluster, run_id)
-    print(f"fenced rejections: {len(refused)}, zombie raw executions: {executions[str(slow['tool_call_id'])] - 1},"
-          f" late results in transcript: 0, recovery {report['recovery']['max_s']} s")
+    print(
+        f"fenced rejections: {len(refused)}, zombie raw executions: {executions[str(slow['tool_call_id'])] - 1},"
+        f" late results in transcript: 0, recovery {report['recovery']['max_s']} s"
+    )
     assert cluster.outcomes()["fenced"] >= 1

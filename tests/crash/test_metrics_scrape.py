@@ -59,8 +59,11 @@ def _free_port() -> int:
 
 
 def _parse(body: str) -> Samples:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in parser.text_string_to_metric_families(body) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in parser.text_string_to_metric_families(body)
+        for s in family.samples
+    }
 
 
 def _scrape(port: int) -> Samples:
@@ -106,8 +109,12 @@ def _log_sum(cluster: Cluster, marker: str, index: int = 0) -> int:
 
 def _headers(body: bytes, delivery_id: str, key: bytes = WEBHOOK_KEY) -> dict[str, str]:
     stamp = int(time.time())
-    return {"content-type": "application/json", "webhook-id": delivery_id, "webhook-timestamp": str(stamp),
-            "webhook-signature": sign(key, delivery_id, stamp, body)}
+    return {
+        "content-type": "application/json",
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": sign(key, delivery_id, stamp, body),
+    }
 
 
 def _weather_events(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -123,24 +130,32 @@ def _expected(cluster: Cluster, weather_log: Path) -> dict[str, Any]:
     provider = Counter(e["outcome"] for e in _weather_events(weather_log, "provider") if e.get("phase") == "end")
     # inbox_head numbers the inputs a run was sent (the inbox rows go once merged).
     inputs = dict(_rows(cluster, "SELECT agent, sum(inbox_head) FROM runs GROUP BY agent"))
-    finished = dict(_rows(cluster, "SELECT agent, count(*) FROM runs WHERE status = 'finished'"
-                                   " AND NOT COALESCE((document ->> 'aborted')::boolean, false) GROUP BY agent"))
+    finished = dict(
+        _rows(
+            cluster,
+            "SELECT agent, count(*) FROM runs WHERE status = 'finished'"
+            " AND NOT COALESCE((document ->> 'aborted')::boolean, false) GROUP BY agent",
+        )
+    )
     fires = dict(_rows(cluster, "SELECT outcome, count(*) FROM schedule_fires GROUP BY outcome"))
     return {
         "outcomes": dict(cluster.outcomes()),
         "inputs": {str(k): int(v) for k, v in inputs.items()},
         "finished_chaos": int(finished.get("chaos", 0)),
-        "mock_calls": len(model_ends), "abort_calls": len(abort_models),
-        "provider_ok": provider["ok"], "provider_failed": sum(provider.values()) - provider["ok"],
-        "work": sum(1 for e in tool_ends if not e.get("approved") and e.get("ms") is None
-                    and "cancelled" not in e),
+        "mock_calls": len(model_ends),
+        "abort_calls": len(abort_models),
+        "provider_ok": provider["ok"],
+        "provider_failed": sum(provider.values()) - provider["ok"],
+        "work": sum(1 for e in tool_ends if not e.get("approved") and e.get("ms") is None and "cancelled" not in e),
         "approved_work": sum(1 for e in tool_ends if e.get("approved")),
         "slow": sum(1 for e in tool_ends if "cancelled" in e),
         "forecast": len([e for e in _weather_events(weather_log, "tool") if e.get("phase") == "start"]),
         "resends": _log_sum(cluster, "recover: re-enqueued "),
-        "fires": _log_sum(cluster, "schedules: ", 0), "skips": _log_sum(cluster, "schedules: ", 1),
+        "fires": _log_sum(cluster, "schedules: ", 0),
+        "skips": _log_sum(cluster, "schedules: ", 1),
         "misses": _log_sum(cluster, "schedules: ", 2),
-        "fires_table": int(fires.get("fired", 0)), "skips_table": int(fires.get("skipped", 0)),
+        "fires_table": int(fires.get("fired", 0)),
+        "skips_table": int(fires.get("skipped", 0)),
     }
 
 
@@ -155,12 +170,18 @@ def _compare(expected: dict[str, Any], got: Samples, parked_code: str) -> list[s
     scraped_outcomes = _by(got, "lousho_steps_total", "outcome")
     for outcome in sorted(set(outcomes) | set(scraped_outcomes)):
         check(f"{outcome} steps", scraped_outcomes.get(outcome, 0), outcomes.get(outcome, 0))
-    check("timed steps", _sum(got, "lousho_step_duration_seconds_count"),
-          sum(v for k, v in outcomes.items() if k not in metrics.UNTIMED))
+    check(
+        "timed steps",
+        _sum(got, "lousho_step_duration_seconds_count"),
+        sum(v for k, v in outcomes.items() if k not in metrics.UNTIMED),
+    )
     for agent, count in expected["inputs"].items():
         check(f"runs started by {agent}", _sum(got, "lousho_runs_started_total", agent=agent), count)
-    check("runs finished by chaos", _sum(got, "lousho_runs_finished_total", agent="chaos", finish_reason="stop"),
-          expected["finished_chaos"])
+    check(
+        "runs finished by chaos",
+        _sum(got, "lousho_runs_finished_total", agent="chaos", finish_reason="stop"),
+        expected["finished_chaos"],
+    )
     check("runs finished by weather", _sum(got, "lousho_runs_finished_total", agent="weather"), 1)
     check("runs awaiting approval", _sum(got, "lousho_runs_awaiting_approval_total", agent="chaos"), 1)
     check("runs parked", _sum(got, "lousho_runs_parked_total", agent="weather", code=parked_code), 1)
@@ -168,17 +189,32 @@ def _compare(expected: dict[str, Any], got: Samples, parked_code: str) -> list[s
     check("runs aborted", _sum(got, "lousho_runs_aborted_total", agent=abort_agents.AGENT), 1)
     check("fenced saves", _sum(got, "lousho_fenced_saves_total", agent="chaos"), outcomes.get("fenced", 0))
     check("busy drops", _sum(got, "lousho_busy_drops_total"), outcomes.get("busy", 0))
-    check("mock model calls", _sum(got, "lousho_model_calls_total", model="crash-mock", outcome="ok"),
-          expected["mock_calls"])
-    check("abort model calls", _sum(got, "lousho_model_calls_total", model="abort-mock", outcome="ok"),
-          expected["abort_calls"])
-    check("provider calls", _sum(got, "lousho_model_calls_total", model=PROVIDER_MODEL, outcome="ok"),
-          expected["provider_ok"])
+    check(
+        "mock model calls",
+        _sum(got, "lousho_model_calls_total", model="crash-mock", outcome="ok"),
+        expected["mock_calls"],
+    )
+    check(
+        "abort model calls",
+        _sum(got, "lousho_model_calls_total", model="abort-mock", outcome="ok"),
+        expected["abort_calls"],
+    )
+    check(
+        "provider calls",
+        _sum(got, "lousho_model_calls_total", model=PROVIDER_MODEL, outcome="ok"),
+        expected["provider_ok"],
+    )
     check("provider errors", _sum(got, "lousho_model_errors_total", model=PROVIDER_MODEL), expected["provider_failed"])
-    check("provider input tokens", _sum(got, "lousho_model_tokens_total", model=PROVIDER_MODEL, direction="input"),
-          10 * expected["provider_ok"])
-    check("provider output tokens", _sum(got, "lousho_model_tokens_total", model=PROVIDER_MODEL, direction="output"),
-          5 * expected["provider_ok"])
+    check(
+        "provider input tokens",
+        _sum(got, "lousho_model_tokens_total", model=PROVIDER_MODEL, direction="input"),
+        10 * expected["provider_ok"],
+    )
+    check(
+        "provider output tokens",
+        _sum(got, "lousho_model_tokens_total", model=PROVIDER_MODEL, direction="output"),
+        5 * expected["provider_ok"],
+    )
     for tool in ("work", "approved_work", "slow", "forecast"):
         check(f"{tool} calls", _sum(got, "lousho_tool_calls_total", tool=tool), expected[tool])
         check(f"{tool} timings", _sum(got, "lousho_tool_duration_seconds_count", tool=tool), expected[tool])
@@ -205,13 +241,19 @@ def _figures(got: Samples) -> str:
 
 
 def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
-        make_cluster: Callable[..., Cluster],
-        provider: tuple[FakeProviderServer, weather_agents.WeatherScript]) -> None:
+    make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, weather_agents.WeatherScript]
+) -> None:
     server, _ = provider
     port = _free_port()
     # The I19 checker looks every second, so its gauges are in the scrape too.
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": MODULES, weather_agents.URL_ENV: server.openai_url,
-                                      "LOUSHO_METRICS_PORT": str(port), "LOUSHO_DOCTOR_INTERVAL_S": "1"})
+    cluster = make_cluster(
+        extra_env={
+            "LOUSHO_AGENTS": MODULES,
+            weather_agents.URL_ENV: server.openai_url,
+            "LOUSHO_METRICS_PORT": str(port),
+            "LOUSHO_DOCTOR_INTERVAL_S": "1",
+        }
+    )
     weather_log = cluster.workdir / "weather.jsonl"
     folder = cluster.workdir / "metrics"
     cluster.extra_env.update({weather_agents.LOG_ENV: str(weather_log), "LOUSHO_METRICS_DIR": str(folder)})
@@ -242,9 +284,15 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
     cluster.client.enqueuer.advance("m-busy")
     wait_until(lambda: cluster.outcomes()["busy"] >= 1, 10, "a busy drop")
     cluster.send("chaos", "m-zombie", run_input("m-zombie", slow="1.0:2500", sleep="20-60"))
-    slow = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("phase") == "start"
-                              and e.get("run_id") == "m-zombie" and str(e["tool_call_id"]).startswith("c1-0-"),
-                              what="the slow call of m-zombie")
+    slow = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("phase") == "start"
+            and e.get("run_id") == "m-zombie"
+            and str(e["tool_call_id"]).startswith("c1-0-")
+        ),
+        what="the slow call of m-zombie",
+    )
     wait_until(lambda: cluster.statuses(["m-zombie"])["m-zombie"]["seq"] >= 6, 10, "m-zombie's fast results")
     zombie = int(slow["pid"])
     cluster.stop(zombie)
@@ -256,14 +304,28 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
     cluster.wait_finished(["m-busy", "m-zombie"], timeout=30)
 
     # And schedules: one firing every second with runs longer than that (skips), one far behind (misses)
-    cluster.client.schedules.create("m-every", "chaos", run_input("m-sched", turns=2, calls="1", model=700),
-                                    every=1, overlap="skip", check_agent=False)
-    cluster.client.schedules.create("m-late", "chaos", run_input("m-late", turns=1), every=3600, catch_up="skip",
-                                    check_agent=False)
+    cluster.client.schedules.create(
+        "m-every",
+        "chaos",
+        run_input("m-sched", turns=2, calls="1", model=700),
+        every=1,
+        overlap="skip",
+        check_agent=False,
+    )
+    cluster.client.schedules.create(
+        "m-late", "chaos", run_input("m-late", turns=1), every=3600, catch_up="skip", check_agent=False
+    )
     with psycopg.connect(cluster.database_url, autocommit=True) as conn:
         conn.execute("UPDATE schedules SET next_fire_at = now() - interval '5 hours' WHERE name = 'm-late'")
-    wait_until(lambda: _log_sum(cluster, "schedules: ", 1) >= 1 and _log_sum(cluster, "schedules: ", 2) >= 1
-               and _log_sum(cluster, "schedules: ", 0) >= 2, 20, "fired, skipped and missed ticks")
+    wait_until(
+        lambda: (
+            _log_sum(cluster, "schedules: ", 1) >= 1
+            and _log_sum(cluster, "schedules: ", 2) >= 1
+            and _log_sum(cluster, "schedules: ", 0) >= 2
+        ),
+        20,
+        "fired, skipped and missed ticks",
+    )
     cluster.client.schedules.pause("m-every")
     cluster.client.schedules.pause("m-late")
 
@@ -309,8 +371,9 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
         time.sleep(0.5)  # a step's metrics land a moment before its log line
     print(f"\nworker /metrics (2 pool processes):\n{_figures(got)}\nexpected from the records: {expected}")
     assert not problems, "\n".join(problems)
-    wait_until(lambda: any(name == "lousho_runs_unexplained" for name, _ in _scrape(port)), 10,
-               "the checker's first look")
+    wait_until(
+        lambda: any(name == "lousho_runs_unexplained" for name, _ in _scrape(port)), 10, "the checker's first look"
+    )
     exposed = {name for name, _ in _scrape(port)} | {name for name, _ in got} | {name for name, _ in served}
     # No call of these runs is a ``once`` call cut by a crash, so no reconciliation is counted here: that counter is
     # checked by tests/unit/test_metrics.py and the once crash tests.
@@ -323,9 +386,17 @@ def test_a_scrape_after_real_runs_shows_every_family_with_the_expected_counts(
     # Every unfinished run here (the paused one) has a waiter: the checker found none unexplained.
     assert _sum(_scrape(port), "lousho_runs_unexplained") == 0
     assert _sum(got, "lousho_approval_oldest_age_seconds") == 0
-    for name in ("lousho_busy_drops_total", "lousho_fenced_saves_total", "lousho_sweep_resends_total",
-                 "lousho_schedule_fires_total", "lousho_schedule_skips_total", "lousho_schedule_misses_total",
-                 "lousho_runs_parked_total", "lousho_runs_aborted_total", "lousho_model_errors_total"):
+    for name in (
+        "lousho_busy_drops_total",
+        "lousho_fenced_saves_total",
+        "lousho_sweep_resends_total",
+        "lousho_schedule_fires_total",
+        "lousho_schedule_skips_total",
+        "lousho_schedule_misses_total",
+        "lousho_runs_parked_total",
+        "lousho_runs_aborted_total",
+        "lousho_model_errors_total",
+    ):
         assert _sum(got, name) >= 1, f"{name} was never exercised"
     # Both pool processes counted: each wrote its own file, and both ran steps
     children = {int(p.stem.split("_")[-1]) for p in folder.glob("counter_*.db")} - {worker.pid}
@@ -340,4 +411,3 @@ def _answers(port: int) -> bool:
     except OSError:
         return False
     return True
-

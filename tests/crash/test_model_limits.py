@@ -53,8 +53,11 @@ def _spans(events: list[dict[str, Any]], account: str) -> list[tuple[float, floa
 def _tool_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """(start, end) of each tool execution."""
     starts = {e["exec"]: e["ts"] for e in events if e.get("kind") == "tool" and e.get("phase") == "start"}
-    return [(starts[e["exec"]], e["ts"]) for e in events
-            if e.get("kind") == "tool" and e.get("phase") == "end" and e["exec"] in starts]
+    return [
+        (starts[e["exec"]], e["ts"])
+        for e in events
+        if e.get("kind") == "tool" and e.get("phase") == "end" and e["exec"] in starts
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +92,19 @@ def test_two_workers_hold_a_concurrent_limit_of_two_without_blocking_a_process(f
     outcomes = cluster.outcomes()  # the fleet's steps so far: these runs' and an earlier test's, if one ran first
     wait_steps = [float(t) for t in _WAIT_STEP.findall(cluster.worker_logs())]
     # Tool calls of other runs ran while both slots were taken: no process sat on a slot meanwhile.
-    tools_beside = sum(1 for tool_start, tool_end in _tool_spans(events) if any(
-        sum(1 for start, end in spans if start <= instant < end) == 2
-        for instant in (tool_start + (tool_end - tool_start) * k / 20 for k in range(21))))
-    print(f"model calls: {len(spans)}, most at once: {overlap}, refused: {len(refused)}, waits: "
-          f"{outcomes['waiting']} (longest {max(wait_steps, default=0):.3f} s), tool calls beside 2 model calls: "
-          f"{tools_beside}")
+    tools_beside = sum(
+        1
+        for tool_start, tool_end in _tool_spans(events)
+        if any(
+            sum(1 for start, end in spans if start <= instant < end) == 2
+            for instant in (tool_start + (tool_end - tool_start) * k / 20 for k in range(21))
+        )
+    )
+    print(
+        f"model calls: {len(spans)}, most at once: {overlap}, refused: {len(refused)}, waits: "
+        f"{outcomes['waiting']} (longest {max(wait_steps, default=0):.3f} s), tool calls beside 2 model calls: "
+        f"{tools_beside}"
+    )
     assert len(spans) == 3 * len(runs)
     assert overlap <= 2 and refused == []
     assert all(s["status"] == "finished" and s["last_error"] is None for s in statuses.values()), statuses
@@ -137,8 +147,7 @@ def test_one_keys_backlog_does_not_starve_another_keys_run(fleet: Cluster) -> No
     for run in backlog:
         shop.send(run_input(run, turns=1, model=250), session_id=run, check_agent=False, fairness_key="tenant-a")
     # When key B's one run is sent after all of them
-    shop.send(run_input("fair-b", turns=1, model=250), session_id="fair-b", check_agent=False,
-              fairness_key="tenant-b")
+    shop.send(run_input("fair-b", turns=1, model=250), session_id="fair-b", check_agent=False, fairness_key="tenant-b")
     cluster.wait_finished([*backlog, "fair-b"], timeout=30 + FAIRNESS_RUNS * 0.5)
     # Then B's model call started before A's tenth run finished
     events = [e for e in cluster.events() if e.get("kind") == "model" and e["run_id"].startswith("fair-")]
@@ -146,7 +155,9 @@ def test_one_keys_backlog_does_not_starve_another_keys_run(fleet: Cluster) -> No
     a_ends = sorted(e["ts"] for e in events if e["run_id"].startswith("fair-a") and e["phase"] == "end")
     first = min(e["ts"] for e in events if e["phase"] == "start")
     before = sum(1 for end in a_ends if end < b_start)
-    print(f"fairness: {FAIRNESS_RUNS} runs of key A queued first; B's model call started {b_start - first:.2f} s"
-          f" after the first call, after {before} of A's runs finished (A's tenth finished at"
-          f" {a_ends[9] - first:.2f} s, its last at {a_ends[-1] - first:.2f} s)")
+    print(
+        f"fairness: {FAIRNESS_RUNS} runs of key A queued first; B's model call started {b_start - first:.2f} s"
+        f" after the first call, after {before} of A's runs finished (A's tenth finished at"
+        f" {a_ends[9] - first:.2f} s, its last at {a_ends[-1] - first:.2f} s)"
+    )
     assert b_start < a_ends[9]

@@ -30,8 +30,11 @@ def _free_port() -> int:
 
 def _scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return [(s.name, dict(s.labels), s.value)
-                for family in parser.text_string_to_metric_families(response.read().decode()) for s in family.samples]
+        return [
+            (s.name, dict(s.labels), s.value)
+            for family in parser.text_string_to_metric_families(response.read().decode())
+            for s in family.samples
+        ]
 
 
 def _sample(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
@@ -41,8 +44,9 @@ def _sample(samples: list[tuple[str, dict[str, str], float]], name: str, **label
 def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cluster: Callable[..., Cluster]) -> None:
     # Given a worker whose two processes each hold a slot through a long model call, and a third run waiting
     port = _free_port()
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": AGENTS, "LOUSHO_METRICS_PORT": str(port),
-                                      "LOUSHO_METRICS_DIR": ""})
+    cluster = make_cluster(
+        extra_env={"LOUSHO_AGENTS": AGENTS, "LOUSHO_METRICS_PORT": str(port), "LOUSHO_METRICS_DIR": ""}
+    )
     cluster.extra_env["LOUSHO_METRICS_DIR"] = str(cluster.workdir / "metrics")
     worker = cluster.start_worker("w1", concurrency=3)
     cluster.start_beat()
@@ -71,8 +75,10 @@ def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cl
     # Then its slots are free within one lease TTL (nobody released them: they expired)
     wait_until(lambda: usage()[0] == 0, settings.lease_ttl_ms / 1000 + 1.0, "slots freed")
     freed_after = time.monotonic() - killed
-    print(f"slots of the killed worker freed {freed_after:.2f} s after the kill (lease TTL "
-          f"{settings.lease_ttl_ms / 1000} s)")
+    print(
+        f"slots of the killed worker freed {freed_after:.2f} s after the kill (lease TTL "
+        f"{settings.lease_ttl_ms / 1000} s)"
+    )
     assert freed_after <= settings.lease_ttl_ms / 1000 + 0.3
     # ... and a new worker finishes every run, the waiter included
     cluster.start_worker("w2", concurrency=2)

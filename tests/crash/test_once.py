@@ -23,15 +23,24 @@ HOLD_MS = 3000
 
 
 def _logged(cluster: Cluster, run_id: str, kind: str = "tool", phase: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in cluster.events() if e.get("kind") == kind and e.get("run_id") == run_id
-            and (phase is None or e.get("phase") == phase)]
+    return [
+        e
+        for e in cluster.events()
+        if e.get("kind") == kind and e.get("run_id") == run_id and (phase is None or e.get("phase") == phase)
+    ]
 
 
 def _kill_at(cluster: Cluster, run_id: str, phase: str, call_id: str | None = None) -> dict[str, Any]:
     """SIGKILL the pool process running ``run_id``'s call once it logs ``phase`` (``start`` or ``effect``)."""
-    event = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == run_id
-                               and e.get("phase") == phase and call_id in (None, e.get("tool_call_id")),
-                               what=f"{run_id}: a call to log {phase}")
+    event = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("run_id") == run_id
+            and e.get("phase") == phase
+            and call_id in (None, e.get("tool_call_id"))
+        ),
+        what=f"{run_id}: a call to log {phase}",
+    )
     cluster.kill_pid(int(event["pid"]))
     return event
 
@@ -51,7 +60,8 @@ def _once_sink(cluster: Cluster) -> dict[str, str]:
 
 
 def test_a_once_call_killed_inside_its_tool_is_reconciled_never_run_blindly(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster()
     cluster.start_worker(concurrency=3)
     cluster.start_beat()
@@ -61,13 +71,16 @@ def test_a_once_call_killed_inside_its_tool_is_reconciled_never_run_blindly(
     cluster.send("serial", plain, run_input(plain, turns=2, calls="2", slow=f"0.1:{HOLD_MS}"))
     killed_after = _kill_at(cluster, after, "effect")
     killed_before = _kill_at(cluster, before, "start")
-    first_plain = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == plain
-                                     and e.get("phase") == "end", what=f"{plain}: its first call to end")
+    first_plain = cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("run_id") == plain and e.get("phase") == "end",
+        what=f"{plain}: its first call to end",
+    )
     killed_plain = _kill_at(cluster, plain, "start", call_id=_second_call(cluster, plain))
     cluster.wait_finished([after, before, plain], timeout=60)
 
-    report = checker.check(cluster.database_url, cluster.log_path, expected=[after, before, plain],
-                           faults=cluster.faults)
+    report = checker.check(
+        cluster.database_url, cluster.log_path, expected=[after, before, plain], faults=cluster.faults
+    )
     checker.print_report(report, "once calls SIGKILLed inside the tool")
     checker.assert_clean(report)
     sink = _once_sink(cluster)
@@ -91,19 +104,30 @@ def test_a_once_call_killed_inside_its_tool_is_reconciled_never_run_blindly(
     # A plain call killed mid-call runs again (at least once), and knows it: attempt 2; the call before it ran once
     starts = _logged(cluster, plain, phase="start")
     assert [(e["tool_call_id"] == first_plain["tool_call_id"], e["attempt"]) for e in starts] == [
-        (True, 1), (False, 1), (False, 2)]
+        (True, 1),
+        (False, 1),
+        (False, 2),
+    ]
     assert starts[1]["exec"] == killed_plain["exec"]
     events = [e.data for e in cluster.client.read_events(after, -1) if e.type == "tool.reconcile"]
     assert [(e["outcome"], e["by"]) for e in events] == [("happened", "reconcile")]
-    print(f"reconciled {report['reconciled_results']}, once re-executions after an effect"
-          f" {report['once_reexecutions']}, recovery max {report['recovery']['max_s']} s")
+    print(
+        f"reconciled {report['reconciled_results']}, once re-executions after an effect"
+        f" {report['once_reexecutions']}, recovery max {report['recovery']['max_s']} s"
+    )
 
 
 def _second_call(cluster: Cluster, run_id: str) -> str:
     """The id of the second call of ``run_id``'s first tool turn, once it started."""
-    event = cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == run_id
-                               and e.get("phase") == "start" and str(e.get("tool_call_id", "")).startswith("c0-1-"),
-                               what=f"{run_id}: its second call to start")
+    event = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("run_id") == run_id
+            and e.get("phase") == "start"
+            and str(e.get("tool_call_id", "")).startswith("c0-1-")
+        ),
+        what=f"{run_id}: its second call to start",
+    )
     return str(event["tool_call_id"])
 
 
@@ -114,17 +138,26 @@ def test_without_reconcile_a_person_decides_each_interrupted_call(make_cluster: 
     again, not_done, answered = "ask-again", "ask-not-done", "ask-answered"
     cluster.send("serial", again, run_input(again, turns=2, calls="1", unchecked="0.0", slow=f"0.0:{HOLD_MS}"))
     cluster.send("serial", not_done, run_input(not_done, turns=2, calls="1", unchecked="0.0", slow=f"0.0:{HOLD_MS}"))
-    cluster.send("serial", answered, run_input(answered, turns=2, calls="1", unchecked="0.0",
-                                               after=f"0.0:{HOLD_MS}"))
-    killed = {again: _kill_at(cluster, again, "start"), not_done: _kill_at(cluster, not_done, "start"),
-              answered: _kill_at(cluster, answered, "effect")}
+    cluster.send("serial", answered, run_input(answered, turns=2, calls="1", unchecked="0.0", after=f"0.0:{HOLD_MS}"))
+    killed = {
+        again: _kill_at(cluster, again, "start"),
+        not_done: _kill_at(cluster, not_done, "start"),
+        answered: _kill_at(cluster, answered, "effect"),
+    }
     runs = list(killed)
-    wait_until(lambda: all(s["status"] == "awaiting-approval" for s in cluster.statuses(runs).values())
-               and len(cluster.statuses(runs)) == 3, 40, "the three runs to wait on a person")
+    wait_until(
+        lambda: (
+            all(s["status"] == "awaiting-approval" for s in cluster.statuses(runs).values())
+            and len(cluster.statuses(runs)) == 3
+        ),
+        40,
+        "the three runs to wait on a person",
+    )
     approvals = cluster.client.agent("serial").approvals
     asked = {a.session_id: a for a in approvals.list()}
-    assert {run: (a.kind, a.tool_name) for run, a in asked.items()} == {run: ("reconcile", UNCHECKED_TOOL)
-                                                                      for run in runs}
+    assert {run: (a.kind, a.tool_name) for run, a in asked.items()} == {
+        run: ("reconcile", UNCHECKED_TOOL) for run in runs
+    }
     assert [p.approval_kind for p in cluster.client.agent("serial").pending()] == ["reconcile"] * 3
 
     approvals.resolve(asked[again].approval_id, approved=True, note="it never reached the bank")
@@ -152,7 +185,8 @@ def test_without_reconcile_a_person_decides_each_interrupted_call(make_cluster: 
 
 
 def test_negative_control_a_build_that_runs_once_calls_again_blindly_trips_the_checker(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": f"{AGENTS_MODULE},tests.support.blind_reruns", BLIND_ENV: "1"})
     cluster.start_worker(concurrency=2)
     cluster.start_beat()

@@ -48,8 +48,9 @@ def _quoted(value: str) -> str:
 def _server_identity(url: str) -> tuple[int, str]:
     """Which Postgres answers at ``url``: the port it listens on and its cluster's system identifier."""
     with psycopg.connect(url, connect_timeout=2, prepare_threshold=None) as conn:
-        row = conn.execute("SELECT system_identifier::text, current_setting('port')::int FROM pg_control_system()"
-                           ).fetchone()
+        row = conn.execute(
+            "SELECT system_identifier::text, current_setting('port')::int FROM pg_control_system()"
+        ).fetchone()
     assert row is not None
     return int(row[1]), str(row[0])
 
@@ -74,8 +75,10 @@ def pgbouncer() -> Iterator[str]:
     port = _free_port()
     password = server.password or ""
     (home / "users.txt").write_text(f'"{user}" "{str(password).replace(chr(34), chr(34) * 2)}"\n')
-    target = (f"host={server.host or '127.0.0.1'} port={server.port or 5432} dbname={_quoted(database)}"
-              f" user={_quoted(user)}" + (f" password={_quoted(str(password))}" if password else ""))
+    target = (
+        f"host={server.host or '127.0.0.1'} port={server.port or 5432} dbname={_quoted(database)}"
+        f" user={_quoted(user)}" + (f" password={_quoted(str(password))}" if password else "")
+    )
     (home / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"{database} = {target}\n"
@@ -83,12 +86,14 @@ def pgbouncer() -> Iterator[str]:
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {home / 'users.txt'}\nadmin_users = {user}\n"
         f"pool_mode = transaction\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = 200\n"
-        f"logfile = {home / 'pgbouncer.log'}\npidfile = {home / 'pgbouncer.pid'}\n")
+        f"logfile = {home / 'pgbouncer.log'}\npidfile = {home / 'pgbouncer.pid'}\n"
+    )
     for path in home.iterdir():
         path.chmod(0o666)
     as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
-    process = subprocess.Popen([PGBOUNCER, *as_user, str(home / "pgbouncer.ini")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [PGBOUNCER, *as_user, str(home / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     url = f"postgresql://{user}@127.0.0.1:{port}/{database}"
 
     def answers() -> bool:
@@ -125,24 +130,31 @@ def _transactions(pooler_url: str) -> int:
 
 
 def test_runs_with_batches_an_approval_and_the_sweeps_finish_through_pgbouncer_in_transaction_mode(
-        make_cluster: Callable[..., Cluster], pgbouncer: str) -> None:
-    cluster = make_cluster(extra_env={"LOUSHO_DATABASE_URL": pgbouncer,
-                                      "LOUSHO_DATABASE_PREPARED_STATEMENTS": "false"})
+    make_cluster: Callable[..., Cluster], pgbouncer: str
+) -> None:
+    cluster = make_cluster(extra_env={"LOUSHO_DATABASE_URL": pgbouncer, "LOUSHO_DATABASE_PREPARED_STATEMENTS": "false"})
     before = _transactions(pgbouncer)
     cluster.start_worker("w1", concurrency=2)
     cluster.start_beat()
     runs = [f"pgb-{uuid.uuid4().hex[:8]}" for _ in range(6)]
     started = time.monotonic()
     for run_id in runs:
-        cluster.send("chaos", run_id, run_input(run_id, turns=4, calls="3,2", sleep="20-60", model=20,
-                                                  **({"gate": "1.0"} if run_id == runs[0] else {})))
+        cluster.send(
+            "chaos",
+            run_id,
+            run_input(
+                run_id, turns=4, calls="3,2", sleep="20-60", model=20, **({"gate": "1.0"} if run_id == runs[0] else {})
+            ),
+        )
     wait_until(lambda: cluster.approve_pending("chaos") > 0, 20, "the gated call to wait for approval")
     cluster.wait_finished(runs, timeout=90)
     took = time.monotonic() - started
     through = _transactions(pgbouncer) - before
     report = checker.check(cluster.database_url, cluster.log_path, expected=runs, faults=cluster.faults)
     checker.print_report(report, "through PgBouncer (transaction mode)")
-    print(f"pgbouncer: {len(runs)} runs (one paused for an approval) finished in {took:.1f} s with beat's sweeps; "
-          f"{through} transactions through a pool of {POOL_SIZE} server connections")
+    print(
+        f"pgbouncer: {len(runs)} runs (one paused for an approval) finished in {took:.1f} s with beat's sweeps; "
+        f"{through} transactions through a pool of {POOL_SIZE} server connections"
+    )
     checker.assert_clean(report)
     assert through > 6 * len(runs)  # every step's claim and save went through the pooler

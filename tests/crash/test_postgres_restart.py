@@ -112,8 +112,7 @@ def postgres(tmp_path: Path) -> Iterator[PrivatePostgres]:
 @pytest.fixture
 def cluster(tmp_path: Path, postgres: PrivatePostgres, request: pytest.FixtureRequest) -> Iterator[PrivateCluster]:
     """Workers and a beat on the private server (and the test Redis db); every process killed at the end."""
-    made = PrivateCluster(tmp_path / "cluster",
-                          extra_env={"LOUSHO_DATABASE_URL": postgres.url(services.TEST_DATABASE)})
+    made = PrivateCluster(tmp_path / "cluster", extra_env={"LOUSHO_DATABASE_URL": postgres.url(services.TEST_DATABASE)})
     failed_before = request.session.testsfailed
     try:
         yield made
@@ -127,8 +126,9 @@ def cluster(tmp_path: Path, postgres: PrivatePostgres, request: pytest.FixtureRe
 
 def _log_lines(text: str, pattern: re.Pattern[str], since: float) -> list[re.Match[str]]:
     """Matches of ``pattern`` logged at or after ``since`` (log times are local time)."""
-    return [m for m in pattern.finditer(text)
-            if datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() >= since]
+    return [
+        m for m in pattern.finditer(text) if datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() >= since
+    ]
 
 
 def _running_approved_call(cluster: Cluster) -> bool:
@@ -148,17 +148,22 @@ def _statement_kind(query: str) -> str:
 def _saves_before(cluster: Cluster, run_ids: Sequence[str], ts: float) -> int:
     """Visible history entries of ``run_ids`` whose transaction started before ``ts`` (epoch seconds)."""
     with psycopg.connect(cluster.database_url) as conn:
-        row = conn.execute("SELECT count(*) FROM checkpoint_history WHERE session_id = ANY(%s)"
-                           " AND saved_at < to_timestamp(%s)", (list(run_ids), ts)).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM checkpoint_history WHERE session_id = ANY(%s) AND saved_at < to_timestamp(%s)",
+            (list(run_ids), ts),
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
 def _unfinished_at(cluster: Cluster, run_ids: Sequence[str], ts: float) -> tuple[str, ...]:
     """Runs whose last save committed before ``ts`` (epoch seconds) did not finish them, or that had none."""
     with psycopg.connect(cluster.database_url) as conn:
-        rows = conn.execute("SELECT DISTINCT ON (session_id) session_id, status FROM checkpoint_history"
-                            " WHERE session_id = ANY(%s) AND saved_at < to_timestamp(%s)"
-                            " ORDER BY session_id, seq DESC", (list(run_ids), ts)).fetchall()
+        rows = conn.execute(
+            "SELECT DISTINCT ON (session_id) session_id, status FROM checkpoint_history"
+            " WHERE session_id = ANY(%s) AND saved_at < to_timestamp(%s)"
+            " ORDER BY session_id, seq DESC",
+            (list(run_ids), ts),
+        ).fetchall()
     finished = {sid for sid, status in rows if status == "finished"}
     return tuple(s for s in run_ids if s not in finished)
 
@@ -179,9 +184,11 @@ def _unexplained_reexecutions(events: Sequence[dict[str, Any]], outage_at: float
         for earlier in sorted(started, key=lambda e: e["ts"])[:-1]:
             ended = ends.get(earlier["exec"])
             if earlier["ts"] >= back_at or (ended is not None and ended < outage_at - CUT_OFF_SLACK_S):
-                unexplained.append(f"{run_id}/{call_id}: execution {earlier['exec']} at "
-                                   f"{earlier['ts'] - outage_at:+.2f} s from the outage, ended "
-                                   f"{'never' if ended is None else f'{ended - outage_at:+.2f} s'}")
+                unexplained.append(
+                    f"{run_id}/{call_id}: execution {earlier['exec']} at "
+                    f"{earlier['ts'] - outage_at:+.2f} s from the outage, ended "
+                    f"{'never' if ended is None else f'{ended - outage_at:+.2f} s'}"
+                )
     return unexplained
 
 
@@ -206,7 +213,8 @@ def _recovery_budget(cluster: Cluster) -> RecoveryBudget:
 
 
 def test_postgres_crash_loses_no_run_and_repeats_no_recorded_work(
-        postgres: PrivatePostgres, cluster: PrivateCluster) -> None:
+    postgres: PrivatePostgres, cluster: PrivateCluster
+) -> None:
     for worker in [cluster.start_worker(name, concurrency=CONCURRENCY, wait=False) for name in WORKERS]:
         cluster.wait_ready(worker)
     cluster.start_beat()
@@ -218,6 +226,7 @@ def test_postgres_crash_loses_no_run_and_repeats_no_recorded_work(
     def ready_to_crash() -> bool:
         cluster.approve_pending("chaos")
         return time.monotonic() - sent >= WARMUP_S and _running_approved_call(cluster)
+
     wait_until(ready_to_crash, APPROVED_CALL_WAIT_S, "an approved call to run", interval=0.1)
     # The saves sent from now on commit but get no answer: the crash leaves their outcome unknown.
     postgres.hold_commits()
@@ -245,6 +254,7 @@ def test_postgres_crash_loses_no_run_and_repeats_no_recorded_work(
         for sid, status in cluster.statuses(run_ids).items():
             if status["last_error"] is not None:
                 last_errors.setdefault(sid, status["last_error"])
+
     drained = cluster.wait_finished(run_ids, timeout=FINISH_WITHIN_S, on_poll=poll)
     # Recovery counts from the server being back, for every run the crash left unfinished.
     in_flight = _unfinished_at(cluster, run_ids, crashed_at)
@@ -266,20 +276,34 @@ def test_postgres_crash_loses_no_run_and_repeats_no_recorded_work(
     lost = [s for s in run_ids if statuses.get(s, {}).get("status") != "finished"]
     parked = [s for s, st in statuses.items() if st["last_error"] is not None]
     outcomes = cluster.outcomes()
-    print(f"in flight at the crash: {len(in_flight)} runs, {leases_at_crash} leases held;"
-          f" down {restart_at - crashed_at:.2f} s, accepting connections {back_at - crashed_at:.2f} s"
-          f" after the crash; all finished {drained:.1f} s after it was back")
-    print(f"commit-unknown at the crash: {held['save']} saves, {held['claim']} claims, {held['other']} other"
-          f" statements waiting for an answer; saves committed unseen and replayed after the restart: {unknown_saves}")
-    print(f"failed steps: {failed_steps} ({failures}); last_error records seen: {len(last_errors)}"
-          f" {sorted({str(e.get('code')) for e in last_errors.values()})}; producer errors: {dict(producer_errors)}")
-    print(f"recovery after the restart: p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s,"
-          f" max {recovery['max_s']} s over {recovery['count']} runs (budget {budget})")
-    print(f"raw re-executions: {report['raw_reexecutions']} (not cut off by the outage: {len(unexplained)});"
-          f" wasted model calls: {report['wasted_model_calls']}; interrupted results: {report['interrupted_results']}")
-    print("first saving step after the restart: "
-          + "; ".join(f"{name}: {min(found.values(), default=None)} s ({dict(sorted(found.items()))})"
-                      for name, found in firsts.items()))
+    print(
+        f"in flight at the crash: {len(in_flight)} runs, {leases_at_crash} leases held;"
+        f" down {restart_at - crashed_at:.2f} s, accepting connections {back_at - crashed_at:.2f} s"
+        f" after the crash; all finished {drained:.1f} s after it was back"
+    )
+    print(
+        f"commit-unknown at the crash: {held['save']} saves, {held['claim']} claims, {held['other']} other"
+        f" statements waiting for an answer; saves committed unseen and replayed after the restart: {unknown_saves}"
+    )
+    print(
+        f"failed steps: {failed_steps} ({failures}); last_error records seen: {len(last_errors)}"
+        f" {sorted({str(e.get('code')) for e in last_errors.values()})}; producer errors: {dict(producer_errors)}"
+    )
+    print(
+        f"recovery after the restart: p50 {recovery['p50_s']} s, p99 {recovery['p99_s']} s,"
+        f" max {recovery['max_s']} s over {recovery['count']} runs (budget {budget})"
+    )
+    print(
+        f"raw re-executions: {report['raw_reexecutions']} (not cut off by the outage: {len(unexplained)});"
+        f" wasted model calls: {report['wasted_model_calls']}; interrupted results: {report['interrupted_results']}"
+    )
+    print(
+        "first saving step after the restart: "
+        + "; ".join(
+            f"{name}: {min(found.values(), default=None)} s ({dict(sorted(found.items()))})"
+            for name, found in firsts.items()
+        )
+    )
     print(f"step outcomes: {dict(outcomes)}; lost: {len(lost)}; parked: {len(parked)}")
     for slow in recovery["slowest"][:1]:
         print(f"slowest recovery: {slow['run']}, {slow['recovery_s']} s\n" + cluster.explain(slow["run"], back_at, 4.0))

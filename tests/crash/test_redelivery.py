@@ -24,9 +24,11 @@ _RECEIVED = re.compile(r"Task [^\[]+\[([0-9a-f-]+)\] received")
 
 
 def test_a_step_redelivered_while_it_runs_is_dropped_and_runs_nothing_twice(
-        make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": f"{AGENTS_MODULE},tests.support.short_visibility",
-                                      VISIBILITY_ENV: "4"})
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(
+        extra_env={"LOUSHO_AGENTS": f"{AGENTS_MODULE},tests.support.short_visibility", VISIBILITY_ENV: "4"}
+    )
     cluster.start_worker("w1", concurrency=2)
     cluster.start_worker("w2", concurrency=2)
     runs = [f"redeliver-{n}" for n in range(5)]
@@ -37,12 +39,15 @@ def test_a_step_redelivered_while_it_runs_is_dropped_and_runs_nothing_twice(
     redelivered = {task: count for task, count in received.items() if count > 1}
     report = checker.check(cluster.database_url, cluster.log_path, expected=runs, faults=cluster.faults)
     checker.print_report(report, "visibility timeout 4 s, tools of 7 s")
-    executions = Counter(str(e["tool_call_id"]) for e in cluster.events()
-                         if e.get("kind") == "tool" and e.get("phase") == "start")
+    executions = Counter(
+        str(e["tool_call_id"]) for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"
+    )
     doubled = {call: n for call, n in executions.items() if n > 1}
     outcomes = cluster.outcomes()
-    print(f"C3: {len(redelivered)} step message(s) redelivered while running ({sum(redelivered.values())} deliveries),"
-          f" busy drops {outcomes['busy']}, tool calls {len(executions)}, run twice {len(doubled)}")
+    print(
+        f"C3: {len(redelivered)} step message(s) redelivered while running ({sum(redelivered.values())} deliveries),"
+        f" busy drops {outcomes['busy']}, tool calls {len(executions)}, run twice {len(doubled)}"
+    )
     checker.assert_clean(report)
     assert redelivered, "no message was redelivered: the test saw nothing (vacuous)"
     assert outcomes["busy"] >= 1

@@ -33,8 +33,11 @@ def _stopped_pid(cluster: Cluster, point: str, run_id: str, timeout: float = 20.
 
 
 def _executions(cluster: Cluster, run_id: str) -> Counter[str]:
-    return Counter(str(e["tool_call_id"]) for e in cluster.events()
-                   if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id)
+    return Counter(
+        str(e["tool_call_id"])
+        for e in cluster.events()
+        if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == run_id
+    )
 
 
 def _stall(cluster: Cluster, pid: int) -> None:
@@ -48,7 +51,8 @@ def _stall(cluster: Cluster, pid: int) -> None:
 
 
 def test_a_holder_stalled_after_taking_the_lease_is_fenced_out_when_it_wakes(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     run_id = "stall-cp1"
     cluster = make_cluster(extra_env={"LOUSHO_STOP_AT": f"after_lease_before_epoch:{run_id}"})
     cluster.start_worker(concurrency=2)
@@ -67,7 +71,8 @@ def test_a_holder_stalled_after_taking_the_lease_is_fenced_out_when_it_wakes(
 
 
 def test_a_holder_stalled_after_the_started_marker_runs_the_approved_call_at_most_once(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     run_id = "stall-cp11"
     point = "after_started_marker_before_approved_call"
     cluster = make_cluster(extra_env={"LOUSHO_STOP_AT": f"{point}:{run_id}"})
@@ -83,23 +88,30 @@ def test_a_holder_stalled_after_the_started_marker_runs_the_approved_call_at_mos
     approved = [call for call in _executions(cluster, run_id) if call.startswith("c0-0-")]
     ran = sum(_executions(cluster, run_id)[call] for call in approved)
     refused = cluster.worker_logs().count(f"save refused for {run_id}")
-    print(f"cp11 stall: approved call executions {ran} (the woken holder's, at most), fenced saves {refused},"
-          f" interrupted results {report['per_run'][run_id]['interrupted_results']}")
+    print(
+        f"cp11 stall: approved call executions {ran} (the woken holder's, at most), fenced saves {refused},"
+        f" interrupted results {report['per_run'][run_id]['interrupted_results']}"
+    )
     assert ran <= 1
 
 
 def test_negative_control_a_build_without_the_fence_is_caught_by_the_checker(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     run_id = "unfenced"
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": f"{AGENTS_MODULE},tests.support.unfenced",
-                                      UNFENCED_ENV: "1"})
+    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": f"{AGENTS_MODULE},tests.support.unfenced", UNFENCED_ENV: "1"})
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     cluster.send("chaos", run_id, run_input(run_id, slow="1.0:2500", sleep="20-60"))
-    slow = cluster.wait_event(lambda e: (e.get("kind") == "tool" and e.get("phase") == "start"
-                                         and e.get("run_id") == run_id
-                                         and str(e.get("tool_call_id")).startswith("c1-0-")),
-                              what="the slow tool call to start")
+    slow = cluster.wait_event(
+        lambda e: (
+            e.get("kind") == "tool"
+            and e.get("phase") == "start"
+            and e.get("run_id") == run_id
+            and str(e.get("tool_call_id")).startswith("c1-0-")
+        ),
+        what="the slow tool call to start",
+    )
     zombie = int(slow["pid"])
     cluster.stop(zombie)
     try:

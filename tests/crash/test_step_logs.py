@@ -24,7 +24,8 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 def test_a_worker_with_json_logs_names_each_step_and_tags_its_lines_with_the_run(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_LOG_FORMAT": "json"})
     cluster.start_worker("w1", concurrency=2)
     run_id = f"json-logs-{uuid.uuid4().hex[:8]}"
@@ -45,8 +46,9 @@ def test_a_worker_with_json_logs_names_each_step_and_tags_its_lines_with_the_run
     done = [line["message"] for line in lines if " succeeded in " in line["message"]]
     # The producer names the first step for why it sent it (new input); workers name the rest for what they do.
     assert any(message.startswith("Task chaos: new input[") for message in done), done
-    model_turns = [message for message in done if message.startswith(("Task chaos: model turn[",
-                                                                        "Task chaos: new input["))]
+    model_turns = [
+        message for message in done if message.startswith(("Task chaos: model turn[", "Task chaos: new input["))
+    ]
     batches = [message for message in done if message.startswith("Task chaos: tool batch[")]
     print("\n".join(done))
     assert any("'model turn: 2 tool calls'" in message for message in model_turns), done

@@ -64,15 +64,20 @@ def _turns(checkpoint: Checkpoint) -> int:
 
 
 def _times(usage: dict[str, int], turns: int) -> Usage:
-    return Usage(input_tokens=usage["input_tokens"] * turns, output_tokens=usage["output_tokens"] * turns,
-                 total_tokens=(usage["input_tokens"] + usage["output_tokens"]) * turns)
+    return Usage(
+        input_tokens=usage["input_tokens"] * turns,
+        output_tokens=usage["output_tokens"] * turns,
+        total_tokens=(usage["input_tokens"] + usage["output_tokens"]) * turns,
+    )
 
 
 def _children(cluster: Cluster, agent: str, lead: str, count: int) -> list[str]:
     """The lead's child runs, in the order of its calls, once its step saved that it delegated ``count`` calls."""
+
     def delegated() -> bool:
         checkpoint = cluster.client.agent(agent).load(lead)
         return checkpoint is not None and len(checkpoint.delegated or {}) == count
+
     wait_until(delegated, 20, f"{lead} to delegate {count} calls")
     checkpoint = cluster.checkpoint(agent, lead)
     by_call = checkpoint.delegated or {}
@@ -82,15 +87,17 @@ def _children(cluster: Cluster, agent: str, lead: str, count: int) -> list[str]:
 def _runs_under(cluster: Cluster, lead: str) -> list[str]:
     """Every stored run whose id names ``lead`` as its lead."""
     with psycopg.connect(cluster.database_url) as conn:
-        rows = conn.execute("SELECT session_id FROM runs WHERE starts_with(session_id, %s) ORDER BY 1",
-                            (lead + ".task-",)).fetchall()
+        rows = conn.execute(
+            "SELECT session_id FROM runs WHERE starts_with(session_id, %s) ORDER BY 1", (lead + ".task-",)
+        ).fetchall()
     return [row[0] for row in rows]
 
 
 def _tool_starts(cluster: Cluster) -> Counter[str]:
     """How many times each call id started executing, in any run (a child started again asks the same ids)."""
-    return Counter(str(e["tool_call_id"]) for e in cluster.events() if e.get("kind") == "tool"
-                   and e.get("phase") == "start")
+    return Counter(
+        str(e["tool_call_id"]) for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"
+    )
 
 
 def _in_flight(cluster: Cluster, session_id: str, younger_than: float) -> dict[str, Any] | None:
@@ -116,7 +123,8 @@ def _assert_checked(cluster: Cluster, runs: Sequence[str], title: str) -> None:
 
 
 def test_a_worker_killed_while_two_children_run_repeats_nothing_they_recorded(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster, workers=2)
     lead_id = fresh_id("lead")
     cluster.send(LEAD, lead_id, run_input(lead_id))
@@ -125,6 +133,7 @@ def test_a_worker_killed_while_two_children_run_repeats_nothing_they_recorded(
     # Both children run (one per worker), each with a result recorded and a young ``work`` call in flight.
     def both_mid_call() -> bool:
         return all(_results(cluster.checkpoint(CHILD, c)) and _in_flight(cluster, c, IN_FLIGHT_S) for c in children)
+
     wait_until(both_mid_call, 20, "both children to record a result and be in the middle of a call")
     recorded = {c: set(_results(cluster.checkpoint(CHILD, c))) for c in children}
     victim_run = children[0]
@@ -165,7 +174,8 @@ def test_a_worker_killed_while_two_children_run_repeats_nothing_they_recorded(
 
 
 def test_an_approval_inside_a_child_decided_from_another_process_after_a_restart_finishes_child_and_lead(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster, workers=2)
     lead_id = fresh_id("editor")
     run = cluster.client.agent(EDITOR).send(run_input(lead_id), session_id=lead_id, check_agent=False)
@@ -174,7 +184,10 @@ def test_an_approval_inside_a_child_decided_from_another_process_after_a_restart
 
     (approval,) = cluster.client.approvals.list()
     assert (approval.session_id, approval.tool_name, approval.run_path) == (
-        child_id, checker.APPROVED_TOOL, [lead_id, child_id])
+        child_id,
+        checker.APPROVED_TOOL,
+        [lead_id, child_id],
+    )
     assert paused.finish_reason == "awaiting-approval" and paused.approval_ids == [approval.approval_id]
     child = cluster.checkpoint(CHILD, child_id)
     assert child.status == "awaiting-approval" and child.approval_ids == [approval.approval_id]
@@ -195,14 +208,21 @@ def test_an_approval_inside_a_child_decided_from_another_process_after_a_restart
     # A person approves through the command line, another OS process.
     approved = subprocess.run(
         [sys.executable, "-m", "producer.cli", "approvals", "approve", approval.approval_id, "--json"],
-        cwd=ROOT, env=cluster.env(), capture_output=True, text=True, timeout=60)
+        cwd=ROOT,
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert approved.returncode == 0, approved.stderr
     assert json.loads(approved.stdout)["session_id"] == child_id
     cluster.wait_finished([lead_id, child_id], timeout=30)
 
     starts = [e for e in cluster.events() if e.get("kind") == "tool" and e.get("phase") == "start"]
     assert [(e["run_id"], e["tool_call_id"], e["approved"]) for e in starts] == [
-        (child_id, work_id, False), (child_id, gated_id, True)]  # the approved call ran once, after the decision
+        (child_id, work_id, False),
+        (child_id, gated_id, True),
+    ]  # the approved call ran once, after the decision
     lead = cluster.checkpoint(EDITOR, lead_id)
     child = cluster.checkpoint(CHILD, child_id)
     assert lead.approval_ids == [] and cluster.client.approvals.list() == []
@@ -220,14 +240,16 @@ def test_a_lead_deleted_while_its_tool_runs_starts_no_child(make_cluster: Callab
     cluster = _cluster(make_cluster, workers=1)
     lead_id = fresh_id("slow")
     cluster.send(SLOW_LEAD, lead_id, run_input(lead_id))
-    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "start",
-                       timeout=20)
+    cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "start", timeout=20
+    )
     steps_before = _steps_logged(cluster, lead_id)
 
     # Deleted by this process while a worker runs its ``work`` call; the ``task`` call comes after it in the batch.
     assert cluster.client.agent(SLOW_LEAD).delete(lead_id)
-    cluster.wait_event(lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "end",
-                       timeout=20)
+    cluster.wait_event(
+        lambda e: e.get("kind") == "tool" and e.get("run_id") == lead_id and e["phase"] == "end", timeout=20
+    )
     wait_until(lambda: _steps_logged(cluster, lead_id) > steps_before, 20, "the lead's batch to end")
 
     assert _runs_under(cluster, lead_id) == []
@@ -237,7 +259,8 @@ def test_a_lead_deleted_while_its_tool_runs_starts_no_child(make_cluster: Callab
 
 @pytest.mark.timeout(40)
 def test_the_fan_out_figure_a_lead_with_eight_children_against_independent_runs(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = _cluster(make_cluster, workers=2)
     warm = [fresh_id("warm") for _ in range(2)]
     for run_id in warm:
@@ -263,6 +286,8 @@ def test_the_fan_out_figure_a_lead_with_eight_children_against_independent_runs(
     lead = cluster.checkpoint(FAN_LEAD, lead_id)
     assert len(_results(lead)) == FAN_CHILDREN and lead.finish_reason == "stop"
     steps = FAN_CHILDREN * (int(str(FAN["turns"])) - 1)
-    print(f"\nfan-out: a lead with {FAN_CHILDREN} children of {steps // FAN_CHILDREN} tool steps"
-          f" ({FAN['sleep']} ms each) {lead_s:.2f} s; {steps} independent steps ({FAN_CHILDREN} runs)"
-          f" {alone_s:.2f} s; ratio {lead_s / alone_s:.2f} (2 workers, concurrency 1)")
+    print(
+        f"\nfan-out: a lead with {FAN_CHILDREN} children of {steps // FAN_CHILDREN} tool steps"
+        f" ({FAN['sleep']} ms each) {lead_s:.2f} s; {steps} independent steps ({FAN_CHILDREN} runs)"
+        f" {alone_s:.2f} s; ratio {lead_s / alone_s:.2f} (2 workers, concurrency 1)"
+    )

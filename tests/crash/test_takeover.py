@@ -39,8 +39,11 @@ class Kill:
 
 def _resumed_after(cluster: Cluster, run_id: str, ts: float, *victims: int) -> float | None:
     """Seconds from ``ts`` to the run's first model or tool call started by another process, None if none yet."""
-    starts = [e["ts"] for e in cluster.events() if e.get("run_id") == run_id and e.get("phase") == "start"
-              and e["ts"] > ts and e.get("pid") not in victims]
+    starts = [
+        e["ts"]
+        for e in cluster.events()
+        if e.get("run_id") == run_id and e.get("phase") == "start" and e["ts"] > ts and e.get("pid") not in victims
+    ]
     return round(min(starts) - ts, 3) if starts else None
 
 
@@ -56,7 +59,8 @@ def _kill_a_holder(cluster: Cluster, worker: Worker, hit: set[str]) -> Kill | No
 
 
 def test_pool_processes_killed_mid_step_at_default_timing_resume_within_seconds(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env=DEFAULT_TIMING)
     worker = cluster.start_worker(concurrency=POOL)
     cluster.start_beat()
@@ -89,23 +93,30 @@ def test_pool_processes_killed_mid_step_at_default_timing_resume_within_seconds(
     checker.assert_clean(report)
     times = [k.resumed_s for k in kills if k.resumed_s is not None]
     p50, p99 = checker.percentile(times, 50), checker.percentile(times, 99)
-    print(f"resumed after a kill: p50 {p50} s, p99 {p99} s, max {max(times, default=None)} s over {len(times)}"
-          f" of {len(kills)} kills (limit {RESUME_LIMIT_S} s; without the takeover: lease TTL 30 s + sweep)")
+    print(
+        f"resumed after a kill: p50 {p50} s, p99 {p99} s, max {max(times, default=None)} s over {len(times)}"
+        f" of {len(kills)} kills (limit {RESUME_LIMIT_S} s; without the takeover: lease TTL 30 s + sweep)"
+    )
     late = [k for k in kills if k.resumed_s is None or k.resumed_s > RESUME_LIMIT_S]
     assert not late, "runs that did not move again within the limit:\n" + "\n\n".join(
-        f"{k}\n{cluster.explain(k.run_id, k.ts, 12)}" for k in late[:3])
+        f"{k}\n{cluster.explain(k.run_id, k.ts, 12)}" for k in late[:3]
+    )
 
 
 def test_a_worker_killed_whole_and_restarted_resumes_its_runs_within_seconds(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env=DEFAULT_TIMING)
     first = cluster.start_worker("w1", concurrency=2)
     cluster.start_beat()
     run_ids = [f"restart-{n}" for n in range(4)]
     for run_id in run_ids:
         cluster.send("chaos", run_id, run_input(run_id, turns=4, calls=1, sleep="{}-{}".format(*SLEEP_MS)))
-    wait_until(lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2, 15,
-               "both pool processes holding a lease")
+    wait_until(
+        lambda: len(set(cluster.lease_holders().values()) & set(first.children())) >= 2,
+        15,
+        "both pool processes holding a lease",
+    )
 
     # When the whole worker dies (nothing acked, its processes' leases left for the TTL) and comes back
     fault = cluster.kill_group(first)
@@ -116,15 +127,22 @@ def test_a_worker_killed_whole_and_restarted_resumes_its_runs_within_seconds(
     ready_at = time.time()
 
     # Then each run it held moves again within seconds of the new worker being ready, not after the TTL
-    wait_until(lambda: all(_resumed_after(cluster, r, ready_at, *fault.pids) is not None for r in fault.runs),
-               2 * RESUME_LIMIT_S, "every run it held to move again")
-    resumed = {run_id: round(ready_at + (_resumed_after(cluster, run_id, ready_at, *fault.pids) or 0) - fault.ts, 3)
-               for run_id in fault.runs}
+    wait_until(
+        lambda: all(_resumed_after(cluster, r, ready_at, *fault.pids) is not None for r in fault.runs),
+        2 * RESUME_LIMIT_S,
+        "every run it held to move again",
+    )
+    resumed = {
+        run_id: round(ready_at + (_resumed_after(cluster, run_id, ready_at, *fault.pids) or 0) - fault.ts, 3)
+        for run_id in fault.runs
+    }
     after_ready = {run_id: _resumed_after(cluster, run_id, ready_at, *fault.pids) for run_id in fault.runs}
     cluster.wait_finished(run_ids, timeout=60)
     report = checker.check(cluster.database_url, cluster.log_path, expected=run_ids, faults=cluster.faults)
     checker.print_report(report, "worker SIGKILLed whole and restarted, TTL 30 s, sweep 30 s")
     checker.assert_clean(report)
-    print(f"runs held by the dead worker: {len(fault.runs)}; moved again {after_ready} s after the new worker was"
-          f" ready ({round(ready_at - fault.ts, 3)} s after the kill; from the kill: {resumed})")
+    print(
+        f"runs held by the dead worker: {len(fault.runs)}; moved again {after_ready} s after the new worker was"
+        f" ready ({round(ready_at - fault.ts, 3)} s after the kill; from the kill: {resumed})"
+    )
     assert all(t is not None and t <= RESUME_LIMIT_S for t in after_ready.values()), after_ready

@@ -29,12 +29,18 @@ def _of_run(spans: list[dict[str, Any]], run_id: str, trace_id: str) -> list[dic
     return [s for s in spans if s["trace_id"] == trace_id or s["attributes"].get("lousho.session_id") == run_id]
 
 
-def test_a_run_input_is_one_trace_across_two_worker_processes(make_cluster: Callable[..., Cluster],
-                                                               tmp_path: Path) -> None:
+def test_a_run_input_is_one_trace_across_two_worker_processes(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
     folder = tmp_path / "spans"
     folder.mkdir()
-    cluster = make_cluster(extra_env={"LOUSHO_TRACING": "1", "LOUSHO_AGENTS": f"{AGENTS_MODULE},{span_files.MODULE}",
-                                      span_files.SPANS_ENV: str(folder)})
+    cluster = make_cluster(
+        extra_env={
+            "LOUSHO_TRACING": "1",
+            "LOUSHO_AGENTS": f"{AGENTS_MODULE},{span_files.MODULE}",
+            span_files.SPANS_ENV: str(folder),
+        }
+    )
     workers = [cluster.start_worker("w1", concurrency=1), cluster.start_worker("w2", concurrency=1)]
     run_id = fresh_id("traced")
 
@@ -52,9 +58,11 @@ def test_a_run_input_is_one_trace_across_two_worker_processes(make_cluster: Call
     chats = [s for s in spans if s["name"].startswith("chat ")]
     tools = [s for s in spans if s["name"].startswith("execute_tool ")]
     pids = Counter(s["pid"] for s in steps)
-    print(f"trace {trace_id}: {len(spans)} spans ({len(roots)} root, {len(steps)} steps, {len(chats)} model calls,"
-          f" {len(tools)} tool calls); spans per pid {dict(Counter(s['pid'] for s in spans))};"
-          f" steps per pid {dict(pids)}; steps in order {[(s['name'], s['pid']) for s in sorted(steps, key=_start)]}")
+    print(
+        f"trace {trace_id}: {len(spans)} spans ({len(roots)} root, {len(steps)} steps, {len(chats)} model calls,"
+        f" {len(tools)} tool calls); spans per pid {dict(Counter(s['pid'] for s in spans))};"
+        f" steps per pid {dict(pids)}; steps in order {[(s['name'], s['pid']) for s in sorted(steps, key=_start)]}"
+    )
 
     # One trace: every span of the run, whichever process made it.
     assert {s["trace_id"] for s in spans} == {trace_id}
@@ -75,8 +83,10 @@ def test_a_run_input_is_one_trace_across_two_worker_processes(make_cluster: Call
     assert all(pool & set(pids) for pool in pools), f"steps per pid {dict(pids)}, pool processes {pools}"
     # Model calls carry their token counts, tool calls their tool.
     assert len(chats) == TURNS
-    assert all(c["attributes"]["gen_ai.usage.input_tokens"] > 0 and c["attributes"]["gen_ai.usage.output_tokens"] > 0
-               for c in chats)
+    assert all(
+        c["attributes"]["gen_ai.usage.input_tokens"] > 0 and c["attributes"]["gen_ai.usage.output_tokens"] > 0
+        for c in chats
+    )
     assert len(tools) == 2 * (TURNS - 1)
     assert {t["attributes"]["gen_ai.tool.name"] for t in tools} == {"work"}
     assert all(t["attributes"]["gen_ai.operation.name"] == "execute_tool" for t in tools)

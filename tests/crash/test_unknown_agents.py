@@ -21,12 +21,15 @@ def _error(cluster: Cluster, run_id: str) -> dict[str, object]:
 
 
 def test_a_run_of_an_agent_no_worker_ever_registered_is_parked_once_the_grace_has_passed(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENT_GRACE_S": str(GRACE_S)})
     with psycopg.connect(cluster.database_url) as conn:
         # A worker of an earlier release served "departed" an hour ago; none serves it now.
-        conn.execute("INSERT INTO agents (name, seen_at) VALUES ('departed', now() - interval '1 hour')"
-                     " ON CONFLICT (name) DO NOTHING")
+        conn.execute(
+            "INSERT INTO agents (name, seen_at) VALUES ('departed', now() - interval '1 hour')"
+            " ON CONFLICT (name) DO NOTHING"
+        )
     cluster.start_worker()
     cluster.start_beat()
     settings = cluster.settings()
@@ -35,8 +38,9 @@ def test_a_run_of_an_agent_no_worker_ever_registered_is_parked_once_the_grace_ha
     cluster.send("chaoz", "typo-1", "Charge order 7")
     cluster.send("departed", "deploy-1", "Charge order 7")
     limit = GRACE_S + settings.lease_ttl_ms / 1000 + 2 * settings.recover_interval_s + 3.0
-    wait_until(lambda: _error(cluster, "typo-1").get("retryable") is False, limit + 10,
-               "the run of the mistyped agent parked")
+    wait_until(
+        lambda: _error(cluster, "typo-1").get("retryable") is False, limit + 10, "the run of the mistyped agent parked"
+    )
     parked_after = time.monotonic() - sent
 
     error = _error(cluster, "typo-1")
@@ -49,6 +53,5 @@ def test_a_run_of_an_agent_no_worker_ever_registered_is_parked_once_the_grace_ha
     logs = cluster.worker_logs()
     # The first step hands the run back naming the cause, unless a loaded machine ran it after the grace had passed:
     # then that step parks it at once.
-    assert ("handed back: no worker has registered agent 'chaoz'" in logs
-            or "parked: LOUSHO_AGENT_NOT_FOUND" in logs)
+    assert "handed back: no worker has registered agent 'chaoz'" in logs or "parked: LOUSHO_AGENT_NOT_FOUND" in logs
     assert "handed back: no live worker serves agent 'departed'" in logs

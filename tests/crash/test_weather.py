@@ -92,10 +92,13 @@ def _events(cluster: Cluster, kind: str, since: float = 0.0, until: float = floa
 def _rows(cluster: Cluster, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Control columns of runs, straight from Postgres."""
     with psycopg.connect(cluster.database_url) as conn:
-        found = conn.execute("SELECT session_id, status, seq, last_error, inbox_head, inbox_cursor FROM runs"
-                             " WHERE session_id = ANY(%s)", (list(session_ids),)).fetchall()
-    return {r[0]: {"status": r[1], "seq": r[2], "last_error": r[3], "inbox_head": r[4], "inbox_cursor": r[5]}
-            for r in found}
+        found = conn.execute(
+            "SELECT session_id, status, seq, last_error, inbox_head, inbox_cursor FROM runs WHERE session_id = ANY(%s)",
+            (list(session_ids),),
+        ).fetchall()
+    return {
+        r[0]: {"status": r[1], "seq": r[2], "last_error": r[3], "inbox_head": r[4], "inbox_cursor": r[5]} for r in found
+    }
 
 
 def _parked(row: dict[str, Any] | None) -> bool:
@@ -105,15 +108,24 @@ def _parked(row: dict[str, Any] | None) -> bool:
 
 def _settled(row: dict[str, Any] | None) -> bool:
     """Finished, every input applied, no error left."""
-    return (row is not None and row["status"] == "finished" and row["last_error"] is None
-            and row["inbox_cursor"] >= row["inbox_head"])
+    return (
+        row is not None
+        and row["status"] == "finished"
+        and row["last_error"] is None
+        and row["inbox_cursor"] >= row["inbox_head"]
+    )
 
 
 def _wait_parked(cluster: Cluster, session_ids: Sequence[str], timeout: float) -> float:
     started = time.monotonic()
-    wait_until(lambda: all(_parked(r) for r in _rows(cluster, session_ids).values())
-               and len(_rows(cluster, session_ids)) == len(session_ids), timeout,
-               f"{list(session_ids)} to be parked")
+    wait_until(
+        lambda: (
+            all(_parked(r) for r in _rows(cluster, session_ids).values())
+            and len(_rows(cluster, session_ids)) == len(session_ids)
+        ),
+        timeout,
+        f"{list(session_ids)} to be parked",
+    )
     return time.monotonic() - started
 
 
@@ -143,8 +155,10 @@ def _final_text(cluster: Cluster, session_id: str) -> str | None:
 
 # -- point 1: failed follow-ups ---------------------------------------------------------------------------
 
+
 def test_a_failed_follow_up_is_listed_as_parked_left_alone_by_the_sweep_and_finished_by_resume_or_send(
-        make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]) -> None:
+    make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]
+) -> None:
     server, script = provider
     cluster = _weather_cluster(make_cluster, server.openai_url)
     cluster.start_worker("w1", concurrency=2)
@@ -166,17 +180,21 @@ def test_a_failed_follow_up_is_listed_as_parked_left_alone_by_the_sweep_and_fini
     start = time.time() + 0.5
     time.sleep(window_s + 0.5)
     delivered = Counter(e["run_id"] for e in _events(cluster, "deliver", since=start) if e["run_id"] in runs)
-    by_sweep = Counter(e["run_id"] for e in _events(cluster, "publish", since=start)
-                       if e["run_id"] in runs and e.get("by") == RECOVER)
+    by_sweep = Counter(
+        e["run_id"] for e in _events(cluster, "publish", since=start) if e["run_id"] in runs and e.get("by") == RECOVER
+    )
     listed = {p.session_id: p for p in cluster.client.agent(AGENT).pending()}
-    print(f"over {window_s:.0f} s ({window_s / SWEEP_S:.0f} sweep intervals) after the failed follow-ups:"
-          f" sweep re-sends {dict(by_sweep)}, steps delivered {dict(delivered)};"
-          f" pending() lists {sorted(s for s in listed if s in runs)} with states"
-          f" { {s: getattr(p, 'state', None) for s, p in listed.items() if s in runs} }")
+    print(
+        f"over {window_s:.0f} s ({window_s / SWEEP_S:.0f} sweep intervals) after the failed follow-ups:"
+        f" sweep re-sends {dict(by_sweep)}, steps delivered {dict(delivered)};"
+        f" pending() lists {sorted(s for s in listed if s in runs)} with states"
+        f" { {s: getattr(p, 'state', None) for s, p in listed.items() if s in runs} }"
+    )
 
     # Then both are listed, parked, with why; the sweep sent them nothing
-    assert any(e["run_id"] in runs for e in _events(cluster, "deliver", until=start)), \
+    assert any(e["run_id"] in runs for e in _events(cluster, "deliver", until=start)), (
         "the weather log saw none of the runs' own steps: the re-send counts would be vacuous"
+    )
     for sid in runs:
         assert sid in listed, f"pending() does not list {sid} (row: {_rows(cluster, [sid])[sid]})"
         entry = listed[sid]
@@ -213,42 +231,72 @@ def _fill(database_url: str, template: str, per_kind: int, waiting: int) -> Coun
     """
     made: Counter[str] = Counter()
     with psycopg.connect(database_url, autocommit=True) as conn:
-        columns = {r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
+        columns = {
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'"
+            ).fetchall()
+        }
 
         def clone(prefix: str, count: int, overrides: str, params: Sequence[Any] = ()) -> None:
-            conn.execute(f"""
+            conn.execute(
+                f"""
                 INSERT INTO runs SELECT (jsonb_populate_record(NULL::runs, to_jsonb(r) || jsonb_build_object(
                     'session_id', %s::text || g, 'updated_at', {_FILLER_OLD}, 'created_at', {_FILLER_OLD})
                     || {overrides})).*
-                FROM runs r, generate_series(1, %s) g WHERE r.session_id = %s""", (prefix, *params, count, template))
+                FROM runs r, generate_series(1, %s) g WHERE r.session_id = %s""",
+                (prefix, *params, count, template),
+            )
             made[prefix] += count
 
         clone("filler-parked-", per_kind, "'{}'::jsonb")
-        conn.execute("INSERT INTO inbox (session_id, n, messages) SELECT 'filler-parked-' || g, i.n, i.messages"
-                     " FROM inbox i, generate_series(1, %s) g WHERE i.session_id = %s", (per_kind, template))
-        legacy_error = {"code": "LOUSHO_PROVIDER_REQUEST_FAILED", "message": "openai: auth (HTTP 401)",
-                        "retryable": False}
-        clone("filler-legacy-", per_kind, "jsonb_build_object('status', 'finished', 'last_error', %s::jsonb,"
-              " 'inbox_head', r.inbox_cursor + 1)", (Jsonb(legacy_error),))
-        conn.execute("INSERT INTO inbox (session_id, n, messages) SELECT 'filler-legacy-' || g, r.inbox_cursor + 1,"
-                     " '[{\"role\": \"user\", \"content\": \"a follow-up that failed\"}]'::jsonb"
-                     " FROM runs r, generate_series(1, %s) g WHERE r.session_id = %s", (per_kind, template))
+        conn.execute(
+            "INSERT INTO inbox (session_id, n, messages) SELECT 'filler-parked-' || g, i.n, i.messages"
+            " FROM inbox i, generate_series(1, %s) g WHERE i.session_id = %s",
+            (per_kind, template),
+        )
+        legacy_error = {
+            "code": "LOUSHO_PROVIDER_REQUEST_FAILED",
+            "message": "openai: auth (HTTP 401)",
+            "retryable": False,
+        }
+        clone(
+            "filler-legacy-",
+            per_kind,
+            "jsonb_build_object('status', 'finished', 'last_error', %s::jsonb, 'inbox_head', r.inbox_cursor + 1)",
+            (Jsonb(legacy_error),),
+        )
+        conn.execute(
+            "INSERT INTO inbox (session_id, n, messages) SELECT 'filler-legacy-' || g, r.inbox_cursor + 1,"
+            ' \'[{"role": "user", "content": "a follow-up that failed"}]\'::jsonb'
+            " FROM runs r, generate_series(1, %s) g WHERE r.session_id = %s",
+            (per_kind, template),
+        )
         if "next_attempt_at" in columns:
-            retrying = {"code": "LOUSHO_PROVIDER_REQUEST_FAILED", "message": "openai: server (HTTP 503)",
-                        "retryable": True}
-            clone("filler-waiting-", waiting,
-                  "jsonb_build_object('status', 'in-progress', 'last_error', %s::jsonb, 'inbox_head', r.inbox_cursor,"
-                  " 'next_attempt_at', now() + interval '1 hour', 'retry_since', now(), 'failures', 3)",
-                  (Jsonb(retrying),))
+            retrying = {
+                "code": "LOUSHO_PROVIDER_REQUEST_FAILED",
+                "message": "openai: server (HTTP 503)",
+                "retryable": True,
+            }
+            clone(
+                "filler-waiting-",
+                waiting,
+                "jsonb_build_object('status', 'in-progress', 'last_error', %s::jsonb, 'inbox_head', r.inbox_cursor,"
+                " 'next_attempt_at', now() + interval '1 hour', 'retry_since', now(), 'failures', 3)",
+                (Jsonb(retrying),),
+            )
         else:
-            clone("filler-waiting-", waiting, "jsonb_build_object('status', 'awaiting-approval', 'last_error', NULL,"
-                  " 'inbox_head', r.inbox_cursor)")
+            clone(
+                "filler-waiting-",
+                waiting,
+                "jsonb_build_object('status', 'awaiting-approval', 'last_error', NULL, 'inbox_head', r.inbox_cursor)",
+            )
     return made
 
 
 def test_runs_that_cannot_progress_never_crowd_a_stalled_run_out_of_the_sweep(
-        make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]) -> None:
+    make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]
+) -> None:
     server, script = provider
     cluster = _weather_cluster(make_cluster, server.openai_url)
     cluster.start_worker("w1", concurrency=2)
@@ -278,25 +326,33 @@ def test_runs_that_cannot_progress_never_crowd_a_stalled_run_out_of_the_sweep(
             break
         time.sleep(0.1)
     time.sleep(max(0.0, LEASE_TTL_S + 2 * SWEEP_S - (time.time() - filled)))
-    swept = Counter(e["run_id"].rsplit("-", 1)[0] for e in _events(cluster, "publish", since=filled)
-                    if str(e["run_id"]).startswith("filler-") and e.get("by") == RECOVER)
+    swept = Counter(
+        e["run_id"].rsplit("-", 1)[0]
+        for e in _events(cluster, "publish", since=filled)
+        if str(e["run_id"]).startswith("filler-") and e.get("by") == RECOVER
+    )
     delivered = sum(1 for e in _events(cluster, "deliver", since=filled) if str(e["run_id"]).startswith("filler-"))
-    print(f"fillers {dict(made)}; stalled run recovered after"
-          f" {'never' if recovered_after is None else f'{recovered_after:.1f} s'} (bound {bound_s:.0f} s);"
-          f" sweep re-sends of fillers {dict(swept)}, filler steps delivered {delivered}")
+    print(
+        f"fillers {dict(made)}; stalled run recovered after"
+        f" {'never' if recovered_after is None else f'{recovered_after:.1f} s'} (bound {bound_s:.0f} s);"
+        f" sweep re-sends of fillers {dict(swept)}, filler steps delivered {delivered}"
+    )
 
     # Then the stalled run was recovered within the recovery bound and finishes; no filler was sent
     assert recovered_after is not None, (
         f"the stalled run was not recovered within {bound_s:.0f} s: the sweep re-sent {sum(swept.values())}"
-        f" runs that cannot progress instead")
+        f" runs that cannot progress instead"
+    )
     assert sum(swept.values()) == 0, f"the sweep re-sent runs that cannot progress: {dict(swept)}"
-    assert any(e["run_id"] == stalled and e.get("by") == RECOVER for e in _events(cluster, "publish", since=filled)), \
+    assert any(e["run_id"] == stalled and e.get("by") == RECOVER for e in _events(cluster, "publish", since=filled)), (
         "the weather log saw no sweep publish of the stalled run: the filler counts would be vacuous"
+    )
     assert delivered == 0
     cluster.wait_finished([stalled], timeout=20)
 
 
 # -- point 2: a provider outage -----------------------------------------------------------------------------
+
 
 class Gate:
     """A TCP relay in front of the fake provider. ``down()`` is a real outage: the port refuses
@@ -379,7 +435,8 @@ def _close(sock: socket.socket) -> None:
 
 
 def test_a_fifteen_second_provider_outage_is_ridden_out_by_every_active_run(
-        make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]) -> None:
+    make_cluster: Callable[..., Cluster], provider: tuple[FakeProviderServer, WeatherScript]
+) -> None:
     server, script = provider
     gate = Gate(server.port).up()
     try:
@@ -395,8 +452,11 @@ def _ride_out_an_outage(make_cluster: Callable[..., Cluster], gate: Gate, script
     runs = [f"outage-{n}" for n in range(6)]
     for sid in runs:
         cluster.send(AGENT, sid, ask(sid, turns=3, ms=400))
-    wait_until(lambda: all(r["seq"] >= 1 for r in _rows(cluster, runs).values()) and len(_rows(cluster, runs)) == 6,
-               20, "every run's first model turn")
+    wait_until(
+        lambda: all(r["seq"] >= 1 for r in _rows(cluster, runs).values()) and len(_rows(cluster, runs)) == 6,
+        20,
+        "every run's first model turn",
+    )
     before = {sid: row["seq"] for sid, row in _rows(cluster, runs).items()}
 
     # When the provider is down for 15 s: first it answers 503, then its port refuses connections
@@ -431,15 +491,19 @@ def _ride_out_an_outage(make_cluster: Callable[..., Cluster], gate: Gate, script
             break
         time.sleep(0.2)
     calls = [e for e in _events(cluster, "provider", since=start, until=end) if e["phase"] == "start"]
-    outcomes = Counter(e.get("outcome") for e in _events(cluster, "provider", since=start, until=end)
-                       if e["phase"] == "end")
-    print(f"outage of {OUTAGE_S:.0f} s over {len(runs)} active runs: {len(calls)} provider calls during it"
-          f" ({dict(Counter(e['run_id'] for e in calls))}; outcomes {dict(outcomes)});"
-          f" all finished {'never' if finished_after is None else f'{finished_after:.1f} s'} after it ended"
-          f" (bound {bound_s:.0f} s); pending() states seen during it {dict(states)}")
+    outcomes = Counter(
+        e.get("outcome") for e in _events(cluster, "provider", since=start, until=end) if e["phase"] == "end"
+    )
+    print(
+        f"outage of {OUTAGE_S:.0f} s over {len(runs)} active runs: {len(calls)} provider calls during it"
+        f" ({dict(Counter(e['run_id'] for e in calls))}; outcomes {dict(outcomes)});"
+        f" all finished {'never' if finished_after is None else f'{finished_after:.1f} s'} after it ended"
+        f" (bound {bound_s:.0f} s); pending() states seen during it {dict(states)}"
+    )
 
     assert not parked, "runs parked by a transient outage: " + "; ".join(
-        f"{sid} after {at:.1f} s: {error}" for sid, (at, error) in sorted(parked.items()))
+        f"{sid} after {at:.1f} s: {error}" for sid, (at, error) in sorted(parked.items())
+    )
     assert finished_after is not None, f"not finished {bound_s:.0f} s after the outage: {_rows(cluster, runs)}"
     assert len({e["run_id"] for e in calls}) == len(runs), "the outage did not hit every run"
     assert len(calls) <= 40 * len(runs), "the provider was hammered during the outage (no backoff)"
@@ -450,6 +514,7 @@ def _ride_out_an_outage(make_cluster: Callable[..., Cluster], gate: Gate, script
 
 
 # -- point 3: rolling deploys ---------------------------------------------------------------------------
+
 
 class OldProducer:
     """A producer of the previous release: it sends ``lousho.advance`` by name to the shared queue."""
@@ -475,14 +540,15 @@ def _outcomes_in(log_text: str, session_ids: Sequence[str]) -> Counter[str]:
         marker = line.find(" advance ")
         if marker < 0 or " -> " not in line:
             continue
-        words = line[marker + len(" advance "):].split()
+        words = line[marker + len(" advance ") :].split()
         if words and words[0] in session_ids:
             found[line.rsplit(" -> ", 1)[1].strip()] += 1
     return found
 
 
 def test_an_old_and_a_new_worker_finish_every_run_of_an_agent_only_the_new_one_has(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     cluster = make_cluster(extra_env={"LOUSHO_AGENTS": BOTH_MODULES, RELEASE_ENV: "old"})
     cluster.extra_env[LOG_ENV] = str(_weather_log(cluster))
     old = cluster.start_worker("old", concurrency=2)
@@ -496,8 +562,9 @@ def test_an_old_and_a_new_worker_finish_every_run_of_an_agent_only_the_new_one_h
         for sid in runs[:5]:
             cluster.send(NEW_AGENT, sid, run_input(sid, calls="2,1", sleep="50-150"))
         for sid in runs[5:]:
-            cluster.client.store.append_input(sid, NEW_AGENT, normalize_input(run_input(sid, calls="2,1",
-                                                                                        sleep="50-150")))
+            cluster.client.store.append_input(
+                sid, NEW_AGENT, normalize_input(run_input(sid, calls="2,1", sleep="50-150"))
+            )
             producer.advance(sid)
         # And old producers resuming every run while it runs
         for _ in range(2):
@@ -518,9 +585,11 @@ def test_an_old_and_a_new_worker_finish_every_run_of_an_agent_only_the_new_one_h
         producer.close()
 
     to_old = [e for e in _events(cluster, "deliver") if e["run_id"] in runs and str(e.get("node")).startswith("old-")]
-    print(f"old-producer messages {producer.sent}; steps of {NEW_AGENT} delivered to the old worker: {len(to_old)}"
-          f" (queues {dict(Counter(e.get('queue') for e in to_old))}), its outcomes"
-          f" {dict(_outcomes_in(old.log_path.read_text(errors='replace'), runs))}; parked {len(parked)}")
+    print(
+        f"old-producer messages {producer.sent}; steps of {NEW_AGENT} delivered to the old worker: {len(to_old)}"
+        f" (queues {dict(Counter(e.get('queue') for e in to_old))}), its outcomes"
+        f" {dict(_outcomes_in(old.log_path.read_text(errors='replace'), runs))}; parked {len(parked)}"
+    )
 
     # Then none is parked, all finish, and the steps the old worker got were handed back
     assert not parked, f"runs parked during a rolling deploy: {parked}"
@@ -533,10 +602,12 @@ def test_an_old_and_a_new_worker_finish_every_run_of_an_agent_only_the_new_one_h
 
 
 def test_a_run_whose_agent_no_live_worker_has_is_parked_only_once_the_retry_budget_is_spent(
-        make_cluster: Callable[..., Cluster]) -> None:
+    make_cluster: Callable[..., Cluster],
+) -> None:
     retry_for_s = 3.0
-    cluster = make_cluster(extra_env={"LOUSHO_AGENTS": BOTH_MODULES, RELEASE_ENV: "old",
-                                      "LOUSHO_RETRY_FOR_S": str(retry_for_s)})
+    cluster = make_cluster(
+        extra_env={"LOUSHO_AGENTS": BOTH_MODULES, RELEASE_ENV: "old", "LOUSHO_RETRY_FOR_S": str(retry_for_s)}
+    )
     cluster.extra_env[LOG_ENV] = str(_weather_log(cluster))
     cluster.start_worker("old", concurrency=2)
     cluster.start_beat()
@@ -562,18 +633,22 @@ def test_a_run_whose_agent_no_live_worker_has_is_parked_only_once_the_retry_budg
         time.sleep(0.1)
     row = _rows(cluster, [sid])[sid]
     error = row["last_error"] or {}
-    swept = Counter(e.get("queue") for e in _events(cluster, "publish")
-                    if e["run_id"] == sid and e.get("by") == RECOVER)
+    swept = Counter(
+        e.get("queue") for e in _events(cluster, "publish") if e["run_id"] == sid and e.get("by") == RECOVER
+    )
     listed = {p.session_id: p for p in cluster.client.pending()}
-    print(f"parked {'never' if parked_after is None else f'{parked_after:.1f} s'} after the send (budget"
-          f" {retry_for_s:.0f} s, bound {bound_s:.0f} s): {error}; sweep re-sends by queue {dict(swept)};"
-          f" pending() state {getattr(listed.get(sid), 'state', None)}")
+    print(
+        f"parked {'never' if parked_after is None else f'{parked_after:.1f} s'} after the send (budget"
+        f" {retry_for_s:.0f} s, bound {bound_s:.0f} s): {error}; sweep re-sends by queue {dict(swept)};"
+        f" pending() state {getattr(listed.get(sid), 'state', None)}"
+    )
 
     # Then it is parked as an unknown agent, after the budget, saying no live worker has it
     assert parked_after is not None, f"not parked {bound_s:.0f} s after the send: {row}"
     assert error["code"] == AGENT_NOT_FOUND, error
     assert parked_after >= 0.9 * retry_for_s, (
         f"parked {parked_after:.1f} s after the send, before the {retry_for_s:.0f} s retry budget: a worker"
-        f" of the new release starting meanwhile would have run it")
+        f" of the new release starting meanwhile would have run it"
+    )
     assert "no live worker" in error["message"].lower(), error
     assert sid in listed and getattr(listed[sid], "state", None) == "parked", listed.get(sid)

@@ -76,8 +76,9 @@ def _copy_tree(destination: Path, *, with_secrets: bool) -> Path:
 
 
 def _kustomize(overlay: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [_kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,15 +138,14 @@ def _settings(manifests: list[dict[str, Any]]) -> Settings:
     """The settings every container gets from the ConfigMap (no secrets, no environment of this process)."""
     prefix = "LOUSHO_"
     config = _config(manifests)
-    values = {name[len(prefix):].lower(): value for name, value in config.items() if name.startswith(prefix)}
+    values = {name[len(prefix) :].lower(): value for name, value in config.items() if name.startswith(prefix)}
     return Settings.model_validate(values)
 
 
 # -- building and validating ----------------------------------------------------------------------------------
 
 
-def test_every_standard_object_validates_against_the_pinned_kubernetes_schemas(
-        manifests: list[dict[str, Any]]) -> None:
+def test_every_standard_object_validates_against_the_pinned_kubernetes_schemas(manifests: list[dict[str, Any]]) -> None:
     validator = _validator()
     standard = [doc for doc in manifests if not doc["apiVersion"].startswith("keda.sh/")]
     problems = []
@@ -156,10 +156,28 @@ def test_every_standard_object_validates_against_the_pinned_kubernetes_schemas(
             problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {getattr(exc, 'message', exc)}")
     assert not problems, "\n".join(problems)
     kinds = sorted(doc["kind"] for doc in standard)
-    assert kinds == sorted(["Namespace", "ServiceAccount", "ConfigMap", "Secret", "Job", "Service", "Service",
-                            "Deployment", "Deployment", "Deployment", "Deployment", "PodDisruptionBudget",
-                            "PodDisruptionBudget", "PodDisruptionBudget", "NetworkPolicy", "NetworkPolicy",
-                            "NetworkPolicy", "Ingress"])
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ConfigMap",
+            "Secret",
+            "Job",
+            "Service",
+            "Service",
+            "Deployment",
+            "Deployment",
+            "Deployment",
+            "Deployment",
+            "PodDisruptionBudget",
+            "PodDisruptionBudget",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "Ingress",
+        ]
+    )
 
 
 def test_the_build_fails_without_a_secrets_file(tmp_path: Path) -> None:
@@ -283,11 +301,17 @@ def test_flower_needs_a_login_from_the_secret(manifests: list[dict[str, Any]], t
     bin_dir.mkdir()
     (bin_dir / "celery").write_text("#!/bin/sh\necho started\n")
     (bin_dir / "celery").chmod(0o755)
-    for value, starts_flower in (("", False), ("admin", False), ("admin:", False), (":secret", False),
-                                 ("admin:secret", True)):
+    for value, starts_flower in (
+        ("", False),
+        ("admin", False),
+        ("admin:", False),
+        (":secret", False),
+        ("admin:secret", True),
+    ):
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FLOWER_BASIC_AUTH": value}
-        result = subprocess.run(["sh", "-c", flower["args"][0]], env=env, capture_output=True, text=True,
-                                timeout=10, check=False)
+        result = subprocess.run(
+            ["sh", "-c", flower["args"][0]], env=env, capture_output=True, text=True, timeout=10, check=False
+        )
         assert (result.returncode == 0 and "started" in result.stdout) is starts_flower, (value, result.stderr)
 
 
@@ -310,13 +334,13 @@ def _pod_labels(manifests: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     return {name: workload["spec"]["template"]["metadata"]["labels"] for name, workload in workloads.items()}
 
 
-def test_disruption_budgets_keep_beat_and_http_up_and_drain_workers_one_by_one(
-        manifests: list[dict[str, Any]]) -> None:
+def test_disruption_budgets_keep_beat_and_http_up_and_drain_workers_one_by_one(manifests: list[dict[str, Any]]) -> None:
     budgets, labels = _objects(manifests, "PodDisruptionBudget"), _pod_labels(manifests)
     deployments = _objects(manifests, "Deployment")
 
-    covered = {name: [b for b in budgets.values() if _selects(b["spec"]["selector"], labels[name])]
-               for name in WORKLOADS}
+    covered = {
+        name: [b for b in budgets.values() if _selects(b["spec"]["selector"], labels[name])] for name in WORKLOADS
+    }
 
     [worker] = covered["lousho-worker"]
     assert worker["spec"]["maxUnavailable"] == 1
@@ -396,8 +420,17 @@ def test_the_scaled_object_has_the_structure_keda_reads(manifests: list[dict[str
     spec = scaled["spec"]
 
     assert scaled["apiVersion"] == KEDA_API
-    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
-                         "cooldownPeriod", "advanced", "triggers", "fallback", "idleReplicaCount"}
+    assert set(spec) <= {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "pollingInterval",
+        "cooldownPeriod",
+        "advanced",
+        "triggers",
+        "fallback",
+        "idleReplicaCount",
+    }
     assert spec["scaleTargetRef"]["name"] in _objects(manifests, "Deployment")
     assert spec["scaleTargetRef"]["name"] == "lousho-worker"
     for field in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod"):
@@ -412,10 +445,16 @@ def test_the_scaled_object_has_the_structure_keda_reads(manifests: list[dict[str
         assert all(isinstance(value, str) for value in trigger["metadata"].values()), trigger["name"]
         assert trigger["authenticationRef"]["name"] in authentications
     # The scale-down behaviour is a HorizontalPodAutoscaler's: validate it as one.
-    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "lousho-worker"},
-           "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "lousho-worker"},
-                    "maxReplicas": spec["maxReplicaCount"],
-                    "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]}}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "lousho-worker"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "lousho-worker"},
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        },
+    }
     _validator().validate(hpa, KUBERNETES_VERSION, strict=True)
 
 
@@ -481,9 +520,11 @@ def test_the_docs_show_the_deployment_and_the_scaled_objects_query(manifests: li
     [trigger] = _triggers(manifests, "postgresql")
 
     [sql] = re.findall(r"^```sql\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
-    commands = [shlex.split(line, comments=True) for body in re.findall(r"^```sh\n(.*?)^```$", section,
-                                                                        re.MULTILINE | re.DOTALL)
-                for line in body.splitlines()]
+    commands = [
+        shlex.split(line, comments=True)
+        for body in re.findall(r"^```sh\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+        for line in body.splitlines()
+    ]
 
     assert _normalized(sql) == _normalized(trigger["metadata"]["query"])
     assert ["kubectl", "apply", "-k", f"deploy/k8s/{OVERLAY.as_posix()}"] in commands
@@ -527,7 +568,8 @@ def test_the_autoscaling_query_counts_the_runs_a_worker_must_move() -> None:
                 "INSERT INTO runs (session_id, agent, status, aborted, waiting, inbox_head, inbox_cursor,"
                 " abort_requested, end_due, last_error, next_attempt_at) VALUES (%s, 'shop', %s, %s, %s, %s, %s,"
                 " CASE WHEN %s THEN now() END, %s, %s::jsonb, now() + make_interval(secs => %s))",
-                (sid, status, aborted, waiting, head, cursor, abort, end_due, error, retry_in))
+                (sid, status, aborted, waiting, head, cursor, abort, end_due, error, retry_in),
+            )
         row = conn.execute(_scaled_object_query()).fetchone()
 
     assert row is not None
@@ -543,20 +585,23 @@ def test_the_liveness_probe_passes_while_a_real_worker_consumes_and_fails_once_i
         wait_until(heartbeat.exists, 15, "the heartbeat file")
         first = heartbeat.stat().st_mtime
         assert probes.main(["check", "--file", str(heartbeat), "--max-age", "30"]) == 0
-        wait_until(lambda: heartbeat.stat().st_mtime > first, 2 * probes.INTERVAL_S + 5, "the next touch",
-                   interval=0.5)
+        wait_until(lambda: heartbeat.stat().st_mtime > first, 2 * probes.INTERVAL_S + 5, "the next touch", interval=0.5)
 
         # SIGSTOP the worker's parent: its event loop halts, as a hung one would (the pool process lives on).
         cluster.stop(worker.pid)
         stopped = time.time()
         stale = probes.INTERVAL_S + 2
-        wait_until(lambda: time.time() - heartbeat.stat().st_mtime > stale + 1, 2 * probes.INTERVAL_S + 5,
-                   "the heartbeat file to grow old", interval=0.5)
+        wait_until(
+            lambda: time.time() - heartbeat.stat().st_mtime > stale + 1,
+            2 * probes.INTERVAL_S + 5,
+            "the heartbeat file to grow old",
+            interval=0.5,
+        )
         assert probes.main(["check", "--file", str(heartbeat), "--max-age", str(stale)]) == 1
 
         cluster.resume(worker.pid)
-        wait_until(lambda: heartbeat.stat().st_mtime > stopped, probes.INTERVAL_S + 5, "a touch after SIGCONT",
-                   interval=0.5)
+        wait_until(
+            lambda: heartbeat.stat().st_mtime > stopped, probes.INTERVAL_S + 5, "a touch after SIGCONT", interval=0.5
+        )
     finally:
         cluster.close()
-

@@ -33,8 +33,13 @@ _URL_VARIABLES = ("LOUSHO_DATABASE_URL", "LOUSHO_REDIS_URL", "LOUSHO_BROKER_URL"
 
 
 def _settings(urls: ServiceURLs) -> Settings:
-    return Settings(database_url=urls.database_url, redis_url=urls.redis_url, lease_ttl_ms=2000, lease_renew_ms=500,
-                    recover_interval_s=1.0)
+    return Settings(
+        database_url=urls.database_url,
+        redis_url=urls.redis_url,
+        lease_ttl_ms=2000,
+        lease_renew_ms=500,
+        recover_interval_s=1.0,
+    )
 
 
 def _alive(pids: list[int]) -> list[str]:
@@ -111,16 +116,35 @@ def test_services_start_reuse_serve_a_run_and_stop_clean(embedded: EmbeddedServi
 
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker", "worker", "-P", "solo", "--without-gossip",
-             "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            env=_child_env(LOUSHO_DATABASE_URL=urls.database_url, LOUSHO_REDIS_URL=urls.redis_url,
-                           LOUSHO_AGENTS="examples.shop"),
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker",
+                "worker",
+                "-P",
+                "solo",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=_child_env(
+                LOUSHO_DATABASE_URL=urls.database_url, LOUSHO_REDIS_URL=urls.redis_url, LOUSHO_AGENTS="examples.shop"
+            ),
+            start_new_session=True,
+        )
     try:
         with Client(settings) as producer:
-            run = producer.agent("shop").send("Reserve two teas, charge 5 and ship order 7", session_id="smoke-1",
-                                              check_agent=False)
+            run = producer.agent("shop").send(
+                "Reserve two teas, charge 5 and ship order 7", session_id="smoke-1", check_agent=False
+            )
             result = run.wait(timeout=60)
         assert result.finish_reason == "stop", (tmp_path / "worker.log").read_text()[-2000:]
         assert result.steps == 3
@@ -144,24 +168,37 @@ def test_services_start_reuse_serve_a_run_and_stop_clean(embedded: EmbeddedServi
 
 def test_lousho_dev_runs_until_a_signal_and_leaves_nothing(tmp_path: Path) -> None:
     output = tmp_path / "dev.out"
-    script = ("import sys; from pathlib import Path; from devkit.devserver import run_dev; "
-              "sys.exit(run_dev(root=Path(sys.argv[1]), concurrency=1, stop_timeout=15))")
+    script = (
+        "import sys; from pathlib import Path; from devkit.devserver import run_dev; "
+        "sys.exit(run_dev(root=Path(sys.argv[1]), concurrency=1, stop_timeout=15))"
+    )
     with output.open("wb") as sink:
-        dev = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdin=subprocess.DEVNULL,
-                               stdout=sink, stderr=subprocess.STDOUT,
-                               env=_child_env(LOUSHO_AGENTS="examples.shop"))
+        dev = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path)],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=_child_env(LOUSHO_AGENTS="examples.shop"),
+        )
     services = EmbeddedServices(tmp_path)
     try:
         _wait_for(lambda: "ready." in output.read_text() or dev.poll() is not None, 90, "the dev worker")
         text = output.read_text()
         assert dev.poll() is None, text
-        exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in text.splitlines()
-                       if line.strip().startswith("export LOUSHO_"))
+        exports = dict(
+            line.strip().removeprefix("export ").split("=", 1)
+            for line in text.splitlines()
+            if line.strip().startswith("export LOUSHO_")
+        )
         urls = ServiceURLs(exports["LOUSHO_DATABASE_URL"], exports["LOUSHO_REDIS_URL"])
         assert services.status()["postgres"].running and services.status()["redis"].running
         with Client(_settings(urls)) as producer:
-            result = producer.agent("shop").send("Order 8, please", session_id="smoke-dev",
-                                                 check_agent=False).wait(timeout=60)
+            result = (
+                producer.agent("shop")
+                .send("Order 8, please", session_id="smoke-dev", check_agent=False)
+                .wait(timeout=60)
+            )
         assert result.finish_reason == "stop"
 
         everything = _family(dev.pid) + services.processes()

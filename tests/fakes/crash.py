@@ -48,7 +48,7 @@ class Crashes:
         """The replacement of ``store.faults.crash_point``."""
         self.passed.append((point, session_id))
         if self._dying.is_set():
-            raise SimulatedCrash(point, session_id)   # a dead process runs no further code
+            raise SimulatedCrash(point, session_id)  # a dead process runs no further code
         for key in ((point, session_id), (point, None)):
             if key in self.armed:
                 self.armed.discard(key)

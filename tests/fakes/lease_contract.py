@@ -62,7 +62,7 @@ def check_tokens_strictly_increase_across_holders(make: LeaseFactory) -> None:
         else:
             leases.release(lease)
     assert tokens == sorted(set(tokens)) and len(tokens) == 3
-    assert _take(leases, "lc-tokens-other").token >= 1   # counters are per run
+    assert _take(leases, "lc-tokens-other").token >= 1  # counters are per run
 
 
 def check_a_floor_is_respected(make: LeaseFactory) -> None:
@@ -137,7 +137,7 @@ def check_losing_every_key_restarts_tokens_and_a_floor_lifts_them(make: LeaseFac
     subject.lose_everything()
     assert leases.holder("lc-lost") is None
     after = _take(leases, "lc-lost")
-    assert after.token == 1                      # the counter restarted: only the store's fence knows better
+    assert after.token == 1  # the counter restarted: only the store's fence knows better
     assert leases.raise_token(after, before.token) is True and after.token > before.token
 
 
@@ -165,7 +165,7 @@ def check_a_lease_whose_holder_exited_on_this_host_is_taken_over_at_once(make: L
     taken = subject.leases.acquire("lc-exited")
     assert taken is not None, "the lease of an exited process was not taken over"
     assert taken.token > before and subject.leases.holder("lc-exited") == taken.owner
-    assert subject.leases.acquire("lc-exited") is None      # the new holder is this live process
+    assert subject.leases.acquire("lc-exited") is None  # the new holder is this live process
 
 
 def check_a_live_holder_or_one_of_another_host_is_never_taken_over_early(make: LeaseFactory) -> None:

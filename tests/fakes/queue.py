@@ -26,8 +26,15 @@ class StepQueue:
         self.messages: list[StepMessage] = []
         self.sent: list[StepMessage] = []
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
-                 name: str | None = None) -> None:
+    def __call__(
+        self,
+        session_id: str,
+        seq: int | None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
         message = StepMessage(session_id, seq, countdown, agent, name)
         self.messages.append(message)
         self.sent.append(message)

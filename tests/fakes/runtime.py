@@ -34,9 +34,16 @@ class MemoryRuntime:
     deps: StepDeps
 
     @classmethod
-    def build(cls, agents: Iterable[Agent], *, history_limit: int = 50, max_attempts: int = 5,
-              leases: interfaces.Leases | None = None, clock: FakeClock | None = None,
-              store: MemoryCheckpointStore | None = None) -> MemoryRuntime:
+    def build(
+        cls,
+        agents: Iterable[Agent],
+        *,
+        history_limit: int = 50,
+        max_attempts: int = 5,
+        leases: interfaces.Leases | None = None,
+        clock: FakeClock | None = None,
+        store: MemoryCheckpointStore | None = None,
+    ) -> MemoryRuntime:
         """A runtime serving ``agents``; leases default to in-memory ones on the same clock."""
         clock = clock or FakeClock()
         store = store or MemoryCheckpointStore(history_limit=history_limit, clock=clock)

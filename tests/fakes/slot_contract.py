@@ -57,7 +57,7 @@ def check_freed_slots_go_round_robin_by_fairness_key(make: SlotFactory) -> None:
     served = []
     holder = "sc-holder"
     for _ in range(4):
-        (woken, agent), = slots.release(limit, holder)
+        ((woken, agent),) = slots.release(limit, holder)
         served.append((woken, agent))
         assert slots.acquire(limit, woken, agent).granted
         holder = woken
@@ -73,7 +73,7 @@ def check_a_weight_gives_a_key_more_of_the_freed_slots(make: SlotFactory) -> Non
         assert not slots.acquire(limit, f"sc-w-b{n}", "agent", "globex").granted
     order, holder = [], "sc-w-holder"
     for _ in range(6):
-        (woken, _agent), = slots.release(limit, holder)
+        ((woken, _agent),) = slots.release(limit, holder)
         assert slots.acquire(limit, woken, "agent").granted
         order.append(woken[5])
         holder = woken
@@ -88,9 +88,9 @@ def check_a_dead_holder_frees_its_slot_within_the_ttl_and_a_renewal_keeps_it(mak
     subject.elapse(TTL_MS * 0.6 / 1000)
     assert slots.renew("sc-ttl", ["sc-dead"]) == 1
     subject.elapse(TTL_MS * 0.6 / 1000)
-    assert slots.wake() == ()                         # renewed: still held
+    assert slots.wake() == ()  # renewed: still held
     subject.elapse(TTL_MS * 1.2 / 1000)
-    assert slots.wake() == (("sc-next", "agent"),)    # never released, never renewed: expired
+    assert slots.wake() == (("sc-next", "agent"),)  # never released, never renewed: expired
     assert slots.acquire(limit, "sc-next", "agent").granted
 
 
@@ -119,7 +119,7 @@ def check_a_cool_down_holds_every_caller_of_the_key(make: SlotFactory) -> None:
     slots = subject.slots
     limit, other = ModelLimit("sc-cool", concurrent=4), ModelLimit("sc-warm", concurrent=4)
     slots.cool_down("sc-cool", 0.3)
-    slots.cool_down("sc-cool", 0.1)                   # a shorter one does not cut it
+    slots.cool_down("sc-cool", 0.1)  # a shorter one does not cut it
     held = slots.acquire(limit, "sc-c1", "agent")
     assert not held.granted and held.reason == "cool-down" and 0.15 < held.wait_s <= 0.3
     assert slots.acquire(other, "sc-c2", "agent").granted
@@ -154,9 +154,14 @@ def check_everything_lost_grants_again_until_the_calls_in_flight_renew(make: Slo
     assert subject.slots.release(limit, "sc-l1") == (("sc-l3", "agent"),)
 
 
-CHECKS = [check_concurrent_slots_hold_and_a_release_wakes_the_next_waiter,
-          check_freed_slots_go_round_robin_by_fairness_key, check_a_weight_gives_a_key_more_of_the_freed_slots,
-          check_a_dead_holder_frees_its_slot_within_the_ttl_and_a_renewal_keeps_it,
-          check_requests_per_minute_make_the_next_call_wait, check_tokens_are_counted_from_reported_usage,
-          check_a_cool_down_holds_every_caller_of_the_key, check_the_smallest_number_two_callers_give_a_key_holds,
-          check_everything_lost_grants_again_until_the_calls_in_flight_renew]
+CHECKS = [
+    check_concurrent_slots_hold_and_a_release_wakes_the_next_waiter,
+    check_freed_slots_go_round_robin_by_fairness_key,
+    check_a_weight_gives_a_key_more_of_the_freed_slots,
+    check_a_dead_holder_frees_its_slot_within_the_ttl_and_a_renewal_keeps_it,
+    check_requests_per_minute_make_the_next_call_wait,
+    check_tokens_are_counted_from_reported_usage,
+    check_a_cool_down_holds_every_caller_of_the_key,
+    check_the_smallest_number_two_callers_give_a_key_holds,
+    check_everything_lost_grants_again_until_the_calls_in_flight_renew,
+]

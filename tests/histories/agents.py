@@ -24,8 +24,20 @@ def book(city: str) -> str:
 
 def travel_agent() -> Agent:
     """Two lookups, then a gated booking, then a final answer."""
-    return Agent(name="travel", model=MockModel([
-        {"tool_calls": [{"name": "lookup", "args": {"city": "Oslo"}}, {"name": "lookup", "args": {"city": "Rome"}}]},
-        {"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
-        "Booked Rome: sunny there.",
-    ]), instructions="Plan trips.", tools=[lookup, book])
+    return Agent(
+        name="travel",
+        model=MockModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "lookup", "args": {"city": "Oslo"}},
+                        {"name": "lookup", "args": {"city": "Rome"}},
+                    ]
+                },
+                {"tool_calls": [{"name": "book", "args": {"city": "Rome"}}]},
+                "Booked Rome: sunny there.",
+            ]
+        ),
+        instructions="Plan trips.",
+        tools=[lookup, book],
+    )

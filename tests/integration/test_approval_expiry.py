@@ -42,19 +42,24 @@ def refund(amount: int) -> str:
 
 def _agent(seen: list[dict[str, Any]]) -> Agent:
     """One turn asks for a gated refund and a question; the next records the results it was shown."""
+
     def model(messages: list[Message]) -> Any:
         if not any(m.role == "assistant" for m in messages):
-            return {"tool_calls": [{"name": "refund", "args": {"amount": 5}},
-                                   {"name": "ask_question", "args": {"question": "Which account?"}}]}
+            return {
+                "tool_calls": [
+                    {"name": "refund", "args": {"amount": 5}},
+                    {"name": "ask_question", "args": {"question": "Which account?"}},
+                ]
+            }
         seen.append({str(m.name): json.loads(str(m.content)) for m in messages if m.role == "tool"})
         return "handled"
 
-    return Agent(name=AGENT, model=MockModel(model), tools=[refund], ask_question=True,
-                 approval_expires_in=QUESTION_EXPIRES_S)
+    return Agent(
+        name=AGENT, model=MockModel(model), tools=[refund], ask_question=True, approval_expires_in=QUESTION_EXPIRES_S
+    )
 
 
-def _paused(make_driver: Callable[..., Driver], client: Client, session_id: str,
-            seen: list[dict[str, Any]]) -> Driver:
+def _paused(make_driver: Callable[..., Driver], client: Client, session_id: str, seen: list[dict[str, Any]]) -> Driver:
     refunded.clear()
     driver = make_driver(_agent(seen))
     client.agent(AGENT).send("refund order 7", session_id=session_id)
@@ -67,9 +72,13 @@ def _paused(make_driver: Callable[..., Driver], client: Client, session_id: str,
 def _wait_past(engine: Engine, seconds_after_pause: float, session_id: str) -> None:
     """Sleep until Postgres's clock is ``seconds_after_pause`` past the run's pausing save."""
     with engine.begin() as conn:
-        left = conn.execute(text("SELECT extract(epoch FROM updated_at + make_interval(secs => :s) - now())"
-                                 " FROM runs WHERE session_id = :sid"),
-                            {"s": seconds_after_pause, "sid": session_id}).scalar_one()
+        left = conn.execute(
+            text(
+                "SELECT extract(epoch FROM updated_at + make_interval(secs => :s) - now())"
+                " FROM runs WHERE session_id = :sid"
+            ),
+            {"s": seconds_after_pause, "sid": session_id},
+        ).scalar_one()
     time.sleep(max(0.0, float(left)) + 0.05)
 
 
@@ -80,20 +89,20 @@ def _note_of(approval: Approval) -> str:
 
 
 def test_undecided_approvals_expire_and_the_sweep_sends_the_run_on(
-        make_driver: Callable[..., Driver], client: Client, sent: Sent,
-        caplog: pytest.LogCaptureFixture) -> None:
+    make_driver: Callable[..., Driver], client: Client, sent: Sent, caplog: pytest.LogCaptureFixture
+) -> None:
     seen: list[dict[str, Any]] = []
     driver = _paused(make_driver, client, "exp-1", seen)
     listed = {a.tool_name: a for a in client.agent(AGENT).approvals.list()}
     for name, seconds in (("refund", TOOL_EXPIRES_S), ("ask_question", QUESTION_EXPIRES_S)):
         created, expires = listed[name].created_at, listed[name].expires_at
         assert created is not None and expires == created + timedelta(seconds=seconds)
-    assert tasks.recover() == 0 and sent.messages == []   # not due yet: nothing expires, nothing is sent
+    assert tasks.recover() == 0 and sent.messages == []  # not due yet: nothing expires, nothing is sent
 
     _wait_past(client.engine, QUESTION_EXPIRES_S, "exp-1")
     with caplog.at_level(logging.INFO, logger=tasks.log.name):
         assert tasks.recover() == 1
-    assert [m[0] for m in sent.messages] == ["exp-1"]   # in the same pass that expired its approvals
+    assert [m[0] for m in sent.messages] == ["exp-1"]  # in the same pass that expired its approvals
     assert "recover: 2 approval(s) expired undecided" in caplog.messages
     assert client.agent(AGENT).approvals.list() == []
     driver.drain("exp-1")
@@ -104,16 +113,17 @@ def test_undecided_approvals_expire_and_the_sweep_sends_the_run_on(
     assert (results["refund"]["kind"], results["ask_question"]["kind"]) == ("rejected", "declined")
     assert results["refund"]["note"] == _note_of(listed["refund"])
     assert results["ask_question"]["note"] == _note_of(listed["ask_question"])
-    assert refunded == []   # the expired call never ran
+    assert refunded == []  # the expired call never ran
 
 
 def test_a_late_decision_is_refused_and_the_run_goes_on_as_rejected(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     seen: list[dict[str, Any]] = []
     driver = _paused(make_driver, client, "exp-2", seen)
     approvals = client.agent(AGENT).approvals
     listed = {a.tool_name: a.approval_id for a in approvals.list()}
-    answered = approvals.resolve(listed["ask_question"], answer="savings")   # in time
+    answered = approvals.resolve(listed["ask_question"], answer="savings")  # in time
     assert answered.session_id == "exp-2"
 
     _wait_past(client.engine, TOOL_EXPIRES_S, "exp-2")
@@ -123,7 +133,7 @@ def test_a_late_decision_is_refused_and_the_run_goes_on_as_rejected(
     decided = PostgresApprovalStore(client.engine).by_ids([listed["refund"]])[listed["refund"]]
     assert decided.status == "rejected" and decided.note is not None and decided.note.startswith(EXPIRED_NOTE)
     checkpoint = client.store.load("exp-2")
-    assert checkpoint is not None and checkpoint.status == "in-progress"   # the expiry was the last decision
+    assert checkpoint is not None and checkpoint.status == "in-progress"  # the expiry was the last decision
     driver.drain("exp-2")
 
     results = seen[-1]
@@ -133,7 +143,8 @@ def test_a_late_decision_is_refused_and_the_run_goes_on_as_rejected(
 
 
 def test_the_sweep_racing_a_decision_and_a_delete_never_deadlocks_and_decides_once(
-        store: PostgresCheckpointStore) -> None:
+    store: PostgresCheckpointStore,
+) -> None:
     approvals = PostgresApprovalStore(store.engine)
     storage_errors: list[str] = []
     swept = 0
@@ -169,10 +180,15 @@ def test_the_sweep_racing_a_decision_and_a_delete_never_deadlocks_and_decides_on
     for k in range(ROUNDS):
         session_id, approval_id = paused_row(store, f"exp-race-{k}", expired=True)
         start = threading.Barrier(3)
-        racers = [threading.Thread(target=sweep, args=(start,)),
-                  threading.Thread(target=resolve, args=(approval_id, start))]
-        racers.append(threading.Thread(target=delete, args=(session_id, start)) if k % 2 else
-                      threading.Thread(target=sweep, args=(start,)))
+        racers = [
+            threading.Thread(target=sweep, args=(start,)),
+            threading.Thread(target=resolve, args=(approval_id, start)),
+        ]
+        racers.append(
+            threading.Thread(target=delete, args=(session_id, start))
+            if k % 2
+            else threading.Thread(target=sweep, args=(start,))
+        )
         for thread in racers:
             thread.start()
         for thread in racers:
@@ -180,8 +196,10 @@ def test_the_sweep_racing_a_decision_and_a_delete_never_deadlocks_and_decides_on
     with store.engine.begin() as conn:
         rows = conn.execute(text("SELECT status, count(*) FROM approvals GROUP BY status")).all()
     statuses: dict[str, int] = {row[0]: row[1] for row in rows}
-    print(f"\n[expiry races] {ROUNDS} rounds: sweeps decided {swept}, final statuses {statuses},"
-          f" storage errors {sorted(set(storage_errors))}")
+    print(
+        f"\n[expiry races] {ROUNDS} rounds: sweeps decided {swept}, final statuses {statuses},"
+        f" storage errors {sorted(set(storage_errors))}"
+    )
     assert storage_errors == []
     assert set(statuses) <= {"rejected", "withdrawn"} and sum(statuses.values()) == ROUNDS
-    assert swept <= ROUNDS   # never two decisions of one approval
+    assert swept <= ROUNDS  # never two decisions of one approval

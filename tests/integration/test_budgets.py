@@ -48,9 +48,14 @@ def _script(name: str, turns: int) -> list[object]:
 
 
 def test_a_token_budget_stops_the_run_and_a_resume_with_a_raised_limit_finishes_it(
-        make_driver: Callable[..., Driver], client: Client) -> None:
-    agent = Agent(name="metered", model=MockModel(_script("step_tool", 4)), tools=[step_tool],
-                  limits=Limits(max_output_tokens=100))
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    agent = Agent(
+        name="metered",
+        model=MockModel(_script("step_tool", 4)),
+        tools=[step_tool],
+        limits=Limits(max_output_tokens=100),
+    )
     driver = make_driver(agent)
     run = client.agent("metered").send("work", session_id="bud-1")
     driver.drain("bud-1")
@@ -76,10 +81,14 @@ def test_a_token_budget_stops_the_run_and_a_resume_with_a_raised_limit_finishes_
 
 
 def test_a_follow_up_starts_its_budget_from_zero(make_driver: Callable[..., Driver], client: Client) -> None:
-    script = [{"tool_calls": [{"name": "step_tool", "args": {"n": 0}}], "usage": USAGE},
-              {"text": "one", "usage": USAGE}, {"text": "two", "usage": USAGE}]
-    driver = make_driver(Agent(name="per-input", model=MockModel(script), tools=[step_tool],
-                               limits=Limits(max_input_tokens=150)))
+    script = [
+        {"tool_calls": [{"name": "step_tool", "args": {"n": 0}}], "usage": USAGE},
+        {"text": "one", "usage": USAGE},
+        {"text": "two", "usage": USAGE},
+    ]
+    driver = make_driver(
+        Agent(name="per-input", model=MockModel(script), tools=[step_tool], limits=Limits(max_input_tokens=150))
+    )
     first = _settle(client.agent("per-input").send("a", session_id="bud-2"), driver)
     # Checked before each call: 0, then 100, are under 150; the input ends having spent 200.
     assert (first.finish_reason, first.steps, first.usage.input_tokens) == ("stop", 2, 200)
@@ -90,8 +99,13 @@ def test_a_follow_up_starts_its_budget_from_zero(make_driver: Callable[..., Driv
 
 def test_max_cost_counts_with_the_agent_prices(make_driver: Callable[..., Driver], client: Client) -> None:
     prices = Prices(input=1_000.0, output=10_000.0)  # per million tokens: one turn costs 0.1 + 0.4
-    agent = Agent(name="priced", model=MockModel(_script("step_tool", 3)), tools=[step_tool],
-                  limits=Limits(max_cost=0.9), prices=prices)
+    agent = Agent(
+        name="priced",
+        model=MockModel(_script("step_tool", 3)),
+        tools=[step_tool],
+        limits=Limits(max_cost=0.9),
+        prices=prices,
+    )
     driver = make_driver(agent)
     stopped = _settle(client.agent("priced").send("work", session_id="bud-3"), driver)
     assert stopped.finish_reason == "budget-exceeded" and stopped.steps == 2
@@ -100,13 +114,17 @@ def test_max_cost_counts_with_the_agent_prices(make_driver: Callable[..., Driver
 
 
 def test_the_duration_budget_counts_running_time_and_leaves_approval_pauses_out(
-        make_driver: Callable[..., Driver], client: Client) -> None:
-    script = [{"tool_calls": [{"name": "gated", "args": {"n": 0}}]},
-              {"tool_calls": [{"name": "slow", "args": {"n": 1}}]},
-              {"tool_calls": [{"name": "slow", "args": {"n": 2}}]},
-              "done"]
-    driver = make_driver(Agent(name="timed", model=MockModel(script), tools=[gated, slow],
-                               limits=Limits(max_duration_s=1.0)))
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    script = [
+        {"tool_calls": [{"name": "gated", "args": {"n": 0}}]},
+        {"tool_calls": [{"name": "slow", "args": {"n": 1}}]},
+        {"tool_calls": [{"name": "slow", "args": {"n": 2}}]},
+        "done",
+    ]
+    driver = make_driver(
+        Agent(name="timed", model=MockModel(script), tools=[gated, slow], limits=Limits(max_duration_s=1.0))
+    )
     client.agent("timed").send("work", session_id="bud-4")
     driver.drain("bud-4")
     (approval,) = client.agent("timed").approvals.list()

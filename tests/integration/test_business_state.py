@@ -45,12 +45,15 @@ def test_a_fork_sees_the_business_state_of_its_step(make_driver: Callable[..., D
 
 def test_send_sets_the_business_state_the_run_works_with(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(ledger)
-    run = client.agent(LEDGER).send("run ledger-2", session_id="ledger-2",
-                                    business_state={"entries": ["opening"], "owner": "ops"})
+    run = client.agent(LEDGER).send(
+        "run ledger-2", session_id="ledger-2", business_state={"entries": ["opening"], "owner": "ops"}
+    )
     driver.drain("ledger-2")
     run.wait(timeout=5)
     assert client.agent(LEDGER).load("ledger-2").business_state == {  # type: ignore[union-attr]
-        "entries": ["opening", "a", "b"], "owner": "ops"}
+        "entries": ["opening", "a", "b"],
+        "owner": "ops",
+    }
     changes = _changes(client, "ledger-2")
     assert [c["by"] for c in changes] == ["send", "tool", "tool"]
     assert changes[0] == {"by": "send", "input_number": 1, "business_state": {"entries": ["opening"], "owner": "ops"}}
@@ -63,8 +66,9 @@ def test_send_refuses_a_business_state_it_could_not_save(client: Client) -> None
     with pytest.raises(errors.ConfigurationError, match="business_state must be JSON"):
         client.agent(LEDGER).send("hello", session_id="ledger-3", business_state={"when": object()})
     with pytest.raises(errors.InputTooLargeError, match="business_state is at most"):
-        client.agent(LEDGER).send("hello", session_id="ledger-3",
-                                  business_state={"blob": "x" * (runs.MAX_BUSINESS_STATE_BYTES + 1)})
+        client.agent(LEDGER).send(
+            "hello", session_id="ledger-3", business_state={"blob": "x" * (runs.MAX_BUSINESS_STATE_BYTES + 1)}
+        )
     with pytest.raises(errors.ConfigurationError, match="reserved"):
         client.agent(LEDGER).send("hello", session_id="ledger-3", metadata={"lousho.business_state": 1})
     assert client.agent(LEDGER).load("ledger-3") is None
@@ -107,11 +111,13 @@ def _two_calls(name: str) -> Callable[[list[Message]], Any]:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": name, "args": {}}]}
         return "done"
+
     return answer
 
 
 def test_hooks_write_the_business_state_with_the_turn_and_the_result(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     stamper = _Stamper()
     agent = Agent(name="stamped", model=MockModel(_two_calls("noop")), tools=[noop], hooks=[stamper])
     driver = make_driver(agent)
@@ -119,15 +125,21 @@ def test_hooks_write_the_business_state_with_the_turn_and_the_result(
     driver.drain("stamped-1")
     run.wait(timeout=5)
     assert client.agent("stamped").load("stamped-1").business_state == {  # type: ignore[union-attr]
-        "turns": 2, "checked": "noop"}
+        "turns": 2,
+        "checked": "noop",
+    }
     changes = _changes(client, "stamped-1")
     assert [(c["by"], c.get("step"), c.get("tool_name")) for c in changes] == [
-        ("hook", 1, None), ("hook", None, "noop"), ("hook", 2, None)]
+        ("hook", 1, None),
+        ("hook", None, "noop"),
+        ("hook", 2, None),
+    ]
     assert stamper.end_error is not None and "cannot be written here" in stamper.end_error
 
 
 def test_a_tool_that_writes_a_state_that_is_not_json_gets_an_error_result(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     agent = Agent(name="bad-state", model=MockModel(_two_calls("bad_state")), tools=[bad_state])
     driver = make_driver(agent)
     client.agent("bad-state").send("go", session_id="bad-state-1", business_state={"kept": True})

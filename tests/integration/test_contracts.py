@@ -43,14 +43,18 @@ def postgres_subjects(store: PostgresCheckpointStore) -> Iterator[store_contract
         return store_contract.StoreSubject(
             store=PostgresCheckpointStore(engine, history_limit),
             approvals=PostgresApprovalStore(engine),
-            now=_now, tick=lambda: time.sleep(0.01), corrupt=_corrupt)
+            now=_now,
+            tick=lambda: time.sleep(0.01),
+            corrupt=_corrupt,
+        )
 
     yield make
 
 
 @pytest.mark.parametrize("check", store_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
-def test_postgres_keeps_the_store_contract(check: Callable[[store_contract.StoreFactory], None],
-                                           postgres_subjects: store_contract.StoreFactory) -> None:
+def test_postgres_keeps_the_store_contract(
+    check: Callable[[store_contract.StoreFactory], None], postgres_subjects: store_contract.StoreFactory
+) -> None:
     check(postgres_subjects)
 
 
@@ -66,7 +70,8 @@ def redis_subjects(settings: Settings) -> Iterator[lease_contract.LeaseFactory]:
             leases=LeaseManager(client, settings.lease_ttl_ms),
             expire=lambda sid: client.delete(keys.lease_key(sid)),
             lose_everything=client.flushdb,
-            hold_as=lambda sid, owner: client.set(keys.lease_key(sid), owner, px=settings.lease_ttl_ms))
+            hold_as=lambda sid, owner: client.set(keys.lease_key(sid), owner, px=settings.lease_ttl_ms),
+        )
 
     yield make
     for client in clients:
@@ -74,8 +79,9 @@ def redis_subjects(settings: Settings) -> Iterator[lease_contract.LeaseFactory]:
 
 
 @pytest.mark.parametrize("check", lease_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
-def test_redis_keeps_the_lease_contract(check: Callable[[lease_contract.LeaseFactory], None],
-                                        redis_subjects: lease_contract.LeaseFactory) -> None:
+def test_redis_keeps_the_lease_contract(
+    check: Callable[[lease_contract.LeaseFactory], None], redis_subjects: lease_contract.LeaseFactory
+) -> None:
     check(redis_subjects)
 
 
@@ -87,8 +93,9 @@ def redis_slot_subjects(settings: Settings) -> Iterator[slot_contract.SlotFactor
         client = redis.Redis.from_url(settings.redis_url)
         clients.append(client)
         client.flushdb()
-        return slot_contract.SlotSubject(slots=RedisModelSlots(client, slot_contract.TTL_MS), elapse=time.sleep,
-                                         lose_everything=client.flushdb)
+        return slot_contract.SlotSubject(
+            slots=RedisModelSlots(client, slot_contract.TTL_MS), elapse=time.sleep, lose_everything=client.flushdb
+        )
 
     yield make
     for client in clients:
@@ -96,6 +103,7 @@ def redis_slot_subjects(settings: Settings) -> Iterator[slot_contract.SlotFactor
 
 
 @pytest.mark.parametrize("check", slot_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
-def test_redis_keeps_the_model_slot_contract(check: Callable[[slot_contract.SlotFactory], None],
-                                             redis_slot_subjects: slot_contract.SlotFactory) -> None:
+def test_redis_keeps_the_model_slot_contract(
+    check: Callable[[slot_contract.SlotFactory], None], redis_slot_subjects: slot_contract.SlotFactory
+) -> None:
     check(redis_slot_subjects)

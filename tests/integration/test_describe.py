@@ -43,8 +43,11 @@ def note(text: str) -> str:
 
 
 def _desk() -> Agent:
-    return Agent(name="desk", model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]},
-                                               "Refunded."]), tools=[refund])
+    return Agent(
+        name="desk",
+        model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "Refunded."]),
+        tools=[refund],
+    )
 
 
 def _plain() -> Agent:
@@ -52,10 +55,10 @@ def _plain() -> Agent:
 
 
 def _metered() -> Agent:
-    script: list[object] = [{"tool_calls": [{"name": "note", "args": {"text": str(n)}}], "usage": USAGE}
-                            for n in range(5)]
-    return Agent(name="metered", model=MockModel([*script, "done"]), tools=[note],
-                 limits=Limits(max_output_tokens=50))
+    script: list[object] = [
+        {"tool_calls": [{"name": "note", "args": {"text": str(n)}}], "usage": USAGE} for n in range(5)
+    ]
+    return Agent(name="metered", model=MockModel([*script, "done"]), tools=[note], limits=Limits(max_output_tokens=50))
 
 
 def _lead(child: Agent) -> Agent:
@@ -63,6 +66,7 @@ def _lead(child: Agent) -> Agent:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": "task", "args": {"agent": child.name, "prompt": "check it"}}]}
         return "lead done"
+
     return Agent(name="lead", model=MockModel(answer), subagents=[child])
 
 
@@ -74,11 +78,18 @@ def _served(store: PostgresCheckpointStore, *agents: Agent) -> None:
 def _backdate(store: PostgresCheckpointStore, session_id: str, seconds: float) -> None:
     """Make everything the run did look ``seconds`` older (its save, its input, the sweep's last send)."""
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET updated_at = updated_at - make_interval(secs => :s),"
-                          " created_at = created_at - make_interval(secs => :s), swept_at = NULL"
-                          " WHERE session_id = :sid"), {"s": seconds, "sid": session_id})
-        conn.execute(text("UPDATE inbox SET created_at = created_at - make_interval(secs => :s)"
-                          " WHERE session_id = :sid"), {"s": seconds, "sid": session_id})
+        conn.execute(
+            text(
+                "UPDATE runs SET updated_at = updated_at - make_interval(secs => :s),"
+                " created_at = created_at - make_interval(secs => :s), swept_at = NULL"
+                " WHERE session_id = :sid"
+            ),
+            {"s": seconds, "sid": session_id},
+        )
+        conn.execute(
+            text("UPDATE inbox SET created_at = created_at - make_interval(secs => :s) WHERE session_id = :sid"),
+            {"s": seconds, "sid": session_id},
+        )
 
 
 def _drop_messages(redis_client: redis.Redis) -> None:
@@ -129,12 +140,16 @@ def test_describe_of_a_parked_run(store: PostgresCheckpointStore, client: Client
     store.append_input("d-park", "plain", [Message(role="user", content="hi")])
     claim = store.claim("d-park", 3, None)
     assert claim.checkpoint is not None
-    store.record_failure("d-park", claim.checkpoint.fence,
-                         LastError(code="LOUSHO_PROVIDER_ERROR", message="400 bad request", retryable=False))
+    store.record_failure(
+        "d-park",
+        claim.checkpoint.fence,
+        LastError(code="LOUSHO_PROVIDER_ERROR", message="400 bad request", retryable=False),
+    )
     found = _describe(client, "d-park")
     assert found.state == "parked" and found.last_error is not None and found.waiting_on.person
-    assert found.next_action == ("a person: it stopped on LOUSHO_PROVIDER_ERROR: 400 bad request; fix the cause,"
-                                 " then resume it or send again")
+    assert found.next_action == (
+        "a person: it stopped on LOUSHO_PROVIDER_ERROR: 400 bad request; fix the cause, then resume it or send again"
+    )
 
 
 def test_describe_of_an_aborted_run(make_driver: Callable[..., Driver], client: Client) -> None:
@@ -158,11 +173,20 @@ def test_describe_of_a_run_stopped_at_its_budget(make_driver: Callable[..., Driv
 
 
 def test_describe_gives_the_cost_the_workers_recorded_at_the_agents_prices(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     prices = Prices(input=2.0, output=10.0)
-    priced = Agent(name="priced", model=MockModel([
-        {"tool_calls": [{"name": "note", "args": {"text": "a"}}], "usage": USAGE}, {"text": "done", "usage": USAGE}]),
-        tools=[note], prices=prices)
+    priced = Agent(
+        name="priced",
+        model=MockModel(
+            [
+                {"tool_calls": [{"name": "note", "args": {"text": "a"}}], "usage": USAGE},
+                {"text": "done", "usage": USAGE},
+            ]
+        ),
+        tools=[note],
+        prices=prices,
+    )
     driver = make_driver(priced)
     client.agent("priced").send("work", session_id="d-cost")
     driver.drain("d-cost")
@@ -173,13 +197,14 @@ def test_describe_gives_the_cost_the_workers_recorded_at_the_agents_prices(
 
 
 def test_describe_of_a_lead_waiting_on_its_child_and_on_the_childs_approval(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     desk = _desk()
     driver = make_driver(_lead(desk), desk)
     _served(store, _lead(desk), desk)
     client.agent("lead").send("go", session_id="d-lead")
     driver.step("d-lead")  # the model turn
-    driver.step()          # the batch: the child starts, the lead waits
+    driver.step()  # the batch: the child starts, the lead waits
     (child,) = [p.session_id for p in client.pending() if p.lead == "d-lead"]
     found = _describe(client, "d-lead")
     assert found.state == "waiting" and found.waiting_on.children == [child] and not found.waiting_on.person
@@ -190,8 +215,9 @@ def test_describe_of_a_lead_waiting_on_its_child_and_on_the_childs_approval(
     assert approval.session_id == child
     lead = _describe(client, "d-lead")
     assert lead.state == "waiting" and lead.waiting_on.approval_ids == [approval.approval_id]
-    assert lead.next_action == (f"a person: decide the approval(s) of its children {approval.approval_id}"
-                                " (lousho approvals list)")
+    assert lead.next_action == (
+        f"a person: decide the approval(s) of its children {approval.approval_id} (lousho approvals list)"
+    )
     assert _describe(client, child).state == "awaiting-approval"
 
 
@@ -199,17 +225,18 @@ def test_describe_of_a_retrying_run(store: PostgresCheckpointStore, client: Clie
     store.append_input("d-retry", "plain", [Message(role="user", content="hi")])
     claim = store.claim("d-retry", 3, None)
     assert claim.checkpoint is not None
-    store.retry_later("d-retry", claim.checkpoint.fence, LastError(code="LOUSHO_PROVIDER_ERROR", retryable=True),
-                      3600)
+    store.retry_later("d-retry", claim.checkpoint.fence, LastError(code="LOUSHO_PROVIDER_ERROR", retryable=True), 3600)
     found = _describe(client, "d-retry")
     assert found.state == "retrying" and found.failures == 1 and found.next_attempt_at is not None
     assert found.waiting_on.retry_at == found.next_attempt_at
     assert found.next_action.startswith("its next attempt at ") and found.next_action.endswith(
-        "(resume() tries at once)")
+        "(resume() tries at once)"
+    )
 
 
 def test_describe_of_a_running_run_says_who_holds_it_or_where_its_step_message_is(
-        client: Client, store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis) -> None:
+    client: Client, store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis
+) -> None:
     _served(store, _plain())
     client.agent("plain").send("hi", session_id="d-run", check_agent=False)
     queued = _describe(client, "d-run")
@@ -232,7 +259,8 @@ def test_describe_of_a_running_run_says_who_holds_it_or_where_its_step_message_i
 
 
 def test_describe_of_a_run_nothing_moves_says_so_once_the_grace_is_over(
-        client: Client, store: PostgresCheckpointStore, redis_client: redis.Redis) -> None:
+    client: Client, store: PostgresCheckpointStore, redis_client: redis.Redis
+) -> None:
     client.agent("plain").send("hi", session_id="d-lost", check_agent=False)
     _drop_messages(redis_client)
     fresh = _describe(client, "d-lost")
@@ -243,14 +271,17 @@ def test_describe_of_a_run_nothing_moves_says_so_once_the_grace_is_over(
 
 
 def test_runs_pages_every_run_newest_first_without_a_duplicate_or_a_gap(
-        client: Client, store: PostgresCheckpointStore) -> None:
+    client: Client, store: PostgresCheckpointStore
+) -> None:
     with store.engine.begin() as conn:  # 520 runs, some created in the same microsecond
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, created_at, document)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, created_at, document)
                              SELECT 'pg-' || lpad(g::text, 4, '0'), CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END,
                                     CASE WHEN g % 3 = 0 THEN 'finished' ELSE 'in-progress' END,
                                     timestamptz '2025-01-01' + make_interval(secs => g / 4),
                                     '{"format": 2, "messages_count": 0, "step": 2}'
-                             FROM generate_series(1, 520) g"""))
+                             FROM generate_series(1, 520) g""")
+        )
     seen: list[str] = []
     page = client.runs(limit=37)
     while True:
@@ -270,7 +301,8 @@ def test_runs_pages_every_run_newest_first_without_a_duplicate_or_a_gap(
 
 
 def test_run_waits_on_a_run_started_elsewhere_and_delete_drops_it(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_plain())
     client.agent("plain").send("hi", session_id="d-handle")  # as a webhook or lousho.start would
     handle = client.run("d-handle")
@@ -282,8 +314,9 @@ def test_run_waits_on_a_run_started_elsewhere_and_delete_drops_it(
     assert client.delete("d-handle") is False
 
 
-def test_describe_of_a_run_waiting_on_a_model_slot(make_driver: Callable[..., Driver], client: Client,
-                                                   redis_client: redis.Redis, store: PostgresCheckpointStore) -> None:
+def test_describe_of_a_run_waiting_on_a_model_slot(
+    make_driver: Callable[..., Driver], client: Client, redis_client: redis.Redis, store: PostgresCheckpointStore
+) -> None:
     # Given the one slot of a limit held elsewhere, and a run of an agent under it
     limit = ModelLimit("d-acct", concurrent=1)
     driver = make_driver(Agent(name="capped", model=MockModel(["Hello."]), model_limit=limit))

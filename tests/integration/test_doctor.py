@@ -39,10 +39,17 @@ def refund(amount: int) -> str:
 def _quiet(store: PostgresCheckpointStore, *session_ids: str, seconds: float = 60) -> None:
     """Make everything these runs did look ``seconds`` old: their saves and their input."""
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET updated_at = updated_at - make_interval(secs => :s), swept_at = NULL"
-                          " WHERE session_id = ANY(:ids)"), {"s": seconds, "ids": list(session_ids)})
-        conn.execute(text("UPDATE inbox SET created_at = created_at - make_interval(secs => :s)"
-                          " WHERE session_id = ANY(:ids)"), {"s": seconds, "ids": list(session_ids)})
+        conn.execute(
+            text(
+                "UPDATE runs SET updated_at = updated_at - make_interval(secs => :s), swept_at = NULL"
+                " WHERE session_id = ANY(:ids)"
+            ),
+            {"s": seconds, "ids": list(session_ids)},
+        )
+        conn.execute(
+            text("UPDATE inbox SET created_at = created_at - make_interval(secs => :s) WHERE session_id = ANY(:ids)"),
+            {"s": seconds, "ids": list(session_ids)},
+        )
 
 
 def _drop_messages(redis_client: redis.Redis, session_id: str) -> None:
@@ -61,11 +68,19 @@ def _gauge(store: PostgresCheckpointStore) -> float | None:
     return registry.get_sample_value("lousho_runs_unexplained")
 
 
-def _healthy_runs(make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore,
-                  heartbeat: Heartbeat, redis_client: redis.Redis) -> None:
+def _healthy_runs(
+    make_driver: Callable[..., Driver],
+    client: Client,
+    store: PostgresCheckpointStore,
+    heartbeat: Heartbeat,
+    redis_client: redis.Redis,
+) -> None:
     """Quiet runs that something explains: a lease holder, a queued message, an approval, a retry time, parked."""
-    desk = Agent(name="desk", model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "ok"]),
-                 tools=[refund])
+    desk = Agent(
+        name="desk",
+        model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "ok"]),
+        tools=[refund],
+    )
     driver = make_driver(desk)
     client.agent("desk").send("refund", session_id="h-approval")
     driver.drain("h-approval")
@@ -94,9 +109,15 @@ def heartbeat(leases: LeaseManager, settings: Settings) -> Iterator[Heartbeat]:
 
 
 def test_a_run_made_unexplained_on_purpose_is_found_and_the_gauge_says_so(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, heartbeat: Heartbeat,
-        redis_client: redis.Redis, settings: Settings, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_driver: Callable[..., Driver],
+    client: Client,
+    store: PostgresCheckpointStore,
+    heartbeat: Heartbeat,
+    redis_client: redis.Redis,
+    settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _healthy_runs(make_driver, client, store, heartbeat, redis_client)
     assert client.doctor().unexplained == () and _gauge(store) == 0
 
@@ -144,7 +165,8 @@ def test_a_run_made_unexplained_on_purpose_is_found_and_the_gauge_says_so(
 
 
 def test_a_run_that_moves_between_two_looks_is_not_confirmed(
-        client: Client, store: PostgresCheckpointStore, redis_client: redis.Redis) -> None:
+    client: Client, store: PostgresCheckpointStore, redis_client: redis.Redis
+) -> None:
     client.agent("desk").send("hi", session_id="lost-2", check_agent=False)
     _drop_messages(redis_client, "lost-2")
     _quiet(store, "lost-2")
@@ -168,5 +190,4 @@ def test_a_run_that_moves_between_two_looks_is_not_confirmed(
 def _age_suspicions(store: PostgresCheckpointStore, seconds: float) -> None:
     """Make the checker's earlier suspicions ``seconds`` older (as if that long passed between two looks)."""
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE doctor_runs SET first_seen = first_seen - make_interval(secs => :s)"),
-                     {"s": seconds})
+        conn.execute(text("UPDATE doctor_runs SET first_seen = first_seen - make_interval(secs => :s)"), {"s": seconds})

@@ -27,6 +27,7 @@ def _model(name: str) -> MockModel:
         if turns % 2 == 0:
             return {"tool_calls": [{"name": "note", "args": {"text": name}}]}
         return f"{name} done"
+
     return MockModel(answer, model_id=name)
 
 
@@ -46,8 +47,7 @@ def resolve(ctx: ResolveContext) -> RunConfig:
     if choice["fail"]:
         raise RuntimeError("tier service down")
     tier = (ctx.metadata or {}).get("tier", choice["tier"])
-    return RunConfig(model=SMART if tier == "smart" else FAST, tools=[note],
-                     instructions=f"You are the {tier} tier.")
+    return RunConfig(model=SMART if tier == "smart" else FAST, tools=[note], instructions=f"You are the {tier} tier.")
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,8 @@ def _agent() -> Agent:
 
 
 def test_the_saved_choice_outlives_what_resolve_would_choose_now(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_agent())
     client.agent("dyn").send("hi", session_id="dyn-1", metadata={"user": "u1"})
     assert driver.step("dyn-1") == Outcome.ADVANCED  # the model turn, with the choice saved
@@ -93,7 +94,8 @@ def test_a_follow_up_chooses_again_with_its_own_metadata(make_driver: Callable[.
 
 
 def test_a_failing_resolve_parks_the_run_and_resume_starts_it(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_agent())
     choice["fail"] = True
     run = client.agent("dyn").send("hi", session_id="dyn-3")
@@ -108,8 +110,7 @@ def test_a_failing_resolve_parks_the_run_and_resume_starts_it(
     assert run.wait(timeout=5).text == "fast done"
 
 
-def test_a_saved_model_no_worker_can_rebuild_parks_the_run(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+def test_a_saved_model_no_worker_can_rebuild_parks_the_run(make_driver: Callable[..., Driver], client: Client) -> None:
     driver = make_driver(_agent())
     client.agent("dyn").send("hi", session_id="dyn-4")
     driver.step("dyn-4")

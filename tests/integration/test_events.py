@@ -72,7 +72,8 @@ def _wait_started(count: int) -> None:
     """Until ``count`` slow calls have started; fails after ``START_TIMEOUT_S``."""
     with _starts:
         assert _starts.wait_for(lambda: len(started) >= count, START_TIMEOUT_S), (
-            f"{count} slow call(s) did not start within {START_TIMEOUT_S} s: {started}")
+            f"{count} slow call(s) did not start within {START_TIMEOUT_S} s: {started}"
+        )
 
 
 def _watching(redis_client: redis.Redis, session_id: str) -> None:
@@ -103,9 +104,15 @@ def _transcript_matches(events: list[Event], messages: list[Message]) -> None:
 
 
 def test_a_run_writes_its_events_with_its_saves_gapless_and_matching_the_transcript(
-        make_driver: Callable[..., Driver], client: Client) -> None:
-    driver = make_driver(Agent(name="ev", model=MockModel([
-        _calls(("lookup", {"key": "a"}), ("lookup", {"key": "b"})), "all looked up"]), tools=[lookup]))
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    driver = make_driver(
+        Agent(
+            name="ev",
+            model=MockModel([_calls(("lookup", {"key": "a"}), ("lookup", {"key": "b"})), "all looked up"]),
+            tools=[lookup],
+        )
+    )
     run = client.agent("ev").send("look", session_id="ev-1")
     driver.drain("ev-1")
     seen = _all(run.events(timeout=5))
@@ -123,7 +130,8 @@ def test_a_run_writes_its_events_with_its_saves_gapless_and_matching_the_transcr
 
 
 def test_a_second_input_continues_the_numbering_and_its_handle_starts_at_its_own_run_start(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel(["first", "second"])))
     client.agent("ev").send("one", session_id="ev-2")
     driver.drain("ev-2")
@@ -137,7 +145,8 @@ def test_a_second_input_continues_the_numbering_and_its_handle_starts_at_its_own
 
 
 def test_inputs_merged_by_one_step_are_each_read_from_the_run_start_that_merged_them(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel(["first", "both"])))
     client.agent("ev").send("one", session_id="ev-2m")
     driver.drain("ev-2m")
@@ -150,10 +159,10 @@ def test_inputs_merged_by_one_step_are_each_read_from_the_run_start_that_merged_
         assert seen[0].data["input_number"] == 3 and seen[-1].data["text"] == "both"
 
 
-def test_a_reader_blocks_until_the_events_are_saved(make_driver: Callable[..., Driver], client: Client,
-                                                    redis_client: redis.Redis) -> None:
-    driver = make_driver(Agent(name="ev", model=MockModel([_calls(("lookup", {"key": "a"})), "done"]),
-                               tools=[lookup]))
+def test_a_reader_blocks_until_the_events_are_saved(
+    make_driver: Callable[..., Driver], client: Client, redis_client: redis.Redis
+) -> None:
+    driver = make_driver(Agent(name="ev", model=MockModel([_calls(("lookup", {"key": "a"})), "done"]), tools=[lookup]))
     run = client.agent("ev").send("look", session_id="ev-3")
     got: list[Event] = []
     reader = _in_thread(lambda: got.extend(run.events(timeout=10)))
@@ -172,8 +181,13 @@ def test_a_reader_times_out_without_losing_its_place(make_driver: Callable[..., 
 
 
 def test_approvals_pauses_and_decisions_are_events(make_driver: Callable[..., Driver], client: Client) -> None:
-    driver = make_driver(Agent(name="ev", model=MockModel([
-        _calls(("lookup", {"key": "a"}), ("pay", {"amount": 5})), "paid"]), tools=[lookup, pay]))
+    driver = make_driver(
+        Agent(
+            name="ev",
+            model=MockModel([_calls(("lookup", {"key": "a"}), ("pay", {"amount": 5})), "paid"]),
+            tools=[lookup, pay],
+        )
+    )
     run = client.agent("ev").send("pay", session_id="ev-5")
     driver.drain("ev-5")
     paused = _all(run.events(timeout=5))
@@ -208,9 +222,15 @@ def test_failures_are_events_a_retry_and_a_parked_run(make_driver: Callable[...,
 
 
 def test_live_signals_reach_a_watching_reader_and_are_never_stored(
-        make_driver: Callable[..., Driver], client: Client, redis_client: redis.Redis) -> None:
-    driver = make_driver(Agent(name="ev", model=MockModel([
-        {"text": "let me look", **_calls(("lookup", {"key": "a"}))}, "the answer is one"]), tools=[lookup]))
+    make_driver: Callable[..., Driver], client: Client, redis_client: redis.Redis
+) -> None:
+    driver = make_driver(
+        Agent(
+            name="ev",
+            model=MockModel([{"text": "let me look", **_calls(("lookup", {"key": "a"}))}, "the answer is one"]),
+            tools=[lookup],
+        )
+    )
     stream = client.agent("ev").stream("look", session_id="ev-8", live=True, timeout=10)
     got: list[Event] = []
     reader = _in_thread(lambda: got.extend(stream))
@@ -229,7 +249,8 @@ def test_live_signals_reach_a_watching_reader_and_are_never_stored(
 
 
 def test_abort_mid_batch_cancels_running_calls_starts_no_more_and_a_send_finishes_the_run(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     script = [_calls(*[("slow", {"key": k}) for k in "abc"]), "after the abort"]
     driver = make_driver(Agent(name="ev", model=MockModel(script), tools=[slow], tool_concurrency=1))
     run = client.agent("ev").send("work", session_id="ev-9")
@@ -292,7 +313,8 @@ def test_abort_of_a_finished_run_does_nothing(make_driver: Callable[..., Driver]
 
 
 def test_steer_mid_batch_keeps_unstarted_calls_from_starting_and_the_model_sees_the_message_next(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     asked: list[list[str]] = []
 
     def model(messages: list[Message]) -> Any:
@@ -341,7 +363,8 @@ def test_events_go_with_their_run(make_driver: Callable[..., Driver], client: Cl
 
 
 def test_an_async_reader_that_stops_early_leaves_no_thread_behind(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     import asyncio
 
     make_driver(Agent(name="ev", model=MockModel(["x"])))
@@ -369,7 +392,8 @@ def test_an_async_reader_that_stops_early_leaves_no_thread_behind(
 
 
 def test_abort_of_a_parallel_batch_cancels_every_running_call(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     script = [_calls(*[("slow", {"key": k}) for k in "abcd"]), "after"]
     driver = make_driver(Agent(name="ev", model=MockModel(script), tools=[slow], tool_concurrency=3))
     run = client.agent("ev").send("work", session_id="ev-16")
@@ -387,7 +411,8 @@ def test_abort_of_a_parallel_batch_cancels_every_running_call(
 
 
 def test_an_answer_cut_at_the_token_limit_finishes_with_length(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(Agent(name="ev", model=MockModel([{"text": "the answer is cut", "finish_reason": "length"}])))
     run = client.agent("ev").send("tell me everything", session_id="ev-17")
     driver.drain("ev-17")

@@ -23,19 +23,43 @@ def refund(order: str) -> str:
 
 def _agents(max_handoffs: int = 5) -> tuple[Agent, Agent]:
     # MockModel answers by the number of assistant turns in the transcript: the first is the front desk's.
-    billing = Agent(name="billing", model=MockModel([
-        "(never asked)", {"tool_calls": [{"name": "refund", "args": {"order": "o1"}}]}, "billing: refunded o1",
-        "billing again"],
-        model_id="billing-model"), instructions="You are the billing desk.", tools=[refund])
-    front = Agent(name="front", model=MockModel([
-        {"tool_calls": [{"name": "transfer_to_billing", "args": {"reason": "a refund"}},
-                        {"name": "transfer_to_billing", "args": {"reason": "twice"}}]}], model_id="front-model"),
-        instructions="You are the front desk.", handoffs=[billing], max_handoffs=max_handoffs)
+    billing = Agent(
+        name="billing",
+        model=MockModel(
+            [
+                "(never asked)",
+                {"tool_calls": [{"name": "refund", "args": {"order": "o1"}}]},
+                "billing: refunded o1",
+                "billing again",
+            ],
+            model_id="billing-model",
+        ),
+        instructions="You are the billing desk.",
+        tools=[refund],
+    )
+    front = Agent(
+        name="front",
+        model=MockModel(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "transfer_to_billing", "args": {"reason": "a refund"}},
+                        {"name": "transfer_to_billing", "args": {"reason": "twice"}},
+                    ]
+                }
+            ],
+            model_id="front-model",
+        ),
+        instructions="You are the front desk.",
+        handoffs=[billing],
+        max_handoffs=max_handoffs,
+    )
     return front, billing
 
 
 def test_a_handoff_moves_the_run_to_the_target_for_every_later_step_and_follow_up(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     front, billing = _agents()
     driver = make_driver(front, billing)
     run = client.agent("front").send("I want my money back", session_id="ho-1")
@@ -58,7 +82,8 @@ def test_a_handoff_moves_the_run_to_the_target_for_every_later_step_and_follow_u
 
 
 def test_the_target_sees_its_own_instructions_and_the_runs_hooks_stay(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     systems: list[str] = []
     seen: list[tuple[str, str | None]] = []
 
@@ -71,9 +96,13 @@ def test_the_target_sees_its_own_instructions_and_the_runs_hooks_stay(
             seen.append((ctx.agent, ctx.tool_name))
 
     billing = Agent(name="billing2", model=MockModel(billing_answer), instructions="Billing rules.")
-    front = Agent(name="front2", model=MockModel([
-        {"tool_calls": [{"name": "transfer_to_billing2", "args": {}}]}]), instructions="Front rules.",
-        handoffs=[billing], hooks=[Audit()])
+    front = Agent(
+        name="front2",
+        model=MockModel([{"tool_calls": [{"name": "transfer_to_billing2", "args": {}}]}]),
+        instructions="Front rules.",
+        handoffs=[billing],
+        hooks=[Audit()],
+    )
     driver = make_driver(front, billing)
     client.agent("front2").send("hi", session_id="ho-2")
     driver.drain("ho-2")
@@ -104,19 +133,27 @@ def gated_refund(order: str) -> str:
 
 def _gated_desk(first: list[dict[str, Any]]) -> tuple[Agent, Agent]:
     """A desk whose first turn asks for ``first``: a gated refund and a handoff to a desk without that tool."""
-    after = Agent(name="aftercare", model=MockModel(["(never asked)", "aftercare: all settled"]),
-                  instructions="You follow up.")
-    desk = Agent(name="desk", model=MockModel([{"tool_calls": first}, "(desk never asked again)"]),
-                 tools=[gated_refund], handoffs=[after])
+    after = Agent(
+        name="aftercare", model=MockModel(["(never asked)", "aftercare: all settled"]), instructions="You follow up."
+    )
+    desk = Agent(
+        name="desk",
+        model=MockModel([{"tool_calls": first}, "(desk never asked again)"]),
+        tools=[gated_refund],
+        handoffs=[after],
+    )
     return desk, after
 
 
-REFUND_THEN_HANDOFF = [{"name": "gated_refund", "args": {"order": "o7"}},
-                       {"name": "transfer_to_aftercare", "args": {"reason": "follow up"}}]
+REFUND_THEN_HANDOFF = [
+    {"name": "gated_refund", "args": {"order": "o7"}},
+    {"name": "transfer_to_aftercare", "args": {"reason": "follow up"}},
+]
 
 
 def test_a_handoff_in_a_turn_with_a_gated_call_waits_for_the_decision_and_the_call_runs_as_its_asker(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     ran_refunds.clear()
     desk, after = _gated_desk(REFUND_THEN_HANDOFF)
     driver = make_driver(desk, after)
@@ -141,7 +178,8 @@ def test_a_handoff_in_a_turn_with_a_gated_call_waits_for_the_decision_and_the_ca
 
 
 def test_a_handoff_before_a_rejected_gated_call_is_made_after_the_rejection(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     ran_refunds.clear()
     desk, after = _gated_desk(list(reversed(REFUND_THEN_HANDOFF)))
     driver = make_driver(desk, after)

@@ -50,7 +50,8 @@ def _inbox(store: PostgresCheckpointStore, session_id: str) -> tuple[int, int]:
 
 
 def test_a_third_send_of_3_mb_is_refused_before_anything_is_written_and_no_model_call_is_paid(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     driver = make_driver(Agent(name="reader", model=_counting(lambda _: "read it")))
     reader = client.agent("reader")
     for letters in ("abc", "def"):
@@ -87,7 +88,8 @@ def _attaching(messages: list[Message]) -> Any:
 
 
 def test_a_step_whose_merged_input_does_not_fit_parks_before_the_model_call_and_a_trimmed_fork_goes_on(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     driver = make_driver(Agent(name="attacher", model=_counting(_attaching), tools=[attach]))
     attacher = client.agent("attacher")
     attacher.send(big_send("abc"), session_id="room-2")
@@ -108,10 +110,17 @@ def test_a_step_whose_merged_input_does_not_fit_parks_before_the_model_call_and_
 
     # The way out: a fork with trimmed messages.
     step = parked.step
-    fork = attacher.fork("room-2", from_step=step, patch={
-        "messages": [{"role": "user", "content": "summary of the three files"},
-                     {"role": "assistant", "content": "summary of the attachment"}],
-        "append_input": "go on"})
+    fork = attacher.fork(
+        "room-2",
+        from_step=step,
+        patch={
+            "messages": [
+                {"role": "user", "content": "summary of the three files"},
+                {"role": "assistant", "content": "summary of the attachment"},
+            ],
+            "append_input": "go on",
+        },
+    )
     attacher.resume(fork.session_id)
     driver.drain(fork.session_id)
     done = attacher.load(fork.session_id)

@@ -61,14 +61,25 @@ from tests.support.interleave_world import ACTIONS, CRASH_POINTS, RETENTION_DAYS
 from worker import tasks
 
 settings.register_profile(
-    "interleavings-ci", max_examples=int(os.environ.get("LOUSHO_INTERLEAVINGS_EXAMPLES", "150")),
-    stateful_step_count=30, deadline=None, database=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    "interleavings-ci",
+    max_examples=int(os.environ.get("LOUSHO_INTERLEAVINGS_EXAMPLES", "150")),
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 settings.register_profile(
-    "interleavings-long", max_examples=int(os.environ.get("LOUSHO_INTERLEAVINGS_EXAMPLES", "2000")),
-    stateful_step_count=60, deadline=None, database=None,
-    derandomize=False, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    "interleavings-long",
+    max_examples=int(os.environ.get("LOUSHO_INTERLEAVINGS_EXAMPLES", "2000")),
+    stateful_step_count=60,
+    deadline=None,
+    database=None,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 
 _LONG = os.environ.get("HYPOTHESIS_PROFILE", "") in ("long", "interleavings-long")
@@ -248,8 +259,9 @@ def _assert_none(found: dict[str, list[str]]) -> None:
 
 
 @pytest.fixture
-def env(settings: Settings, store: PostgresCheckpointStore, redis_client: redis.Redis,
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+def env(
+    settings: Settings, store: PostgresCheckpointStore, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Env]:
     """The services every example shares; the sweep and retention tasks on the test database."""
     with_retention = services.test_settings(retention_days=RETENTION_DAYS)
     leases = LeaseManager(redis_client, 60_000)  # far above a step: only a crash leaves one, and it is dropped

@@ -28,8 +28,10 @@ def _plans(store: PostgresCheckpointStore, **arguments: Any) -> tuple[RunsPage, 
     finally:
         event.remove(store.engine, "before_cursor_execute", seen)
     with store.engine.connect() as conn:
-        plans = ["\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
-                 for statement, parameters in sent]
+        plans = [
+            "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
+            for statement, parameters in sent
+        ]
     return page, plans
 
 
@@ -37,14 +39,18 @@ def test_a_page_of_runs_is_one_index_range_without_transcripts(store: PostgresCh
     services.reset_state()
     with store.engine.begin() as conn:
         # 3,000 runs over three agents, each with a transcript of 20 long messages
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, created_at, updated_at, document)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, created_at, updated_at, document)
                              SELECT 'lst-' || g, 'agent-' || (g % 3),
                                     CASE WHEN g % 4 = 0 THEN 'finished' ELSE 'in-progress' END,
                                     now() - make_interval(secs => g), now(), '{"format": 2}'
-                             FROM generate_series(1, 3000) g"""))
-        conn.execute(text("""INSERT INTO run_messages (session_id, slot, seq, message)
+                             FROM generate_series(1, 3000) g""")
+        )
+        conn.execute(
+            text("""INSERT INTO run_messages (session_id, slot, seq, message)
                              SELECT 'lst-' || g, s, 1, jsonb_build_object('role', 'user', 'content', repeat('x', 2000))
-                             FROM generate_series(1, 3000) g, generate_series(0, 19) s"""))
+                             FROM generate_series(1, 3000) g, generate_series(0, 19) s""")
+        )
         conn.execute(text("ANALYZE runs; ANALYZE run_messages"))
 
     first, plans = _plans(store, limit=50)
@@ -67,9 +73,11 @@ def test_a_page_of_runs_is_one_index_range_without_transcripts(store: PostgresCh
 def test_a_detailed_page_lists_runs_whose_documents_hold_usage_it_does_not_know(store: PostgresCheckpointStore) -> None:
     services.reset_state()
     with store.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document) VALUES
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, document) VALUES
             ('odd-usage', 'shop', 'finished', '{"format": 2, "step": 4, "usage": {"input_tokens": 5, "requests": 10}}'),
-            ('bad-usage', 'shop', 'finished', '{"format": 2, "step": "many", "usage": "lots"}')"""))
+            ('bad-usage', 'shop', 'finished', '{"format": 2, "step": "many", "usage": "lots"}')""")
+        )
 
     page = {run.session_id: run for run in store.list_runs(details=True).items}
 

@@ -49,13 +49,16 @@ def test_delete_and_resolve_racing_never_deadlock(store: PostgresCheckpointStore
     for k in range(ROUNDS):
         session_id, approval_id = paused_row(store, f"race-{k}")
         start = threading.Barrier(2)
-        threads = [threading.Thread(target=resolve, args=(approval_id, start)),
-                   threading.Thread(target=delete, args=(session_id, start))]
+        threads = [
+            threading.Thread(target=resolve, args=(approval_id, start)),
+            threading.Thread(target=delete, args=(session_id, start)),
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=30)
-    print(f"\n[lock order] {ROUNDS} races: {outcomes}, storage errors {len(storage_errors)}"
-          f" {sorted(set(storage_errors))}")
+    print(
+        f"\n[lock order] {ROUNDS} races: {outcomes}, storage errors {len(storage_errors)} {sorted(set(storage_errors))}"
+    )
     assert storage_errors == []
     assert outcomes["deleted"] == ROUNDS and outcomes["resolved"] + outcomes["orphaned"] == ROUNDS

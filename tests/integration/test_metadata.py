@@ -16,12 +16,14 @@ pytestmark = pytest.mark.integration
 
 def _stored_format(store: PostgresCheckpointStore, session_id: str) -> Any:
     with store.engine.connect() as conn:
-        return conn.execute(text("SELECT document ->> 'format' FROM runs WHERE session_id = :sid"),
-                            {"sid": session_id}).scalar_one()
+        return conn.execute(
+            text("SELECT document ->> 'format' FROM runs WHERE session_id = :sid"), {"sid": session_id}
+        ).scalar_one()
 
 
-def test_metadata_sent_with_input_is_read_back_with_its_inbox_entry(client: Client,
-                                                                      store: PostgresCheckpointStore) -> None:
+def test_metadata_sent_with_input_is_read_back_with_its_inbox_entry(
+    client: Client, store: PostgresCheckpointStore
+) -> None:
     shop = client.agent("shop")
     metadata = {"tenant": "acme", "plan": {"tier": "pro", "seats": 12}, "flags": ["beta"], "ratio": 0.5}
 
@@ -60,16 +62,21 @@ def test_metadata_text_is_cleaned_as_input_is(client: Client, store: PostgresChe
     assert entry.metadata == {"note": "a\ufffdb"}
 
 
-@pytest.mark.parametrize(("metadata", "error"), [
-    ("plan=pro", ConfigurationError),
-    ([{"plan": "pro"}], ConfigurationError),
-    ({"plan": {1, 2}}, ConfigurationError),
-    ({"plan": float("nan")}, ConfigurationError),
-    ({"blob": "x" * 17_000}, InputTooLargeError),
-    ({"many": ["y" * 100] * 200}, InputTooLargeError),
-], ids=["string", "list", "set-value", "nan", "large-string", "large-list"])
+@pytest.mark.parametrize(
+    ("metadata", "error"),
+    [
+        ("plan=pro", ConfigurationError),
+        ([{"plan": "pro"}], ConfigurationError),
+        ({"plan": {1, 2}}, ConfigurationError),
+        ({"plan": float("nan")}, ConfigurationError),
+        ({"blob": "x" * 17_000}, InputTooLargeError),
+        ({"many": ["y" * 100] * 200}, InputTooLargeError),
+    ],
+    ids=["string", "list", "set-value", "nan", "large-string", "large-list"],
+)
 def test_metadata_that_is_not_a_small_json_object_is_refused_before_anything_is_written(
-        client: Client, store: PostgresCheckpointStore, metadata: Any, error: type[Exception]) -> None:
+    client: Client, store: PostgresCheckpointStore, metadata: Any, error: type[Exception]
+) -> None:
     shop = client.agent("shop")
     shop.send("first", session_id="meta-old")
 

@@ -42,8 +42,11 @@ def _agent(reconcile: bool) -> Agent:
     from worker.providers import MockModel
 
     once_tool = tool(once=True, reconcile=charge_happened if reconcile else None)(_charge)
-    return Agent(name="till", model=MockModel([{"tool_calls": [{"name": "_charge", "args": {"order": "7"}}]},
-                                               "Charged."]), tools=[once_tool])
+    return Agent(
+        name="till",
+        model=MockModel([{"tool_calls": [{"name": "_charge", "args": {"order": "7"}}]}, "Charged."]),
+        tools=[once_tool],
+    )
 
 
 def _crash_after_effect(driver: Driver, leases: LeaseManager, redis_client: redis.Redis, client: Client) -> None:
@@ -61,8 +64,12 @@ def _crash_after_effect(driver: Driver, leases: LeaseManager, redis_client: redi
 
 
 def test_a_reconciled_once_call_is_marked_then_settled_by_fenced_saves_with_its_event(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, leases: LeaseManager,
-        redis_client: redis.Redis) -> None:
+    make_driver: Callable[..., Driver],
+    client: Client,
+    store: PostgresCheckpointStore,
+    leases: LeaseManager,
+    redis_client: redis.Redis,
+) -> None:
     driver = make_driver(_agent(reconcile=True))
     _crash_after_effect(driver, leases, redis_client, client)
     marked = store.load(SID)
@@ -81,8 +88,12 @@ def test_a_reconciled_once_call_is_marked_then_settled_by_fenced_saves_with_its_
 
 
 def test_a_reconcile_approval_is_listed_and_answered_from_another_process(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, leases: LeaseManager,
-        redis_client: redis.Redis) -> None:
+    make_driver: Callable[..., Driver],
+    client: Client,
+    store: PostgresCheckpointStore,
+    leases: LeaseManager,
+    redis_client: redis.Redis,
+) -> None:
     driver = make_driver(_agent(reconcile=False))
     _crash_after_effect(driver, leases, redis_client, client)
     assert driver.drain(SID) == [Outcome.PAUSED]
@@ -105,8 +116,12 @@ def test_a_reconcile_approval_is_listed_and_answered_from_another_process(
 
 
 def test_a_reconcile_approval_approved_runs_the_call_again_and_rejected_records_not_done(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, leases: LeaseManager,
-        redis_client: redis.Redis) -> None:
+    make_driver: Callable[..., Driver],
+    client: Client,
+    store: PostgresCheckpointStore,
+    leases: LeaseManager,
+    redis_client: redis.Redis,
+) -> None:
     driver = make_driver(_agent(reconcile=False))
     _crash_after_effect(driver, leases, redis_client, client)
     driver.drain(SID)

@@ -20,9 +20,12 @@ def _prepared_after_repeats(settings: Settings) -> tuple[object, int]:
             for _ in range(10):
                 conn.execute(text(_QUERY), {"sid": "prepared-probe"})
             threshold = conn.connection.dbapi_connection.prepare_threshold  # type: ignore[union-attr]
-            prepared = conn.execute(text(
-                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%prepared-probe%'"
-                " OR statement LIKE '%FROM runs WHERE session_id = $1%'")).scalar_one()
+            prepared = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%prepared-probe%'"
+                    " OR statement LIKE '%FROM runs WHERE session_id = $1%'"
+                )
+            ).scalar_one()
         return threshold, int(prepared)
     finally:
         engine.dispose()

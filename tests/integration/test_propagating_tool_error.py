@@ -42,8 +42,16 @@ def label(order: str, ctx: ToolContext) -> str:
     raise ValueError("printer jammed")
 
 
-SCRIPT = [{"tool_calls": [{"name": "charge", "args": {"order": "7"}}, {"name": "ship", "args": {"order": "7"}},
-                          {"name": "label", "args": {"order": "7"}}]}, "Order 7 charged, shipped and labelled."]
+SCRIPT = [
+    {
+        "tool_calls": [
+            {"name": "charge", "args": {"order": "7"}},
+            {"name": "ship", "args": {"order": "7"}},
+            {"name": "label", "args": {"order": "7"}},
+        ]
+    },
+    "Order 7 charged, shipped and labelled.",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +61,9 @@ def _reset() -> None:
 
 
 def test_a_propagating_tool_error_stops_the_run_and_a_resume_runs_only_the_raising_call_and_the_rest(
-        make_driver: Callable[..., Driver], client: Client) -> None:
-    driver = make_driver(Agent(name="shop", model=MockModel(SCRIPT), tools=[charge, ship, label],
-                               tool_concurrency=1))
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
+    driver = make_driver(Agent(name="shop", model=MockModel(SCRIPT), tools=[charge, ship, label], tool_concurrency=1))
     run = client.agent("shop").send("charge and ship order 7", session_id="prop-1")
     driver.drain("prop-1")
     assert driver.outcomes[-1] == Outcome.PARKED
@@ -68,7 +76,8 @@ def test_a_propagating_tool_error_stops_the_run_and_a_resume_runs_only_the_raisi
     assert [m.content for m in checkpoint.messages if m.role == "tool"] == ["charged 7"]
     pending = client.agent("shop").pending()
     assert [(p.session_id, p.state, p.last_error.code if p.last_error else None) for p in pending] == [
-        ("prop-1", "parked", "LOUSHO_TOOL_PROPAGATED")]
+        ("prop-1", "parked", "LOUSHO_TOOL_PROPAGATED")
+    ]
     events = [e.type for e in client.read_events("prop-1", -1)]
     assert events[-2:] == ["error", "run.done"]
 
@@ -82,8 +91,9 @@ def test_a_propagating_tool_error_stops_the_run_and_a_resume_runs_only_the_raisi
     assert json.loads(results[2].content)["error"] == "ValueError"  # an ordinary exception: a result
 
 
-def test_a_retryable_propagating_error_is_retried_with_backoff(make_driver: Callable[..., Driver],
-                                                                client: Client) -> None:
+def test_a_retryable_propagating_error_is_retried_with_backoff(
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     @tool
     def flaky(order: str) -> str:
         """Ship through a flaky carrier."""
@@ -93,8 +103,13 @@ def test_a_retryable_propagating_error_is_retried_with_backoff(make_driver: Call
             raise PropagatingToolError("carrier busy", retryable=True)
         return f"shipped {order}"
 
-    driver = make_driver(Agent(name="shop2", model=MockModel([
-        {"tool_calls": [{"name": "flaky", "args": {"order": "8"}}]}, "done"]), tools=[flaky]))
+    driver = make_driver(
+        Agent(
+            name="shop2",
+            model=MockModel([{"tool_calls": [{"name": "flaky", "args": {"order": "8"}}]}, "done"]),
+            tools=[flaky],
+        )
+    )
     run = client.agent("shop2").send("ship 8", session_id="prop-2", check_agent=False)
     driver.drain("prop-2")
     assert Outcome.FAILED in driver.outcomes

@@ -30,9 +30,12 @@ def _planner(seen: list[list[Any]]) -> Agent:
     def model(messages: list[Message]) -> Any:
         turns = sum(1 for m in messages if m.role == "assistant")
         if turns == 0:
-            return {"tool_calls": [
-                {"name": "ask_question", "args": {"question": "Which city?", "options": ["Oslo", "Rome"]}},
-                {"name": "lookup", "args": {"city": "Bergen"}}]}
+            return {
+                "tool_calls": [
+                    {"name": "ask_question", "args": {"question": "Which city?", "options": ["Oslo", "Rome"]}},
+                    {"name": "lookup", "args": {"city": "Bergen"}},
+                ]
+            }
         seen.append([m.content for m in messages if m.role == "tool"])
         return "planned"
 
@@ -50,19 +53,25 @@ def _paused(make_driver: Callable[..., Driver], client: Client, seen: list[list[
 
 
 def test_a_question_answered_from_another_process_after_a_worker_restart(
-        make_driver: Callable[..., Driver], client: Client, settings: Settings) -> None:
+    make_driver: Callable[..., Driver], client: Client, settings: Settings
+) -> None:
     seen: list[list[Any]] = []
     _paused(make_driver, client, seen)
     [question] = client.approvals.list()
     assert (question.kind, question.question, question.options, question.tool_name) == (
-        "question", "Which city?", ["Oslo", "Rome"], "ask_question")
+        "question",
+        "Which city?",
+        ["Oslo", "Rome"],
+        "ask_question",
+    )
     assert [(p.state, p.approval_kind) for p in client.agent("planner").pending()] == [
-        ("awaiting-approval", "question")]
+        ("awaiting-approval", "question")
+    ]
     requested = [e for e in client.read_events("q-1", -1) if e.type == "approval.requested"]
     assert requested[0].data["kind"] == "question" and requested[0].data["question"] == "Which city?"
 
     restarted = make_driver(_planner(seen))  # a new worker; the old one is gone
-    with Client(settings) as elsewhere:       # another process's client
+    with Client(settings) as elsewhere:  # another process's client
         run = elsewhere.approvals.resolve(question.approval_id, answer="Oslo", note="my favourite")
         restarted.drain("q-1")
         assert run.wait(timeout=5).finish_reason == "stop"
@@ -73,7 +82,8 @@ def test_a_question_answered_from_another_process_after_a_worker_restart(
 
 
 def test_a_declined_question_gives_the_model_a_declined_result(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     seen: list[list[Any]] = []
     _paused(make_driver, client, seen)
     [question] = client.approvals.list()
@@ -85,7 +95,8 @@ def test_a_declined_question_gives_the_model_a_declined_result(
 
 
 def test_decisions_that_do_not_fit_the_kind_are_refused_and_leave_it_pending(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     seen: list[list[Any]] = []
     _paused(make_driver, client, seen)
     [question] = client.approvals.list()
@@ -102,8 +113,11 @@ def test_an_answer_is_refused_for_a_tool_approval(make_driver: Callable[..., Dri
         """Pay."""
         return f"paid {amount}"
 
-    driver = make_driver(Agent(name="payer", model=MockModel([
-        {"tool_calls": [{"name": "pay", "args": {"amount": 3}}]}, "ok"]), tools=[pay]))
+    driver = make_driver(
+        Agent(
+            name="payer", model=MockModel([{"tool_calls": [{"name": "pay", "args": {"amount": 3}}]}, "ok"]), tools=[pay]
+        )
+    )
     client.agent("payer").send("pay", session_id="q-2", check_agent=False)
     driver.drain("q-2")
     [approval] = client.approvals.list()

@@ -46,12 +46,13 @@ class _Carrier:
 def _example() -> tuple[str, str]:
     text = README.read_text(encoding="utf-8")
     assert _SECTION in text, "the README has no example of a tool that stops the run"
-    module, use = _PYTHON.findall(text[text.index(_SECTION):])[:2]
+    module, use = _PYTHON.findall(text[text.index(_SECTION) :])[:2]
     return module, use
 
 
 def test_the_readme_example_of_a_tool_that_stops_the_run_runs_as_written(
-        make_driver: Callable[..., Driver], client: Client, capsys: Any) -> None:
+    make_driver: Callable[..., Driver], client: Client, capsys: Any
+) -> None:
     module_code, use_code = _example()
     payments, carrier = _Payments(), _Carrier()
     module: dict[str, Any] = {"payments": payments, "carrier": carrier}
@@ -66,8 +67,10 @@ def test_the_readme_example_of_a_tool_that_stops_the_run_runs_as_written(
     driver.drain("order-7")
     exec(compile(wait, "README.md (wait)", "exec"), scope)
     printed = capsys.readouterr().out.strip()
-    print(f"README example printed {printed!r}; charges {len(payments.keys)}, carrier asked {carrier.asked} times,"
-          f" outcomes {[o.value for o in driver.outcomes]}")
+    print(
+        f"README example printed {printed!r}; charges {len(payments.keys)}, carrier asked {carrier.asked} times,"
+        f" outcomes {[o.value for o in driver.outcomes]}"
+    )
     assert printed == "Order charged and shipped."
     assert len(payments.keys) == 1 and carrier.asked == 2 and carrier.shipped == [7]
-    assert "failed" in [o.value for o in driver.outcomes]   # the stop was a retry, not a park
+    assert "failed" in [o.value for o in driver.outcomes]  # the stop was a retry, not a park

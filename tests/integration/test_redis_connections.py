@@ -72,11 +72,30 @@ def _server(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 def sentinel_url(tmp_path: Path) -> Iterator[str]:
     """A master with a password and one Sentinel (with its own password) watching it; yields the Sentinel URL."""
     master, sentinel = _free_port(), _free_port()
-    processes = [_server(["--port", str(master), "--bind", "127.0.0.1", "--requirepass", PASSWORD,
-                          "--masterauth", PASSWORD, "--save", "", "--appendonly", "no"], tmp_path / "master.log")]
+    processes = [
+        _server(
+            [
+                "--port",
+                str(master),
+                "--bind",
+                "127.0.0.1",
+                "--requirepass",
+                PASSWORD,
+                "--masterauth",
+                PASSWORD,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            tmp_path / "master.log",
+        )
+    ]
     conf = tmp_path / "sentinel.conf"
-    conf.write_text(f"port {sentinel}\nbind 127.0.0.1\ndir {tmp_path}\nrequirepass {SENTINEL_PASSWORD}\n"
-                    f"sentinel monitor {MASTER} 127.0.0.1 {master} 1\nsentinel auth-pass {MASTER} {PASSWORD}\n")
+    conf.write_text(
+        f"port {sentinel}\nbind 127.0.0.1\ndir {tmp_path}\nrequirepass {SENTINEL_PASSWORD}\n"
+        f"sentinel monitor {MASTER} 127.0.0.1 {master} 1\nsentinel auth-pass {MASTER} {PASSWORD}\n"
+    )
     processes.append(_server([str(conf), "--sentinel"], tmp_path / "sentinel.log"))
     try:
         watcher = redis.Redis(port=sentinel, password=SENTINEL_PASSWORD, socket_timeout=2)
@@ -97,18 +116,68 @@ def tls_url(tmp_path: Path) -> Iterator[str]:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=lousho-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-            "-subj", "/CN=127.0.0.1")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=lousho-test-ca",
+    )
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
+    )
     (tmp_path / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "2", "-extfile", "ext")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+    )
     port = _free_port()
-    process = _server(["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                       "--tls-cert-file", str(tmp_path / "server.pem"), "--tls-key-file", str(tmp_path / "server.key"),
-                       "--tls-ca-cert-file", str(tmp_path / "ca.pem"), "--tls-auth-clients", "no",
-                       "--requirepass", PASSWORD, "--save", "", "--appendonly", "no"], tmp_path / "tls.log")
+    process = _server(
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(tmp_path / "server.pem"),
+            "--tls-key-file",
+            str(tmp_path / "server.key"),
+            "--tls-ca-cert-file",
+            str(tmp_path / "ca.pem"),
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            PASSWORD,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        tmp_path / "tls.log",
+    )
     url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={tmp_path / 'ca.pem'}"
     try:
         _wait(lambda: redis.Redis.from_url(url, socket_timeout=2).ping())
@@ -138,9 +207,14 @@ def _roundtrip(settings: Settings) -> None:
 
 
 def test_leases_and_the_broker_work_through_sentinel(sentinel_url: str, settings: Settings) -> None:
-    sentinel = settings.model_copy(update={"redis_url": sentinel_url, "broker_url": None,
-                                           "redis_sentinel_master": MASTER,
-                                           "redis_sentinel_password": SecretStr(SENTINEL_PASSWORD)})
+    sentinel = settings.model_copy(
+        update={
+            "redis_url": sentinel_url,
+            "broker_url": None,
+            "redis_sentinel_master": MASTER,
+            "redis_sentinel_password": SecretStr(SENTINEL_PASSWORD),
+        }
+    )
     _roundtrip(sentinel)
     transport, extra = redis_client.celery_broker_options(sentinel)
     assert transport == {"master_name": MASTER, "sentinel_kwargs": {"password": SENTINEL_PASSWORD}} and not extra

@@ -44,8 +44,9 @@ def look(topic: str) -> str:
     return f"notes on {topic}"
 
 
-SHOP = Agent(name="shop", model=MockModel([{"tool_calls": [{"name": "ship", "args": {"order": 7}}]}, "Shipped."]),
-             tools=[ship])
+SHOP = Agent(
+    name="shop", model=MockModel([{"tool_calls": [{"name": "ship", "args": {"order": 7}}]}, "Shipped."]), tools=[ship]
+)
 
 
 def _researcher() -> Agent:
@@ -53,15 +54,21 @@ def _researcher() -> Agent:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": "look", "args": {"topic": str(messages[-1].content)}}]}
         return f"found: {messages[-1].content}"
+
     return Agent(name="researcher", model=MockModel(answer), tools=[look])
 
 
 def _lead(researcher: Agent) -> Agent:
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "tides"}},
-                                   {"name": "task", "args": {"agent": "researcher", "prompt": "winds"}}]}
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "tides"}},
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "winds"}},
+                ]
+            }
         return "report done"
+
     return Agent(name="lead", model=MockModel(answer), tools=[look], subagents=[researcher])
 
 
@@ -83,14 +90,22 @@ def _finished_shop_run(driver: Driver, store: PostgresCheckpointStore, session_i
 
 def _age(engine: Engine, *session_ids: str, days: float = 40) -> None:
     with engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET updated_at = now() - make_interval(days => :days)"
-                          " WHERE session_id = ANY(:ids)"), {"days": days, "ids": list(session_ids)})
+        conn.execute(
+            text("UPDATE runs SET updated_at = now() - make_interval(days => :days) WHERE session_id = ANY(:ids)"),
+            {"days": days, "ids": list(session_ids)},
+        )
 
 
 def _rows(engine: Engine, session_id: str) -> dict[str, int]:
     with engine.connect() as conn:
-        return {table: int(conn.execute(text(f"SELECT count(*) FROM {table} WHERE session_id = :sid"),
-                                        {"sid": session_id}).scalar_one()) for table in RUN_TABLES}
+        return {
+            table: int(
+                conn.execute(
+                    text(f"SELECT count(*) FROM {table} WHERE session_id = :sid"), {"sid": session_id}
+                ).scalar_one()
+            )
+            for table in RUN_TABLES
+        }
 
 
 def _count(engine: Engine, sql: str) -> int:
@@ -103,9 +118,13 @@ def _insert_run(engine: Engine, session_id: str, days: float = 40, **columns: An
     values = {"status": "finished", **columns}
     names, params = ", ".join(values), ", ".join(f":{name}" for name in values)
     with engine.begin() as conn:
-        conn.execute(text(f"INSERT INTO runs (session_id, agent, updated_at, {names})"
-                          f" VALUES (:sid, 'shop', now() - make_interval(days => :days), {params})"),
-                     {"sid": session_id, "days": days, **values})
+        conn.execute(
+            text(
+                f"INSERT INTO runs (session_id, agent, updated_at, {names})"
+                f" VALUES (:sid, 'shop', now() - make_interval(days => :days), {params})"
+            ),
+            {"sid": session_id, "days": days, **values},
+        )
     return session_id
 
 
@@ -116,21 +135,38 @@ def _insert_runs(engine: Engine, prefix: str, n: int, days: float = 40, **column
 def _insert_keys(engine: Engine, prefix: str, n: int, days: float, *, run_of: str | None = None) -> None:
     """``n`` delivery ids, body hashes and claimed ticks received ``days`` ago (deliveries of run ``run_of``)."""
     with engine.begin() as conn:
-        schedule_id = conn.execute(text("""
+        schedule_id = conn.execute(
+            text("""
             INSERT INTO schedules (name, agent, input, every_s, next_fire_at) VALUES (:name, 'shop', '[]', 60, now())
-            ON CONFLICT (name) DO UPDATE SET paused = false RETURNING schedule_id"""), {"name": prefix}).scalar_one()
+            ON CONFLICT (name) DO UPDATE SET paused = false RETURNING schedule_id"""),
+            {"name": prefix},
+        ).scalar_one()
         for i in range(n):
-            params = {"id": f"{prefix}-{i}", "sid": run_of or f"job-gone-{prefix}-{i}", "days": days,
-                      "schedule": schedule_id, "i": i}
-            conn.execute(text("""INSERT INTO deliveries (agent, delivery_id, session_id, source, body_sha256,
+            params = {
+                "id": f"{prefix}-{i}",
+                "sid": run_of or f"job-gone-{prefix}-{i}",
+                "days": days,
+                "schedule": schedule_id,
+                "i": i,
+            }
+            conn.execute(
+                text("""INSERT INTO deliveries (agent, delivery_id, session_id, source, body_sha256,
                                                          received_at)
                                  VALUES ('shop', :id, :sid, 'standard', md5(:id),
-                                         now() - make_interval(days => :days))"""), params)
-            conn.execute(text("""INSERT INTO delivery_bodies (agent, body_sha256, delivery_id, received_at)
-                                 VALUES ('shop', md5(:id), :id, now() - make_interval(days => :days))"""), params)
-            conn.execute(text("""INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome, claimed_at)
+                                         now() - make_interval(days => :days))"""),
+                params,
+            )
+            conn.execute(
+                text("""INSERT INTO delivery_bodies (agent, body_sha256, delivery_id, received_at)
+                                 VALUES ('shop', md5(:id), :id, now() - make_interval(days => :days))"""),
+                params,
+            )
+            conn.execute(
+                text("""INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome, claimed_at)
                                  VALUES (:schedule, now() - make_interval(days => :days, mins => :i), :sid, 'fired',
-                                         now() - make_interval(days => :days))"""), params)
+                                         now() - make_interval(days => :days))"""),
+                params,
+            )
 
 
 @pytest.fixture
@@ -139,7 +175,8 @@ def shop_driver(make_driver: Callable[..., Driver]) -> Driver:
 
 
 def test_an_old_finished_run_goes_with_its_history_messages_events_send_keys_and_approvals(
-        shop_driver: Driver, store: PostgresCheckpointStore) -> None:
+    shop_driver: Driver, store: PostgresCheckpointStore
+) -> None:
     for session_id in ("ret-old", "ret-recent"):
         _finished_shop_run(shop_driver, store, session_id)
     before = _rows(store.engine, "ret-old")
@@ -150,14 +187,22 @@ def test_an_old_finished_run_goes_with_its_history_messages_events_send_keys_and
     pruned = retention.prune(store.engine, MONTH)
 
     assert _rows(store.engine, "ret-old") == dict.fromkeys(RUN_TABLES, 0)
-    assert (pruned.runs, pruned.history, pruned.messages, pruned.events, pruned.inputs, pruned.sends,
-            pruned.approvals) == tuple(before[table] for table in RUN_TABLES)
+    assert (
+        pruned.runs,
+        pruned.history,
+        pruned.messages,
+        pruned.events,
+        pruned.inputs,
+        pruned.sends,
+        pruned.approvals,
+    ) == tuple(before[table] for table in RUN_TABLES)
     assert not pruned.more
     assert store.load("ret-recent") is not None and _rows(store.engine, "ret-recent") == before
 
 
 def test_a_send_to_a_pruned_run_id_starts_a_new_run_with_no_memory_of_the_old_one(
-        shop_driver: Driver, store: PostgresCheckpointStore) -> None:
+    shop_driver: Driver, store: PostgresCheckpointStore
+) -> None:
     _finished_shop_run(shop_driver, store, "ret-again")
     old, old_events = store.load("ret-again"), store.read_events("ret-again", -1)
     assert old is not None
@@ -175,14 +220,15 @@ def test_a_send_to_a_pruned_run_id_starts_a_new_run_with_no_memory_of_the_old_on
 
 
 def test_runs_that_can_still_continue_are_never_pruned(store: PostgresCheckpointStore) -> None:
-    kept = [_insert_run(store.engine, "ret-running", status="in-progress"),
-            _insert_run(store.engine, "ret-paused", status="awaiting-approval"),
-            _insert_run(store.engine, "ret-aborted", status="in-progress", aborted=True),
-            _insert_run(store.engine, "ret-parked", status="in-progress",
-                        last_error='{"code": "X", "retryable": false}'),
-            _insert_run(store.engine, "ret-unread", inbox_head=1),
-            _insert_run(store.engine, "ret-hooks", end_due=True),
-            _insert_run(store.engine, "ret-waiting", waiting=True)]
+    kept = [
+        _insert_run(store.engine, "ret-running", status="in-progress"),
+        _insert_run(store.engine, "ret-paused", status="awaiting-approval"),
+        _insert_run(store.engine, "ret-aborted", status="in-progress", aborted=True),
+        _insert_run(store.engine, "ret-parked", status="in-progress", last_error='{"code": "X", "retryable": false}'),
+        _insert_run(store.engine, "ret-unread", inbox_head=1),
+        _insert_run(store.engine, "ret-hooks", end_due=True),
+        _insert_run(store.engine, "ret-waiting", waiting=True),
+    ]
     due = _insert_run(store.engine, "ret-due")
 
     pruned = retention.prune(store.engine, MONTH)
@@ -193,7 +239,8 @@ def test_runs_that_can_still_continue_are_never_pruned(store: PostgresCheckpoint
 
 
 def test_sub_agent_runs_go_with_their_lead_and_never_before_it(
-        make_driver: Callable[..., Driver], store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], store: PostgresCheckpointStore
+) -> None:
     researcher = _researcher()
     driver = make_driver(_lead(researcher), researcher)
     _send(store, "ret-lead", "lead", "research")
@@ -219,8 +266,9 @@ def test_sub_agent_runs_go_with_their_lead_and_never_before_it(
 def test_a_lead_whose_sub_agent_run_is_unfinished_stays(store: PostgresCheckpointStore) -> None:
     lead = _insert_run(store.engine, "ret-lead")
     child = _insert_run(store.engine, f"{lead}.task-00000000000000a1", parent_id=lead)
-    grandchild = _insert_run(store.engine, f"{child}.task-00000000000000b2", parent_id=child,
-                             status="awaiting-approval")
+    grandchild = _insert_run(
+        store.engine, f"{child}.task-00000000000000b2", parent_id=child, status="awaiting-approval"
+    )
 
     assert retention.prune(store.engine, MONTH).runs == 0
 
@@ -231,12 +279,29 @@ def test_a_lead_whose_sub_agent_run_is_unfinished_stays(store: PostgresCheckpoin
 
 def test_a_finished_lead_goes_with_its_parked_aborted_and_stopped_children(store: PostgresCheckpointStore) -> None:
     lead = _insert_run(store.engine, "ret-ended")
-    parked = _insert_run(store.engine, f"{lead}.task-00000000000000d1", parent_id=lead, status="in-progress",
-                         last_error='{"code": "LOUSHO_TOOL_PROPAGATED", "retryable": false}')
-    aborted = _insert_run(store.engine, f"{lead}.task-00000000000000d2", parent_id=lead, status="in-progress",
-                          aborted=True, document='{"finish_reason": "aborted"}')
-    stopped = _insert_run(store.engine, f"{lead}.task-00000000000000d3", parent_id=lead, status="in-progress",
-                          aborted=True, document='{"finish_reason": "budget-exceeded"}')
+    parked = _insert_run(
+        store.engine,
+        f"{lead}.task-00000000000000d1",
+        parent_id=lead,
+        status="in-progress",
+        last_error='{"code": "LOUSHO_TOOL_PROPAGATED", "retryable": false}',
+    )
+    aborted = _insert_run(
+        store.engine,
+        f"{lead}.task-00000000000000d2",
+        parent_id=lead,
+        status="in-progress",
+        aborted=True,
+        document='{"finish_reason": "aborted"}',
+    )
+    stopped = _insert_run(
+        store.engine,
+        f"{lead}.task-00000000000000d3",
+        parent_id=lead,
+        status="in-progress",
+        aborted=True,
+        document='{"finish_reason": "budget-exceeded"}',
+    )
     below = _insert_run(store.engine, f"{parked}.task-00000000000000d4", parent_id=parked)
 
     due = retention.count_due(store.engine, MONTH)
@@ -248,17 +313,28 @@ def test_a_finished_lead_goes_with_its_parked_aborted_and_stopped_children(store
 
 def test_a_child_that_can_still_move_keeps_its_finished_lead(store: PostgresCheckpointStore) -> None:
     lead = _insert_run(store.engine, "ret-moving")
-    _insert_run(store.engine, f"{lead}.task-00000000000000e1", parent_id=lead, status="in-progress",
-                last_error='{"code": "LOUSHO_PROVIDER_REQUEST_FAILED", "retryable": true}')
-    _insert_run(store.engine, f"{lead}.task-00000000000000e2", parent_id=lead, status="in-progress",
-                aborted=True, inbox_head=1)  # stopped, with input a step has not applied yet
+    _insert_run(
+        store.engine,
+        f"{lead}.task-00000000000000e1",
+        parent_id=lead,
+        status="in-progress",
+        last_error='{"code": "LOUSHO_PROVIDER_REQUEST_FAILED", "retryable": true}',
+    )
+    _insert_run(
+        store.engine, f"{lead}.task-00000000000000e2", parent_id=lead, status="in-progress", aborted=True, inbox_head=1
+    )  # stopped, with input a step has not applied yet
 
     assert retention.prune(store.engine, MONTH).runs == 0
 
 
 def test_a_settled_child_whose_lead_is_gone_is_pruned_on_its_own(store: PostgresCheckpointStore) -> None:
-    parked = _insert_run(store.engine, "ret-gone.task-00000000000000f1", parent_id="ret-gone", status="in-progress",
-                         last_error='{"code": "LOUSHO_LEAD_GONE", "retryable": false}')
+    parked = _insert_run(
+        store.engine,
+        "ret-gone.task-00000000000000f1",
+        parent_id="ret-gone",
+        status="in-progress",
+        last_error='{"code": "LOUSHO_LEAD_GONE", "retryable": false}',
+    )
     finished = _insert_run(store.engine, "ret-gone.task-00000000000000f2", parent_id="ret-gone")
     below = _insert_run(store.engine, f"{finished}.task-00000000000000f3", parent_id=finished)
     moving = _insert_run(store.engine, "ret-gone.task-00000000000000f4", parent_id="ret-gone", status="in-progress")
@@ -277,8 +353,9 @@ def test_a_webhook_redelivery_after_its_run_was_pruned_starts_nothing(receiver: 
     body = json.dumps({"event": "order.paid", "order": 7}).encode()
 
     def deliver() -> dict[str, Any]:
-        response = client.post("/webhooks/hooks", content=body,
-                               headers=signed_headers(body, "ret-evt-1", int(time.time())))
+        response = client.post(
+            "/webhooks/hooks", content=body, headers=signed_headers(body, "ret-evt-1", int(time.time()))
+        )
         assert response.status_code == 202
         answer: dict[str, Any] = response.json()
         return answer
@@ -328,7 +405,11 @@ def test_each_batch_is_bounded_and_batches_go_on_until_nothing_is_due(store: Pos
 
     assert [(r.runs, r.more) for r in runs] == [(10, True), (10, True), (5, False), (0, False)]
     assert [(k.deliveries, k.bodies, k.ticks, k.more) for k in keys] == [
-        (5, 5, 5, True), (5, 5, 5, True), (2, 2, 2, False), (0, 0, 0, False)]
+        (5, 5, 5, True),
+        (5, 5, 5, True),
+        (2, 2, 2, False),
+        (0, 0, 0, False),
+    ]
 
 
 def test_a_sweep_pass_runs_at_most_its_batches_and_says_when_work_is_left(store: PostgresCheckpointStore) -> None:
@@ -383,34 +464,54 @@ def test_count_due_counts_what_the_batches_then_delete(store: PostgresCheckpoint
 
 def test_the_batches_read_indexes_not_whole_tables(store: PostgresCheckpointStore) -> None:
     with store.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, updated_at)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, updated_at)
                              SELECT 'ret-plan-' || g, 'shop',
                                     CASE WHEN g % 3 = 0 THEN 'in-progress' ELSE 'finished' END,
-                                    now() - make_interval(days => g % 400) FROM generate_series(1, 3000) g"""))
+                                    now() - make_interval(days => g % 400) FROM generate_series(1, 3000) g""")
+        )
         # A sub-agent run under every tenth of them (and a few whose lead is gone).
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, parent_id, updated_at)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, parent_id, updated_at)
                              SELECT 'ret-plan-' || g || '.task-' || lpad(to_hex(g), 16, '0'), 'shop', 'finished',
                                     CASE WHEN g % 100 = 0 THEN 'ret-gone-' || g ELSE 'ret-plan-' || g END,
                                     now() - make_interval(days => g % 400)
-                             FROM generate_series(10, 3000, 10) g"""))
+                             FROM generate_series(10, 3000, 10) g""")
+        )
         for table, column in (("deliveries", "received_at"), ("delivery_bodies", "received_at")):
-            extra = ("session_id, source, body_sha256", "'ret-plan-' || g, 'standard', md5(g::text)") \
-                if table == "deliveries" else ("body_sha256", "md5(g::text)")
-            conn.execute(text(f"""INSERT INTO {table} (agent, delivery_id, {extra[0]}, {column})
+            extra = (
+                ("session_id, source, body_sha256", "'ret-plan-' || g, 'standard', md5(g::text)")
+                if table == "deliveries"
+                else ("body_sha256", "md5(g::text)")
+            )
+            conn.execute(
+                text(f"""INSERT INTO {table} (agent, delivery_id, {extra[0]}, {column})
                                   SELECT 'shop', 'd' || g, {extra[1]}, now() - make_interval(days => g % 400)
-                                  FROM generate_series(1, 3000) g"""))
-        schedule_id = conn.execute(text("INSERT INTO schedules (name, agent, input, every_s, next_fire_at)"
-                                        " VALUES ('ret-plan', 'shop', '[]', 60, now()) RETURNING schedule_id")).scalar()
-        conn.execute(text("""INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome, claimed_at)
+                                  FROM generate_series(1, 3000) g""")
+            )
+        schedule_id = conn.execute(
+            text(
+                "INSERT INTO schedules (name, agent, input, every_s, next_fire_at)"
+                " VALUES ('ret-plan', 'shop', '[]', 60, now()) RETURNING schedule_id"
+            )
+        ).scalar()
+        conn.execute(
+            text("""INSERT INTO schedule_fires (schedule_id, fire_at, session_id, outcome, claimed_at)
                              SELECT :id, now() - make_interval(hours => g), 'ret-plan-' || g, 'fired',
                                     now() - make_interval(hours => g) FROM generate_series(1, 9000) g"""),
-                     {"id": schedule_id})
+            {"id": schedule_id},
+        )
         conn.execute(text("ANALYZE runs; ANALYZE deliveries; ANALYZE delivery_bodies; ANALYZE schedule_fires"))
 
     plans = retention.batch_plans(store.engine, MONTH)
 
-    indexes = {"runs": "runs_retention_idx", "orphans": "runs_parent_idx", "deliveries": "deliveries_received_idx",
-               "bodies": "delivery_bodies_received_idx", "ticks": "schedule_fires_claimed_idx"}
+    indexes = {
+        "runs": "runs_retention_idx",
+        "orphans": "runs_parent_idx",
+        "deliveries": "deliveries_received_idx",
+        "bodies": "delivery_bodies_received_idx",
+        "ticks": "schedule_fires_claimed_idx",
+    }
     for name, index in indexes.items():
         plan = "\n".join(plans[name])
         assert f"Index Scan using {index}" in plan and "Seq Scan" not in plan, plan
@@ -433,7 +534,9 @@ def test_ages_and_policies_are_checked() -> None:
 
 
 def test_lousho_prune_counts_with_dry_run_then_prunes_batch_by_batch(
-        lousho: Lousho, store: PostgresCheckpointStore) -> None:  # noqa: F811
+    lousho: Lousho,  # noqa: F811  # the fixture, by name
+    store: PostgresCheckpointStore,
+) -> None:
     _insert_runs(store.engine, "ret-cli", 7)
     _insert_runs(store.engine, "ret-cli-new", 2, days=1)
     _insert_keys(store.engine, "ret-cli", 2, days=200)
@@ -455,7 +558,8 @@ def test_lousho_prune_counts_with_dry_run_then_prunes_batch_by_batch(
 
 
 def test_the_beat_prunes_once_retention_is_set(
-        settings: Settings, sent: Sent, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings, sent: Sent, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from worker import celery, tasks
 
     _insert_runs(store.engine, "ret-beat", 3)

@@ -39,9 +39,12 @@ def traces() -> Iterator[list[str]]:
 
 
 def test_each_step_reports_its_kind_calls_and_how_the_input_ended(
-        make_driver: Callable[..., Driver], client: Client, traces: list[str]) -> None:
-    script = [{"tool_calls": [{"name": "unit", "args": {"n": 1}}, {"name": "unit", "args": {"n": 2}}],
-               "usage": USAGE}, {"text": "done", "usage": USAGE}]
+    make_driver: Callable[..., Driver], client: Client, traces: list[str]
+) -> None:
+    script = [
+        {"tool_calls": [{"name": "unit", "args": {"n": 1}}, {"name": "unit", "args": {"n": 2}}], "usage": USAGE},
+        {"text": "done", "usage": USAGE},
+    ]
     driver = make_driver(Agent(name="reported", model=MockModel(script), tools=[unit]))
     run = client.agent("reported").send("go", session_id="rep-1")
     driver.drain("rep-1")
@@ -57,11 +60,15 @@ def test_each_step_reports_its_kind_calls_and_how_the_input_ended(
 
 
 def test_a_resume_of_a_budget_stopped_input_starts_a_new_trace(
-        make_driver: Callable[..., Driver], client: Client, traces: list[str]) -> None:
-    script = [*({"tool_calls": [{"name": "unit", "args": {"n": k}}], "usage": USAGE} for k in range(4)),
-              {"text": "all done", "usage": USAGE}]
-    driver = make_driver(Agent(name="stopped", model=MockModel(script), tools=[unit],
-                               limits=Limits(max_output_tokens=100)))
+    make_driver: Callable[..., Driver], client: Client, traces: list[str]
+) -> None:
+    script = [
+        *({"tool_calls": [{"name": "unit", "args": {"n": k}}], "usage": USAGE} for k in range(4)),
+        {"text": "all done", "usage": USAGE},
+    ]
+    driver = make_driver(
+        Agent(name="stopped", model=MockModel(script), tools=[unit], limits=Limits(max_output_tokens=100))
+    )
     run = client.agent("stopped").send("work", session_id="rep-2")
     driver.drain("rep-2")
     assert run.wait(timeout=5).finish_reason == "budget-exceeded"

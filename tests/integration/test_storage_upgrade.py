@@ -21,9 +21,14 @@ from tests.fakes.store_contract.subject import save_next
 from tests.support import services
 
 USER = {"role": "user", "content": "Weather in Oslo and Rome?"}
-CALLS = {"role": "assistant", "content": "Looking.", "tool_calls": [
-    {"id": "call_a", "name": "lookup", "args": {"city": "Oslo"}},
-    {"id": "call_b", "name": "lookup", "args": {"city": "Rome"}}]}
+CALLS = {
+    "role": "assistant",
+    "content": "Looking.",
+    "tool_calls": [
+        {"id": "call_a", "name": "lookup", "args": {"city": "Oslo"}},
+        {"id": "call_b", "name": "lookup", "args": {"city": "Rome"}},
+    ],
+}
 RESULT_A = {"role": "tool", "tool_call_id": "call_a", "name": "lookup", "content": "sunny in Oslo"}
 RESULT_B = {"role": "tool", "tool_call_id": "call_b", "name": "lookup", "content": "rain in Rome", "is_error": False}
 ANSWER = {"role": "assistant", "content": "Sunny in Oslo, rain in Rome."}
@@ -36,38 +41,77 @@ def _sql(statement: str, *params: Any) -> list[tuple[Any, ...]]:
         return cursor.fetchall() if cursor.description else []
 
 
-def _old_run(session_id: str, status: str, seq: int, document: dict[str, Any], *, last_error: Any = None,
-             uncounted: Any = None) -> None:
+def _old_run(
+    session_id: str, status: str, seq: int, document: dict[str, Any], *, last_error: Any = None, uncounted: Any = None
+) -> None:
     """A run row as the previous release wrote it (format 1: the transcript in the document)."""
-    _sql("INSERT INTO runs (session_id, agent, status, seq, fence, inbox_head, inbox_cursor, document, last_error,"
-         " uncounted_usage) VALUES (%s, 'weather', %s, %s, %s, 1, 1, %s, %s, %s)", session_id, status, seq, seq,
-         Jsonb(document), None if last_error is None else Jsonb(last_error),
-         None if uncounted is None else Jsonb(uncounted))
+    _sql(
+        "INSERT INTO runs (session_id, agent, status, seq, fence, inbox_head, inbox_cursor, document, last_error,"
+        " uncounted_usage) VALUES (%s, 'weather', %s, %s, %s, 1, 1, %s, %s, %s)",
+        session_id,
+        status,
+        seq,
+        seq,
+        Jsonb(document),
+        None if last_error is None else Jsonb(last_error),
+        None if uncounted is None else Jsonb(uncounted),
+    )
 
 
 def _entry(session_id: str, seq: int, status: str, document: dict[str, Any]) -> None:
-    _sql("INSERT INTO checkpoint_history (session_id, seq, fence, step, status, document)"
-         " VALUES (%s, %s, %s, %s, %s, %s)", session_id, seq, seq, document.get("step", 0), status, Jsonb(document))
+    _sql(
+        "INSERT INTO checkpoint_history (session_id, seq, fence, step, status, document)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        session_id,
+        seq,
+        seq,
+        document.get("step", 0),
+        status,
+        Jsonb(document),
+    )
 
 
 def _finished_run() -> None:
     """Three saves: the tool turn, its two results, the answer; history as a keyframe and two deltas."""
     messages = [USER, CALLS, RESULT_A, RESULT_B, ANSWER]
     common = {"agent": "weather", "usage": USAGE, "fingerprint": {"tools": {"lookup": "x"}}}
-    _old_run("done-1", "finished", 3, {**common, "messages": messages, "step": 2, "finish_reason": "stop",
-                                       "history_seq": 3})
+    _old_run(
+        "done-1", "finished", 3, {**common, "messages": messages, "step": 2, "finish_reason": "stop", "history_seq": 3}
+    )
     _entry("done-1", 1, "in-progress", {**common, "messages": messages[:2], "step": 1, "history_seq": 1})
-    _entry("done-1", 2, "in-progress", {**common, "messages_keep": 2, "messages_tail": messages[2:4], "step": 1,
-                                        "history_seq": 2})
-    _entry("done-1", 3, "finished", {**common, "messages_keep": 4, "messages_tail": messages[4:], "step": 2,
-                                     "finish_reason": "stop", "history_seq": 3})
+    _entry(
+        "done-1",
+        2,
+        "in-progress",
+        {**common, "messages_keep": 2, "messages_tail": messages[2:4], "step": 1, "history_seq": 2},
+    )
+    _entry(
+        "done-1",
+        3,
+        "finished",
+        {
+            **common,
+            "messages_keep": 4,
+            "messages_tail": messages[4:],
+            "step": 2,
+            "finish_reason": "stop",
+            "history_seq": 3,
+        },
+    )
 
 
 def _paused_run() -> None:
     """Paused on an approval, with usage of a model call not saved yet (kept in its column)."""
     transfer = {"role": "assistant", "tool_calls": [{"id": "call_t", "name": "transfer", "args": {"amount": 10}}]}
-    document = {"agent": "weather", "messages": [{"role": "user", "content": "Move 10"}, transfer], "step": 1,
-                "approval_ids": ["ap-1"], "usage": USAGE, "finish_reason": "awaiting-approval", "history_seq": 2}
+    document = {
+        "agent": "weather",
+        "messages": [{"role": "user", "content": "Move 10"}, transfer],
+        "step": 1,
+        "approval_ids": ["ap-1"],
+        "usage": USAGE,
+        "finish_reason": "awaiting-approval",
+        "history_seq": 2,
+    }
     _old_run("paused-1", "awaiting-approval", 2, document, uncounted={"input_tokens": 5, "total_tokens": 5})
     _entry("paused-1", 2, "awaiting-approval", document)
 
@@ -77,15 +121,31 @@ def _mixed_run() -> None:
 
     Its last turn still misses a result, so its slots are 0, 1, 3; slot 2 holds a stray row.
     """
-    _sql("INSERT INTO run_messages (session_id, slot, seq, message) VALUES ('mixed-1', 0, 1, %s),"
-         " ('mixed-1', 1, 1, %s), ('mixed-1', 2, 5, %s)", Jsonb(USER), Jsonb(CALLS), Jsonb({"role": "user"}))
-    _entry("mixed-1", 1, "in-progress", {"agent": "weather", "format": 2, "messages_count": 2, "step": 1,
-                                         "history_seq": 1})
-    document = {"agent": "weather", "messages": [USER, CALLS, RESULT_B], "step": 1, "history_seq": 2,
-                "started_tool_call_ids": ["call_a"]}
+    _sql(
+        "INSERT INTO run_messages (session_id, slot, seq, message) VALUES ('mixed-1', 0, 1, %s),"
+        " ('mixed-1', 1, 1, %s), ('mixed-1', 2, 5, %s)",
+        Jsonb(USER),
+        Jsonb(CALLS),
+        Jsonb({"role": "user"}),
+    )
+    _entry(
+        "mixed-1", 1, "in-progress", {"agent": "weather", "format": 2, "messages_count": 2, "step": 1, "history_seq": 1}
+    )
+    document = {
+        "agent": "weather",
+        "messages": [USER, CALLS, RESULT_B],
+        "step": 1,
+        "history_seq": 2,
+        "started_tool_call_ids": ["call_a"],
+    }
     _entry("mixed-1", 2, "in-progress", document)
-    _old_run("mixed-1", "in-progress", 2, document,
-             last_error={"code": "LOUSHO_AGENT_DRIFT", "message": "drift", "retryable": False})
+    _old_run(
+        "mixed-1",
+        "in-progress",
+        2,
+        document,
+        last_error={"code": "LOUSHO_AGENT_DRIFT", "message": "drift", "retryable": False},
+    )
 
 
 def _old_runs() -> None:
@@ -93,8 +153,13 @@ def _old_runs() -> None:
     _paused_run()
     _mixed_run()
     # Parked before its first turn: a transcript of no message.
-    _old_run("empty-1", "in-progress", 1, {"agent": "weather", "messages": [], "step": 0},
-             last_error={"code": "LOUSHO_CONFIG_INVALID", "message": "bad", "retryable": False})
+    _old_run(
+        "empty-1",
+        "in-progress",
+        1,
+        {"agent": "weather", "messages": [], "step": 0},
+        last_error={"code": "LOUSHO_CONFIG_INVALID", "message": "bad", "retryable": False},
+    )
     _old_run("broken-1", "finished", 4, {"agent": "weather", "messages": [{"role": "robot"}], "step": 1})
 
 
@@ -114,8 +179,12 @@ def test_every_format_1_run_is_converted_and_reads_as_before(store: PostgresChec
     old_documents = _documents()
     # What each run holds: as loaded, with the transcript of its document (load() of a format-1 run that
     # has stray rows, mixed-1, shows the rows instead).
-    before = {sid: store.load(sid).model_copy(update={"messages": [  # type: ignore[union-attr]
-        Message.model_validate(m) for m in old_documents[sid]["messages"]]}) for sid in CONVERTED}
+    before = {
+        sid: store.load(sid).model_copy(  # type: ignore[union-attr]
+            update={"messages": [Message.model_validate(m) for m in old_documents[sid]["messages"]]}
+        )
+        for sid in CONVERTED
+    }
     assert all(store.load(sid) == before[sid] for sid in CONVERTED if sid != "mixed-1")
     histories = {sid: store.history(sid) for sid in CONVERTED}
     transcript_ids = dict(_sql("SELECT session_id, transcript_id FROM runs"))
@@ -138,7 +207,12 @@ def test_every_format_1_run_is_converted_and_reads_as_before(store: PostgresChec
         assert fresh.history(sid) == histories[sid], sid
     assert [len(histories[sid]) for sid in CONVERTED] == [3, 1, 2, 0]
     assert [m.content for m in before["done-1"].messages] == [
-        USER["content"], "Looking.", "sunny in Oslo", "rain in Rome", ANSWER["content"]]
+        USER["content"],
+        "Looking.",
+        "sunny in Oslo",
+        "rain in Rome",
+        ANSWER["content"],
+    ]
     # Unsaved usage stays in its column, counted once.
     assert before["paused-1"].usage.total_tokens == 47
     # The parked run's last turn misses a result: slots 0, 1, 3, and the stray row at slot 2 is gone.
@@ -151,13 +225,17 @@ def test_every_format_1_run_is_converted_and_reads_as_before(store: PostgresChec
     assert upgrade_runs(store.engine) == UpgradeReport(unreadable=1, unreadable_runs=["broken-1"])
 
 
-@pytest.mark.parametrize("change", [
-    "UPDATE runs SET seq = seq + 1",                                   # an old worker's save
-    "UPDATE runs SET fence = fence + 1",                               # a step's claim
-    "UPDATE runs SET transcript_id = nextval('run_transcript_ids')",   # deleted, and created again
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE runs SET seq = seq + 1",  # an old worker's save
+        "UPDATE runs SET fence = fence + 1",  # a step's claim
+        "UPDATE runs SET transcript_id = nextval('run_transcript_ids')",  # deleted, and created again
+    ],
+)
 def test_a_run_that_moves_between_its_reading_and_its_conversion_is_skipped(
-        store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
     _finished_run()
     read = upgrade._read_run
 
@@ -181,7 +259,8 @@ def test_a_run_that_moves_between_its_reading_and_its_conversion_is_skipped(
 
 
 def test_a_claim_between_the_rows_and_the_document_leaves_the_run_to_the_step(
-        store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _finished_run()
     write = upgrade._write_rows
     claimed: list[Any] = []
@@ -209,8 +288,7 @@ def test_a_claim_between_the_rows_and_the_document_leaves_the_run_to_the_step(
     assert upgrade_runs(store.engine) == UpgradeReport()
 
 
-def test_a_step_that_claimed_the_run_before_the_conversion_still_saves_after_it(
-        store: PostgresCheckpointStore) -> None:
+def test_a_step_that_claimed_the_run_before_the_conversion_still_saves_after_it(store: PostgresCheckpointStore) -> None:
     _mixed_run()
     _sql("UPDATE runs SET last_error = NULL WHERE session_id = 'mixed-1'")
     claimed = store.claim("mixed-1", 10, None).checkpoint

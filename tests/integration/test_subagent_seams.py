@@ -41,8 +41,14 @@ class Researcher:
         return {"text": f"found: {prompt}", "usage": USAGE}
 
 
-def _delegating(name: str, researcher: Researcher, *, background: bool = False,
-                follow: tuple[str, ...] = (), tools: tuple[Any, ...] = ()) -> Agent:
+def _delegating(
+    name: str,
+    researcher: Researcher,
+    *,
+    background: bool = False,
+    follow: tuple[str, ...] = (),
+    tools: tuple[Any, ...] = (),
+) -> Agent:
     """A lead whose first turn is one ``task`` call (with ``tools``' calls before it), then ``follow`` calls on
     the task's id (background only), then an answer quoting its last tool result."""
 
@@ -57,14 +63,23 @@ def _delegating(name: str, researcher: Researcher, *, background: bool = False,
             return {"tool_calls": [{"name": follow[turns - 1], "args": {"task_id": task_id}}], "usage": USAGE}
         return {"text": f"{name}: {str(messages[-1].content)[:60]}", "usage": USAGE}
 
-    return Agent(name=name, model=MockModel(answer), tools=list(tools), subagents=[researcher.agent],
-                 background_on_finish="await")
+    return Agent(
+        name=name,
+        model=MockModel(answer),
+        tools=list(tools),
+        subagents=[researcher.agent],
+        background_on_finish="await",
+    )
 
 
 def _runs_under(engine: Engine, lead: str) -> list[str]:
     with engine.connect() as conn:
-        return list(conn.execute(text("SELECT session_id FROM runs WHERE starts_with(session_id, :p) ORDER BY 1"),
-                                 {"p": lead + records.CHILD_MARK}).scalars())
+        return list(
+            conn.execute(
+                text("SELECT session_id FROM runs WHERE starts_with(session_id, :p) ORDER BY 1"),
+                {"p": lead + records.CHILD_MARK},
+            ).scalars()
+        )
 
 
 def _tool_results(client: Client, agent: str, session_id: str) -> list[Message]:
@@ -77,8 +92,11 @@ def _wait_for_lock_waiter(engine: Engine, what: str) -> None:
     """Until another connection of this database waits on a row lock (a statement blocked by ours)."""
     deadline = time.monotonic() + LOCK_WAIT_S
     with engine.connect() as conn:
-        while not conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                    " AND wait_event_type = 'Lock'")).scalar():
+        while not conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar():
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {LOCK_WAIT_S} s waiting for {what} to wait on a lock")
             conn.rollback()
@@ -89,7 +107,8 @@ def _wait_for_lock_waiter(engine: Engine, what: str) -> None:
 
 
 def test_a_lead_deleted_while_its_tool_runs_starts_no_child(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
 
     @tool
@@ -101,7 +120,7 @@ def test_a_lead_deleted_while_its_tool_runs_starts_no_child(
     driver = make_driver(_delegating("lead", researcher, tools=(slow,)), researcher.agent)
     client.agent("lead").send("research", session_id="seam-del")
     assert driver.step("seam-del") == Outcome.ADVANCED  # the model turn: slow, then task
-    assert driver.step() == Outcome.FENCED             # the batch: the run went while slow ran
+    assert driver.step() == Outcome.FENCED  # the batch: the run went while slow ran
     driver.drain()
 
     assert _runs_under(store.engine, "seam-del") == []
@@ -109,7 +128,8 @@ def test_a_lead_deleted_while_its_tool_runs_starts_no_child(
 
 
 def test_a_delete_takes_the_children_a_step_started_while_it_waited_for_the_lead(
-        store: PostgresCheckpointStore, client: Client) -> None:
+    store: PostgresCheckpointStore, client: Client
+) -> None:
     store.append_input("seam-race", "lead", [Message(role="user", content="go")])
     child = "seam-race.task-00000000000000c1"
     deleted: list[bool] = []
@@ -117,8 +137,13 @@ def test_a_delete_takes_the_children_a_step_started_while_it_waited_for_the_lead
         # A step's start of a child, committed after the delete asked for the lead: it holds the lead as
         # ``start_children`` does, and its child row is not committed yet.
         starting.execute(text("SELECT 1 FROM runs WHERE session_id = 'seam-race' FOR KEY SHARE"))
-        starting.execute(text("INSERT INTO runs (session_id, agent, status, parent_id)"
-                              " VALUES (:sid, 'researcher', 'in-progress', 'seam-race')"), {"sid": child})
+        starting.execute(
+            text(
+                "INSERT INTO runs (session_id, agent, status, parent_id)"
+                " VALUES (:sid, 'researcher', 'in-progress', 'seam-race')"
+            ),
+            {"sid": child},
+        )
         deleting = threading.Thread(target=lambda: deleted.append(client.agent("lead").delete("seam-race")))
         deleting.start()
         _wait_for_lock_waiter(store.engine, "the delete")
@@ -146,7 +171,8 @@ def test_start_children_refuses_a_stale_fence_and_a_lead_that_is_gone(store: Pos
 
 
 def test_a_child_id_that_is_not_the_leads_own_is_refused_not_adopted(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
     driver = make_driver(_delegating("lead", researcher), researcher.agent)
     taken = subagents.child_id("seam-taken", 1, "call_0_0")
@@ -168,7 +194,8 @@ def test_a_child_id_that_is_not_the_leads_own_is_refused_not_adopted(
 
 
 def test_a_child_whose_lead_is_gone_stops_before_any_model_call(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
     driver = make_driver(_delegating("lead", researcher), researcher.agent)
     client.agent("lead").send("research", session_id="seam-orphan")
@@ -195,7 +222,8 @@ def test_a_child_whose_lead_is_gone_stops_before_any_model_call(
 
 
 def test_a_fork_of_a_waiting_lead_gets_a_child_of_its_own(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
     driver = make_driver(_delegating("lead", researcher), researcher.agent)
     lead = client.agent("lead")
@@ -223,7 +251,8 @@ def test_a_fork_of_a_waiting_lead_gets_a_child_of_its_own(
 
 
 def test_a_forks_await_and_cancel_of_its_sources_task_find_no_task(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
     awaiting = _delegating("bg", researcher, background=True, follow=("agent_cancel", "agent_await"))
     driver = make_driver(awaiting, researcher.agent)
@@ -242,18 +271,23 @@ def test_a_forks_await_and_cancel_of_its_sources_task_find_no_task(
 
     _, *follow = _tool_results(client, "bg", "seam-bg-fork")
     assert [json.loads(str(m.content)).get("error") if m.is_error else m.content for m in follow] == [
-        "TaskNotFound", "TaskNotFound"]
+        "TaskNotFound",
+        "TaskNotFound",
+    ]
     task = client.store.load(task_id)
     assert task is not None and not task.aborted and task.finish_reason is None
     assert client.store.progress(task_id) is not None
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT abort_requested FROM runs WHERE session_id = :s"),
-                            {"s": task_id}).scalar() is None
+        assert (
+            conn.execute(text("SELECT abort_requested FROM runs WHERE session_id = :s"), {"s": task_id}).scalar()
+            is None
+        )
     assert not fork.checkpoint.background
 
 
 def test_resume_moves_a_waiting_lead_whose_child_is_gone(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore
+) -> None:
     researcher = Researcher()
     driver = make_driver(_delegating("lead", researcher), researcher.agent)
     lead = client.agent("lead")
@@ -274,7 +308,8 @@ def test_resume_moves_a_waiting_lead_whose_child_is_gone(
 
 
 def test_resume_leaves_a_lead_whose_child_still_runs_waiting(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     researcher = Researcher()
     driver = make_driver(_delegating("lead", researcher), researcher.agent)
     lead = client.agent("lead")
@@ -308,15 +343,20 @@ def _two_tasks(researcher: Researcher) -> Agent:
 
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": topic}}
-                                   for topic in ("tides", "winds")], "usage": USAGE}
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": topic}} for topic in ("tides", "winds")
+                ],
+                "usage": USAGE,
+            }
         return {"text": " | ".join(str(m.content)[:12] for m in messages if m.role == "tool"), "usage": USAGE}
 
     return Agent(name="lead", model=MockModel(answer), subagents=[researcher.agent])
 
 
-def _settle_second_child_inside_the_leads_step(driver: Driver, store: PostgresCheckpointStore,
-                                               monkeypatch: pytest.MonkeyPatch, lead: str) -> list[Outcome]:
+def _settle_second_child_inside_the_leads_step(
+    driver: Driver, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch, lead: str
+) -> list[Outcome]:
     """Run ``lead`` until its step woken by its first child reads the second one still running; at that moment
     the second child's step finishes it in another thread and delivers its wake-up, which meets the lead's lease.
 
@@ -334,10 +374,12 @@ def _settle_second_child_inside_the_leads_step(driver: Driver, store: PostgresCh
     def load(session_id: str) -> records.Checkpoint | None:
         state = real_load(session_id)
         if session_id == second and not raced:
+
             def child_then_wake() -> None:
                 driver.queue.insert(0, (second, None))
                 raced.append(driver.step())  # the child finishes and queues its lead's wake-up
                 raced.append(driver.step())  # that wake-up, while the lead's step holds the lease
+
             other = threading.Thread(target=child_then_wake)
             other.start()
             other.join(LOCK_WAIT_S)
@@ -352,8 +394,8 @@ def _settle_second_child_inside_the_leads_step(driver: Driver, store: PostgresCh
 
 
 def test_a_child_that_settles_while_its_lead_steps_still_wakes_it(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     researcher = Researcher()
     driver = make_driver(_two_tasks(researcher), researcher.agent)
     run = client.agent("lead").send("research", session_id="seam-race")
@@ -364,13 +406,14 @@ def test_a_child_that_settles_while_its_lead_steps_still_wakes_it(
     waiting = client.agent("lead").load("seam-race")
     assert waiting is not None and waiting.status == "finished", (
         f"the lead was left {waiting.status if waiting else None!r}, waiting={waiting.waiting if waiting else None},"
-        f" with nothing queued to move it")
+        f" with nothing queued to move it"
+    )
     assert str(run.wait(timeout=5).text).count("found: ") == 2
 
 
 def test_the_sweep_wakes_a_lead_whose_last_child_settled_before_the_leads_save(
-        make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     researcher = Researcher()
     driver = make_driver(_two_tasks(researcher), researcher.agent)
     run = client.agent("lead").send("research", session_id="seam-swept")

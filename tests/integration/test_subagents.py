@@ -36,29 +36,37 @@ def _researcher() -> Agent:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": "look", "args": {"topic": prompt}}], "usage": USAGE}
         return {"text": f"found: {messages[-1].content}", "usage": USAGE}
+
     return Agent(name="researcher", model=MockModel(answer), tools=[look])
 
 
 def _lead(*children: Agent, depth: int = 1) -> Agent:
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [
-                {"name": "task", "args": {"agent": "researcher", "prompt": "tides", "description": "tides"}},
-                {"name": "task", "args": {"agent": "researcher", "prompt": "winds"}},
-                {"name": "look", "args": {"topic": "maps"}}], "usage": USAGE}
-        return {"text": "report: " + " | ".join(str(m.content)[:20] for m in messages if m.role == "tool"),
-                "usage": USAGE}
-    return Agent(name="lead", model=MockModel(answer), tools=[look], subagents=list(children),
-                 max_subagent_depth=depth)
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "tides", "description": "tides"}},
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "winds"}},
+                    {"name": "look", "args": {"topic": "maps"}},
+                ],
+                "usage": USAGE,
+            }
+        return {
+            "text": "report: " + " | ".join(str(m.content)[:20] for m in messages if m.role == "tool"),
+            "usage": USAGE,
+        }
+
+    return Agent(name="lead", model=MockModel(answer), tools=[look], subagents=list(children), max_subagent_depth=depth)
 
 
 def test_parallel_children_run_as_their_own_runs_and_the_last_one_wakes_the_lead(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     researcher = _researcher()
     driver = make_driver(_lead(researcher), researcher)
     run = client.agent("lead").send("research", session_id="sub-1")
-    assert driver.step("sub-1") == Outcome.ADVANCED       # the model turn
-    assert driver.step() == Outcome.DELEGATED              # the batch: look ran, two children started
+    assert driver.step("sub-1") == Outcome.ADVANCED  # the model turn
+    assert driver.step() == Outcome.DELEGATED  # the batch: look ran, two children started
     lead = client.agent("lead").load("sub-1")
     assert lead is not None and lead.waiting and lead.delegated is not None and len(lead.delegated) == 2
     children = sorted(lead.delegated.values())
@@ -70,7 +78,8 @@ def test_parallel_children_run_as_their_own_runs_and_the_last_one_wakes_the_lead
     assert result.finish_reason == "stop"
     first, second, maps = [m for m in client.agent("lead").load("sub-1").messages if m.role == "tool"]  # type: ignore[union-attr]
     assert str(first.content).startswith("found: notes on tides") and "[sub-agent 'researcher': 2 step(s)" in str(
-        first.content)
+        first.content
+    )
     assert str(second.content).startswith("found: notes on winds") and maps.content == "notes on maps"
     # Usage: the lead's two turns and each child's two.
     assert result.usage.input_tokens == 2 * 10 + 2 * 2 * 10
@@ -98,8 +107,7 @@ def test_a_parked_child_gives_its_call_an_error_result(make_driver: Callable[...
     assert result.is_error and body["error"] == "SubagentParked" and "LOUSHO_TOOL_PROPAGATED" in body["message"]
 
 
-def test_depth_is_limited_and_child_ids_are_not_for_senders(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+def test_depth_is_limited_and_child_ids_are_not_for_senders(make_driver: Callable[..., Driver], client: Client) -> None:
     inner = _researcher()
 
     def middle_answer(messages: list[Message]) -> Any:
@@ -125,7 +133,8 @@ def test_depth_is_limited_and_child_ids_are_not_for_senders(
 
 
 def test_aborting_the_lead_aborts_its_children_and_deleting_it_deletes_them(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     researcher = _researcher()
     driver = make_driver(_lead(researcher), researcher)
     client.agent("lead").send("research", session_id="sub-4")
@@ -144,7 +153,8 @@ def test_aborting_the_lead_aborts_its_children_and_deleting_it_deletes_them(
 
 
 def test_an_approval_inside_a_child_pauses_the_lead_and_its_decision_finishes_both(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     ran: list[str] = []
 
     @tool(needs_approval=True)
@@ -175,7 +185,9 @@ def test_an_approval_inside_a_child_pauses_the_lead_and_its_decision_finishes_bo
     assert paused.approval_ids == [approval.approval_id]
     assert approval.run_path[0] == "sub-5" and len(approval.run_path) == 2 and approval.agent == "writer"
     assert [(p.session_id, p.state, p.lead) for p in client.pending()] == [
-        ("sub-5", "waiting", None), (approval.session_id, "awaiting-approval", "sub-5")]
+        ("sub-5", "waiting", None),
+        (approval.session_id, "awaiting-approval", "sub-5"),
+    ]
     with pytest.raises(errors.SessionAwaitingApprovalError):
         client.agent("editor").send("more", session_id="sub-5")
     client.approvals.resolve(approval.approval_id, approved=True)
@@ -207,7 +219,8 @@ def test_a_child_runs_its_leads_hooks(make_driver: Callable[..., Driver], client
 
 
 def test_the_leads_events_include_its_childrens_tagged_in_time_order(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     researcher = _researcher()
     driver = make_driver(_lead(researcher), researcher)
     client.agent("lead").send("research", session_id="sub-7")
@@ -228,7 +241,8 @@ def test_the_leads_events_include_its_childrens_tagged_in_time_order(
 
 
 def test_a_turn_with_a_gated_call_and_a_task_waits_for_both_and_asks_the_person_once(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     ran: list[str] = []
 
     @tool(needs_approval=True)
@@ -241,8 +255,12 @@ def test_a_turn_with_a_gated_call_and_a_task_waits_for_both_and_asks_the_person_
 
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "reefs"}},
-                                   {"name": "send_report", "args": {"to": "board"}}]}
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "reefs"}},
+                    {"name": "send_report", "args": {"to": "board"}},
+                ]
+            }
         return "all done"
 
     lead = Agent(name="mixed", model=MockModel(answer), tools=[send_report], subagents=[researcher])
@@ -252,8 +270,7 @@ def test_a_turn_with_a_gated_call_and_a_task_waits_for_both_and_asks_the_person_
     (approval,) = client.approvals.list()
     assert approval.session_id == "sub-8"
     paused = client.agent("mixed").load("sub-8")
-    assert paused is not None and paused.status == "awaiting-approval" and paused.approval_ids == [
-        approval.approval_id]
+    assert paused is not None and paused.status == "awaiting-approval" and paused.approval_ids == [approval.approval_id]
     assert [m.name for m in paused.messages if m.role == "tool"] == ["task"]  # the child's result is in
     client.approvals.resolve(approval.approval_id, approved=True)
     driver.drain("sub-8")
@@ -266,8 +283,9 @@ def test_at_most_tool_concurrency_children_run_at_once(make_driver: Callable[...
 
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": f"t{k}"}}
-                                   for k in range(5)]}
+            return {
+                "tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": f"t{k}"}} for k in range(5)]
+            }
         return "five done"
 
     lead = Agent(name="capped", model=MockModel(answer), subagents=[researcher], tool_concurrency=2)
@@ -281,8 +299,11 @@ def test_at_most_tool_concurrency_children_run_at_once(make_driver: Callable[...
     while driver.queue:
         driver.step()
         state = client.agent("capped").load("sub-9")
-        running = [c for c in (state.delegated or {}).values()  # type: ignore[union-attr]
-                   if client.agent("researcher").load(c).status != "finished"]  # type: ignore[union-attr]
+        running = [
+            c
+            for c in (state.delegated or {}).values()  # type: ignore[union-attr]
+            if client.agent("researcher").load(c).status != "finished"  # type: ignore[union-attr]
+        ]
         most = max(most, len(running))
     assert most <= 2
     assert run.wait(timeout=5).text == "five done"
@@ -296,20 +317,23 @@ def _background_lead(name: str, on_finish: str, follow: list[dict[str, Any]]) ->
     def answer(messages: list[Message]) -> Any:
         turns = sum(1 for m in messages if m.role == "assistant")
         if turns == 0:
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "slow seas",
-                                                            "background": True}}]}
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "slow seas", "background": True}}
+                ]
+            }
         task_id = json.loads(str(next(m.content for m in messages if m.role == "tool")))["task_id"]
         if turns <= len(follow):
             call = follow[turns - 1]
             return {"tool_calls": [{"name": call["name"], "args": {"task_id": task_id}}]}
         return f"{name} answered"
 
-    return Agent(name=name, model=MockModel(answer), subagents=[_researcher()],
-                 background_on_finish=on_finish)  # type: ignore[arg-type]
+    return Agent(name=name, model=MockModel(answer), subagents=[_researcher()], background_on_finish=on_finish)  # type: ignore[arg-type]
 
 
 def test_a_background_task_returns_at_once_and_is_followed_by_status_and_await(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     lead = _background_lead("bg", "cancel", [{"name": "agent_status"}, {"name": "agent_await"}])
     driver = make_driver(lead, lead.subagents["researcher"])
     run = client.agent("bg").send("go", session_id="sub-10")
@@ -330,7 +354,8 @@ def test_a_background_task_returns_at_once_and_is_followed_by_status_and_await(
 
 
 def test_background_tasks_still_running_at_the_answer_are_cancelled_or_awaited(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     cancelling = _background_lead("bg-cancel", "cancel", [])
     awaiting = _background_lead("bg-await", "await", [])
     driver = make_driver(cancelling, awaiting, cancelling.subagents["researcher"])
@@ -354,13 +379,18 @@ def test_background_tasks_still_running_at_the_answer_are_cancelled_or_awaited(
 
 
 def test_the_leads_limits_count_what_a_running_background_task_spent(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     from store.limits import Limits
 
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "far seas",
-                                                            "background": True}}], "usage": {"input_tokens": 1}}
+            return {
+                "tool_calls": [
+                    {"name": "task", "args": {"agent": "researcher", "prompt": "far seas", "background": True}}
+                ],
+                "usage": {"input_tokens": 1},
+            }
         return {"text": "lead answered", "usage": {"input_tokens": 1}}
 
     researcher = _researcher()
@@ -368,10 +398,10 @@ def test_the_leads_limits_count_what_a_running_background_task_spent(
     driver = make_driver(lead, researcher)
     client.agent("bg-budget").send("go", session_id="sub-13")
     driver.step("sub-13")  # the lead's turn: 1 input token
-    driver.step()          # its batch: the task starts in the background
+    driver.step()  # its batch: the task starts in the background
     driver.queue.sort(key=lambda message: message[0] == "sub-13")  # the child's model turn first: 10 tokens
     driver.step()
-    driver.step()          # the lead's next model call: 1 + 10 in flight reaches the limit of 10
+    driver.step()  # the lead's next model call: 1 + 10 in flight reaches the limit of 10
     stopped = client.agent("bg-budget").load("sub-13")
     assert stopped is not None and stopped.finish_reason == "budget-exceeded" and stopped.usage.input_tokens == 1
 
@@ -398,15 +428,17 @@ def test_a_childs_drift_is_judged_under_its_leads_policy(make_driver: Callable[.
     (child,) = (client.agent("strict-lead").load("sub-14").delegated or {}).values()  # type: ignore[union-attr]
     before.queue.clear()
     before.step(child)  # the child's model turn, saved by v1
-    after = make_driver(Agent(name="strict-lead", model=MockModel(answer), subagents=[child_v2],
-                              on_agent_drift="error"), child_v2)
+    after = make_driver(
+        Agent(name="strict-lead", model=MockModel(answer), subagents=[child_v2], on_agent_drift="error"), child_v2
+    )
     after.drain(child)
     stored = client.agent("drifter").load(child)
     assert stored is not None and stored.last_error is not None and stored.last_error.code == "LOUSHO_AGENT_DRIFT"
 
 
 def test_a_childs_drift_refusal_keeps_its_lead_waiting_until_the_child_is_resumed(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     def child_answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": "look", "args": {"topic": "drift"}}]}
@@ -450,7 +482,8 @@ def test_a_childs_drift_refusal_keeps_its_lead_waiting_until_the_child_is_resume
 
 
 def test_a_question_inside_a_child_pauses_the_lead_and_its_answer_finishes_both(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     def asker_answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
             return {"tool_calls": [{"name": "ask_question", "args": {"question": "Which sea?"}}]}
@@ -480,13 +513,16 @@ def test_a_childs_spend_counts_against_its_leads_limits(make_driver: Callable[..
 
     def answer(messages: list[Message]) -> Any:
         if not any(m.role == "tool" for m in messages):
-            return {"tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "capes"}}],
-                    "usage": {"input_tokens": 1}}
+            return {
+                "tool_calls": [{"name": "task", "args": {"agent": "researcher", "prompt": "capes"}}],
+                "usage": {"input_tokens": 1},
+            }
         return {"text": "lead answered", "usage": {"input_tokens": 1}}
 
     researcher = _researcher()  # two turns of 10 input tokens
-    lead = Agent(name="metered-lead", model=MockModel(answer), subagents=[researcher],
-                 limits=Limits(max_input_tokens=15))
+    lead = Agent(
+        name="metered-lead", model=MockModel(answer), subagents=[researcher], limits=Limits(max_input_tokens=15)
+    )
     driver = make_driver(lead, researcher)
     run = client.agent("metered-lead").send("go", session_id="sub-16")
     driver.drain("sub-16")

@@ -28,8 +28,10 @@ AGENT = "sweeper"
 def _run(store: PostgresCheckpointStore, session_id: str, *, age_s: float = 3600, agent: str = AGENT) -> None:
     store.append_input(session_id, agent, [Message(role="user", content="hi")])
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET updated_at = now() - make_interval(secs => :age) WHERE session_id = :sid"),
-                     {"age": age_s, "sid": session_id})
+        conn.execute(
+            text("UPDATE runs SET updated_at = now() - make_interval(secs => :age) WHERE session_id = :sid"),
+            {"age": age_s, "sid": session_id},
+        )
 
 
 def _claim(store: PostgresCheckpointStore, session_id: str) -> int:
@@ -38,8 +40,9 @@ def _claim(store: PostgresCheckpointStore, session_id: str) -> int:
     return claim.checkpoint.fence
 
 
-def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: PostgresCheckpointStore,
-                                                                        sent: Sent) -> None:
+def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(
+    store: PostgresCheckpointStore, sent: Sent
+) -> None:
     PostgresAgentRegistry(store.engine).register("host:1", {AGENT: {"tools": {}}}, [1])
     for sid in ("stalled", "parked", "waiting", "due", "paused", "follow-up-parked", "fresh"):
         _run(store, sid, age_s=0 if sid == "fresh" else 3600)
@@ -50,8 +53,12 @@ def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: Pos
     with store.engine.begin() as conn:
         conn.execute(text("UPDATE runs SET status = 'awaiting-approval' WHERE session_id = 'paused'"))
         # A finished run whose follow-up failed for good before its input was merged
-        conn.execute(text("UPDATE runs SET status = 'finished', last_error = '{\"code\": \"X\", \"retryable\": false}'"
-                          " WHERE session_id = 'follow-up-parked'"))
+        conn.execute(
+            text(
+                'UPDATE runs SET status = \'finished\', last_error = \'{"code": "X", "retryable": false}\''
+                " WHERE session_id = 'follow-up-parked'"
+            )
+        )
 
     assert tasks.recover() == 3
     assert sent.session_ids == {"stalled", "due", "orphan"}
@@ -66,25 +73,31 @@ def test_recover_sends_runs_that_can_move_and_never_those_that_cannot(store: Pos
 def test_runs_that_cannot_move_never_crowd_out_one_that_can(store: PostgresCheckpointStore, sent: Sent) -> None:
     # 600 parked runs (more than a sweep's page), all older than the one stalled run
     with store.engine.begin() as conn:
-        conn.execute(text("""
+        conn.execute(
+            text("""
             INSERT INTO runs (session_id, agent, status, updated_at, last_error, inbox_head)
             SELECT 'parked-' || g, :agent, CASE WHEN g % 2 = 0 THEN 'in-progress' ELSE 'finished' END,
                    now() - interval '2 hours', '{"code": "X", "retryable": false}', 1
-            FROM generate_series(1, 600) AS g"""), {"agent": AGENT})
+            FROM generate_series(1, 600) AS g"""),
+            {"agent": AGENT},
+        )
     _run(store, "stalled", age_s=3600)
 
     assert tasks.recover() == 1
     assert sent.session_ids == {"stalled"}
 
 
-def test_the_sweep_pages_past_runs_whose_lease_is_live(store: PostgresCheckpointStore, leases: LeaseManager,
-                                                      sent: Sent) -> None:
+def test_the_sweep_pages_past_runs_whose_lease_is_live(
+    store: PostgresCheckpointStore, leases: LeaseManager, sent: Sent
+) -> None:
     # 600 stalled-looking runs that are in fact running (a live lease each), older than one lost run
     with store.engine.begin() as conn:
-        conn.execute(text("""
+        conn.execute(
+            text("""
             INSERT INTO runs (session_id, agent, updated_at, inbox_head)
             SELECT 'busy-' || g, :agent, now() - interval '2 hours', 1 FROM generate_series(1, 600) AS g"""),
-                     {"agent": AGENT})
+            {"agent": AGENT},
+        )
     for g in range(1, 601):
         assert leases.acquire(f"busy-{g}") is not None
     _run(store, "lost", age_s=3600)
@@ -94,7 +107,8 @@ def test_the_sweep_pages_past_runs_whose_lease_is_live(store: PostgresCheckpoint
 
 
 def test_a_run_sent_by_the_sweep_is_not_sent_again_until_a_lease_ttl_has_passed(
-        store: PostgresCheckpointStore, sent: Sent) -> None:
+    store: PostgresCheckpointStore, sent: Sent
+) -> None:
     # A backlog: the step the sweep sent is still queued when the next passes come
     _run(store, "queued-behind", age_s=3600)
     assert tasks.recover() == 1
@@ -107,18 +121,23 @@ def test_a_run_sent_by_the_sweep_is_not_sent_again_until_a_lease_ttl_has_passed(
 
 
 def test_the_sweep_tells_the_agent_once_how_a_run_it_sent_on_came_out(
-        store: PostgresCheckpointStore, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: PostgresCheckpointStore, sent: Sent, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given an agent with sweep callbacks, one of its runs silent for an hour, another that will be refused
     recovered: list[SweptRun] = []
     failed: list[tuple[LastError, SweptRun]] = []
-    agent = Agent(AGENT, MockModel(["Done."]), on_recovered=recovered.append,
-                  on_error=lambda error, run: failed.append((error, run)))
+    agent = Agent(
+        AGENT,
+        MockModel(["Done."]),
+        on_recovered=recovered.append,
+        on_error=lambda error, run: failed.append((error, run)),
+    )
     monkeypatch.setitem(tasks.extra_agents, AGENT, agent)
     _run(store, "stalled")
     _run(store, "refused")
     # When the sweep sends both on, the first finishes and the second fails for good
     assert tasks.recover() == 2
-    assert tasks.recover() == 0 and recovered == [] and failed == []   # nothing came out yet
+    assert tasks.recover() == 0 and recovered == [] and failed == []  # nothing came out yet
     assert run_step(tasks.deps(), "stalled") is Outcome.FINISHED
     store.record_failure("refused", _claim(store, "refused"), LastError(code="X", message="no", retryable=False))
     tasks.recover()
@@ -130,7 +149,8 @@ def test_the_sweep_tells_the_agent_once_how_a_run_it_sent_on_came_out(
 
 
 def test_the_sweep_leaves_a_run_waiting_on_a_model_slot_alone_and_gives_a_dead_holders_slot_to_it(
-        store: PostgresCheckpointStore, sent: Sent, redis_client: redis.Redis) -> None:
+    store: PostgresCheckpointStore, sent: Sent, redis_client: redis.Redis
+) -> None:
     # Given a run whose step found no free slot long ago (its save is old), the slot held by a process that died
     limit = ModelLimit("sweep-acct", concurrent=1)
     slots = tasks.deps().slots

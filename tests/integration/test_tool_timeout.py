@@ -36,11 +36,22 @@ def quick(key: str) -> str:
 
 
 def test_a_call_past_its_timeout_gets_a_timeout_result_and_is_told_to_stop(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     told.clear()
-    driver = make_driver(Agent(name="slowpoke", model=MockModel([
-        {"tool_calls": [{"name": "stuck", "args": {"key": "a"}}, {"name": "quick", "args": {"key": "b"}}]},
-        "gave up on a"]), tools=[stuck, quick], tool_concurrency=1))
+    driver = make_driver(
+        Agent(
+            name="slowpoke",
+            model=MockModel(
+                [
+                    {"tool_calls": [{"name": "stuck", "args": {"key": "a"}}, {"name": "quick", "args": {"key": "b"}}]},
+                    "gave up on a",
+                ]
+            ),
+            tools=[stuck, quick],
+            tool_concurrency=1,
+        )
+    )
     run = client.agent("slowpoke").send("go", session_id="timeout-1")
     started = time.monotonic()
     driver.drain("timeout-1")
@@ -106,8 +117,15 @@ def hung_process(make_driver: Callable[..., Driver], client: Client) -> Iterator
     released.clear()
     recorded = _WhenRecorded()
     calls = [{"name": "hang", "args": {"key": f"k{n}"}} for n in range(64)]
-    driver = make_driver(Agent(name="hanger", model=MockModel([{"tool_calls": calls}, "all given up"]),
-                               tools=[hang], tool_concurrency=16, hooks=[recorded]))
+    driver = make_driver(
+        Agent(
+            name="hanger",
+            model=MockModel([{"tool_calls": calls}, "all given up"]),
+            tools=[hang],
+            tool_concurrency=16,
+            hooks=[recorded],
+        )
+    )
     run = client.agent("hanger").send("call them all", session_id="hung-1")
     try:
         driver.drain("hung-1")
@@ -121,7 +139,8 @@ def hung_process(make_driver: Callable[..., Driver], client: Client) -> Iterator
 
 
 def test_a_timed_call_recorded_as_timed_out_had_started_and_one_that_never_started_never_runs(
-        hung_process: dict[str, tuple[str, bool]]) -> None:
+    hung_process: dict[str, tuple[str, bool]],
+) -> None:
     assert len(hung_process) == 64
     kinds = [kind for kind, _ in hung_process.values()]
     print(f"\nof 64 hung calls: {kinds.count('timeout')} recorded timeout, {kinds.count('not-run')} not-run")
@@ -138,10 +157,21 @@ def test_a_timed_call_recorded_as_timed_out_had_started_and_one_that_never_start
 
 
 def test_a_batch_never_waits_on_threads_held_by_hung_calls(
-        hung_process: dict[str, tuple[str, bool]], make_driver: Callable[..., Driver], client: Client) -> None:
-    driver = make_driver(Agent(name="plainer", model=MockModel([
-        {"tool_calls": [{"name": "plain", "args": {"key": "a"}}, {"name": "plain", "args": {"key": "b"}}]},
-        "both answered"]), tools=[plain], tool_concurrency=2))
+    hung_process: dict[str, tuple[str, bool]], make_driver: Callable[..., Driver], client: Client
+) -> None:
+    driver = make_driver(
+        Agent(
+            name="plainer",
+            model=MockModel(
+                [
+                    {"tool_calls": [{"name": "plain", "args": {"key": "a"}}, {"name": "plain", "args": {"key": "b"}}]},
+                    "both answered",
+                ]
+            ),
+            tools=[plain],
+            tool_concurrency=2,
+        )
+    )
     client.agent("plainer").send("two quick ones", session_id="after-hung", check_agent=False)
     drained = threading.Thread(target=driver.drain, args=("after-hung",), daemon=True)
     drained.start()
@@ -165,21 +195,28 @@ def charge(order: str, ctx: ToolContext) -> str:
 
 
 def test_a_timed_call_that_finds_every_thread_busy_is_recorded_not_run_and_never_runs_later(
-        make_driver: Callable[..., Driver], client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_driver: Callable[..., Driver], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     charged.clear()
     threads = tool_threads.ToolThreads(size=1)  # one thread, held by another step's call (a threads pool)
     monkeypatch.setattr(tool_threads, "_threads", (os.getpid(), threads))
     other_call = threading.Event()
     entered = threading.Event()
+
     def occupy() -> None:
         entered.set()
         other_call.wait(10)
 
     busy = threads.submit(occupy)
     assert entered.wait(10)
-    driver = make_driver(Agent(name="cashier", model=MockModel([
-        {"tool_calls": [{"name": "charge", "args": {"order": "o9"}}]}, "could not charge"]), tools=[charge],
-        tool_concurrency=1))
+    driver = make_driver(
+        Agent(
+            name="cashier",
+            model=MockModel([{"tool_calls": [{"name": "charge", "args": {"order": "o9"}}]}, "could not charge"]),
+            tools=[charge],
+            tool_concurrency=1,
+        )
+    )
     run = client.agent("cashier").send("charge o9", session_id="full-1")
     try:
         driver.drain("full-1")

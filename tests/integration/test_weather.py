@@ -48,7 +48,8 @@ class CountingModel(MockModel):
     """``MockModel`` counting its calls per turn (a turn generated twice is a lost turn)."""
 
     def generate(  # type: ignore[override]  # takes no listener: this model never streams
-            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> ModelResponse:
         model_calls[sum(1 for m in messages if m.role == "assistant")] += 1
         return super().generate(messages, tools)
 
@@ -78,8 +79,14 @@ def big_result(index: int, ctx: ToolContext) -> str:
 
 
 def _agent(script: list[Any], tools: list[Any] | None = None) -> Agent:
-    return Agent(name=AGENT, model=CountingModel(script), instructions="Answer.", tools=tools or [list_files],
-                 max_steps=10, tool_concurrency=4)
+    return Agent(
+        name=AGENT,
+        model=CountingModel(script),
+        instructions="Answer.",
+        tools=tools or [list_files],
+        max_steps=10,
+        tool_concurrency=4,
+    )
 
 
 def _load(client: Client, session_id: str) -> Checkpoint:
@@ -102,8 +109,10 @@ def _rows(session_id: str) -> dict[str, int]:
 
 # -- point 4: lone surrogates ------------------------------------------------------------------------------
 
+
 def test_send_input_with_a_lone_surrogate_is_stored_with_a_replacement_character(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_agent(["Noted."]))
 
     client.agent(AGENT).send(f"please read {UNDECODABLE_NAME} and \ud83d", session_id="text-input")
@@ -116,7 +125,8 @@ def test_send_input_with_a_lone_surrogate_is_stored_with_a_replacement_character
 
 
 def test_a_tool_result_with_a_lone_surrogate_is_saved_once_and_the_run_finishes(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_agent([{"tool_calls": [{"name": "list_files", "args": {"folder": "/srv"}}]}, "Two files."]))
 
     client.agent(AGENT).send("What is in /srv?", session_id="text-tool")
@@ -132,11 +142,17 @@ def test_a_tool_result_with_a_lone_surrogate_is_saved_once_and_the_run_finishes(
 
 
 def test_model_text_with_a_lone_surrogate_is_saved_once_and_the_run_finishes(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     # A streamed emoji cut between the two halves of its surrogate pair
-    driver = make_driver(_agent([{"text": "Checking \ud83d", "tool_calls": [{"name": "list_files",
-                                                                            "args": {"folder": "/tmp"}}]},
-                                 "Sunny \ude00"]))
+    driver = make_driver(
+        _agent(
+            [
+                {"text": "Checking \ud83d", "tool_calls": [{"name": "list_files", "args": {"folder": "/tmp"}}]},
+                "Sunny \ude00",
+            ]
+        )
+    )
 
     client.agent(AGENT).send("Weather?", session_id="text-model")
     driver.drain("text-model")
@@ -151,7 +167,8 @@ def test_model_text_with_a_lone_surrogate_is_saved_once_and_the_run_finishes(
 
 
 def test_a_provider_error_with_a_lone_surrogate_parks_the_run_with_a_readable_error(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     driver = make_driver(_agent([{"error": f"400: unexpected file name {UNDECODABLE_NAME!s}", "retryable": False}]))
 
     client.agent(AGENT).send("Weather?", session_id="text-error")
@@ -168,8 +185,10 @@ def test_a_provider_error_with_a_lone_surrogate_parks_the_run_with_a_readable_er
 
 # -- point 5: size ----------------------------------------------------------------------------------------
 
+
 def test_a_turn_of_64_large_results_is_fitted_saved_once_and_finishes(
-        make_driver: Callable[..., Driver], client: Client) -> None:
+    make_driver: Callable[..., Driver], client: Client
+) -> None:
     calls = [{"name": "big_result", "args": {"index": k}} for k in range(CALLS)]
     driver = make_driver(_agent([{"tool_calls": calls}, "Read them all."], tools=[big_result]))
 
@@ -178,11 +197,14 @@ def test_a_turn_of_64_large_results_is_fitted_saved_once_and_finishes(
 
     checkpoint = _load(client, "size-turn")
     ran = Counter(executions)
-    print(f"tool executions {len(executions)} for {len(ran)} calls (max {max(ran.values(), default=0)} per call),"
-          f" outcomes {dict(Counter(o.value for o in driver.outcomes))}, last error {checkpoint.last_error}")
+    print(
+        f"tool executions {len(executions)} for {len(ran)} calls (max {max(ran.values(), default=0)} per call),"
+        f" outcomes {dict(Counter(o.value for o in driver.outcomes))}, last error {checkpoint.last_error}"
+    )
     assert checkpoint.status == "finished" and checkpoint.final_text == "Read them all.", checkpoint.last_error
-    assert set(ran) == {f"call_0_{k}" for k in range(CALLS)} and set(ran.values()) == {1}, \
+    assert set(ran) == {f"call_0_{k}" for k in range(CALLS)} and set(ran.values()) == {1}, (
         f"tools ran again: {sorted(c for c, n in ran.items() if n > 1)}"
+    )
     results = {m.tool_call_id: str(m.content) for m in checkpoint.messages if m.role == "tool"}
     assert len(results) == CALLS
     cut = {k for k in range(CALLS) if MARKER in results[f"call_0_{k}"]}
@@ -197,8 +219,9 @@ def test_a_turn_of_64_large_results_is_fitted_saved_once_and_finishes(
     assert not kept or max(_size_of(k) for k in kept) <= min(_size_of(k) for k in cut)
     by_size = sorted(range(CALLS), key=_size_of)
     kept_chars = [results[f"call_0_{k}"].find(MARKER) if k in cut else _size_of(k) for k in by_size]
-    assert all(larger >= smaller - 64 for smaller, larger in pairwise(kept_chars)), \
+    assert all(larger >= smaller - 64 for smaller, larger in pairwise(kept_chars)), (
         f"a larger result was cut shorter than a smaller one: {kept_chars}"
+    )
     size = len(payloads.dumps(checkpoint.document()).encode())
     print(f"{len(cut)} of {CALLS} results truncated, checkpoint {size} bytes (limit {payloads.MAX_CHECKPOINT})")
     assert size <= payloads.MAX_CHECKPOINT

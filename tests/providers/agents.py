@@ -21,7 +21,11 @@ def lookup(city: str) -> str:
     return f"sunny in {city}"
 
 
-weather = Agent(name="provider-weather",
-                model=OpenAIModel("gpt-test", base_url=os.environ.get(URL_ENV, _UNSET_URL),
-                                  api_key="sk-test-worker-000000", timeout=5.0),
-                instructions="Report the weather.", tools=[lookup])
+weather = Agent(
+    name="provider-weather",
+    model=OpenAIModel(
+        "gpt-test", base_url=os.environ.get(URL_ENV, _UNSET_URL), api_key="sk-test-worker-000000", timeout=5.0
+    ),
+    instructions="Report the weather.",
+    tools=[lookup],
+)

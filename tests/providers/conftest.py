@@ -23,8 +23,17 @@ from worker.providers.openai import OpenAIModel
 
 #: The key the fake server expects when a test turns the check on.
 TEST_KEY = "sk-test-0123456789abcdefghijklmnop"
-_PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID", "ANTHROPIC_API_KEY",
-                 "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ANTHROPIC_PROFILE", "ANTHROPIC_CONFIG_DIR")
+_PROVIDER_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_ORG_ID",
+    "OPENAI_PROJECT_ID",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_PROFILE",
+    "ANTHROPIC_CONFIG_DIR",
+)
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
@@ -67,16 +76,16 @@ def make_model(server: FakeProviderServer) -> Iterator[Callable[..., OpenAIModel
         options.setdefault("timeout", 5.0)
         model: OpenAIModel | AnthropicModel
         if provider == "openai":
-            model = OpenAIModel(options.pop("model", "gpt-test"), base_url=options.pop("base_url", server.openai_url),
-                                **options)
+            model = OpenAIModel(
+                options.pop("model", "gpt-test"), base_url=options.pop("base_url", server.openai_url), **options
+            )
         else:
-            model = AnthropicModel(options.pop("model", "claude-test"),
-                                   base_url=options.pop("base_url", server.anthropic_url), **options)
+            model = AnthropicModel(
+                options.pop("model", "claude-test"), base_url=options.pop("base_url", server.anthropic_url), **options
+            )
         made.append(model)
         return model
 
     yield make
     for model in made:
         model.close()
-
-

@@ -140,29 +140,63 @@ class Request:
         return ""
 
 
-_OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
-                       404: "invalid_request_error", 429: "requests", 500: "server_error"}
-_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                          500: "api_error", 529: "overloaded_error"}
+_OPENAI_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    429: "requests",
+    500: "server_error",
+}
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
 
 
 def _openai_completion(turn: Turn, number: int) -> dict[str, Any]:
-    calls = [{"id": f"call_fake_{number}_{k}" if call.id is None else call.id, "type": "function",
-              "function": {"name": call.name,
-                           "arguments": call.args if isinstance(call.args, str) else json.dumps(call.args)}}
-             for k, call in enumerate(turn.calls)]
+    calls = [
+        {
+            "id": f"call_fake_{number}_{k}" if call.id is None else call.id,
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": call.args if isinstance(call.args, str) else json.dumps(call.args),
+            },
+        }
+        for k, call in enumerate(turn.calls)
+    ]
     message: dict[str, Any] = {"role": "assistant", "content": turn.text}
     if calls:
         message["tool_calls"] = calls
-    usage: dict[str, Any] = {"prompt_tokens": turn.input_tokens, "completion_tokens": turn.output_tokens,
-                             "total_tokens": turn.input_tokens + turn.output_tokens}
+    usage: dict[str, Any] = {
+        "prompt_tokens": turn.input_tokens,
+        "completion_tokens": turn.output_tokens,
+        "total_tokens": turn.input_tokens + turn.output_tokens,
+    }
     if turn.cache_read or turn.cache_write:
         usage["prompt_tokens_details"] = {"cached_tokens": turn.cache_read, "cache_write_tokens": turn.cache_write}
-    return {"id": f"chatcmpl-{number}", "object": "chat.completion", "created": 1_700_000_000, "model": turn.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": turn.finish or ("tool_calls" if calls else "stop")}],
-            "usage": usage}
+    return {
+        "id": f"chatcmpl-{number}",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": turn.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": turn.finish or ("tool_calls" if calls else "stop"),
+            }
+        ],
+        "usage": usage,
+    }
 
 
 def _anthropic_message(turn: Turn, number: int) -> dict[str, Any]:
@@ -174,11 +208,21 @@ def _anthropic_message(turn: Turn, number: int) -> dict[str, Any]:
         content.append({"type": "tool_use", "id": call_id, "name": call.name, "input": call.args})
     # Anthropic's input_tokens leaves out the cached part; the turn's input_tokens is the whole prompt.
     uncached = turn.input_tokens - turn.cache_read - turn.cache_write
-    return {"id": f"msg_{number}", "type": "message", "role": "assistant", "model": turn.model,
-            "content": content, "stop_reason": turn.finish or ("tool_use" if turn.calls else "end_turn"),
-            "stop_sequence": None,
-            "usage": {"input_tokens": uncached, "output_tokens": turn.output_tokens,
-                      "cache_read_input_tokens": turn.cache_read, "cache_creation_input_tokens": turn.cache_write}}
+    return {
+        "id": f"msg_{number}",
+        "type": "message",
+        "role": "assistant",
+        "model": turn.model,
+        "content": content,
+        "stop_reason": turn.finish or ("tool_use" if turn.calls else "end_turn"),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": uncached,
+            "output_tokens": turn.output_tokens,
+            "cache_read_input_tokens": turn.cache_read,
+            "cache_creation_input_tokens": turn.cache_write,
+        },
+    }
 
 
 #: Characters of text, and of argument JSON, per streamed delta.
@@ -187,7 +231,7 @@ ARGS_PIECE = 6
 
 
 def _pieces(text: str, size: int) -> list[str]:
-    return [text[k:k + size] for k in range(0, len(text), size)]
+    return [text[k : k + size] for k in range(0, len(text), size)]
 
 
 def _args_text(call: Call) -> str:
@@ -198,8 +242,13 @@ def _openai_events(turn: Turn, number: int, include_usage: bool) -> list[bytes]:
     """The SSE frames of a streamed chat completion: role, content pieces, call fragments, finish, usage, [DONE]."""
     completion = _openai_completion(turn, number)
     usage = completion["usage"]
-    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
-            "model": turn.model, "system_fingerprint": None}
+    head = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": turn.model,
+        "system_fingerprint": None,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -208,10 +257,24 @@ def _openai_events(turn: Turn, number: int, include_usage: bool) -> list[bytes]:
     frames = [chunk({"role": "assistant", "content": "" if turn.text else None, "refusal": None})]
     frames.extend(chunk({"content": piece}) for piece in _pieces(turn.text or "", TEXT_PIECE))
     for k, call in enumerate(completion["choices"][0]["message"].get("tool_calls") or ()):
-        frames.append(chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                             "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-        frames.extend(chunk({"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
-                      for piece in _pieces(call["function"]["arguments"], ARGS_PIECE))
+        frames.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": k,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        frames.extend(
+            chunk({"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+            for piece in _pieces(call["function"]["arguments"], ARGS_PIECE)
+        )
     frames.append(chunk({}, completion["choices"][0]["finish_reason"]))
     if include_usage:
         frames.append(_sse(None, {**head, "choices": [], "usage": usage}))
@@ -224,26 +287,39 @@ def _anthropic_events(turn: Turn, number: int) -> list[bytes]:
     message = _anthropic_message(turn, number)
     usage = message["usage"]
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
-    frames = [_sse("message_start", {"type": "message_start", "message": start}),
-              _sse("ping", {"type": "ping"})]
+    frames = [_sse("message_start", {"type": "message_start", "message": start}), _sse("ping", {"type": "ping"})]
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
-            frames.append(_sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                       "content_block": {"type": "text", "text": ""}}))
+            frames.append(
+                _sse(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+                )
+            )
             deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], TEXT_PIECE)]
         else:
             opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            frames.append(_sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                       "content_block": opening}))
+            frames.append(
+                _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})
+            )
             text = block["input"] if isinstance(block["input"], str) else json.dumps(block["input"])
             deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in ["", *_pieces(text, ARGS_PIECE)]]
-        frames.extend(_sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-                      for delta in deltas)
+        frames.extend(
+            _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            for delta in deltas
+        )
         frames.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
     # The final counts come on message_delta; the prompt's stay those of message_start.
-    frames.append(_sse("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                                         "usage": {"output_tokens": usage["output_tokens"]}}))
+    frames.append(
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        )
+    )
     frames.append(_sse("message_stop", {"type": "message_stop"}))
     return frames
 
@@ -412,16 +488,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
 
-    def _stream(self, api: Api, reply: Turn | Cut | Hold | Paced | StreamFailure, number: int,
-                body: dict[str, Any]) -> None:
+    def _stream(
+        self, api: Api, reply: Turn | Cut | Hold | Paced | StreamFailure, number: int, body: dict[str, Any]
+    ) -> None:
         turn = reply if isinstance(reply, Turn) else reply.reply
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        frames = _openai_events(turn, number, include_usage) if api == "openai" else \
-            _anthropic_events(turn, number)
+        frames = _openai_events(turn, number, include_usage) if api == "openai" else _anthropic_events(turn, number)
         self.send_response(200)
-        for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
-                            "transfer-encoding": "chunked", "x-request-id": f"req_{number}",
-                            "request-id": f"req_{number}"}.items():
+        for name, value in {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "transfer-encoding": "chunked",
+            "x-request-id": f"req_{number}",
+            "request-id": f"req_{number}",
+        }.items():
             self.send_header(name, value)
         self.end_headers()
         after = len(frames) if isinstance(reply, Turn | Paced) else reply.after
@@ -470,9 +550,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 def by_turn(*turns: Reply) -> Script:
     """A script answering turn N (N assistant turns already in the transcript) with ``turns[N]``."""
+
     def answer(api: Api, body: dict[str, Any]) -> Reply:
         done = sum(1 for m in body.get("messages") or () if m.get("role") == "assistant")
         if done < len(turns):
             return turns[done]
         return Failure(400, f"fake server: no scripted turn {done + 1}")
+
     return answer

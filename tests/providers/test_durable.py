@@ -49,28 +49,43 @@ def _forget_lookups() -> None:
 
 
 def _agent(model: OpenAIModel | AnthropicModel) -> Agent:
-    return Agent(name=f"weather-{model.model_id.split(':')[0]}", model=model, instructions="Report the weather.",
-                 tools=[lookup])
+    return Agent(
+        name=f"weather-{model.model_id.split(':')[0]}", model=model, instructions="Report the weather.", tools=[lookup]
+    )
 
 
 def _results(request_messages: list[dict[str, Any]], api: Api) -> list[dict[str, Any]]:
     """Tool results in a request, in each API's own shape."""
     if api == "openai":
         return [m for m in request_messages if m["role"] == "tool"]
-    return [b for m in request_messages if isinstance(m["content"], list)
-            for b in m["content"] if b["type"] == "tool_result"]
+    return [
+        b
+        for m in request_messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b["type"] == "tool_result"
+    ]
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_three_turn_tool_conversation_runs_end_to_end_and_sums_usage(
-        provider: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver,
-        client: Client) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
     server.script = by_turn(
-        Turn(calls=(Call("lookup", {"city": "Oslo"}), Call("lookup", {"city": "Rome"})),
-             input_tokens=100, output_tokens=20),
-        Turn(calls=(Call("lookup", {"city": "Lima"}),), input_tokens=160, output_tokens=10, cache_read=100,
-             cache_write=50),
-        Turn(text="Sunny in Oslo, Rome and Lima.", input_tokens=200, output_tokens=8, cache_read=150))
+        Turn(
+            calls=(Call("lookup", {"city": "Oslo"}), Call("lookup", {"city": "Rome"})),
+            input_tokens=100,
+            output_tokens=20,
+        ),
+        Turn(
+            calls=(Call("lookup", {"city": "Lima"}),),
+            input_tokens=160,
+            output_tokens=10,
+            cache_read=100,
+            cache_write=50,
+        ),
+        Turn(text="Sunny in Oslo, Rome and Lima.", input_tokens=200, output_tokens=8, cache_read=150),
+    )
     agent = _agent(make_model(provider))
     driver = make_driver(agent)
     session_id = f"{provider}-three-turns"
@@ -80,13 +95,22 @@ def test_a_three_turn_tool_conversation_runs_end_to_end_and_sums_usage(
     result = run.wait(timeout=5)
 
     assert result.finish_reason == "stop" and result.text == "Sunny in Oslo, Rome and Lima." and result.steps == 3
-    assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "tool", "assistant", "tool",
-                                                 "assistant"]
+    assert [m.role for m in result.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert looked_up == ["Oslo", "Rome", "Lima"]
     calls = [c.id for c in result.tool_calls]
     assert [m.tool_call_id for m in result.messages if m.role == "tool"] == calls and len(set(calls)) == 3
-    assert result.usage == Usage(input_tokens=460, output_tokens=38, total_tokens=498, cache_read_tokens=250,
-                                 cache_write_tokens=50)
+    assert result.usage == Usage(
+        input_tokens=460, output_tokens=38, total_tokens=498, cache_read_tokens=250, cache_write_tokens=50
+    )
     # The provider saw its own call ids come back with their results, in its own wire shape.
     assert len(server.requests) == 3
     last = server.requests[-1]
@@ -99,8 +123,8 @@ def test_a_three_turn_tool_conversation_runs_end_to_end_and_sums_usage(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_malformed_arguments_become_an_error_result_the_model_corrects(
-        provider: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver,
-        client: Client) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
     seen: list[list[dict[str, Any]]] = []
 
     def script(api: Api, body: dict[str, Any]) -> Reply:
@@ -149,8 +173,13 @@ RETRIED: dict[str, tuple[str, Reply, float]] = {
 
 @pytest.mark.parametrize("case", list(RETRIED))
 def test_a_retryable_failure_fails_the_step_with_a_countdown_then_the_retry_succeeds(
-        case: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver,
-        client: Client, store: PostgresCheckpointStore) -> None:
+    case: str,
+    server: FakeProviderServer,
+    make_model: MakeModel,
+    make_driver: MakeDriver,
+    client: Client,
+    store: PostgresCheckpointStore,
+) -> None:
     provider, reply, least_countdown = RETRIED[case]
     server.queue(reply)
     server.script = by_turn(Turn(text="Recovered.", input_tokens=30, output_tokens=4))
@@ -176,8 +205,9 @@ def test_a_retryable_failure_fails_the_step_with_a_countdown_then_the_retry_succ
     assert final is not None and final.last_error is None and final.attempts == 0
 
 
-def test_a_rate_limit_is_reported_as_such(server: FakeProviderServer, make_model: MakeModel,
-                                          make_driver: MakeDriver, client: Client) -> None:
+def test_a_rate_limit_is_reported_as_such(
+    server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
     server.queue(Failure(429, "Rate limit reached", headers={"retry-after": "2"}))
     agent = _agent(make_model("openai"))
     driver = make_driver(agent)
@@ -195,17 +225,28 @@ PARKED: dict[str, tuple[str, Reply, str]] = {
     "401": ("anthropic", Failure(401, "invalid x-api-key"), "auth"),
     "403": ("openai", Failure(403, "permission denied"), "auth"),
     "404": ("anthropic", Failure(404, "model not found"), "not-found"),
-    "context-length-openai": ("openai", Failure(400, "This model's maximum context length is 8192 tokens",
-                                                code="context_length_exceeded"), "context-length"),
-    "context-length-anthropic": ("anthropic", Failure(400, "prompt is too long: 250000 tokens > 200000 maximum"),
-                                 "context-length"),
+    "context-length-openai": (
+        "openai",
+        Failure(400, "This model's maximum context length is 8192 tokens", code="context_length_exceeded"),
+        "context-length",
+    ),
+    "context-length-anthropic": (
+        "anthropic",
+        Failure(400, "prompt is too long: 250000 tokens > 200000 maximum"),
+        "context-length",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(PARKED))
 def test_a_non_retryable_failure_parks_the_run_as_pending_and_out_of_the_sweep(
-        case: str, server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver,
-        client: Client, store: PostgresCheckpointStore) -> None:
+    case: str,
+    server: FakeProviderServer,
+    make_model: MakeModel,
+    make_driver: MakeDriver,
+    client: Client,
+    store: PostgresCheckpointStore,
+) -> None:
     provider, reply, category = PARKED[case]
     server.queue(reply)
     agent = _agent(make_model(provider))
@@ -230,7 +271,8 @@ def test_a_non_retryable_failure_parks_the_run_as_pending_and_out_of_the_sweep(
 
 
 def test_a_failure_that_keeps_coming_is_retried_past_the_attempts_cap_and_parked_after_the_budget(
-        server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client) -> None:
+    server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
     server.script = lambda api, body: Failure(503, "unavailable")
     agent = _agent(make_model("openai"))
     driver = make_driver(agent, max_attempts=2)
@@ -250,21 +292,25 @@ def test_a_failure_that_keeps_coming_is_retried_past_the_attempts_cap_and_parked
 
 
 def test_usage_sums_the_answered_turns_across_a_failed_attempt(
-        server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client) -> None:
-    server.queue(Turn(calls=(Call("lookup", {"city": "Oslo"}),), input_tokens=50, output_tokens=10),
-                 Failure(500, "blip"),
-                 Turn(text="Sunny.", input_tokens=70, output_tokens=3, cache_read=40))
+    server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
+    server.queue(
+        Turn(calls=(Call("lookup", {"city": "Oslo"}),), input_tokens=50, output_tokens=10),
+        Failure(500, "blip"),
+        Turn(text="Sunny.", input_tokens=70, output_tokens=3, cache_read=40),
+    )
     agent = _agent(make_model("anthropic"))
     driver = make_driver(agent)
     run = client.agent(agent.name).send("Weather in Oslo?", session_id="anthropic-usage")
-    assert driver.drain("anthropic-usage") == [Outcome.ADVANCED, Outcome.ADVANCED, Outcome.FAILED,
-                                               Outcome.FINISHED]
-    assert run.wait(timeout=5).usage == Usage(input_tokens=120, output_tokens=13, total_tokens=133,
-                                              cache_read_tokens=40)
+    assert driver.drain("anthropic-usage") == [Outcome.ADVANCED, Outcome.ADVANCED, Outcome.FAILED, Outcome.FINISHED]
+    assert run.wait(timeout=5).usage == Usage(
+        input_tokens=120, output_tokens=13, total_tokens=133, cache_read_tokens=40
+    )
 
 
 def test_a_parked_run_finishes_once_resumed_after_the_cause_is_fixed(
-        server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client) -> None:
+    server: FakeProviderServer, make_model: MakeModel, make_driver: MakeDriver, client: Client
+) -> None:
     server.queue(Failure(401, "invalid x-api-key"))
     agent = _agent(make_model("anthropic"))
     driver = make_driver(agent)

@@ -33,11 +33,22 @@ MakeModel = Callable[..., OpenAIModel | AnthropicModel]
 TEXT = "Let me look that up for you."
 TURNS = {
     "text": Turn(text=TEXT, input_tokens=40, output_tokens=9),
-    "text-and-calls": Turn(text=TEXT, calls=(Call("lookup", {"city": "Oslo"}, id="call_x1"),
-                                             Call("lookup", '{"city": "Ro', id="call_x2")),
-                           input_tokens=120, output_tokens=30, cache_read=100, cache_write=20, model="fake-2025-01"),
-    "calls-only": Turn(calls=(Call("lookup", {"city": "Oslo, Norway", "days": [1, 2, 3]}, id="call_y1"),
-                              Call("lookup", {}, id="call_y2")), finish="tool_calls"),
+    "text-and-calls": Turn(
+        text=TEXT,
+        calls=(Call("lookup", {"city": "Oslo"}, id="call_x1"), Call("lookup", '{"city": "Ro', id="call_x2")),
+        input_tokens=120,
+        output_tokens=30,
+        cache_read=100,
+        cache_write=20,
+        model="fake-2025-01",
+    ),
+    "calls-only": Turn(
+        calls=(
+            Call("lookup", {"city": "Oslo, Norway", "days": [1, 2, 3]}, id="call_y1"),
+            Call("lookup", {}, id="call_y2"),
+        ),
+        finish="tool_calls",
+    ),
 }
 
 
@@ -78,7 +89,8 @@ def warm_up(model: OpenAIModel | AnthropicModel, server: FakeProviderServer) -> 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case", list(TURNS))
 def test_a_streamed_answer_is_the_same_turn_as_a_plain_one(
-        provider: str, case: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, case: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     model = make_model(provider)
     server.queue(TURNS[case], TURNS[case])
     plain = model.generate(QUESTION, [LOOKUP])
@@ -94,37 +106,49 @@ def test_a_streamed_answer_is_the_same_turn_as_a_plain_one(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_the_streamed_turn_keeps_text_calls_usage_finish_reason_and_model(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     server.queue(TURNS["text-and-calls"])
     response = make_model(provider).generate(QUESTION, [LOOKUP], listener=RecordingListener())
     assert response.text == TEXT
-    assert response.tool_calls == [ToolCall(id="call_x1", name="lookup", args={"city": "Oslo"}),
-                                   ToolCall(id="call_x2", name="lookup", invalid_args='{"city": "Ro')]
-    assert response.usage == Usage(input_tokens=120, output_tokens=30, total_tokens=150, cache_read_tokens=100,
-                                   cache_write_tokens=20)
+    assert response.tool_calls == [
+        ToolCall(id="call_x1", name="lookup", args={"city": "Oslo"}),
+        ToolCall(id="call_x2", name="lookup", invalid_args='{"city": "Ro'),
+    ]
+    assert response.usage == Usage(
+        input_tokens=120, output_tokens=30, total_tokens=150, cache_read_tokens=100, cache_write_tokens=20
+    )
     assert response.finish_reason == ("tool_calls" if provider == "openai" else "tool_use")
     assert response.model_id == "fake-2025-01"
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_the_listener_hears_the_text_deltas_in_order_and_each_tool_call_once(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     server.queue(TURNS["text-and-calls"])
     listener = RecordingListener()
     response = make_model(provider).generate(QUESTION, [LOOKUP], listener=listener)
-    assert listener.texts == [TEXT[k:k + TEXT_PIECE] for k in range(0, len(TEXT), TEXT_PIECE)]
+    assert listener.texts == [TEXT[k : k + TEXT_PIECE] for k in range(0, len(TEXT), TEXT_PIECE)]
     # Each call's arguments came in several pieces; the call is still heard of once.
-    assert listener.calls == [(call.id, call.name) for call in response.tool_calls] == [
-        ("call_x1", "lookup"), ("call_x2", "lookup")]
+    assert (
+        listener.calls
+        == [(call.id, call.name) for call in response.tool_calls]
+        == [("call_x1", "lookup"), ("call_x2", "lookup")]
+    )
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_streamed_calls_are_announced_under_the_fresh_ids_the_turn_keeps(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     # A server that numbers calls from zero every turn, or gives none: the listener must hear the ids tools get.
     server.queue(Turn(calls=(Call("lookup", {"city": "Oslo"}, id="call_0"), Call("lookup", {}, id=""))))
-    transcript = [*QUESTION, Message(role="assistant", tool_calls=[ToolCall(id="call_0", name="lookup")]),
-                  Message(role="tool", tool_call_id="call_0", content="ok")]
+    transcript = [
+        *QUESTION,
+        Message(role="assistant", tool_calls=[ToolCall(id="call_0", name="lookup")]),
+        Message(role="tool", tool_call_id="call_0", content="ok"),
+    ]
     listener = RecordingListener()
     response = make_model(provider).generate(transcript, [LOOKUP], listener=listener)
     assert [c.id for c in response.tool_calls] == ["call_1_0", "call_1_1"]
@@ -134,7 +158,8 @@ def test_streamed_calls_are_announced_under_the_fresh_ids_the_turn_keeps(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_cancelling_mid_stream_raises_and_closes_the_connection_without_reading_on(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     model = make_model(provider)
     # The server sends the opening events and the first text delta, then holds the rest back until the client
     # hangs up (or 10 s pass, which the test would see as "timed-out").
@@ -152,7 +177,8 @@ def test_cancelling_mid_stream_raises_and_closes_the_connection_without_reading_
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_call_cancelled_before_it_starts_sends_no_request(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     listener = RecordingListener()
     listener.cancelled.set()
     server.queue(TURNS["text"])
@@ -164,7 +190,8 @@ def test_a_call_cancelled_before_it_starts_sends_no_request(
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case", list(FAILURES))
 def test_a_failure_before_the_stream_is_classified_as_for_a_plain_request(
-        provider: str, case: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, case: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     reply, code, category, retryable, wait = FAILURES[case]
     server.queue(reply)
     with pytest.raises(errors.ProviderError) as caught:
@@ -185,7 +212,8 @@ def test_a_failure_before_the_stream_is_classified_as_for_a_plain_request(
 @pytest.mark.parametrize("clean", [False, True], ids=["dropped", "ended-early"])
 @pytest.mark.parametrize("after", [1, 6, 12])
 def test_a_stream_cut_off_midway_is_a_retryable_connection_failure(
-        provider: str, clean: bool, after: int, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, clean: bool, after: int, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     server.queue(Cut(after, TURNS["text-and-calls"], clean=clean))
     with pytest.raises(errors.ProviderError) as caught:
         make_model(provider).generate(QUESTION, [LOOKUP], listener=RecordingListener())
@@ -198,24 +226,33 @@ def test_a_stream_cut_off_midway_is_a_retryable_connection_failure(
 
 #: (failure sent as an error event inside the stream, category, retryable) per provider.
 STREAM_ERRORS: dict[str, list[tuple[Failure, str, bool]]] = {
-    "openai": [(Failure(500, "The server had an error"), "server", True),
-               (Failure(429, "Rate limit reached", code="rate_limit_exceeded"), "rate-limit", True),
-               (Failure(400, "This model's maximum context length is 8192 tokens", code="context_length_exceeded"),
-                "context-length", False),
-               (Failure(400, "Invalid tool schema"), "invalid-request", False)],
-    "anthropic": [(Failure(529, "Overloaded"), "server", True),
-                  (Failure(500, "Internal server error"), "server", True),
-                  (Failure(429, "Number of request tokens has exceeded your rate limit"), "rate-limit", True),
-                  (Failure(400, "prompt is too long: 210000 tokens > 200000 maximum"), "context-length", False),
-                  (Failure(400, "tools.0: invalid schema"), "invalid-request", False)],
+    "openai": [
+        (Failure(500, "The server had an error"), "server", True),
+        (Failure(429, "Rate limit reached", code="rate_limit_exceeded"), "rate-limit", True),
+        (
+            Failure(400, "This model's maximum context length is 8192 tokens", code="context_length_exceeded"),
+            "context-length",
+            False,
+        ),
+        (Failure(400, "Invalid tool schema"), "invalid-request", False),
+    ],
+    "anthropic": [
+        (Failure(529, "Overloaded"), "server", True),
+        (Failure(500, "Internal server error"), "server", True),
+        (Failure(429, "Number of request tokens has exceeded your rate limit"), "rate-limit", True),
+        (Failure(400, "prompt is too long: 210000 tokens > 200000 maximum"), "context-length", False),
+        (Failure(400, "tools.0: invalid schema"), "invalid-request", False),
+    ],
 }
 
 
-@pytest.mark.parametrize(("provider", "failure", "category", "retryable"),
-                         [(p, *case) for p, cases in STREAM_ERRORS.items() for case in cases])
+@pytest.mark.parametrize(
+    ("provider", "failure", "category", "retryable"),
+    [(p, *case) for p, cases in STREAM_ERRORS.items() for case in cases],
+)
 def test_an_error_event_inside_the_stream_is_classified_by_its_type(
-        provider: str, failure: Failure, category: str, retryable: bool, server: FakeProviderServer,
-        make_model: MakeModel) -> None:
+    provider: str, failure: Failure, category: str, retryable: bool, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     server.queue(StreamFailure(5, TURNS["text-and-calls"], failure))
     listener = RecordingListener()
     with pytest.raises(errors.ProviderError) as caught:
@@ -228,7 +265,8 @@ def test_an_error_event_inside_the_stream_is_classified_by_its_type(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_stream_that_stalls_past_the_timeout_is_a_retryable_timeout(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     model = make_model(provider, timeout=0.5)
     warm_up(model, server)
     server.queue(Hold(4, TURNS["text"], seconds=10.0))
@@ -241,7 +279,8 @@ def test_a_stream_that_stalls_past_the_timeout_is_a_retryable_timeout(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_stream_longer_in_all_than_the_timeout_is_a_retryable_timeout(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     # Each event comes well within the timeout, but the whole answer would take several times as long.
     model = make_model(provider, timeout=1.0)
     warm_up(model, server)
@@ -256,30 +295,40 @@ def test_a_stream_longer_in_all_than_the_timeout_is_a_retryable_timeout(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_refused_key_in_a_streamed_call_is_scrubbed_and_parks(
-        provider: str, server: FakeProviderServer, make_model: MakeModel) -> None:
+    provider: str, server: FakeProviderServer, make_model: MakeModel
+) -> None:
     server.expected_key = "sk-the-right-key-000000000"
     server.queue(TURNS["text"])
     with pytest.raises(errors.ProviderError) as caught:
         make_model(provider, api_key="sk-wrong-key-but-still-secret-123").generate(
-            QUESTION, [], listener=RecordingListener())
+            QUESTION, [], listener=RecordingListener()
+        )
     assert (caught.value.category, caught.value.retryable) == ("auth", False)
     assert "wrong-key" not in str(caught.value.to_record())
 
 
-@pytest.mark.parametrize(("body", "category", "retryable", "status"), [
-    ({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "server", True, 529),
-    ({"type": "error", "error": {"type": "api_error", "message": "Internal"}}, "server", True, 500),
-    ({"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}, "rate-limit", True, 429),
-    ({"type": "error", "error": {"type": "authentication_error", "message": "bad key"}}, "auth", False, 401),
-    ({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long"}},
-     "context-length", False, 400),
-    ({"message": "over quota", "type": "insufficient_quota", "code": "insufficient_quota"}, "auth", False, 429),
-    ({"message": "The server had an error", "type": "server_error", "code": None}, "server", True, 500),
-    ({"message": "something new", "type": "brand_new_error"}, "server", True, 500),
-    ("not json at all", "server", True, 500),
-])
+@pytest.mark.parametrize(
+    ("body", "category", "retryable", "status"),
+    [
+        ({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "server", True, 529),
+        ({"type": "error", "error": {"type": "api_error", "message": "Internal"}}, "server", True, 500),
+        ({"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}, "rate-limit", True, 429),
+        ({"type": "error", "error": {"type": "authentication_error", "message": "bad key"}}, "auth", False, 401),
+        (
+            {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long"}},
+            "context-length",
+            False,
+            400,
+        ),
+        ({"message": "over quota", "type": "insufficient_quota", "code": "insufficient_quota"}, "auth", False, 429),
+        ({"message": "The server had an error", "type": "server_error", "code": None}, "server", True, 500),
+        ({"message": "something new", "type": "brand_new_error"}, "server", True, 500),
+        ("not json at all", "server", True, 500),
+    ],
+)
 def test_stream_error_types_stand_for_the_status_they_would_have(
-        body: object, category: str, retryable: bool, status: int) -> None:
+    body: object, category: str, retryable: bool, status: int
+) -> None:
     error = _failures.from_stream_error("anthropic", body, secrets=["sk-secret-000000"])
     assert (error.category, error.retryable, error.status) == (category, retryable, status)
     assert error.retry_after is None

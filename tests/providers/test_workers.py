@@ -25,10 +25,12 @@ PLAIN, KILLED_BEFORE_SAVE, KILLED_AFTER_SAVE = "provider-plain-1", "provider-bef
 @pytest.fixture
 def cluster(tmp_path: Path, server: FakeProviderServer) -> Iterator[Cluster]:
     """A worker (and the recover sweep) whose agents call the fake server; every process killed at the end."""
-    made = Cluster(tmp_path / "cluster",
-                   crash_at=f"after_model_response_before_save:{KILLED_BEFORE_SAVE},"
-                            f"after_model_save_before_enqueue:{KILLED_AFTER_SAVE}",
-                   extra_env={"LOUSHO_AGENTS": "tests.providers.agents", URL_ENV: server.openai_url})
+    made = Cluster(
+        tmp_path / "cluster",
+        crash_at=f"after_model_response_before_save:{KILLED_BEFORE_SAVE},"
+        f"after_model_save_before_enqueue:{KILLED_AFTER_SAVE}",
+        extra_env={"LOUSHO_AGENTS": "tests.providers.agents", URL_ENV: server.openai_url},
+    )
     try:
         yield made
     except BaseException:
@@ -39,11 +41,13 @@ def cluster(tmp_path: Path, server: FakeProviderServer) -> Iterator[Cluster]:
 
 
 def test_real_workers_finish_three_turn_runs_and_regenerate_a_turn_only_when_killed_before_its_save(
-        cluster: Cluster, server: FakeProviderServer) -> None:
+    cluster: Cluster, server: FakeProviderServer
+) -> None:
     server.script = by_turn(
         Turn(calls=(Call("lookup", {"city": "Oslo"}), Call("lookup", {"city": "Rome"})), input_tokens=100),
         Turn(calls=(Call("lookup", {"city": "Lima"}),), input_tokens=150),
-        Turn(text="Sunny everywhere.", input_tokens=200))
+        Turn(text="Sunny everywhere.", input_tokens=200),
+    )
     cluster.start_worker(concurrency=2)
     cluster.start_beat()
     runs = [PLAIN, KILLED_BEFORE_SAVE, KILLED_AFTER_SAVE]

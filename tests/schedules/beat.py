@@ -38,8 +38,18 @@ def main() -> int:
         with engine.connect() as conn:
             started: datetime = conn.execute(text("SELECT now()")).scalar_one()
         result = sweep(store, grace=timedelta(seconds=args.grace))
-        print(json.dumps({"beat": args.name, "started": started.isoformat(), "fired": result.session_ids,
-                          "skipped": result.skipped, "missed": result.missed}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "beat": args.name,
+                    "started": started.isoformat(),
+                    "fired": result.session_ids,
+                    "skipped": result.skipped,
+                    "missed": result.missed,
+                }
+            ),
+            flush=True,
+        )
         next_at += args.interval
         time.sleep(max(0.0, next_at - time.monotonic()))
     engine.dispose()

@@ -30,8 +30,9 @@ def schedule_store(store: PostgresCheckpointStore) -> PostgresScheduleStore:
 
 
 @pytest.fixture
-def schedules(schedule_store: PostgresScheduleStore, settings: Settings,
-              store: PostgresCheckpointStore) -> Iterator[Schedules]:
+def schedules(
+    schedule_store: PostgresScheduleStore, settings: Settings, store: PostgresCheckpointStore
+) -> Iterator[Schedules]:
     with Client(settings, engine=store.engine) as client:
         yield Schedules(client)
 
@@ -41,12 +42,13 @@ def finish(store: PostgresCheckpointStore, leases: LeaseManager, settings: Setti
     """``finish(session_id)`` runs the run's steps in this process until it settles."""
     heartbeat = Heartbeat(leases, settings.lease_renew_ms)
     queue: list[tuple[str, int | None]] = []
-    def enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
-                name: str | None = None) -> None:
+
+    def enqueue(
+        session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *, name: str | None = None
+    ) -> None:
         queue.append((session_id, seq))
 
-    deps = StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents={REPORTER.name: REPORTER},
-                    enqueue=enqueue)
+    deps = StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents={REPORTER.name: REPORTER}, enqueue=enqueue)
 
     def run(session_id: str) -> list[Outcome]:
         queue.append((session_id, None))

@@ -34,9 +34,13 @@ RUN_S = 12.0
 def _start(name: str, offset: float, duration: float) -> subprocess.Popen[str]:
     env = {**os.environ, **services.test_environment()}
     time.sleep(offset)
-    return subprocess.Popen([sys.executable, "-m", "tests.schedules.beat", "--name", name, "--interval", "1",
-                             "--duration", str(duration)], env=env, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.schedules.beat", "--name", name, "--interval", "1", "--duration", str(duration)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _first_sweep(process: subprocess.Popen[str]) -> list[str]:
@@ -57,8 +61,9 @@ def _reports(process: subprocess.Popen[str], read: list[str] | None = None) -> l
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
-def test_two_beats_and_a_killed_one_fire_every_tick_exactly_once(schedules: Schedules,
-                                                                 schedule_store: PostgresScheduleStore) -> None:
+def test_two_beats_and_a_killed_one_fire_every_tick_exactly_once(
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     made = [schedules.create(name, "reporter", f"tick of {name}", every=1, overlap="allow") for name in SCHEDULES]
     started = time.monotonic()
     steady = _start("steady", 0.0, RUN_S)
@@ -74,8 +79,10 @@ def test_two_beats_and_a_killed_one_fire_every_tick_exactly_once(schedules: Sche
     reports = _reports(steady) + victim_reports + _reports(restarted)
     with schedule_store.engine.connect() as conn:
         fires = conn.execute(text("SELECT schedule_id, fire_at, session_id, outcome FROM schedule_fires")).all()
-        runs: dict[str, int] = {row.session_id: row.inbox_head for row in conn.execute(
-            text("SELECT session_id, inbox_head FROM runs WHERE session_id LIKE 'sched-%'"))}
+        runs: dict[str, int] = {
+            row.session_id: row.inbox_head
+            for row in conn.execute(text("SELECT session_id, inbox_head FROM runs WHERE session_id LIKE 'sched-%'"))
+        }
 
     # Expected: every tick from each schedule's first one to the start of the last sweep of any beat
     # (each of those ticks was due when that sweep began); later ticks are past the window's edge.
@@ -89,17 +96,24 @@ def test_two_beats_and_a_killed_one_fire_every_tick_exactly_once(schedules: Sche
     claimed = Counter((row.schedule_id, row.fire_at) for row in fires)
     reported = Counter(sid for report in reports for sid in report.get("fired", []))
     fired = {key for key in claimed if key in expected}
-    duplicated = (sum(n - 1 for n in claimed.values() if n > 1) + sum(n - 1 for n in reported.values() if n > 1)
-                  + len([head for head in runs.values() if head != 1]))
+    duplicated = (
+        sum(n - 1 for n in claimed.values() if n > 1)
+        + sum(n - 1 for n in reported.values() if n > 1)
+        + len([head for head in runs.values() if head != 1])
+    )
     missed = expected - fired
     by_beat = Counter(str(report["beat"]) for report in reports for _ in report.get("fired", []))
     swept_by = Counter(str(report["beat"]) for report in reports if "started" in report)
-    print(f"\nbeats: steady + victim (SIGKILL at {killed_at:.1f} s, restarted at {restarted_at:.1f} s),"
-          f" {len(SCHEDULES)} schedules every 1 s, window {len(expected) // len(SCHEDULES)} s")
-    print(f"  ticks expected {len(expected)}, fired {len(fired)}, duplicated {duplicated}, missed {len(missed)};"
-          f" runs fired per beat {dict(by_beat)}, sweeps per beat {dict(swept_by)},"
-          f" publishes lost with the killed beat {len({r.session_id for r in fires} - set(reported))}"
-          " (left to the recover sweep)")
+    print(
+        f"\nbeats: steady + victim (SIGKILL at {killed_at:.1f} s, restarted at {restarted_at:.1f} s),"
+        f" {len(SCHEDULES)} schedules every 1 s, window {len(expected) // len(SCHEDULES)} s"
+    )
+    print(
+        f"  ticks expected {len(expected)}, fired {len(fired)}, duplicated {duplicated}, missed {len(missed)};"
+        f" runs fired per beat {dict(by_beat)}, sweeps per beat {dict(swept_by)},"
+        f" publishes lost with the killed beat {len({r.session_id for r in fires} - set(reported))}"
+        " (left to the recover sweep)"
+    )
     assert len(expected) >= len(SCHEDULES) * 8
     assert duplicated == 0 and not missed
     assert all(row.outcome == "fired" for row in fires)

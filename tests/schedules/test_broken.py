@@ -39,23 +39,45 @@ def _db_now(store: PostgresScheduleStore) -> datetime:
     return now
 
 
-def _insert_raw(store: PostgresScheduleStore, name: str, cron: str | None, every_s: int | None, timezone: str,
-                overdue_s: int = 120, origin: str = "api") -> None:
+def _insert_raw(
+    store: PostgresScheduleStore,
+    name: str,
+    cron: str | None,
+    every_s: int | None,
+    timezone: str,
+    overdue_s: int = 120,
+    origin: str = "api",
+) -> None:
     """A schedule row written with SQL, bypassing validation, due ``overdue_s`` ago (more than any healthy one)."""
     with store.engine.begin() as conn:
-        conn.execute(text("""
+        conn.execute(
+            text("""
             INSERT INTO schedules (name, agent, input, cron, every_s, timezone, origin, next_fire_at)
             VALUES (:name, 'reporter', CAST(:input AS jsonb), :cron, :every_s, :timezone, :origin,
                     now() - make_interval(secs => :overdue))
-        """), {"name": name, "input": json.dumps([{"role": "user", "content": "Send the report"}]), "cron": cron,
-               "every_s": every_s, "timezone": timezone, "origin": origin, "overdue": overdue_s})
+        """),
+            {
+                "name": name,
+                "input": json.dumps([{"role": "user", "content": "Send the report"}]),
+                "cron": cron,
+                "every_s": every_s,
+                "timezone": timezone,
+                "origin": origin,
+                "overdue": overdue_s,
+            },
+        )
 
 
 def _due_now(store: PostgresScheduleStore, name: str, seconds: int) -> None:
     """Make the schedule's next tick the whole second ``seconds`` before now (inside the grace)."""
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE schedules SET next_fire_at = date_trunc('second', now())"
-                          " - make_interval(secs => :s) WHERE name = :name"), {"s": seconds, "name": name})
+        conn.execute(
+            text(
+                "UPDATE schedules SET next_fire_at = date_trunc('second', now())"
+                " - make_interval(secs => :s) WHERE name = :name"
+            ),
+            {"s": seconds, "name": name},
+        )
 
 
 def _every_second_between(first: datetime, now: datetime) -> list[datetime]:
@@ -68,8 +90,12 @@ def _every_second_between(first: datetime, now: datetime) -> list[datetime]:
 
 def _fires(store: PostgresScheduleStore) -> dict[str, list[tuple[datetime, str]]]:
     with store.engine.connect() as conn:
-        rows = conn.execute(text("SELECT s.name, f.fire_at, f.outcome FROM schedule_fires f"
-                                 " JOIN schedules s USING (schedule_id) ORDER BY f.fire_at")).all()
+        rows = conn.execute(
+            text(
+                "SELECT s.name, f.fire_at, f.outcome FROM schedule_fires f"
+                " JOIN schedules s USING (schedule_id) ORDER BY f.fire_at"
+            )
+        ).all()
     found: dict[str, list[tuple[datetime, str]]] = {}
     for row in rows:
         found.setdefault(row.name, []).append((row.fire_at, row.outcome))
@@ -77,7 +103,8 @@ def _fires(store: PostgresScheduleStore) -> dict[str, list[tuple[datetime, str]]
 
 
 def test_a_schedule_whose_ticks_cannot_be_computed_is_marked_broken_and_the_others_fire_each_tick_once(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     for name, ((cron, every_s, timezone), _) in BROKEN_ROWS.items():
         _insert_raw(schedule_store, name, cron, every_s, timezone)
     schedules.create("healthy", "reporter", "Send the report", every=1, overlap="allow")
@@ -90,8 +117,10 @@ def test_a_schedule_whose_ticks_cannot_be_computed_is_marked_broken_and_the_othe
 
     after = _db_now(schedule_store)
     assert first.now is not None and first.now <= after
-    print(f"\nfirst sweep: broken {first.broken}, fired {len(first.fired)};"
-          f" second sweep: broken {second.broken}, fired {len(second.fired)}")
+    print(
+        f"\nfirst sweep: broken {first.broken}, fired {len(first.fired)};"
+        f" second sweep: broken {second.broken}, fired {len(second.fired)}"
+    )
     assert sorted(first.broken) == sorted(BROKEN_ROWS) and second.broken == []
     for name, (_, reason) in BROKEN_ROWS.items():
         stored = schedule_store.get(name)
@@ -108,7 +137,8 @@ def test_a_schedule_whose_ticks_cannot_be_computed_is_marked_broken_and_the_othe
 
 
 def test_a_broken_schedule_is_skipped_by_later_sweeps_and_keeps_its_first_error(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     _insert_raw(schedule_store, "mars", "* * * * *", None, "Mars/Olympus")
     marked = sweep(schedule_store, grace=GRACE)
     broken = schedule_store.get("mars")
@@ -119,9 +149,9 @@ def test_a_broken_schedule_is_skipped_by_later_sweeps_and_keeps_its_first_error(
     assert schedule_store.get("mars") == broken
 
 
-def test_listing_shows_a_broken_schedule_in_text_and_json(schedules: Schedules,
-                                                         schedule_store: PostgresScheduleStore,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_listing_shows_a_broken_schedule_in_text_and_json(
+    schedules: Schedules, schedule_store: PostgresScheduleStore, capsys: pytest.CaptureFixture[str]
+) -> None:
     _insert_raw(schedule_store, "mars", "* * * * *", None, "Mars/Olympus")
     schedules.create("nightly", "reporter", "Send the report", cron="0 2 * * *")
     sweep(schedule_store, grace=GRACE)
@@ -153,8 +183,13 @@ def test_redefining_a_broken_schedule_in_code_clears_it_and_it_fires(schedule_st
     _insert_raw(schedule_store, "report", "0 9 * * *", None, "Mars/Olympus", origin="code")
     sweep(schedule_store, grace=GRACE)
     assert schedule_store.get("report").broken_error is not None
-    fixed = build_spec("report", "reporter", [records.Message(role="user", content="Send the report")],
-                       cron="0 9 * * *", timezone="Europe/Paris")
+    fixed = build_spec(
+        "report",
+        "reporter",
+        [records.Message(role="user", content="Send the report")],
+        cron="0 9 * * *",
+        timezone="Europe/Paris",
+    )
 
     before = _db_now(schedule_store)
     synced = schedule_store.sync(fixed)
@@ -165,14 +200,16 @@ def test_redefining_a_broken_schedule_in_code_clears_it_and_it_fires(schedule_st
     assert sweep(schedule_store, grace=GRACE).broken == []
 
 
-def test_redefining_in_code_with_the_same_spec_clears_a_broken_schedule(
-        schedule_store: PostgresScheduleStore) -> None:
-    spec = build_spec("hourly", "reporter", [records.Message(role="user", content="Send the report")],
-                      cron="0 * * * *")
+def test_redefining_in_code_with_the_same_spec_clears_a_broken_schedule(schedule_store: PostgresScheduleStore) -> None:
+    spec = build_spec("hourly", "reporter", [records.Message(role="user", content="Send the report")], cron="0 * * * *")
     schedule_store.sync(spec)
     with schedule_store.engine.begin() as conn:  # as a host without this zone or cron would have marked it
-        conn.execute(text("UPDATE schedules SET broken_error = 'cron-invalid: elsewhere', broken_at = now(),"
-                          " next_fire_at = now() - interval '1 day' WHERE name = 'hourly'"))
+        conn.execute(
+            text(
+                "UPDATE schedules SET broken_error = 'cron-invalid: elsewhere', broken_at = now(),"
+                " next_fire_at = now() - interval '1 day' WHERE name = 'hourly'"
+            )
+        )
 
     before = _db_now(schedule_store)
     synced = schedule_store.sync(spec)
@@ -182,7 +219,8 @@ def test_redefining_in_code_with_the_same_spec_clears_a_broken_schedule(
 
 
 def test_resume_clears_a_fixed_schedule_and_a_still_broken_one_breaks_again(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     _insert_raw(schedule_store, "mars", "* * * * *", None, "Mars/Olympus")
     sweep(schedule_store, grace=GRACE)
     first = schedule_store.get("mars")
@@ -205,7 +243,8 @@ def test_resume_clears_a_fixed_schedule_and_a_still_broken_one_breaks_again(
 
 
 def test_a_paused_broken_schedule_resumed_while_still_broken_stays_broken_and_unpaused(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     _insert_raw(schedule_store, "zero", None, 0, "UTC")
     sweep(schedule_store, grace=GRACE)
     schedules.pause("zero")
@@ -217,7 +256,8 @@ def test_a_paused_broken_schedule_resumed_while_still_broken_stays_broken_and_un
 
 
 def test_deleting_and_creating_a_broken_schedule_again_with_valid_timing_makes_it_fire(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     _insert_raw(schedule_store, "mars", "* * * * *", None, "Mars/Olympus")
     sweep(schedule_store, grace=GRACE)
 
@@ -229,14 +269,21 @@ def test_deleting_and_creating_a_broken_schedule_again_with_valid_timing_makes_i
     assert again.broken_error is None and result.broken == [] and len(result.fired) >= 2
 
 
-@pytest.mark.parametrize("stored", [
-    pytest.param(("0 0 30 2 *", None, "UTC"), id="cron-rejected"),
-    pytest.param(("* * * * *", None, "America"), id="zone-is-a-directory"),
-    pytest.param((None, -5, "UTC"), id="negative-every"),
-])
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(("0 0 30 2 *", None, "UTC"), id="cron-rejected"),
+        pytest.param(("* * * * *", None, "America"), id="zone-is-a-directory"),
+        pytest.param((None, -5, "UTC"), id="negative-every"),
+    ],
+)
 def test_a_broken_row_does_not_roll_back_the_claims_of_the_schedules_swept_before_it(
-        stored: tuple[str | None, int | None, str], schedules: Schedules, schedule_store: PostgresScheduleStore,
-        store: PostgresCheckpointStore, finish: Callable[[str], list[object]]) -> None:
+    stored: tuple[str | None, int | None, str],
+    schedules: Schedules,
+    schedule_store: PostgresScheduleStore,
+    store: PostgresCheckpointStore,
+    finish: Callable[[str], list[object]],
+) -> None:
     schedules.create("early", "reporter", "Send the report", every=1, overlap="allow")
     _due_now(schedule_store, "early", 10)  # more overdue than the broken row: swept before it
     _insert_raw(schedule_store, "bad", *stored, overdue_s=5)
@@ -262,7 +309,8 @@ def test_a_broken_row_does_not_roll_back_the_claims_of_the_schedules_swept_befor
 
 
 def test_a_sweep_result_lists_nothing_broken_when_every_schedule_is_healthy(
-        schedules: Schedules, schedule_store: PostgresScheduleStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     schedules.create("healthy", "reporter", "Send the report", every=1, overlap="allow")
     _due_now(schedule_store, "healthy", 1)
 

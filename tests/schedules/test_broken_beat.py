@@ -48,22 +48,31 @@ def _db_now(store: PostgresScheduleStore) -> datetime:
 
 
 def _lousho(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "producer.cli", *argv], cwd=ROOT, env=cluster.env(),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *argv],
+        cwd=ROOT,
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_broken_schedule_is_listed_broken_and_the_healthy_one_fires_every_tick_under_real_beat(
-        cluster: Cluster) -> None:
+    cluster: Cluster,
+) -> None:
     settings = services.test_settings()
     interval = settings.schedule_interval_s
     store = PostgresScheduleStore(cluster.client.engine)
     cluster.start_worker(concurrency=2)
     with store.engine.begin() as conn:
-        conn.execute(text("""
+        conn.execute(
+            text("""
             INSERT INTO schedules (name, agent, input, cron, timezone, next_fire_at)
             VALUES (:name, :agent, CAST(:input AS jsonb), '* * * * *', 'Mars/Olympus', now() - interval '1 minute')
-        """), {"name": BROKEN, "agent": AGENT,
-               "input": json.dumps([{"role": "user", "content": "run broken turns=1"}])})
+        """),
+            {"name": BROKEN, "agent": AGENT, "input": json.dumps([{"role": "user", "content": "run broken turns=1"}])},
+        )
     healthy = cluster.client.schedules.create(HEALTHY, AGENT, "run healthy turns=1", every=1, overlap="allow")
     first = healthy.next_fire_at
     end = first + timedelta(seconds=TICKS - 1)
@@ -79,22 +88,33 @@ def test_a_broken_schedule_is_listed_broken_and_the_healthy_one_fires_every_tick
 
     # Then
     with store.engine.connect() as conn:
-        fires = conn.execute(text("""
+        fires = conn.execute(
+            text("""
             SELECT s.name, f.fire_at, f.session_id, f.outcome FROM schedule_fires f
-            JOIN schedules s USING (schedule_id)""")).all()
-        inbox_heads: dict[str, int] = {row.session_id: row.inbox_head for row in conn.execute(
-            text("SELECT session_id, inbox_head FROM runs WHERE session_id LIKE 'sched-%'"))}
+            JOIN schedules s USING (schedule_id)""")
+        ).all()
+        inbox_heads: dict[str, int] = {
+            row.session_id: row.inbox_head
+            for row in conn.execute(text("SELECT session_id, inbox_head FROM runs WHERE session_id LIKE 'sched-%'"))
+        }
     healthy_fires = {row.fire_at: row for row in fires if row.name == HEALTHY}
-    fired = [tick for tick in expected if tick in healthy_fires and healthy_fires[tick].outcome == "fired"
-             and healthy_fires[tick].session_id == tick_session_id(healthy.schedule_id, tick)
-             and tick_session_id(healthy.schedule_id, tick) in inbox_heads]
+    fired = [
+        tick
+        for tick in expected
+        if tick in healthy_fires
+        and healthy_fires[tick].outcome == "fired"
+        and healthy_fires[tick].session_id == tick_session_id(healthy.schedule_id, tick)
+        and tick_session_id(healthy.schedule_id, tick) in inbox_heads
+    ]
     duplicated = sum(head - 1 for head in inbox_heads.values() if head > 1)
     missed = [tick for tick in expected if tick not in fired]
     marked = cluster.worker_logs().count(f"schedule {BROKEN} is broken")
-    print(f"\nreal beat + worker, sweep every {interval} s; {BROKEN} (Mars/Olympus, most overdue) next to {HEALTHY}"
-          f"\n  {HEALTHY}: ticks expected {len(expected)}, fired {len(fired)}, duplicated {duplicated},"
-          f" missed {len(missed)}; {BROKEN}: ticks claimed {sum(1 for r in fires if r.name == BROKEN)},"
-          f" marked broken by {marked} sweep(s)")
+    print(
+        f"\nreal beat + worker, sweep every {interval} s; {BROKEN} (Mars/Olympus, most overdue) next to {HEALTHY}"
+        f"\n  {HEALTHY}: ticks expected {len(expected)}, fired {len(fired)}, duplicated {duplicated},"
+        f" missed {len(missed)}; {BROKEN}: ticks claimed {sum(1 for r in fires if r.name == BROKEN)},"
+        f" marked broken by {marked} sweep(s)"
+    )
     listed = _lousho(cluster, "schedules", "list")
     listed_json = _lousho(cluster, "schedules", "list", "--json")
     broken_line = next((line for line in listed.stdout.splitlines() if line.startswith(BROKEN)), None)
@@ -110,5 +130,6 @@ def test_a_broken_schedule_is_listed_broken_and_the_healthy_one_fires_every_tick
     assert by_name[HEALTHY]["broken_error"] is None and by_name[HEALTHY]["broken_at"] is None
     # Marked once, then skipped by every later sweep: it is never the row a sweep trips on again.
     assert marked == 1 and not any(row.name == BROKEN for row in fires)
-    cluster.wait_finished([tick_session_id(healthy.schedule_id, tick) for tick in fired],
-                          timeout=settings.lease_ttl_ms / 1000 + SLACK_S)
+    cluster.wait_finished(
+        [tick_session_id(healthy.schedule_id, tick) for tick in fired], timeout=settings.lease_ttl_ms / 1000 + SLACK_S
+    )

@@ -49,8 +49,12 @@ def _wait_for_tick(store: PostgresScheduleStore, name: str) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_overlap_skip_holds_the_next_tick_only_while_the_previous_run_is_active(
-        case: str, schedules: Schedules, schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore,
-        finish: Callable[[str], object]) -> None:
+    case: str,
+    schedules: Schedules,
+    schedule_store: PostgresScheduleStore,
+    store: PostgresCheckpointStore,
+    finish: Callable[[str], object],
+) -> None:
     finished, follow_up, status, last_error, active = CASES[case]
     schedules.create("slow", "reporter", "Send the report", every=1, overlap="skip")
     _wait_for_tick(schedule_store, "slow")
@@ -60,10 +64,13 @@ def test_overlap_skip_holds_the_next_tick_only_while_the_previous_run_is_active(
     if follow_up:
         store.append_input(previous, "reporter", [records.Message(role="user", content="And the totals?")])
     with schedule_store.engine.begin() as conn:  # the state a failed or gated turn leaves behind
-        conn.execute(text("UPDATE runs SET status = COALESCE(:status, status), last_error = CAST(:error AS jsonb)"
-                          " WHERE session_id = :sid"),
-                     {"status": status, "error": None if last_error is None else json.dumps(last_error),
-                      "sid": previous})
+        conn.execute(
+            text(
+                "UPDATE runs SET status = COALESCE(:status, status), last_error = CAST(:error AS jsonb)"
+                " WHERE session_id = :sid"
+            ),
+            {"status": status, "error": None if last_error is None else json.dumps(last_error), "sid": previous},
+        )
 
     _wait_for_tick(schedule_store, "slow")
     later = sweep(schedule_store)

@@ -66,8 +66,9 @@ def test_create_list_pause_resume_delete(schedules: Schedules) -> None:
         schedules.pause("report")
 
 
-def test_a_due_tick_fires_once_with_its_run_and_input(schedules: Schedules, schedule_store: PostgresScheduleStore,
-                                                      store: PostgresCheckpointStore) -> None:
+def test_a_due_tick_fires_once_with_its_run_and_input(
+    schedules: Schedules, schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore
+) -> None:
     made = schedules.create("tick", "reporter", "Send the report", every=1, overlap="allow")
     _wait_for_tick(schedule_store, "tick")
     first = _sweep(schedule_store, grace=GRACE)
@@ -89,7 +90,8 @@ def test_a_due_tick_fires_once_with_its_run_and_input(schedules: Schedules, sche
 
 
 def test_a_tick_claimed_before_never_fires_again_whatever_became_of_its_run(
-        schedules: Schedules, schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore
+) -> None:
     made = schedules.create("again", "reporter", "Send the report", every=3600, overlap="allow")
     tick = made.next_fire_at
 
@@ -117,7 +119,8 @@ def test_a_tick_claimed_before_never_fires_again_whatever_became_of_its_run(
 
 
 def test_overlap_skip_claims_ticks_without_runs_until_the_previous_run_finishes(
-        schedules: Schedules, schedule_store: PostgresScheduleStore, finish: Callable[[str], object]) -> None:
+    schedules: Schedules, schedule_store: PostgresScheduleStore, finish: Callable[[str], object]
+) -> None:
     schedules.create("slow", "reporter", "Send the report", every=1, overlap="skip")
     _wait_for_tick(schedule_store, "slow")
     first = _sweep(schedule_store, grace=GRACE)
@@ -134,8 +137,9 @@ def test_overlap_skip_claims_ticks_without_runs_until_the_previous_run_finishes(
     assert len(outcomes) == len(set(f.fire_at for f in schedules.fires("slow")))
 
 
-def test_overlap_allow_starts_a_run_per_tick_while_others_run(schedules: Schedules,
-                                                              schedule_store: PostgresScheduleStore) -> None:
+def test_overlap_allow_starts_a_run_per_tick_while_others_run(
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     schedules.create("busy", "reporter", "Send the report", every=1, overlap="allow")
     fired: list[str] = []
     for _ in range(2):
@@ -147,17 +151,21 @@ def test_overlap_allow_starts_a_run_per_tick_while_others_run(schedules: Schedul
 def _downtime(store: PostgresScheduleStore, name: str, minutes: int) -> datetime:
     """As if every beat was down for ``minutes``: the schedule's next tick is that far in the past (returned)."""
     with store.engine.begin() as conn:
-        first: datetime = conn.execute(text(
-            "UPDATE schedules SET next_fire_at = date_trunc('minute', now()) - make_interval(mins => :m)"
-            " WHERE name = :name RETURNING next_fire_at"), {"m": minutes, "name": name}).scalar_one()
+        first: datetime = conn.execute(
+            text(
+                "UPDATE schedules SET next_fire_at = date_trunc('minute', now()) - make_interval(mins => :m)"
+                " WHERE name = :name RETURNING next_fire_at"
+            ),
+            {"m": minutes, "name": name},
+        ).scalar_one()
     return first
 
 
 @pytest.mark.parametrize("catch_up", ["one", "skip"])
-def test_after_downtime_the_catch_up_policy_decides(catch_up: str, schedules: Schedules,
-                                                    schedule_store: PostgresScheduleStore) -> None:
-    schedules.create("minutely", "reporter", "Send the report", cron="* * * * *", overlap="allow",
-                     catch_up=catch_up)  # type: ignore[arg-type]
+def test_after_downtime_the_catch_up_policy_decides(
+    catch_up: str, schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
+    schedules.create("minutely", "reporter", "Send the report", cron="* * * * *", overlap="allow", catch_up=catch_up)  # type: ignore[arg-type]
     first = _downtime(schedule_store, "minutely", 10)
     result = _sweep(schedule_store, grace=timedelta(seconds=5))
     assert result.now is not None
@@ -180,8 +188,9 @@ def test_after_downtime_the_catch_up_policy_decides(catch_up: str, schedules: Sc
     assert [tick for _, tick, _ in later.fired] == ([current + timedelta(minutes=1)] if turned else [])
 
 
-def test_a_paused_schedule_does_not_fire_and_resumes_from_now(schedules: Schedules,
-                                                              schedule_store: PostgresScheduleStore) -> None:
+def test_a_paused_schedule_does_not_fire_and_resumes_from_now(
+    schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     schedules.create("quiet", "reporter", "Send the report", every=1, overlap="allow")
     schedules.pause("quiet")
     _downtime(schedule_store, "quiet", 1)
@@ -217,8 +226,18 @@ def test_the_cli_creates_lists_pauses_and_deletes(schedules: Schedules, capsys: 
         code = args.fn(schedules._client, args)
         return code, capsys.readouterr().out
 
-    code, out = lousho("schedules", "create", "nightly", "reporter", "Send the report", "--cron", "0 2 * * *",
-                       "--timezone", "America/New_York", "--json")
+    code, out = lousho(
+        "schedules",
+        "create",
+        "nightly",
+        "reporter",
+        "Send the report",
+        "--cron",
+        "0 2 * * *",
+        "--timezone",
+        "America/New_York",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["cron"] == "0 2 * * *"
     code, out = lousho("schedules", "list")
     assert code == 0 and out.startswith("nightly  reporter  cron '0 2 * * *' America/New_York")
@@ -231,7 +250,8 @@ def test_the_cli_creates_lists_pauses_and_deletes(schedules: Schedules, capsys: 
 
 
 def test_a_declared_fairness_key_rides_with_the_runs_the_schedule_starts(
-        schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore) -> None:
+    schedule_store: PostgresScheduleStore, store: PostgresCheckpointStore
+) -> None:
     with pytest.raises(errors.ConfigurationError, match="fairness key"):
         declare("fair", "reporter", "Send the report", every=1, fairness_key="no spaces")
     schedule_store.sync(declare("fair", "reporter", "Send the report", every=1, fairness_key="tenant-acme"))

@@ -17,8 +17,9 @@ MSG = [records.Message(role="user", content="Send the report")]
 NY = ZoneInfo("America/New_York")
 
 
-def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0,
-        microsecond: int = 0) -> datetime:
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, microsecond: int = 0
+) -> datetime:
     return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
 
 
@@ -80,11 +81,21 @@ def test_an_hourly_job_fires_every_real_hour_through_the_fall_back() -> None:
     assert len({tick_session_id(1, t) for t in fired}) == 4
 
 
-@pytest.mark.parametrize("bad", [
-    {}, {"cron": "* * * * *", "every": 5}, {"cron": "61 * * * *"}, {"cron": "* * * *"}, {"cron": "0 0 * * * *"},
-    {"every": 0}, {"every": 1.5}, {"every": timedelta(milliseconds=500)}, {"every": True},
-    {"cron": "0 9 * * *", "timezone": "Mars/Olympus"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"cron": "* * * * *", "every": 5},
+        {"cron": "61 * * * *"},
+        {"cron": "* * * *"},
+        {"cron": "0 0 * * * *"},
+        {"every": 0},
+        {"every": 1.5},
+        {"every": timedelta(milliseconds=500)},
+        {"every": True},
+        {"cron": "0 9 * * *", "timezone": "Mars/Olympus"},
+    ],
+)
 def test_invalid_timings_are_configuration_errors(bad: dict[str, object]) -> None:
     with pytest.raises(errors.ConfigurationError):
         spec(**bad)
@@ -158,13 +169,15 @@ def test_a_schedule_whose_next_tick_cannot_be_computed_waits_far_away(monkeypatc
     assert plan.fire == [utc(2026, 1, 1)] and plan.next_fire_at == NEVER
 
 
-def test_the_schedule_grace_comes_from_settings_and_is_at_least_three_periods(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_schedule_grace_comes_from_settings_and_is_at_least_three_periods(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (Settings().schedule_interval_s, Settings().schedule_grace) == (5.0, timedelta(seconds=60))
     assert Settings(schedule_interval_s=1, schedule_grace_s=2).schedule_grace == timedelta(seconds=3)
     assert Settings(schedule_interval_s=30).schedule_grace == timedelta(seconds=90)
-    for variable, bad in (("LOUSHO_SCHEDULE_INTERVAL_S", "0"), ("LOUSHO_SCHEDULE_GRACE_S", "soon"),
-                          ("LOUSHO_SCHEDULE_GRACE_S", "-1")):
+    for variable, bad in (
+        ("LOUSHO_SCHEDULE_INTERVAL_S", "0"),
+        ("LOUSHO_SCHEDULE_GRACE_S", "soon"),
+        ("LOUSHO_SCHEDULE_GRACE_S", "-1"),
+    ):
         monkeypatch.setenv(variable, bad)
         with pytest.raises(errors.ConfigurationError):
             load_settings()
@@ -172,8 +185,11 @@ def test_the_schedule_grace_comes_from_settings_and_is_at_least_three_periods(
 
 
 def test_a_sweep_that_loses_the_database_midway_still_returns_what_it_committed() -> None:
-    committed = Swept(schedule(utc(2026, 1, 1), every=1), utc(2026, 1, 1, 0, 0, 1),
-                      fired=[(utc(2026, 1, 1), "sched-7-20260101T000000Z")])
+    committed = Swept(
+        schedule(utc(2026, 1, 1), every=1),
+        utc(2026, 1, 1, 0, 0, 1),
+        fired=[(utc(2026, 1, 1), "sched-7-20260101T000000Z")],
+    )
 
     class FailingStore:
         calls = 0

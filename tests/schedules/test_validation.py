@@ -25,8 +25,18 @@ from worker.schedules import declare
 MSG = [records.Message(role="user", content="Send the report")]
 TEN_YEARS_S = 10 * 365 * 86_400
 
-BAD_EVERY = [0, -5, 1.5, TEN_YEARS_S + 1, 2**31, 10**30, float("inf"), float("nan"), timedelta(days=4000),
-             timedelta(milliseconds=500)]
+BAD_EVERY = [
+    0,
+    -5,
+    1.5,
+    TEN_YEARS_S + 1,
+    2**31,
+    10**30,
+    float("inf"),
+    float("nan"),
+    timedelta(days=4000),
+    timedelta(milliseconds=500),
+]
 BAD_CRON = ["0 0 30 2 *", "61 * * * *", "* * * *", "0 0 * * 1#6", "every day"]
 BAD_ZONE = ["Mars/Olympus", "America", "", "../etc/passwd", "/etc/localtime", "utc"]
 
@@ -76,16 +86,19 @@ def test_ticks_past_year_9999_break_the_schedule_instead_of_overflowing() -> Non
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("timing", "field"), [
-    ({"every": 2**31}, "every"),
-    ({"every": 0}, "every"),
-    ({"cron": "0 0 31 4 *"}, "cron"),
-    ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "timezone"),
-    ({"cron": "0 9 * * *", "timezone": "America"}, "timezone"),
-])
-def test_the_client_refuses_invalid_timing_and_stores_nothing(timing: dict[str, object], field: str,
-                                                              schedules: Schedules,
-                                                              schedule_store: PostgresScheduleStore) -> None:
+@pytest.mark.parametrize(
+    ("timing", "field"),
+    [
+        ({"every": 2**31}, "every"),
+        ({"every": 0}, "every"),
+        ({"cron": "0 0 31 4 *"}, "cron"),
+        ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "timezone"),
+        ({"cron": "0 9 * * *", "timezone": "America"}, "timezone"),
+    ],
+)
+def test_the_client_refuses_invalid_timing_and_stores_nothing(
+    timing: dict[str, object], field: str, schedules: Schedules, schedule_store: PostgresScheduleStore
+) -> None:
     _refused(lambda: schedules.create("bad", "reporter", "Send the report", **timing), field)  # type: ignore[arg-type]
 
     with schedule_store.engine.connect() as conn:
@@ -93,12 +106,15 @@ def test_the_client_refuses_invalid_timing_and_stores_nothing(timing: dict[str, 
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("argv", "field"), [
-    (["--every", str(2**31)], "every"),
-    (["--every", "-1"], "every"),
-    (["--cron", "0 0 30 2 *"], "cron"),
-    (["--cron", "0 9 * * *", "--timezone", "Mars/Olympus"], "timezone"),
-])
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--every", str(2**31)], "every"),
+        (["--every", "-1"], "every"),
+        (["--cron", "0 0 30 2 *"], "cron"),
+        (["--cron", "0 9 * * *", "--timezone", "Mars/Olympus"], "timezone"),
+    ],
+)
 def test_the_cli_refuses_invalid_timing(argv: list[str], field: str, schedules: Schedules) -> None:
     parser = argparse.ArgumentParser(prog="lousho")
     schedule_cli.add_cli(parser.add_subparsers(dest="command", required=True))

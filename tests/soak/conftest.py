@@ -68,19 +68,26 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 @pytest.fixture
-def soak_cluster(tmp_path: Path, private_postgres: PrivatePostgres, private_redis: PrivateRedis,
-                 request: pytest.FixtureRequest) -> Iterator[SoakCluster]:
+def soak_cluster(
+    tmp_path: Path, private_postgres: PrivatePostgres, private_redis: PrivateRedis, request: pytest.FixtureRequest
+) -> Iterator[SoakCluster]:
     """Workers, a beat and a producer on the private servers; every process killed at the end."""
-    cluster = SoakCluster(tmp_path / "cluster",
-                          extra_env={"LOUSHO_DATABASE_URL": private_postgres.url(services.TEST_DATABASE),
-                                     "LOUSHO_REDIS_URL": private_redis.url(),
-                                     # The I19 checker looks every 2 s: the soak reads its gauge throughout.
-                                     "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S)})
+    cluster = SoakCluster(
+        tmp_path / "cluster",
+        extra_env={
+            "LOUSHO_DATABASE_URL": private_postgres.url(services.TEST_DATABASE),
+            "LOUSHO_REDIS_URL": private_redis.url(),
+            # The I19 checker looks every 2 s: the soak reads its gauge throughout.
+            "LOUSHO_DOCTOR_INTERVAL_S": str(DOCTOR_INTERVAL_S),
+        },
+    )
     try:
         yield cluster
     finally:
         if reports.failed(request):
             cluster.dump_logs()
-            print(f"--- postgres.log ---\n{private_postgres.log_tail(20)}\n--- redis.log ---\n"
-                  f"{private_redis.log_tail(20)}\nlogs and events kept in {cluster.workdir}")
+            print(
+                f"--- postgres.log ---\n{private_postgres.log_tail(20)}\n--- redis.log ---\n"
+                f"{private_redis.log_tail(20)}\nlogs and events kept in {cluster.workdir}"
+            )
         cluster.close()

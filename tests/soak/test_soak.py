@@ -100,8 +100,15 @@ SUPERVISOR_DELAY_S = 1.0
 EXIT_AFTER_REDIS_S = 10.0
 #: A worker nobody killed must be ready (alive, its pool complete) again within this long.
 UNREADY_MAX_S = 45.0
-_POLL_ERRORS = (psycopg.Error, errors.StorageError, errors.ApprovalNotFoundError, errors.ApprovalOrphanedError,
-                redis.RedisError, kombu.exceptions.OperationalError, OSError)
+_POLL_ERRORS = (
+    psycopg.Error,
+    errors.StorageError,
+    errors.ApprovalNotFoundError,
+    errors.ApprovalOrphanedError,
+    redis.RedisError,
+    kombu.exceptions.OperationalError,
+    OSError,
+)
 
 
 def _plan(config: SoakConfig, rng: random.Random) -> deque[tuple[float, str]]:
@@ -173,8 +180,7 @@ class _Soak:
 
     def send(self, session_id: str, key: str, text: str) -> None:
         try:
-            self.cluster.client.agent(AGENT).send(text, session_id=session_id, idempotency_key=key,
-                                                  check_agent=False)
+            self.cluster.client.agent(AGENT).send(text, session_id=session_id, idempotency_key=key, check_agent=False)
         except _POLL_ERRORS as exc:
             self.poll_errors[f"send: {type(exc).__name__}"] += 1
             self.unsent.append((session_id, key, text))
@@ -194,8 +200,11 @@ class _Soak:
         for args in retry:
             self.send(*args)
         with psycopg.connect(self.cluster.database_url, connect_timeout=3) as conn:
-            rows = conn.execute("SELECT session_id FROM runs WHERE session_id = ANY(%s) AND status = 'finished'"
-                                " AND inbox_cursor >= inbox_head", (sorted(self.active),)).fetchall()
+            rows = conn.execute(
+                "SELECT session_id FROM runs WHERE session_id = ANY(%s) AND status = 'finished'"
+                " AND inbox_cursor >= inbox_head",
+                (sorted(self.active),),
+            ).fetchall()
             self.read_doctor(conn)
         for (session_id,) in rows:
             self.active.discard(session_id)
@@ -208,8 +217,12 @@ class _Soak:
                 self.active.add(session_id)
                 self.send(session_id, f"{session_id}-2", _follow_up(session_id))
         self.approvals += self.cluster.approve_pending(AGENT)
-        while (arrivals and self.sent < self.config.runs and len(self.active) < self.config.in_flight
-               and not self.arrivals_held()):
+        while (
+            arrivals
+            and self.sent < self.config.runs
+            and len(self.active) < self.config.in_flight
+            and not self.arrivals_held()
+        ):
             session_id = self.run_ids[self.sent]
             shape = {"turns": self.config.turns, **RUN_SHAPE, **(GATE if session_id in self.gated else {})}
             self.sent += 1
@@ -254,9 +267,11 @@ class _Soak:
             return True
         try:
             with psycopg.connect(self.cluster.database_url, connect_timeout=3) as conn:
-                row = conn.execute("SELECT count(DISTINCT session_id) FROM checkpoint_history WHERE"
-                                   " session_id = ANY(%s) AND saved_at > to_timestamp(%s)",
-                                   (list(infra.affected), infra.back_at)).fetchone()
+                row = conn.execute(
+                    "SELECT count(DISTINCT session_id) FROM checkpoint_history WHERE"
+                    " session_id = ANY(%s) AND saved_at > to_timestamp(%s)",
+                    (list(infra.affected), infra.back_at),
+                ).fetchone()
         except psycopg.Error:
             return False
         if row is not None and row[0] >= len(infra.affected):
@@ -312,8 +327,10 @@ class _Soak:
     def under_way(self) -> tuple[str, ...]:
         """Runs with input not all answered that wait for no human."""
         with psycopg.connect(self.cluster.database_url, connect_timeout=3) as conn:
-            rows = conn.execute("SELECT session_id FROM runs WHERE session_id = ANY(%s)"
-                                " AND status <> 'awaiting-approval'", (sorted(self.active),)).fetchall()
+            rows = conn.execute(
+                "SELECT session_id FROM runs WHERE session_id = ANY(%s) AND status <> 'awaiting-approval'",
+                (sorted(self.active),),
+            ).fetchall()
         return tuple(sorted(row[0] for row in rows))
 
     def restart_server(self, kind: str) -> None:
@@ -351,9 +368,11 @@ class _Soak:
         next_poll = next_memory = 0.0
         while self.sent < self.config.runs or self.plan:
             if time.monotonic() - started > self.config.max_seconds:
-                raise AssertionError(f"the load took over {self.config.max_seconds} s: {self.sent} runs sent,"
-                                     f" {len(self.finished_once)} finished, faults left {list(self.plan)};"
-                                     f" runs under way: {self.stuck()}")
+                raise AssertionError(
+                    f"the load took over {self.config.max_seconds} s: {self.sent} runs sent,"
+                    f" {len(self.finished_once)} finished, faults left {list(self.plan)};"
+                    f" runs under way: {self.stuck()}"
+                )
             self.watch_workers()
             self.restart_due_workers()
             now = time.monotonic()
@@ -379,8 +398,10 @@ class _Soak:
         started = time.monotonic()
         while self.active or self.unsent:
             if time.monotonic() - started > self.config.drain_s:
-                raise AssertionError(f"{len(self.active)} run(s) not finished {self.config.drain_s} s after the"
-                                     f" load: {self.stuck()}; unsent: {self.unsent[:5]}")
+                raise AssertionError(
+                    f"{len(self.active)} run(s) not finished {self.config.drain_s} s after the"
+                    f" load: {self.stuck()}; unsent: {self.unsent[:5]}"
+                )
             self.watch_workers()
             self.restart_due_workers()
             self.poll(arrivals=False)
@@ -398,8 +419,9 @@ def _user_texts(cluster: SoakCluster, session_ids: set[str]) -> dict[str, list[s
     found: dict[str, list[str]] = {s: [] for s in session_ids}
     with psycopg.connect(cluster.database_url) as conn:
         for session_id, message in conn.execute(
-                "SELECT session_id, message FROM run_messages WHERE session_id = ANY(%s) ORDER BY session_id, slot",
-                (sorted(session_ids),)):
+            "SELECT session_id, message FROM run_messages WHERE session_id = ANY(%s) ORDER BY session_id, slot",
+            (sorted(session_ids),),
+        ):
             if message.get("role") == "user":
                 found[session_id].append(str(message.get("content")))
     return found
@@ -421,8 +443,12 @@ def _after_redis(soak: _Soak, ts: float) -> float | None:
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
-    return {"count": len(values), "p50_s": checker.percentile(values, 50), "p99_s": checker.percentile(values, 99),
-            "max_s": round(max(values), 3) if values else None}
+    return {
+        "count": len(values),
+        "p50_s": checker.percentile(values, 50),
+        "p99_s": checker.percentile(values, 99),
+        "max_s": round(max(values), 3) if values else None,
+    }
 
 
 def _restart_figures(soak: _Soak, logs: dict[Path, str], passes: list[SweepPass]) -> list[dict[str, Any]]:
@@ -433,24 +459,32 @@ def _restart_figures(soak: _Soak, logs: dict[Path, str], passes: list[SweepPass]
         workers = {}
         for worker in infra.workers:
             received = first_after(logs[worker.log_path], infra.back_at)
-            killed = [f.ts - infra.back_at for f in soak.cluster.faults
-                      if worker.pid in f.pids and f.ts > infra.back_at]
+            killed = [
+                f.ts - infra.back_at for f in soak.cluster.faults if worker.pid in f.pids and f.ts > infra.back_at
+            ]
             killed += [e.ts - infra.back_at for e in soak.exits if e.pid == worker.pid and e.ts > infra.back_at]
             workers[f"{worker.name} (pid {worker.pid})"] = {
-                "first_task_s": received, "first_save_s": first_after(logs[worker.log_path], infra.back_at, saved=True),
-                "killed_after_s": round(min(killed), 3) if killed else None}
-        figures.append({"kind": infra.kind, "down_s": round(infra.back_at - infra.down_at, 2),
-                        "runs_hit": len(infra.affected), "keys_before": infra.keys_before,
-                        "keys_at_start": infra.keys_at_start,
-                        "sweep_sent_within_10_s": sum(p.sent for p in passes
-                                                      if infra.back_at <= p.ts <= infra.back_at + 10),
-                        "workers": workers})
+                "first_task_s": received,
+                "first_save_s": first_after(logs[worker.log_path], infra.back_at, saved=True),
+                "killed_after_s": round(min(killed), 3) if killed else None,
+            }
+        figures.append(
+            {
+                "kind": infra.kind,
+                "down_s": round(infra.back_at - infra.down_at, 2),
+                "runs_hit": len(infra.affected),
+                "keys_before": infra.keys_before,
+                "keys_at_start": infra.keys_at_start,
+                "sweep_sent_within_10_s": sum(p.sent for p in passes if infra.back_at <= p.ts <= infra.back_at + 10),
+                "workers": workers,
+            }
+        )
     return figures
 
 
 def test_soak_loses_no_run_and_breaks_no_invariant_under_worker_redis_and_postgres_kills(
-        soak_cluster: SoakCluster, private_postgres: PrivatePostgres, private_redis: PrivateRedis,
-        soak_config: SoakConfig) -> None:
+    soak_cluster: SoakCluster, private_postgres: PrivatePostgres, private_redis: PrivateRedis, soak_config: SoakConfig
+) -> None:
     config = soak_config
     print(f"\nsoak: {config}")
     cluster = soak_cluster
@@ -465,22 +499,37 @@ def test_soak_loses_no_run_and_breaks_no_invariant_under_worker_redis_and_postgr
 
     final_look = cluster.client.doctor()
     report = checker.check(cluster.database_url, cluster.log_path, expected=soak.run_ids, faults=cluster.faults)
-    checker.print_report({**report, "recovery": {**report["recovery"], "hit_again": {
-        k: v for k, v in report["recovery"]["hit_again"].items() if k != "runs"}}}, "soak")
+    checker.print_report(
+        {
+            **report,
+            "recovery": {
+                **report["recovery"],
+                "hit_again": {k: v for k, v in report["recovery"]["hit_again"].items() if k != "runs"},
+            },
+        },
+        "soak",
+    )
     violations = report["violations"]
     recovery = recovery_by_action(cluster.database_url, cluster.faults)
     logs = {w.log_path: w.log_path.read_text(errors="replace") for w in cluster.workers}
     passes = sweep_passes("".join(logs.values()))
     users = _user_texts(cluster, set(soak.run_ids))
-    wrong_inputs = {s: texts for s, texts in users.items()
-                    if texts[1:] != ([_follow_up(s)] if s in soak.followed else []) or not texts}
+    wrong_inputs = {
+        s: texts
+        for s, texts in users.items()
+        if texts[1:] != ([_follow_up(s)] if s in soak.followed else []) or not texts
+    }
     steps = cluster.step_times()
     budget = _recovery_budget(cluster, config)
     figures = {
         "seed": config.seed,
-        "runs": config.runs, "finished": report["finished"], "follow_ups": len(soak.followed),
-        "gated": len(soak.gated), "approvals": soak.approvals,
-        "load_s": round(load_s, 1), "drain_s": round(drain_s, 1),
+        "runs": config.runs,
+        "finished": report["finished"],
+        "follow_ups": len(soak.followed),
+        "gated": len(soak.gated),
+        "approvals": soak.approvals,
+        "load_s": round(load_s, 1),
+        "drain_s": round(drain_s, 1),
         "faults": {**soak.kills, **Counter(i.kind for i in soak.infra)},
         "kills_hitting_a_lease": sum(1 for f in cluster.faults if f.action in KILL_ACTIONS and f.runs),
         "recovery_by_fault": {kind: _summary(times) for kind, times in sorted(recovery.items())},
@@ -488,16 +537,27 @@ def test_soak_loses_no_run_and_breaks_no_invariant_under_worker_redis_and_postgr
         "restarts": _restart_figures(soak, logs, passes),
         "memory": memory_summary(soak.memory),
         "sweep": sweep_cost(passes, soak.timeline, config.runs),
-        "steps": {"count": len(steps), "p50_s": checker.percentile(steps, 50),
-                  "p99_s": checker.percentile(steps, 99), "outcomes": dict(cluster.outcomes())},
-        "raw_reexecutions": report["raw_reexecutions"], "wasted_model_calls": report["wasted_model_calls"],
-        "interrupted_results": report["interrupted_results"], "producer_errors": dict(soak.poll_errors),
-        "worker_exits": [{"worker": f"{e.name} (pid {e.pid})", "reason": e.reason,
-                          "after_redis_restart_s": _after_redis(soak, e.ts)} for e in soak.exits],
+        "steps": {
+            "count": len(steps),
+            "p50_s": checker.percentile(steps, 50),
+            "p99_s": checker.percentile(steps, 99),
+            "outcomes": dict(cluster.outcomes()),
+        },
+        "raw_reexecutions": report["raw_reexecutions"],
+        "wasted_model_calls": report["wasted_model_calls"],
+        "interrupted_results": report["interrupted_results"],
+        "producer_errors": dict(soak.poll_errors),
+        "worker_exits": [
+            {"worker": f"{e.name} (pid {e.pid})", "reason": e.reason, "after_redis_restart_s": _after_redis(soak, e.ts)}
+            for e in soak.exits
+        ],
         "violations": len(violations),
-        "doctor": {"looks_seen": len(soak.doctor_looks), "unexplained_max": soak.unexplained_max,
-                   "unexplained_at": [(at.isoformat(), n) for at, n in soak.unexplained_seen[:10]],
-                   "unexplained_after_drain": [f.summary.session_id for f in final_look.unexplained]},
+        "doctor": {
+            "looks_seen": len(soak.doctor_looks),
+            "unexplained_max": soak.unexplained_max,
+            "unexplained_at": [(at.isoformat(), n) for at, n in soak.unexplained_seen[:10]],
+            "unexplained_after_drain": [f.summary.session_id for f in final_look.unexplained],
+        },
     }
     (cluster.workdir / "soak-figures.json").write_text(json.dumps(figures, indent=2, default=str))
     print("\n== soak figures ==\n" + json.dumps(figures, indent=2, default=str))

@@ -71,5 +71,11 @@ def _gated(ctx: ToolContext) -> str:
 gated = Tool(_gated, name="gated", needs_approval=True)
 
 #: One call at a time, so an abort or a steer mid-batch finds one call running and the others not started.
-abortable = Agent(name=AGENT, model=MockModel(_script, model_id="abort-mock"), instructions="Abort-test agent.",
-                  tools=[slow, gated], max_steps=10, tool_concurrency=1)
+abortable = Agent(
+    name=AGENT,
+    model=MockModel(_script, model_id="abort-mock"),
+    instructions="Abort-test agent.",
+    tools=[slow, gated],
+    max_steps=10,
+    tool_concurrency=1,
+)

@@ -154,8 +154,15 @@ def parse_shape(text: str) -> RunShape:  # noqa: C901 - one branch per option ke
                 slow_model[int(turn)] = int(ms)
         else:
             raise ValueError(f"unknown crash-test option {key!r}")
-    return RunShape(slow=slow, slow_model=slow_model, gated=frozenset(marked["gate"]), once=frozenset(marked["once"]),
-                    unchecked=frozenset(marked["unchecked"]), after=after, **values)
+    return RunShape(
+        slow=slow,
+        slow_model=slow_model,
+        gated=frozenset(marked["gate"]),
+        once=frozenset(marked["once"]),
+        unchecked=frozenset(marked["unchecked"]),
+        after=after,
+        **values,
+    )
 
 
 def run_input(run_id: str, **options: object) -> str:
@@ -175,8 +182,10 @@ def _script(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if turn >= shape.turns - 1:
         return {"text": f"done {shape.run_id} {response_tag(nonce)}"}
-    calls = [{"id": f"c{turn}-{k}-{nonce}", "name": shape.tool_of(turn, k), "args": _args_of(shape, turn, k)}
-             for k in range(shape.calls_in(turn))]
+    calls = [
+        {"id": f"c{turn}-{k}-{nonce}", "name": shape.tool_of(turn, k), "args": _args_of(shape, turn, k)}
+        for k in range(shape.calls_in(turn))
+    ]
     return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls}
 
 
@@ -191,32 +200,58 @@ class LoggedModel(MockModel):
     """``MockModel`` that logs each call (start and end) and the validity of what it received."""
 
     def generate(  # type: ignore[override]  # takes no listener: this model never streams
-            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> ModelResponse:
         shape = _shape_of(messages)
         turn = sum(1 for m in messages if m.role == "assistant")
         call = uuid.uuid4().hex[:12]
         problems = transcript_problems(messages)
-        log_event({"kind": "model", "phase": "start", "call": call, "run_id": shape.run_id, "turn_index": turn,
-                   "transcript_valid": not problems, "problems": problems[:3],
-                   "digest": transcript_digest([m.dump() for m in messages])})
+        log_event(
+            {
+                "kind": "model",
+                "phase": "start",
+                "call": call,
+                "run_id": shape.run_id,
+                "turn_index": turn,
+                "transcript_valid": not problems,
+                "problems": problems[:3],
+                "digest": transcript_digest([m.dump() for m in messages]),
+            }
+        )
         time.sleep(shape.latency_of(turn) / 1000)
         response = super().generate(messages, tools)
-        log_event({"kind": "model", "phase": "end", "call": call, "run_id": shape.run_id, "turn_index": turn,
-                   "transcript_valid": not problems, "response_id": _response_id(response),
-                   "tool_call_ids": [c.id for c in response.tool_calls]})
+        log_event(
+            {
+                "kind": "model",
+                "phase": "end",
+                "call": call,
+                "run_id": shape.run_id,
+                "turn_index": turn,
+                "transcript_valid": not problems,
+                "response_id": _response_id(response),
+                "tool_call_ids": [c.id for c in response.tool_calls],
+            }
+        )
         return response
 
 
 def _response_id(response: ModelResponse) -> str | None:
     text = response.text or ""
     start = text.rfind("[resp:")
-    return text[start + 6:text.find("]", start)] if start >= 0 else None
+    return text[start + 6 : text.find("]", start)] if start >= 0 else None
 
 
 def _sleep_logged(ms: int, ctx: ToolContext, approved: bool, once: bool = False, after_ms: int = 0) -> str:
     execution = uuid.uuid4().hex[:12]
-    record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": approved, "once": once}
+    record = {
+        "kind": "tool",
+        "run_id": ctx.session_id,
+        "tool_call_id": ctx.tool_call_id,
+        "base_seq": ctx.checkpoint_seq,
+        "exec": execution,
+        "approved": approved,
+        "once": once,
+    }
     log_event({**record, "phase": "start", "ms": ms, "attempt": ctx.attempt})
     time.sleep(ms / 1000)
     if once:
@@ -245,8 +280,9 @@ def _connection() -> Any:
 
 def _apply_effect(call_id: str, run_id: str) -> None:
     """The call's effect, applied at most once per call id (the idempotent sink of RELIABILITY check 6)."""
-    _connection().execute(f"INSERT INTO {EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                          (call_id, run_id))
+    _connection().execute(
+        f"INSERT INTO {EFFECTS_TABLE} (idem_key, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (call_id, run_id)
+    )
 
 
 def _apply_once_effect(call_id: str, run_id: str, execution: str) -> bool:
@@ -258,16 +294,25 @@ def _apply_once_effect(call_id: str, run_id: str, execution: str) -> bool:
     with conn.transaction():
         if os.environ.get(EFFECTS_ENV):
             _apply_effect(call_id, run_id)
-        applied = conn.execute(f"INSERT INTO {ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s)"
-                               " ON CONFLICT DO NOTHING RETURNING 1", (call_id, execution, run_id)).fetchone()
+        applied = conn.execute(
+            f"INSERT INTO {ONCE_TABLE} (idem_key, exec, run_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+            (call_id, execution, run_id),
+        ).fetchone()
     return applied is not None
 
 
 def _once_happened(args: dict[str, Any], ctx: ToolContext) -> str | None:
     """``once_work``'s reconcile: the result naming the execution that applied the effect, or None."""
     row = _connection().execute(f"SELECT exec FROM {ONCE_TABLE} WHERE idem_key = %s", (ctx.tool_call_id,)).fetchone()
-    log_event({"kind": "reconcile", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-               "attempt": ctx.attempt, "found": row[0] if row else None})
+    log_event(
+        {
+            "kind": "reconcile",
+            "run_id": ctx.session_id,
+            "tool_call_id": ctx.tool_call_id,
+            "attempt": ctx.attempt,
+            "found": row[0] if row else None,
+        }
+    )
     return None if row is None else json.dumps({"exec": row[0], "reconciled": True})
 
 
@@ -301,11 +346,23 @@ TOOLS = [work, approved_work, once_work, once_unchecked]
 
 
 #: Parallel tools (a batch runs its calls on up to 4 threads).
-chaos = Agent(name="chaos", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-              tools=TOOLS, max_steps=50, tool_concurrency=4)
+chaos = Agent(
+    name="chaos",
+    model=LoggedModel(_script, model_id="crash-mock"),
+    instructions="Crash-test agent.",
+    tools=TOOLS,
+    max_steps=50,
+    tool_concurrency=4,
+)
 #: Sequential tools, so a crash point inside a batch has exactly one call in flight.
-serial = Agent(name="serial", model=LoggedModel(_script, model_id="crash-mock"), instructions="Crash-test agent.",
-               tools=TOOLS, max_steps=50, tool_concurrency=1)
+serial = Agent(
+    name="serial",
+    model=LoggedModel(_script, model_id="crash-mock"),
+    instructions="Crash-test agent.",
+    tools=TOOLS,
+    max_steps=50,
+    tool_concurrency=1,
+)
 
 
 def _install_duplicator(spec: str) -> None:
@@ -321,8 +378,7 @@ def _install_duplicator(spec: str) -> None:
         app.send_task("lousho.advance", kwargs=kwargs, queue=settings.queue, headers={"lousho_duplicate": 1})
         log_event({"kind": "duplicate", "run_id": kwargs["session_id"], "seq": kwargs.get("seq")})
 
-    def on_publish(sender: object = None, headers: dict[str, Any] | None = None, body: Any = None,
-                   **_: object) -> None:
+    def on_publish(sender: object = None, headers: dict[str, Any] | None = None, body: Any = None, **_: object) -> None:
         if sender != "lousho.advance" or (headers or {}).get("lousho_duplicate"):
             return
         args, kwargs = body[0], body[1]

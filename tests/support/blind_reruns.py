@@ -18,8 +18,7 @@ from worker.agents import Agent, ToolContext
 ENV = "LOUSHO_TEST_BLIND_RERUNS"
 
 
-def _blind(agent: Agent, call: ToolCall, context: ToolContext,
-           retry_spent: Callable[[], float | None]) -> once.Rerun:
+def _blind(agent: Agent, call: ToolCall, context: ToolContext, retry_spent: Callable[[], float | None]) -> once.Rerun:
     return once.Rerun(call, None, ())
 
 

@@ -57,8 +57,11 @@ def transcript_digest(messages: Iterable[Mapping[str, Any]]) -> str:
     System messages are left out: they are the agent's instructions, which a run handed to another agent sends
     in place of the saved one.
     """
-    shape = [[m.get("role"), m.get("content"), [c.get("id") for c in m.get("tool_calls") or ()],
-              m.get("tool_call_id")] for m in messages if m.get("role") != "system"]
+    shape = [
+        [m.get("role"), m.get("content"), [c.get("id") for c in m.get("tool_calls") or ()], m.get("tool_call_id")]
+        for m in messages
+        if m.get("role") != "system"
+    ]
     return hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -78,8 +81,13 @@ class Fault:
     carried: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"ts": self.ts, "action": self.action, "pids": list(self.pids), "runs": list(self.runs),
-                "carried": list(self.carried)}
+        return {
+            "ts": self.ts,
+            "action": self.action,
+            "pids": list(self.pids),
+            "runs": list(self.runs),
+            "carried": list(self.carried),
+        }
 
 
 @dataclass
@@ -115,9 +123,16 @@ class Episode:
         return round(self.progress_at - self.faults[0].ts, 3)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "action": self.faults[-1].action, "fault_ts": self.faults[-1].ts,
-                "recovery_s": self.since_last_s, "faults": len(self.faults), "first_fault_ts": self.faults[0].ts,
-                "actions": [f.action for f in self.faults], "since_first_s": self.since_first_s}
+        return {
+            "run": self.run,
+            "action": self.faults[-1].action,
+            "fault_ts": self.faults[-1].ts,
+            "recovery_s": self.since_last_s,
+            "faults": len(self.faults),
+            "first_fault_ts": self.faults[0].ts,
+            "actions": [f.action for f in self.faults],
+            "since_first_s": self.since_first_s,
+        }
 
 
 def _progress_after(saved_at: Sequence[float], ts: float) -> float | None:
@@ -191,23 +206,38 @@ def _load_runs(database_url: str) -> dict[str, _Run]:
             stored = message_rows.get(row["session_id"], [])
             # Format 2 keeps the transcript as rows; format 1 in the document.
             messages = [body for _, _, body in stored] if "messages_count" in document else document.get("messages")
-            runs[row["session_id"]] = _Run(row["session_id"], row["status"], row["seq"], row["last_error"],
-                                           document.get("finish_reason"), list(messages or []))
-        rows = conn.execute("SELECT session_id, seq, fence, status, saved_at, document"
-                            " FROM checkpoint_history ORDER BY session_id, seq").fetchall()
+            runs[row["session_id"]] = _Run(
+                row["session_id"],
+                row["status"],
+                row["seq"],
+                row["last_error"],
+                document.get("finish_reason"),
+                list(messages or []),
+            )
+        rows = conn.execute(
+            "SELECT session_id, seq, fence, status, saved_at, document FROM checkpoint_history ORDER BY session_id, seq"
+        ).fetchall()
     # Entries point at message rows (format 2) or share a prefix with the entry before them: rebuild them.
     by_run: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_run.setdefault(row["session_id"], []).append(row)
     for session_id, saves in by_run.items():
-        documents = dict(history_format.expand(((r["seq"], r["document"] or {}) for r in saves),
-                                               message_rows.get(session_id, [])))
+        documents = dict(
+            history_format.expand(((r["seq"], r["document"] or {}) for r in saves), message_rows.get(session_id, []))
+        )
         run = runs.setdefault(session_id, _Run(session_id, status="<deleted>"))
         for row in saves:
             if row["seq"] not in documents:
                 raise AssertionError(f"history entry {row['seq']} of {session_id} cannot be rebuilt")
-            run.history.append(_Save(row["seq"], row["fence"], row["status"], row["saved_at"].timestamp(),
-                                     list(documents[row["seq"]].get("messages") or [])))
+            run.history.append(
+                _Save(
+                    row["seq"],
+                    row["fence"],
+                    row["status"],
+                    row["saved_at"].timestamp(),
+                    list(documents[row["seq"]].get("messages") or []),
+                )
+            )
     return runs
 
 
@@ -257,8 +287,9 @@ def _result_body(result: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 class _Checker:
-    def __init__(self, runs: dict[str, _Run], events: list[dict[str, Any]], expected: set[str] | None,
-                 faults: Sequence[Fault]) -> None:
+    def __init__(
+        self, runs: dict[str, _Run], events: list[dict[str, Any]], expected: set[str] | None, faults: Sequence[Fault]
+    ) -> None:
         self.runs = runs
         self.expected = expected if expected is not None else set(runs)
         self.faults = faults
@@ -272,10 +303,18 @@ class _Checker:
         #: The once sink's rows: tool call id -> the execution that applied the call's effect.
         self.once_applied: dict[str, str] = {}
         #: Log position of each execution's start line: (run, call, exec) -> index (the log is one ordered file).
-        self.start_index = {(e["run_id"], e["tool_call_id"], e["exec"]): k for k, e in enumerate(events)
-                            if e.get("kind") == "tool" and e.get("phase") == "start"}
-        self.once_figures = {"once_calls": 0, "once_reexecutions": 0, "once_reruns": 0, "reconciled_results": 0,
-                             "reconcile_calls": sum(1 for e in events if e.get("kind") == "reconcile")}
+        self.start_index = {
+            (e["run_id"], e["tool_call_id"], e["exec"]): k
+            for k, e in enumerate(events)
+            if e.get("kind") == "tool" and e.get("phase") == "start"
+        }
+        self.once_figures = {
+            "once_calls": 0,
+            "once_reexecutions": 0,
+            "once_reruns": 0,
+            "reconciled_results": 0,
+            "reconcile_calls": sum(1 for e in events if e.get("kind") == "reconcile"),
+        }
 
     def fail(self, check: str, message: str) -> None:
         self.violations[check].append(message)
@@ -284,10 +323,15 @@ class _Checker:
         for sid in sorted(self.expected - set(self.runs)):
             self.fail("I10", f"{sid}: run was never stored")
         for run in self.runs.values():
-            self.per_run[run.session_id] = {"raw_reexecutions": 0, "wasted_model_calls": 0,
-                                            "interrupted_model_calls": 0, "executions": 0,
-                                            "interrupted_results": 0, "once_reexecutions": 0,
-                                            "reconciled_results": 0}
+            self.per_run[run.session_id] = {
+                "raw_reexecutions": 0,
+                "wasted_model_calls": 0,
+                "interrupted_model_calls": 0,
+                "executions": 0,
+                "interrupted_results": 0,
+                "once_reexecutions": 0,
+                "reconciled_results": 0,
+            }
             self.check_history(run)
             self.check_finished(run)
             self.check_transcript(run)
@@ -319,9 +363,11 @@ class _Checker:
         orphans = sorted(set(applied) - asked)
         for call_id in orphans:
             self.fail("I12", f"{applied[call_id]}: orphan effect {call_id} (its call is in no transcript)")
-        self.effect_counts = {"applied_effects": len(applied),
-                              "raw_effects": sum(1 for e in self.tools if e.get("phase") == "effect"),
-                              "orphan_effects": len(orphans)}
+        self.effect_counts = {
+            "applied_effects": len(applied),
+            "raw_effects": sum(1 for e in self.tools if e.get("phase") == "effect"),
+            "orphan_effects": len(orphans),
+        }
 
     def check_history(self, run: _Run) -> None:
         seqs = [save.seq for save in run.history]
@@ -346,8 +392,11 @@ class _Checker:
         if run.session_id not in self.expected:
             return
         if run.status != "finished" or run.finish_reason != "stop":
-            self.fail("I10", f"{run.session_id}: status {run.status!r} finish_reason {run.finish_reason!r} "
-                             f"seq {run.seq} last_error {run.last_error}")
+            self.fail(
+                "I10",
+                f"{run.session_id}: status {run.status!r} finish_reason {run.finish_reason!r} "
+                f"seq {run.seq} last_error {run.last_error}",
+            )
 
     def check_transcript(self, run: _Run) -> None:
         for problem in transcript_violations(run.messages):
@@ -369,8 +418,12 @@ class _Checker:
                 starts[(event["run_id"], event["tool_call_id"])].append(event)
         for run in self.runs.values():
             first = self.first_result_seq(run)
-            calls = {str(c.get("id")): str(c.get("name")) for m in run.messages if m.get("role") == "assistant"
-                     for c in m.get("tool_calls") or ()}
+            calls = {
+                str(c.get("id")): str(c.get("name"))
+                for m in run.messages
+                if m.get("role") == "assistant"
+                for c in m.get("tool_calls") or ()
+            }
             results = {str(m.get("tool_call_id")): m for m in run.messages if m.get("role") == "tool"}
             figures = self.per_run[run.session_id]
             for call_id, name in sorted(calls.items()):
@@ -380,8 +433,11 @@ class _Checker:
                 recorded = first.get(call_id)
                 for execution in executions:
                     if recorded is not None and execution["base_seq"] >= recorded:
-                        self.fail("I2", f"{run.session_id}: {call_id} executed from seq {execution['base_seq']}"
-                                        f" though its result was recorded at seq {recorded}")
+                        self.fail(
+                            "I2",
+                            f"{run.session_id}: {call_id} executed from seq {execution['base_seq']}"
+                            f" though its result was recorded at seq {recorded}",
+                        )
                 result = results.get(call_id)
                 if name in ONCE_TOOLS:
                     self.check_once(run.session_id, call_id, executions, result)
@@ -393,8 +449,9 @@ class _Checker:
             if call_id not in known:
                 self.fail("I2", f"{sid}: {len(executions)} execution(s) of {call_id}, a call in no transcript")
 
-    def check_once(self, sid: str, call_id: str, executions: list[dict[str, Any]],
-                   result: Mapping[str, Any] | None) -> None:
+    def check_once(
+        self, sid: str, call_id: str, executions: list[dict[str, Any]], result: Mapping[str, Any] | None
+    ) -> None:
         """I18: no execution of a ``once`` call starts after the one that applied its effect; results are true.
 
         Clock-free: the log is one file every process appends whole lines to, so a start line written after the
@@ -408,16 +465,19 @@ class _Checker:
         if applied is not None:
             applied_at = self.start_index.get((sid, call_id, applied))
             if applied_at is None:
-                self.fail("I18", f"{sid}: the effect of once call {call_id} was applied by {applied}, which never"
-                                 " started")
+                self.fail(
+                    "I18", f"{sid}: the effect of once call {call_id} was applied by {applied}, which never started"
+                )
             else:
                 again = sum(1 for index in starts if index > applied_at)
                 figures["once_reexecutions"] += again
                 self.once_figures["once_reexecutions"] += again
                 self.once_figures["once_reruns"] += sum(1 for index in starts if index < applied_at)
                 if again:
-                    self.fail("I18", f"{sid}: once call {call_id} executed {again} more time(s) after {applied}"
-                                     " applied its effect")
+                    self.fail(
+                        "I18",
+                        f"{sid}: once call {call_id} executed {again} more time(s) after {applied} applied its effect",
+                    )
         body = _result_body(result) if result is not None else None
         if result is None or body is None:
             return
@@ -425,11 +485,21 @@ class _Checker:
             figures["reconciled_results"] += 1
             self.once_figures["reconciled_results"] += 1
         if "exec" in body and body["exec"] != applied:
-            self.fail("I18", f"{sid}: once call {call_id} has the result of {body['exec']}, but"
-                             f" {applied or 'no execution'} applied its effect")
+            self.fail(
+                "I18",
+                f"{sid}: once call {call_id} has the result of {body['exec']}, but"
+                f" {applied or 'no execution'} applied its effect",
+            )
 
-    def check_result(self, sid: str, call_id: str, name: str, result: Mapping[str, Any],
-                     executions: list[dict[str, Any]], ended: set[tuple[str, str, str]]) -> None:
+    def check_result(
+        self,
+        sid: str,
+        call_id: str,
+        name: str,
+        result: Mapping[str, Any],
+        executions: list[dict[str, Any]],
+        ended: set[tuple[str, str, str]],
+    ) -> None:
         """A recorded result is a logged execution's output, or (approved calls only) ``interrupted``.
 
         A result that a person (a question), a hook (denied, approved arguments kept), a handoff or a sub-agent (a
@@ -441,8 +511,12 @@ class _Checker:
             return
         body = body or {}
         approved = name == APPROVED_TOOL
-        if (name in ("ask_question", SUBAGENT_TOOL) or body.get("kind") == "denied" or "transferred_to" in body
-                or body.get("error") in ("ApprovedArgsChanged", "HandoffNotHonoured")):
+        if (
+            name in ("ask_question", SUBAGENT_TOOL)
+            or body.get("kind") == "denied"
+            or "transferred_to" in body
+            or body.get("error") in ("ApprovedArgsChanged", "HandoffNotHonoured")
+        ):
             if executions:
                 self.fail("I2", f"{sid}: {call_id}, settled without running, executed")
             return
@@ -488,8 +562,9 @@ class _Checker:
                 continue
             figures = self.per_run[sid]
             ended = {e["call"] for e in events if e["phase"] == "end"}
-            figures["interrupted_model_calls"] = sum(1 for e in events if e["phase"] == "start"
-                                                     and e["call"] not in ended)
+            figures["interrupted_model_calls"] = sum(
+                1 for e in events if e["phase"] == "start" and e["call"] not in ended
+            )
             responses = [e["response_id"] for e in events if e["phase"] == "end"]
             turns = [_tag(m) for m in run.messages if m.get("role") == "assistant"]
             for k, tag in enumerate(turns):
@@ -510,8 +585,11 @@ class _Checker:
 
     def recovery(self) -> dict[str, Any]:
         """Recovery figures (check 10), one per episode, each measured from the last fault that touched the run."""
-        episodes = [episode for sid in sorted(self.runs)
-                    for episode in recovery_episodes(sid, (s.saved_at for s in self.runs[sid].history), self.faults)]
+        episodes = [
+            episode
+            for sid in sorted(self.runs)
+            for episode in recovery_episodes(sid, (s.saved_at for s in self.runs[sid].history), self.faults)
+        ]
         measured = [e for e in episodes if e.progress_at is not None]
         stuck = {e.run for e in episodes if e.progress_at is None and self.runs[e.run].status != "finished"}
         unrecovered = sorted(stuck | {sid for fault in self.faults for sid in fault.runs if sid not in self.runs})
@@ -520,22 +598,36 @@ class _Checker:
         for episode in measured:
             by_run[episode.run] = max(by_run.get(episode.run, 0.0), episode.since_last_s)
         hit_again = [e for e in measured if len(e.faults) > 1]
-        return {"faults": len(self.faults), "affected": len(measured) + len(unrecovered),
-                "count": len(times), "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
-                "max_s": round(max(times), 3) if times else None, "unrecovered": unrecovered,
-                "by_run_s": by_run,
-                "slowest": [e.to_json() for e in sorted(measured, key=lambda e: -e.since_last_s)[:3]],
-                "hit_again": {"count": len(hit_again),
-                              "max_since_first_s": round(max(e.since_first_s for e in hit_again), 3)
-                              if hit_again else None,
-                              "runs": [e.to_json() for e in hit_again]}}
+        return {
+            "faults": len(self.faults),
+            "affected": len(measured) + len(unrecovered),
+            "count": len(times),
+            "p50_s": percentile(times, 50),
+            "p99_s": percentile(times, 99),
+            "max_s": round(max(times), 3) if times else None,
+            "unrecovered": unrecovered,
+            "by_run_s": by_run,
+            "slowest": [e.to_json() for e in sorted(measured, key=lambda e: -e.since_last_s)[:3]],
+            "hit_again": {
+                "count": len(hit_again),
+                "max_since_first_s": round(max(e.since_first_s for e in hit_again), 3) if hit_again else None,
+                "runs": [e.to_json() for e in hit_again],
+            },
+        }
 
     def report(self) -> dict[str, Any]:
         for sid in self.recovery()["unrecovered"]:
             self.fail("I10", f"{sid}: no save after the fault that hit it")
-        totals = {key: sum(f[key] for f in self.per_run.values())
-                  for key in ("raw_reexecutions", "wasted_model_calls", "interrupted_model_calls", "executions",
-                              "interrupted_results")}
+        totals = {
+            key: sum(f[key] for f in self.per_run.values())
+            for key in (
+                "raw_reexecutions",
+                "wasted_model_calls",
+                "interrupted_model_calls",
+                "executions",
+                "interrupted_results",
+            )
+        }
         violations = [f"{check}: {message}" for check in CHECKS for message in self.violations.get(check, [])]
         return {
             **self.once_figures,
@@ -544,8 +636,11 @@ class _Checker:
             "model_calls": sum(1 for e in self.models if e["phase"] == "start"),
             **totals,
             **self.effect_counts,
-            "checks": {check: "fail" if self.violations.get(check) else "pass" for check in CHECKS
-                       if check != "I12" or self.effects is not None},
+            "checks": {
+                check: "fail" if self.violations.get(check) else "pass"
+                for check in CHECKS
+                if check != "I12" or self.effects is not None
+            },
             "violations": violations,
             "per_run": self.per_run,
             "recovery": self.recovery(),
@@ -574,8 +669,9 @@ def _turn_keys(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any]]:
     turn = 0
     for message in messages:
         if message.get("role") == "assistant":
-            keys.append((f"turn {turn}", (message.get("content"),
-                                          [c.get("id") for c in message.get("tool_calls") or ()])))
+            keys.append(
+                (f"turn {turn}", (message.get("content"), [c.get("id") for c in message.get("tool_calls") or ()]))
+            )
             turn += 1
         elif message.get("role") == "tool":
             keys.append((f"result {message.get('tool_call_id')}", message.get("content")))
@@ -594,8 +690,10 @@ def _turn_seqs(run: _Run) -> dict[int, int]:
 def prepare_once_sink(database_url: str) -> None:
     """Create (or empty) the sink the ``once`` tools apply their effect to (I18)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {ONCE_TABLE} (idem_key text PRIMARY KEY, exec text NOT NULL,"
-                     " run_id text NOT NULL)")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {ONCE_TABLE} (idem_key text PRIMARY KEY, exec text NOT NULL,"
+            " run_id text NOT NULL)"
+        )
         conn.execute(f"TRUNCATE {ONCE_TABLE}")
 
 
@@ -609,8 +707,10 @@ def _load_once(database_url: str) -> dict[str, str]:
 def prepare_effects(database_url: str) -> None:
     """Create (or empty) the idempotent effects sink of check 6 (I12)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} (idem_key text PRIMARY KEY, run_id text NOT NULL,"
-                     " applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} (idem_key text PRIMARY KEY, run_id text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         conn.execute(f"TRUNCATE {EFFECTS_TABLE}")
 
 
@@ -621,8 +721,14 @@ def _load_effects(database_url: str) -> dict[str, str] | None:
         return {str(key): str(run) for key, run in conn.execute(f"SELECT idem_key, run_id FROM {EFFECTS_TABLE}")}
 
 
-def check(database_url: str, log_path: Path, *, expected: Iterable[str] | None = None,
-          faults: Sequence[Fault] = (), effects: bool = False) -> dict[str, Any]:
+def check(
+    database_url: str,
+    log_path: Path,
+    *,
+    expected: Iterable[str] | None = None,
+    faults: Sequence[Fault] = (),
+    effects: bool = False,
+) -> dict[str, Any]:
     """Check every run in the database against I1-I5, I7, I10 and I18 and measure recovery after ``faults``.
 
     ``expected`` names the runs that must exist and have finished (default: every stored run). With ``effects``

@@ -47,22 +47,33 @@ _STEP = r"(?:lousho\.advance|[A-Za-z0-9_.-]+: [a-z -]+)"
 _STEP_TIME = re.compile(rf"Task {_STEP}\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")
 _SWEEP_SENT = re.compile(r"Sending due task lousho-recover ")
 _SWEEP_RECEIVED = re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] received")
-_RECEIVED = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/MainProcess\]"
-                       rf" Task {_STEP}\[([0-9a-f-]+)\] received")
+_RECEIVED = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/MainProcess\]"
+    rf" Task {_STEP}\[([0-9a-f-]+)\] received"
+)
 #: The hash where kombu's Redis transport keeps delivered, unacked messages (``Channel.unacked_key``).
 _UNACKED_KEY = "unacked"
 #: Crash points of ``worker/steps.py`` (each writes ``crash-<point>-<run>`` when it fires).
 CRASH_POINTS = (
-    "after_lease_before_epoch", "during_model_call", "after_model_response_before_save",
-    "after_model_save_before_enqueue", "tool_before_effect", "after_tool_effect_before_result_save",
-    "between_results", "after_batch_save_before_enqueue", "after_enqueue_before_ack",
+    "after_lease_before_epoch",
+    "during_model_call",
+    "after_model_response_before_save",
+    "after_model_save_before_enqueue",
+    "tool_before_effect",
+    "after_tool_effect_before_result_save",
+    "between_results",
+    "after_batch_save_before_enqueue",
+    "after_enqueue_before_ack",
 )
 #: Crash points around an approved call (``worker/batch.py``): they fire only once a human said yes.
 APPROVAL_CRASH_POINTS = ("after_started_marker_before_approved_call", "after_approved_effect_before_result_save")
 #: Crash points around the started mark of a ``once`` call (``worker/batch.py``; the first also fires before an
 #: approved call's mark).
-ONCE_CRASH_POINTS = ("before_started_marker", "after_started_marker_before_once_call",
-                     "after_once_effect_before_result_save")
+ONCE_CRASH_POINTS = (
+    "before_started_marker",
+    "after_started_marker_before_once_call",
+    "after_once_effect_before_result_save",
+)
 #: Between a run's ``on_run_end`` hooks and the note that they ran (``worker/steps.py``).
 END_HOOK_CRASH_POINTS = ("after_end_hooks_before_note",)
 
@@ -82,7 +93,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     except OSError:
         return None
     # The command name may contain spaces or parentheses: the fields resume after the last ')'.
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return fields[0], int(fields[1]), int(fields[2])
 
 
@@ -139,8 +150,10 @@ class RecoveryBudget:
         return round(self.bound_s + self.slack_s, 3)
 
     def __str__(self) -> str:
-        return (f"{self.limit_s} s (TTL {self.lease_ttl_s} + sweep {self.sweep_s} + step {self.step_s}"
-                f" = {self.bound_s} s, + slack {self.slack_s} s)")
+        return (
+            f"{self.limit_s} s (TTL {self.lease_ttl_s} + sweep {self.sweep_s} + step {self.step_s}"
+            f" = {self.bound_s} s, + slack {self.slack_s} s)"
+        )
 
 
 @dataclass
@@ -215,8 +228,14 @@ class Cluster:
         """The environment of every subprocess: the test services, CI timing, the test agents."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
         base.update(services.test_environment())
-        base.update({"LOUSHO_AGENTS": AGENTS_MODULE, LOG_ENV: str(self.log_path),
-                     "LOUSHO_CRASH_DIR": str(self.crash_dir), "PYTHONUNBUFFERED": "1"})
+        base.update(
+            {
+                "LOUSHO_AGENTS": AGENTS_MODULE,
+                LOG_ENV: str(self.log_path),
+                "LOUSHO_CRASH_DIR": str(self.crash_dir),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if self.crash_at:
             base["LOUSHO_CRASH_AT"] = self.crash_at
         base.update(self.extra_env)
@@ -225,8 +244,9 @@ class Cluster:
     def settings(self) -> Settings:
         """The settings the workers and the beat run with (``env()``, ``extra_env`` included)."""
         prefix = "LOUSHO_"
-        return Settings.model_validate({name[len(prefix):].lower(): value for name, value in self.env().items()
-                                        if name.startswith(prefix)})
+        return Settings.model_validate(
+            {name[len(prefix) :].lower(): value for name, value in self.env().items() if name.startswith(prefix)}
+        )
 
     def recovery_budget(self, step_s: float, slack_s: float) -> RecoveryBudget:
         """I11's bound for this cluster's settings and a step of ``step_s``, plus ``slack_s``."""
@@ -237,17 +257,46 @@ class Cluster:
 
     def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log:
-            return subprocess.Popen(args, cwd=ROOT, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
-    def start_worker(self, name: str = "w1", concurrency: int = 2, *, wait: bool = True, app: str = "worker",
-                     queues: str | None = None) -> Worker:
+    def start_worker(
+        self,
+        name: str = "w1",
+        concurrency: int = 2,
+        *,
+        wait: bool = True,
+        app: str = "worker",
+        queues: str | None = None,
+    ) -> Worker:
         """Start ``celery -A <app> worker`` (prefork) as a new process group, on ``queues`` (``-Q``) when given."""
         self._starts[name] += 1
         log_path = self.workdir / f"{name}.{self._starts[name]}.log"
-        args = [_celery(), "-A", app, "worker", *(["-Q", queues] if queues else []), "-P", "prefork",
-                "-c", str(concurrency), "-n", f"{name}-{self._starts[name]}@%h", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "info"]
+        args = [
+            _celery(),
+            "-A",
+            app,
+            "worker",
+            *(["-Q", queues] if queues else []),
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}-{self._starts[name]}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "info",
+        ]
         worker = Worker(name, self._spawn(args, log_path), log_path, concurrency)
         self.workers.append(worker)
         if wait:
@@ -256,17 +305,29 @@ class Cluster:
 
     def wait_ready(self, worker: Worker, timeout: float = 30.0) -> None:
         """Block until the worker consumes and its pool processes exist."""
+
         def ready() -> bool:
             if not worker.alive():
                 raise AssertionError(f"worker {worker.name} exited: {self.tail(worker.log_path)}")
             return worker.ready()
+
         wait_until(ready, timeout, f"worker {worker.name} ready")
 
     def start_beat(self, app: str = "worker") -> subprocess.Popen[bytes]:
         """Start ``celery -A <app> beat`` with its own schedule file (``worker``'s only sends the sweeps)."""
         index = len(self.beats) + 1
-        args = [_celery(), "-A", app, "beat", "-s", str(self.workdir / f"beat-{index}-schedule"),
-                "--pidfile", str(self.workdir / f"beat-{index}.pid"), "-l", "info"]
+        args = [
+            _celery(),
+            "-A",
+            app,
+            "beat",
+            "-s",
+            str(self.workdir / f"beat-{index}-schedule"),
+            "--pidfile",
+            str(self.workdir / f"beat-{index}.pid"),
+            "-l",
+            "info",
+        ]
         beat = self._spawn(args, self.workdir / f"beat-{index}.log")
         self.beats.append(beat)
         return beat
@@ -293,7 +354,7 @@ class Cluster:
                 continue
             owner = owners.parse(value.decode())
             if owner is not None:
-                holders[key.decode()[len(keys.LEASE_PREFIX):]] = owner.pid
+                holders[key.decode()[len(keys.LEASE_PREFIX) :]] = owner.pid
         return holders
 
     def holder_pid(self, session_id: str) -> int | None:
@@ -322,8 +383,9 @@ class Cluster:
                 carried.add(str(kwargs["session_id"] if "session_id" in kwargs else args[0]))
         return carried
 
-    def _record(self, action: str, pids: Sequence[int], deliver: Callable[[], None],
-                worker: Worker | None = None) -> Fault:
+    def _record(
+        self, action: str, pids: Sequence[int], deliver: Callable[[], None], worker: Worker | None = None
+    ) -> Fault:
         holders = self.lease_holders()
         ts = time.time()
         deliver()
@@ -343,16 +405,20 @@ class Cluster:
 
     def kill_group(self, worker: Worker) -> Fault:
         """SIGKILL the worker's whole process group: nothing is acked or rejected."""
+
         def kill() -> None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.process.wait(timeout=10)
+
         return self._record("kill-group", [worker.pid, *worker.children()], kill, worker)
 
     def kill_main(self, worker: Worker) -> Fault:
         """SIGKILL only the main process; its pool children die with it (Celery sets PDEATHSIG)."""
+
         def kill() -> None:
             os.kill(worker.pid, signal.SIGKILL)
             worker.process.wait(timeout=10)
+
         return self._record("kill-main", [worker.pid, *worker.children()], kill, worker)
 
     def stop(self, pid: int) -> Fault:
@@ -373,8 +439,14 @@ class Cluster:
         for marker in sorted(self.crash_dir.glob("crash-*")):
             point, session_id = _split_marker(marker.name)
             text = marker.read_text().strip()
-            found.append(Fault(marker.stat().st_mtime + _MTIME_SLACK_S, f"crash:{point}",
-                               (int(text),) if text else (), (session_id,)))
+            found.append(
+                Fault(
+                    marker.stat().st_mtime + _MTIME_SLACK_S,
+                    f"crash:{point}",
+                    (int(text),) if text else (),
+                    (session_id,),
+                )
+            )
         return found
 
     # -- runs ---------------------------------------------------------------------------------
@@ -401,8 +473,10 @@ class Cluster:
     def statuses(self, session_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Run id -> status, seq, attempts and last error, straight from Postgres."""
         with psycopg.connect(self.database_url) as conn:
-            rows = conn.execute("SELECT session_id, status, seq, attempts, last_error FROM runs"
-                                " WHERE session_id = ANY(%s)", (list(session_ids),)).fetchall()
+            rows = conn.execute(
+                "SELECT session_id, status, seq, attempts, last_error FROM runs WHERE session_id = ANY(%s)",
+                (list(session_ids),),
+            ).fetchall()
         return {r[0]: {"status": r[1], "seq": r[2], "attempts": r[3], "last_error": r[4]} for r in rows}
 
     def approve_pending(self, agent: str) -> int:
@@ -413,8 +487,9 @@ class Cluster:
             approvals.resolve(approval.approval_id, approved=True)
         return len(pending)
 
-    def wait_finished(self, session_ids: Sequence[str], timeout: float = 60.0,
-                      on_poll: Callable[[], object] | None = None) -> float:
+    def wait_finished(
+        self, session_ids: Sequence[str], timeout: float = 60.0, on_poll: Callable[[], object] | None = None
+    ) -> float:
         """Block until every run is finished; returns the seconds waited, fails with a diagnosis.
 
         ``on_poll`` runs at every poll (to approve gated calls as they come, for instance).
@@ -445,22 +520,30 @@ class Cluster:
 
     def call_starts(self, session_id: str) -> Counter[str]:
         """How many times each call of the run started executing (from the side-effect log)."""
-        return Counter(str(e["tool_call_id"]) for e in self.events()
-                       if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id)
+        return Counter(
+            str(e["tool_call_id"])
+            for e in self.events()
+            if e.get("kind") == "tool" and e.get("phase") == "start" and e.get("run_id") == session_id
+        )
 
     def model_starts(self, session_id: str) -> list[dict[str, Any]]:
         """The run's model calls as they started (from the side-effect log)."""
-        return [e for e in self.events()
-                if e.get("kind") == "model" and e.get("phase") == "start" and e.get("run_id") == session_id]
+        return [
+            e
+            for e in self.events()
+            if e.get("kind") == "model" and e.get("phase") == "start" and e.get("run_id") == session_id
+        ]
 
-    def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0,
-                   what: str = "log event") -> dict[str, Any]:
+    def wait_event(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0, what: str = "log event"
+    ) -> dict[str, Any]:
         """The first logged event matching ``predicate``, waiting for it."""
         found: list[dict[str, Any]] = []
 
         def seen() -> bool:
             found[:] = [e for e in self.events() if predicate(e)][:1]
             return bool(found)
+
         wait_until(seen, timeout, what)
         return found[0]
 
@@ -492,16 +575,19 @@ class Cluster:
                 lines.append((event["ts"], f"{event['kind']} {event.get('phase', '')} {what} pid {event.get('pid')}"))
         with psycopg.connect(self.database_url) as conn:
             for seq, fence, saved in conn.execute(
-                    "SELECT seq, fence, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"
-                    " WHERE session_id = %s ORDER BY seq", (run_id,)):
+                "SELECT seq, fence, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"
+                " WHERE session_id = %s ORDER BY seq",
+                (run_id,),
+            ):
                 if since - 1 <= saved <= since + window_s:
                     lines.append((saved, f"save seq {seq} fence {fence}"))
         for match in _LOG_LINE.finditer(self.worker_logs()):
             # Log times are local time, as the ``logging`` module writes them.
             stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
             text = match.group(3)
-            if since - 1 <= stamp.timestamp() <= since + window_s and (run_id in text or "recover" in text
-                                                                        or "exited" in text):
+            if since - 1 <= stamp.timestamp() <= since + window_s and (
+                run_id in text or "recover" in text or "exited" in text
+            ):
                 lines.append((stamp.timestamp(), f"{match.group(2)}: {text[:100]}"))
         return "\n".join(f"{ts - since:+7.2f} s  {text}" for ts, text in sorted(lines))
 
@@ -554,11 +640,12 @@ def fresh_id(prefix: str) -> str:
 
 
 def _split_marker(name: str) -> tuple[str, str]:
-    rest = name[len("crash-"):]
-    for point in sorted(CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len,
-                        reverse=True):
+    rest = name[len("crash-") :]
+    for point in sorted(
+        CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len, reverse=True
+    ):
         if rest.startswith(point + "-"):
-            return point, rest[len(point) + 1:]
+            return point, rest[len(point) + 1 :]
     raise ValueError(f"unknown crash marker {name!r}")
 
 

@@ -30,8 +30,9 @@ def postgres(store: object) -> PostgresCheckpointStore:
     return store
 
 
-def no_enqueue(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
-               name: str | None = None) -> None:
+def no_enqueue(
+    session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *, name: str | None = None
+) -> None:
     """An enqueue that sends nothing: a ``Driver`` takes the steps itself (it replaces this once built)."""
 
 
@@ -46,8 +47,15 @@ class Driver:
     #: What each step did (``store.telemetry``), in delivery order.
     reports: list[telemetry.StepReport] = field(default_factory=list)
 
-    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
-                name: str | None = None) -> None:
+    def enqueue(
+        self,
+        session_id: str,
+        seq: int | None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
         self.queue.append((session_id, seq))
         self.countdowns.append(countdown)
 
@@ -72,17 +80,26 @@ class Driver:
 
 
 @pytest.fixture
-def make_driver(store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis,
-                settings: Settings) -> Iterator[Callable[..., Driver]]:
+def make_driver(
+    store: PostgresCheckpointStore, leases: LeaseManager, redis_client: redis.Redis, settings: Settings
+) -> Iterator[Callable[..., Driver]]:
     """``make_driver(*agents, max_attempts=5)``: an in-process step driver on the real services."""
     heartbeats: list[Heartbeat] = []
 
     def make(*agents: Agent, max_attempts: int = 5) -> Driver:
         heartbeat = Heartbeat(leases, settings.lease_renew_ms)
         heartbeats.append(heartbeat)
-        driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat,
-                                 agents={a.name: a for a in agents}, enqueue=no_enqueue,
-                                 max_attempts=max_attempts, signals=RedisSignals(redis_client)))
+        driver = Driver(
+            StepDeps(
+                store=store,
+                leases=leases,
+                heartbeat=heartbeat,
+                agents={a.name: a for a in agents},
+                enqueue=no_enqueue,
+                max_attempts=max_attempts,
+                signals=RedisSignals(redis_client),
+            )
+        )
         driver.deps.enqueue = driver.enqueue
         store.register_agents({a.name: a.fingerprint() for a in agents})
         return driver
@@ -105,8 +122,15 @@ class Sent:
 
     messages: list[tuple[str, int | None, float, str | None]] = field(default_factory=list)
 
-    def __call__(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, *,
-                 name: str | None = None) -> None:
+    def __call__(
+        self,
+        session_id: str,
+        seq: int | None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
         self.messages.append((session_id, seq, countdown, agent))
 
     @property
@@ -118,12 +142,16 @@ def paused_row(store: PostgresCheckpointStore, session_id: str, *, expired: bool
     """A run row paused on one approval, written directly (``expired``: it expired a second ago); its ids."""
     approval_id = f"ap-{session_id}"
     with store.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, document)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, document)
                              VALUES (:sid, 'desk', 'awaiting-approval', CAST(:doc AS jsonb))"""),
-                     {"sid": session_id, "doc": f'{{"approval_ids": ["{approval_id}"]}}'})
-        conn.execute(text("""INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent,
+            {"sid": session_id, "doc": f'{{"approval_ids": ["{approval_id}"]}}'},
+        )
+        conn.execute(
+            text("""INSERT INTO approvals (approval_id, session_id, tool_call_id, tool_name, args, agent,
                                                     expires_at)
                              VALUES (:ap, :sid, 'call_0_0', 'refund', '{}', 'desk',
                                      CASE WHEN :expired THEN now() - interval '1 second' END)"""),
-                     {"ap": approval_id, "sid": session_id, "expired": expired})
+            {"ap": approval_id, "sid": session_id, "expired": expired},
+        )
     return session_id, approval_id

@@ -45,8 +45,14 @@ def consume(agent: str, session_id: str, out: Path, after: int | None, timeout: 
             try:
                 for event in following:
                     wire = event.wire()
-                    line = {"seq": wire["seq"], "type": wire["type"], "at": wire["at"], "data": wire["data"],
-                            "seen": time.time(), "pid": os.getpid()}
+                    line = {
+                        "seq": wire["seq"],
+                        "type": wire["type"],
+                        "at": wire["at"],
+                        "data": wire["data"],
+                        "seen": time.time(),
+                        "pid": os.getpid(),
+                    }
                     os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
             except errors.RunTimeoutError as exc:
                 print(f"event consumer: {exc}", file=sys.stderr)

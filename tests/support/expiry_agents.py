@@ -46,9 +46,15 @@ def _script(messages: list[Message]) -> dict[str, Any]:
     results = {str(m.name): _shown(m) for m in messages if m.role == "tool"}
     log_event({"kind": "model", "run_id": session_id, "turn_index": turn, "results": results})
     if turn == 0:
-        return {"tool_calls": [{"name": "refund", "args": {"amount": 7}},
-                               {"name": "ask_question", "args": {"question": "Refund to which account?",
-                                                                 "options": ["card", "wallet"]}}]}
+        return {
+            "tool_calls": [
+                {"name": "refund", "args": {"amount": 7}},
+                {
+                    "name": "ask_question",
+                    "args": {"question": "Refund to which account?", "options": ["card", "wallet"]},
+                },
+            ]
+        }
     return {"text": DONE}
 
 
@@ -59,5 +65,12 @@ def refund(amount: int, ctx: ToolContext) -> str:
     return f"refunded {amount}"
 
 
-expiring = Agent(name=AGENT, model=MockModel(_script, model_id="expiry-mock"), instructions="Expiry-test agent.",
-                 tools=[refund], ask_question=True, approval_expires_in=EXPIRES_IN_S, max_steps=5)
+expiring = Agent(
+    name=AGENT,
+    model=MockModel(_script, model_id="expiry-mock"),
+    instructions="Expiry-test agent.",
+    tools=[refund],
+    ask_question=True,
+    approval_expires_in=EXPIRES_IN_S,
+    max_steps=5,
+)

@@ -65,9 +65,21 @@ def wobble(place: str, ctx: ToolContext) -> str:
     raise PropagatingToolError(f"{OUTPUT_MARK}: the gauge at {place} wobbles", retryable=True)
 
 
-scout = Agent(name=SCOUT, model=MockModel([_turn_with("tide", "tide"), f"{FINAL_MARK}: six"]),
-              instructions="Answer tide questions.", tools=[tide])
-breaker = Agent(name=BREAKER, model=MockModel([_turn_with("jam"), f"{FINAL_MARK}: never"]),
-                instructions="Answer tide questions.", tools=[jam])
-flaky = Agent(name=FLAKY, model=MockModel([_turn_with("wobble"), f"{FINAL_MARK}: seven"]),
-              instructions="Answer tide questions.", tools=[wobble])
+scout = Agent(
+    name=SCOUT,
+    model=MockModel([_turn_with("tide", "tide"), f"{FINAL_MARK}: six"]),
+    instructions="Answer tide questions.",
+    tools=[tide],
+)
+breaker = Agent(
+    name=BREAKER,
+    model=MockModel([_turn_with("jam"), f"{FINAL_MARK}: never"]),
+    instructions="Answer tide questions.",
+    tools=[jam],
+)
+flaky = Agent(
+    name=FLAKY,
+    model=MockModel([_turn_with("wobble"), f"{FINAL_MARK}: seven"]),
+    instructions="Answer tide questions.",
+    tools=[wobble],
+)

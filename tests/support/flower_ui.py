@@ -72,13 +72,29 @@ class FlowerProcess:
         celery = str(Path(sys.executable).with_name("celery"))
         # Flower's own event switch stays off: the steps must show because the workers' configuration
         # sends task events, not because Flower turned them on by remote control.
-        args = [celery, "-A", "worker", "flower", f"--port={self.port}", "--address=127.0.0.1",
-                "--persistent=False", "--enable_events=False", f"--tasks_columns={','.join(COLUMNS)}",
-                "--logging=debug"]
+        args = [
+            celery,
+            "-A",
+            "worker",
+            "flower",
+            f"--port={self.port}",
+            "--address=127.0.0.1",
+            "--persistent=False",
+            "--enable_events=False",
+            f"--tasks_columns={','.join(COLUMNS)}",
+            "--logging=debug",
+        ]
         env = {**self.env, "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         """Block until Flower serves pages and captures events; fail with its log when it does not."""

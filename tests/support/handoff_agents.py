@@ -34,34 +34,54 @@ def _turn(messages: list[Message]) -> int:
 def _front(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if _turn(messages) == 0:
-        return {"text": f"handing over {response_tag(nonce)}", "tool_calls": [
-            {"id": f"h-{nonce}", "name": f"transfer_to_{REFUNDS}", "args": {"reason": "a refund"}}]}
+        return {
+            "text": f"handing over {response_tag(nonce)}",
+            "tool_calls": [{"id": f"h-{nonce}", "name": f"transfer_to_{REFUNDS}", "args": {"reason": "a refund"}}],
+        }
     return {"text": f"front answered {response_tag(nonce)}"}
 
 
 def _refunds(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if _turn(messages) == 1:
-        return {"text": f"refunding {response_tag(nonce)}",
-                "tool_calls": [{"id": f"w-{nonce}", "name": "work", "args": {"ms": WORK_MS}}]}
+        return {
+            "text": f"refunding {response_tag(nonce)}",
+            "tool_calls": [{"id": f"w-{nonce}", "name": "work", "args": {"ms": WORK_MS}}],
+        }
     return {"text": f"refunds answered {response_tag(nonce)}"}
 
 
-refunds = Agent(name=REFUNDS, model=LoggedModel(_refunds, model_id="refunds-model"), tools=[work],
-                instructions="You are the refund desk.")
-front = Agent(name=FRONT, model=LoggedModel(_front, model_id="front-model"), instructions="You are the front desk.",
-              handoffs=[refunds])
+refunds = Agent(
+    name=REFUNDS,
+    model=LoggedModel(_refunds, model_id="refunds-model"),
+    tools=[work],
+    instructions="You are the refund desk.",
+)
+front = Agent(
+    name=FRONT,
+    model=LoggedModel(_front, model_id="front-model"),
+    instructions="You are the front desk.",
+    handoffs=[refunds],
+)
 
 
 def _gated_front(messages: list[Message]) -> dict[str, Any]:
     nonce = uuid.uuid4().hex[:12]
     if _turn(messages) == 0:
-        return {"text": f"refunding, then handing over {response_tag(nonce)}", "tool_calls": [
-            {"id": f"g-{nonce}", "name": APPROVED_TOOL, "args": {"ms": WORK_MS}},
-            {"id": f"h-{nonce}", "name": f"transfer_to_{REFUNDS}", "args": {"reason": "after the refund"}}]}
+        return {
+            "text": f"refunding, then handing over {response_tag(nonce)}",
+            "tool_calls": [
+                {"id": f"g-{nonce}", "name": APPROVED_TOOL, "args": {"ms": WORK_MS}},
+                {"id": f"h-{nonce}", "name": f"transfer_to_{REFUNDS}", "args": {"reason": "after the refund"}},
+            ],
+        }
     return {"text": f"gated front answered {response_tag(nonce)}"}
 
 
-gated_front = Agent(name=GATED_FRONT, model=LoggedModel(_gated_front, model_id="gated-front-model"),
-                    tools=[approved_work], instructions="You are the front desk; refunds need a person.",
-                    handoffs=[refunds])
+gated_front = Agent(
+    name=GATED_FRONT,
+    model=LoggedModel(_gated_front, model_id="gated-front-model"),
+    tools=[approved_work],
+    instructions="You are the front desk; refunds need a person.",
+    handoffs=[refunds],
+)

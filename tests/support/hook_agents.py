@@ -112,8 +112,14 @@ def _turn(messages: list[Message]) -> int:
 def _execute(ctx: ToolContext, work: Callable[[], dict[str, Any]], ms: int = 0) -> str:
     """Run ``work`` as one logged execution; its result carries the execution id, as the checker expects."""
     execution = _nonce()
-    record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": False}
+    record = {
+        "kind": "tool",
+        "run_id": ctx.session_id,
+        "tool_call_id": ctx.tool_call_id,
+        "base_seq": ctx.checkpoint_seq,
+        "exec": execution,
+        "approved": False,
+    }
     log_event({**record, "phase": "start", "ms": ms})
     body = work()
     log_event({**record, "phase": "end"})
@@ -148,9 +154,11 @@ def tally(n: int, ctx: ToolContext) -> str:
 @tool
 def slow(ms: int, ctx: ToolContext) -> str:
     """Work ``ms`` milliseconds."""
+
     def work() -> dict[str, Any]:
         time.sleep(ms / 1000)
         return {"slept_ms": ms}
+
     return _execute(ctx, work, ms)
 
 
@@ -201,8 +209,9 @@ class EndNote:
     def on_run_end(self, ctx: HookContext, end: RunEnd) -> None:
         """Append ``end.end_id`` to the run's ends file."""
         _append(ends_file(hook_dir(), end.session_id), end.end_id)
-        log_event({"kind": "run_end", "run_id": end.session_id, "end_id": end.end_id,
-                   "finish_reason": end.finish_reason})
+        log_event(
+            {"kind": "run_end", "run_id": end.session_id, "end_id": end.end_id, "finish_reason": end.finish_reason}
+        )
 
 
 # -- scripts ----------------------------------------------------------------------------------------------------
@@ -212,21 +221,29 @@ def _guarded_script(messages: list[Message]) -> dict[str, Any]:
     """Turn 0: the three ``record`` calls of ``GUARDED_CALLS``; turn 1: final text."""
     nonce = _nonce()
     if _turn(messages) == 0:
-        return {"text": f"recording {response_tag(nonce)}", "tool_calls": [
-            {"id": f"c{k}-{nonce}", "name": "record", "args": dict(args)} for k, args in enumerate(GUARDED_CALLS)]}
+        return {
+            "text": f"recording {response_tag(nonce)}",
+            "tool_calls": [
+                {"id": f"c{k}-{nonce}", "name": "record", "args": dict(args)} for k, args in enumerate(GUARDED_CALLS)
+            ],
+        }
     return {"text": f"recorded {response_tag(nonce)}"}
 
 
 def _one_call_script(name: str, args: dict[str, Any]) -> Callable[[list[Message]], dict[str, Any]]:
     """Turn 0: one ``name`` call with ``args``; turn 1: final text naming the call's result kind, if an error."""
+
     def script(messages: list[Message]) -> dict[str, Any]:
         nonce = _nonce()
         if _turn(messages) == 0:
-            return {"text": f"calling {name} {response_tag(nonce)}",
-                    "tool_calls": [{"id": f"c0-{nonce}", "name": name, "args": dict(args)}]}
+            return {
+                "text": f"calling {name} {response_tag(nonce)}",
+                "tool_calls": [{"id": f"c0-{nonce}", "name": name, "args": dict(args)}],
+            }
         result = next(m for m in reversed(messages) if m.role == "tool")
         kind = json.loads(str(result.content)).get("kind", "ok") if result.is_error else "ok"
         return {"text": f"{name} {kind} {response_tag(nonce)}"}
+
     return script
 
 
@@ -235,19 +252,26 @@ def _metered_script(messages: list[Message]) -> dict[str, Any]:
     turn = _turn(messages)
     nonce = _nonce()
     if turn < METERED_TOOL_TURNS:
-        return {"text": f"turn {turn} {response_tag(nonce)}", "usage": TURN_USAGE,
-                "tool_calls": [{"id": f"c{turn}-{nonce}", "name": "tally", "args": {"n": turn}}]}
+        return {
+            "text": f"turn {turn} {response_tag(nonce)}",
+            "usage": TURN_USAGE,
+            "tool_calls": [{"id": f"c{turn}-{nonce}", "name": "tally", "args": {"n": turn}}],
+        }
     return {"text": f"all done {response_tag(nonce)}", "usage": TURN_USAGE}
 
 
 def _tier_script(tier: str) -> Callable[[list[Message]], dict[str, Any]]:
     """Turn 0: one ``slow`` call; turn 1: ``answered by <tier>``."""
+
     def script(messages: list[Message]) -> dict[str, Any]:
         nonce = _nonce()
         if _turn(messages) == 0:
-            return {"text": f"{tier} works {response_tag(nonce)}",
-                    "tool_calls": [{"id": f"c0-{nonce}", "name": "slow", "args": {"ms": SLOW_MS}}]}
+            return {
+                "text": f"{tier} works {response_tag(nonce)}",
+                "tool_calls": [{"id": f"c0-{nonce}", "name": "slow", "args": {"ms": SLOW_MS}}],
+            }
         return {"text": f"{ANSWERED_BY}{tier} {response_tag(nonce)}"}
+
     return script
 
 
@@ -262,16 +286,46 @@ def resolve_tier(ctx: ResolveContext) -> RunConfig:
     return RunConfig(model=MODELS[tier], tools=[slow])
 
 
-guarded = Agent(name=GUARDED, model=LoggedModel(_guarded_script, model_id="hook-mock"), instructions="Hook test.",
-                tools=[record], hooks=[Guard()], max_steps=10, tool_concurrency=1)
-fragile = Agent(name=FRAGILE, model=LoggedModel(_one_call_script("tally", {"n": 1}), model_id="hook-mock"),
-                instructions="Hook test.", tools=[tally], hooks=[Audit()], max_steps=10)
-pinned = Agent(name=PINNED, model=LoggedModel(_one_call_script("refund", REFUND_ARGS), model_id="hook-mock"),
-               instructions="Hook test.", tools=[refund], hooks=[Sneaky()], max_steps=10)
-ending = Agent(name=ENDING, model=LoggedModel(_one_call_script("tally", {"n": 1}), model_id="hook-mock"),
-               instructions="Hook test.", tools=[tally], hooks=[EndNote()], max_steps=10)
-metered = Agent(name=METERED, model=LoggedModel(_metered_script, model_id="hook-mock"), instructions="Budget test.",
-                tools=[tally], limits=Limits(max_output_tokens=OUTPUT_LIMIT), max_steps=20)
+guarded = Agent(
+    name=GUARDED,
+    model=LoggedModel(_guarded_script, model_id="hook-mock"),
+    instructions="Hook test.",
+    tools=[record],
+    hooks=[Guard()],
+    max_steps=10,
+    tool_concurrency=1,
+)
+fragile = Agent(
+    name=FRAGILE,
+    model=LoggedModel(_one_call_script("tally", {"n": 1}), model_id="hook-mock"),
+    instructions="Hook test.",
+    tools=[tally],
+    hooks=[Audit()],
+    max_steps=10,
+)
+pinned = Agent(
+    name=PINNED,
+    model=LoggedModel(_one_call_script("refund", REFUND_ARGS), model_id="hook-mock"),
+    instructions="Hook test.",
+    tools=[refund],
+    hooks=[Sneaky()],
+    max_steps=10,
+)
+ending = Agent(
+    name=ENDING,
+    model=LoggedModel(_one_call_script("tally", {"n": 1}), model_id="hook-mock"),
+    instructions="Hook test.",
+    tools=[tally],
+    hooks=[EndNote()],
+    max_steps=10,
+)
+metered = Agent(
+    name=METERED,
+    model=LoggedModel(_metered_script, model_id="hook-mock"),
+    instructions="Budget test.",
+    tools=[tally],
+    limits=Limits(max_output_tokens=OUTPUT_LIMIT),
+    max_steps=20,
+)
 #: No model of its own: ``resolve_tier`` chooses one of ``MODELS`` per run.
-tiered = Agent(name=TIERED, resolve=resolve_tier, models=list(MODELS.values()), instructions="Tier test.",
-               max_steps=10)
+tiered = Agent(name=TIERED, resolve=resolve_tier, models=list(MODELS.values()), instructions="Tier test.", max_steps=10)

@@ -25,9 +25,11 @@ app.conf.update(
     task_default_queue="billing",
     task_queues=[Queue("billing"), Queue("billing-slow")],  # type: ignore[no-untyped-call]  # kombu is untyped
     task_routes={"billing.slow_*": {"queue": "billing-slow"}},
-    beat_schedule={"invoices": {"task": "billing.invoice", "schedule": 3600.0, "args": ("nightly",)},
-                   # A run of the start tests' agent every 2 s, however many of the app's beats run.
-                   "host-ticks": beat_entry("host-ticks", "starter", "from the team's beat", 2.0)},
+    beat_schedule={
+        "invoices": {"task": "billing.invoice", "schedule": 3600.0, "args": ("nightly",)},
+        # A run of the start tests' agent every 2 s, however many of the app's beats run.
+        "host-ticks": beat_entry("host-ticks", "starter", "from the team's beat", 2.0),
+    },
     timezone="Europe/Paris",
     task_time_limit=900,
     task_soft_time_limit=600,

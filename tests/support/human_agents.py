@@ -67,9 +67,13 @@ def _ask(messages: list[Message]) -> dict[str, Any]:
     turn = sum(1 for m in messages if m.role == "assistant")
     nonce = _nonce()
     if turn == 0:
-        return {"text": f"asking {response_tag(nonce)}", "tool_calls": [
-            {"id": f"q-{nonce}", "name": "ask_question", "args": {"question": QUESTION, "options": OPTIONS}},
-            {"id": f"w-{nonce}", "name": "work", "args": {"ms": 50}}]}
+        return {
+            "text": f"asking {response_tag(nonce)}",
+            "tool_calls": [
+                {"id": f"q-{nonce}", "name": "ask_question", "args": {"question": QUESTION, "options": OPTIONS}},
+                {"id": f"w-{nonce}", "name": "work", "args": {"ms": 50}},
+            ],
+        }
     body = _result_of(messages, "ask_question")
     said = BOOKED + str(body["answer"]) if "answer" in body else NOT_BOOKED + str(body.get("note"))
     return {"text": f"{said} {response_tag(nonce)}"}
@@ -80,10 +84,14 @@ def _ship_order(messages: list[Message]) -> dict[str, Any]:
     turn = sum(1 for m in messages if m.role == "assistant")
     nonce = _nonce()
     if turn == 0:
-        return {"text": f"shipping {response_tag(nonce)}", "tool_calls": [
-            {"id": f"c0-{nonce}", "name": "work", "args": {"ms": WORK_MS}},
-            {"id": f"c1-{nonce}", "name": "ship", "args": {"order": _run_id(messages)}},
-            {"id": f"c2-{nonce}", "name": "work", "args": {"ms": WORK_MS}}]}
+        return {
+            "text": f"shipping {response_tag(nonce)}",
+            "tool_calls": [
+                {"id": f"c0-{nonce}", "name": "work", "args": {"ms": WORK_MS}},
+                {"id": f"c1-{nonce}", "name": "ship", "args": {"order": _run_id(messages)}},
+                {"id": f"c2-{nonce}", "name": "work", "args": {"ms": WORK_MS}},
+            ],
+        }
     return {"text": f"shipped {response_tag(nonce)}"}
 
 
@@ -91,8 +99,14 @@ def _ship_order(messages: list[Message]) -> dict[str, Any]:
 def ship(order: str, ctx: ToolContext) -> str:
     """Ship an order; while the carrier is down (the outage marker exists) the run must stop, not go on."""
     execution = _nonce()
-    record = {"kind": "tool", "run_id": ctx.session_id, "tool_call_id": ctx.tool_call_id,
-              "base_seq": ctx.checkpoint_seq, "exec": execution, "approved": False}
+    record = {
+        "kind": "tool",
+        "run_id": ctx.session_id,
+        "tool_call_id": ctx.tool_call_id,
+        "base_seq": ctx.checkpoint_seq,
+        "exec": execution,
+        "approved": False,
+    }
     log_event({**record, "phase": "start", "ms": SHIP_MS})
     time.sleep(SHIP_MS / 1000)
     if outage_marker(Path(os.environ[LOG_ENV]), ctx.session_id).exists():
@@ -102,8 +116,21 @@ def ship(order: str, ctx: ToolContext) -> str:
     return json.dumps({"exec": execution, "pid": os.getpid(), "shipped": order})
 
 
-asker = Agent(name=ASKER, model=LoggedModel(_ask, model_id="human-mock"), instructions="Question-test agent.",
-              tools=[work], ask_question=True, max_steps=10, tool_concurrency=2)
+asker = Agent(
+    name=ASKER,
+    model=LoggedModel(_ask, model_id="human-mock"),
+    instructions="Question-test agent.",
+    tools=[work],
+    ask_question=True,
+    max_steps=10,
+    tool_concurrency=2,
+)
 #: Three calls at once, so the two ``work`` calls are still running when ``ship`` raises.
-shipper = Agent(name=SHIPPER, model=LoggedModel(_ship_order, model_id="human-mock"),
-                instructions="Propagating-error test agent.", tools=[work, ship], max_steps=10, tool_concurrency=3)
+shipper = Agent(
+    name=SHIPPER,
+    model=LoggedModel(_ship_order, model_id="human-mock"),
+    instructions="Propagating-error test agent.",
+    tools=[work, ship],
+    max_steps=10,
+    tool_concurrency=3,
+)

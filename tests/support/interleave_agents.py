@@ -60,8 +60,10 @@ PLANS: dict[str, list[list[dict[str, Any]]]] = {
     "task-broken": [[_look("charts"), _task("broken")]],
     "task-gated": [[_look("charts"), _task("gated")]],
     "handoff": [[{"name": "transfer_to_billing", "args": {"reason": "a refund"}}, _charge("o-2")]],
-    "background": [[_look("charts"), _task("fine", background=True)],
-                   [{"name": "agent_await", "args": {"task_id": _LATEST_TASK}}]],
+    "background": [
+        [_look("charts"), _task("fine", background=True)],
+        [{"name": "agent_await", "args": {"task_id": _LATEST_TASK}}],
+    ],
 }
 #: A child run's plans, by its prompt: ``broken`` parks the child (its tool stops the run), ``gated`` pauses it.
 CHILD_PLANS: dict[str, list[list[dict[str, Any]]]] = {
@@ -109,13 +111,14 @@ def respond(agent: str, messages: list[Message]) -> Any:
     last_user = max((k for k, m in enumerate(messages) if m.role == "user"), default=-1)
     prompt = str(messages[last_user].content) if last_user >= 0 else ""
     tag, turns = _plan_of(prompt)
-    since = sum(1 for m in messages[last_user + 1:] if m.role == "assistant")
+    since = sum(1 for m in messages[last_user + 1 :] if m.role == "assistant")
     if since >= len(turns):
         return f"{agent}: done {tag}"
     calls = []
     for k, call in enumerate(turns[since]):
-        args = {key: (_latest_task(messages) if value == _LATEST_TASK else value)
-                for key, value in call["args"].items()}
+        args = {
+            key: (_latest_task(messages) if value == _LATEST_TASK else value) for key, value in call["args"].items()
+        }
         calls.append({"id": f"{tag}-{since}-{k}", "name": call["name"], "args": args})
     return {"tool_calls": calls}
 
@@ -155,8 +158,13 @@ class Observer:
         """Whether the run exists, and the role and call id of each of its stored messages (the message rows)."""
         with self.engine.connect() as conn:
             exists = conn.execute(text("SELECT 1 FROM runs WHERE session_id = :sid"), {"sid": session_id}).first()
-            rows = conn.execute(text("SELECT message ->> 'role', message ->> 'tool_call_id' FROM run_messages"
-                                     " WHERE session_id = :sid ORDER BY slot"), {"sid": session_id}).all()
+            rows = conn.execute(
+                text(
+                    "SELECT message ->> 'role', message ->> 'tool_call_id' FROM run_messages"
+                    " WHERE session_id = :sid ORDER BY slot"
+                ),
+                {"sid": session_id},
+            ).all()
         return exists is not None, [(str(role), call) for role, call in rows]
 
     def _lead_gone(self, session_id: str) -> bool:
@@ -168,11 +176,17 @@ class Observer:
         self.model_calls += 1
         # Characters first (cheap): only a transcript near the limit is measured as the store measures it.
         rough = sum(len(m.content) if isinstance(m.content, str) else 0 for m in messages)
-        size = sum(len(payloads.dumps(m.dump()).encode("utf-8")) for m in messages) \
-            if rough > payloads.MAX_CHECKPOINT // 2 else rough
+        size = (
+            sum(len(payloads.dumps(m.dump()).encode("utf-8")) for m in messages)
+            if rough > payloads.MAX_CHECKPOINT // 2
+            else rough
+        )
         if size > payloads.MAX_CHECKPOINT:
-            self.note("unsavable-model-call", f"{sid}: the model was called with {size} bytes of transcript, over"
-                                              f" the {payloads.MAX_CHECKPOINT} bytes a checkpoint may hold")
+            self.note(
+                "unsavable-model-call",
+                f"{sid}: the model was called with {size} bytes of transcript, over"
+                f" the {payloads.MAX_CHECKPOINT} bytes a checkpoint may hold",
+            )
         if self._lead_gone(sid):
             self.note("orphan-runs", f"{sid}: {agent}'s model was called after the run's lead was deleted")
         exists, stored = self._stored(sid)
@@ -237,11 +251,24 @@ def build_agents(observer: Observer) -> dict[str, Agent]:
 
     looking = Tool(look, name="look")
     charging = Tool(charge, name="charge", needs_approval=True, expires_in=CHARGE_EXPIRES_S)
-    researcher = Agent(RESEARCHER, ScriptedModel(RESEARCHER, observer), tools=[looking, charging],
-                       tool_concurrency=1)
-    billing = Agent(BILLING, ScriptedModel(BILLING, observer), instructions="You are the billing desk.",
-                    tools=[looking], tool_concurrency=1)
-    desk = Agent(DESK, ScriptedModel(DESK, observer), instructions="You are the front desk.",
-                 tools=[looking, charging], subagents=[researcher], handoffs=[billing], ask_question=True,
-                 tool_concurrency=1, max_steps=20, model_limit=DESK_LIMIT)
+    researcher = Agent(RESEARCHER, ScriptedModel(RESEARCHER, observer), tools=[looking, charging], tool_concurrency=1)
+    billing = Agent(
+        BILLING,
+        ScriptedModel(BILLING, observer),
+        instructions="You are the billing desk.",
+        tools=[looking],
+        tool_concurrency=1,
+    )
+    desk = Agent(
+        DESK,
+        ScriptedModel(DESK, observer),
+        instructions="You are the front desk.",
+        tools=[looking, charging],
+        subagents=[researcher],
+        handoffs=[billing],
+        ask_question=True,
+        tool_concurrency=1,
+        max_steps=20,
+        model_limit=DESK_LIMIT,
+    )
     return {agent.name: agent for agent in (desk, researcher, billing)}

@@ -52,10 +52,17 @@ ELSEWHERE = "another-process"
 #: Crashes per run, below ``MAX_ATTEMPTS``: no run is parked by a crash loop.
 FAULT_BUDGET = 2
 CRASH_POINTS = (
-    "after_lease_before_epoch", "during_model_call", "after_model_response_before_save",
-    "after_model_save_before_enqueue", "tool_before_effect", "after_tool_effect_before_result_save",
-    "between_results", "after_batch_save_before_enqueue", "after_enqueue_before_ack",
-    "after_started_marker_before_approved_call", "after_approved_effect_before_result_save",
+    "after_lease_before_epoch",
+    "during_model_call",
+    "after_model_response_before_save",
+    "after_model_save_before_enqueue",
+    "tool_before_effect",
+    "after_tool_effect_before_result_save",
+    "between_results",
+    "after_batch_save_before_enqueue",
+    "after_enqueue_before_ack",
+    "after_started_marker_before_approved_call",
+    "after_approved_effect_before_result_save",
 )
 #: What can happen in the middle of a step (just before a tool's effect), to the run the step belongs to.
 ACTIONS = ("delete", "abort", "steer", "send", "fork", "prune", "sweep", "decide", "resume", "expire")
@@ -70,8 +77,9 @@ _PASS_TIME = (
     text("""UPDATE runs SET created_at = created_at - :d, updated_at = updated_at - :d,
               next_attempt_at = next_attempt_at - :d, retry_since = retry_since - :d, swept_at = swept_at - :d,
               abort_requested = abort_requested - :d"""),
-    text("UPDATE approvals SET created_at = created_at - :d, decided_at = decided_at - :d,"
-         " expires_at = expires_at - :d"),
+    text(
+        "UPDATE approvals SET created_at = created_at - :d, decided_at = decided_at - :d, expires_at = expires_at - :d"
+    ),
 )
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 # Every table of the schema but the migrations' own, whatever a later migration adds (%I quotes each name).
@@ -82,12 +90,15 @@ DO $$ DECLARE name text; BEGIN
     EXECUTE format('DELETE FROM %I', name);
   END LOOP;
 END $$""")
-_QUEUED = text("SELECT left(messages -> 0 ->> 'content', 40) FROM inbox WHERE session_id = :sid AND n > :cursor"
-               " ORDER BY n")
+_QUEUED = text(
+    "SELECT left(messages -> 0 ->> 'content', 40) FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n"
+)
 _STEPS = text("SELECT DISTINCT step FROM checkpoint_history WHERE session_id = :sid")
 _PASS_EXPIRIES = text("UPDATE approvals SET expires_at = expires_at - :d WHERE status = 'pending'")
-_PENDING = text("SELECT approval_id, session_id, kind, expires_at <= now() AS expired FROM approvals"
-                " WHERE status = 'pending' ORDER BY approval_id")
+_PENDING = text(
+    "SELECT approval_id, session_id, kind, expires_at <= now() AS expired FROM approvals"
+    " WHERE status = 'pending' ORDER BY approval_id"
+)
 
 
 @dataclass(frozen=True)
@@ -137,8 +148,16 @@ class Env:
         self.observer = Observer(self.engine)
         self.agents = build_agents(self.observer)
 
-    def enqueue(self, session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
-                name: str | None = None) -> None:
+    def enqueue(
+        self,
+        session_id: str,
+        seq: int | None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+    ) -> None:
         """``worker.tasks.enqueue`` while the test runs: the sweep's messages join the current world's."""
         assert self.world is not None
         self.world.queue(session_id, seq, countdown, agent, name=name)
@@ -200,9 +219,16 @@ class World:
         self.observer.reset(self._during_tool)
         agents = env.agents
         self.heartbeat = ManualHeartbeat(env.leases)
-        self.deps = StepDeps(store=self.store, leases=env.leases, heartbeat=self.heartbeat, agents=agents,
-                             enqueue=self.queue, max_attempts=MAX_ATTEMPTS, signals=RedisSignals(env.redis),
-                             slots=RedisModelSlots(env.redis, SLOT_TTL_MS))
+        self.deps = StepDeps(
+            store=self.store,
+            leases=env.leases,
+            heartbeat=self.heartbeat,
+            agents=agents,
+            enqueue=self.queue,
+            max_attempts=MAX_ATTEMPTS,
+            signals=RedisSignals(env.redis),
+            slots=RedisModelSlots(env.redis, SLOT_TTL_MS),
+        )
         #: Whether another process holds the desk's model slot now (the ``model_slot`` rule).
         self.slot_taken = False
         self.store.register_agents({name: agent.fingerprint() for name, agent in agents.items()})
@@ -226,8 +252,7 @@ class World:
     def rows(self) -> dict[str, Row]:
         with self.env.engine.connect() as conn:
             found = conn.execute(_ROWS).all()
-        return {row.session_id: Row(**{**row._mapping, "approval_ids": tuple(row.approval_ids or ())})
-                for row in found}
+        return {row.session_id: Row(**{**row._mapping, "approval_ids": tuple(row.approval_ids or ())}) for row in found}
 
     def tops(self) -> list[str]:
         """The runs of their own that sends, forks and deletes pick from: ``TOP`` and the forks that exist."""
@@ -243,8 +268,10 @@ class World:
         checkpoint = self.store.load(row.session_id)
         assert checkpoint is not None, f"{row.session_id} went away while it was read"
         with self.env.engine.connect() as conn:  # the tag of each queued send, without reading large input whole
-            queued = [str(start).split(":", 1)[0] for start in conn.execute(
-                _QUEUED, {"sid": row.session_id, "cursor": checkpoint.inbox_cursor}).scalars()]
+            queued = [
+                str(start).split(":", 1)[0]
+                for start in conn.execute(_QUEUED, {"sid": row.session_id, "cursor": checkpoint.inbox_cursor}).scalars()
+            ]
         self._cache[row.session_id] = (key, checkpoint, queued)
         return checkpoint, queued
 
@@ -348,8 +375,10 @@ class World:
             handle.steer(session_id, body) if steer else handle.send(body, session_id)
         except errors.SessionAwaitingApprovalError:
             if before is None or before.status != "awaiting-approval":
-                self.note("wrong-answer", f"send to {session_id} refused as awaiting approval; it is"
-                                          f" {before.status if before else 'absent'}")
+                self.note(
+                    "wrong-answer",
+                    f"send to {session_id} refused as awaiting approval; it is {before.status if before else 'absent'}",
+                )
             return
         except errors.InputTooLargeError:
             after = self.rows().get(session_id)
@@ -372,8 +401,11 @@ class World:
             return
         expected = before is not None and before.status != "finished" and not before.aborted
         if answered != expected:
-            self.note("wrong-answer", f"abort of {session_id} answered {answered} (status {before and before.status},"
-                                      f" aborted {before and before.aborted})")
+            self.note(
+                "wrong-answer",
+                f"abort of {session_id} answered {answered} (status {before and before.status},"
+                f" aborted {before and before.aborted})",
+            )
 
     def resume(self, session_id: str) -> None:
         before = self.rows().get(session_id)
@@ -405,11 +437,17 @@ class World:
         yes = decision == 0
         question = approval.kind == "question"
         try:
-            self.client.approvals.resolve(approval.approval_id, approved=None if question and yes else yes,
-                                          answer="the Baltic" if question and yes else None)
+            self.client.approvals.resolve(
+                approval.approval_id,
+                approved=None if question and yes else yes,
+                answer="the Baltic" if question and yes else None,
+            )
         except errors.ApprovalOrphanedError:
-            if before is not None and before.status == "awaiting-approval" and \
-                    approval.approval_id in before.approval_ids:
+            if (
+                before is not None
+                and before.status == "awaiting-approval"
+                and approval.approval_id in before.approval_ids
+            ):
                 self.note("wrong-answer", f"approval {approval.approval_id} orphaned though its run waits on it")
         except errors.ApprovalExpiredError:
             if not approval.expired:
@@ -496,8 +534,10 @@ class World:
         must_go, may_go = _retention_due(before)
         for lead in sorted(must_go):
             if lead in after:
-                self.note("retention", f"finished lead {lead} kept, though every run under it is settled:"
-                                       f" {_tree_states(before, lead)}")
+                self.note(
+                    "retention",
+                    f"finished lead {lead} kept, though every run under it is settled: {_tree_states(before, lead)}",
+                )
         for sid in sorted(set(before) - set(after)):
             if sid not in may_go:
                 self.note("retention", f"{sid} pruned though it can still continue ({before[sid].status})")
@@ -515,8 +555,11 @@ class World:
             self._check_transcript(sid, checkpoint)
             self._check_family(sid, row, checkpoint, rows)
             self._check_waiter(sid, row, checkpoint, rows, pending)
-            if row.last_error is not None and not (row.lead is not None and row.last_error.get("code") in
-                                                   DESIGNED_PARKS and not row.last_error.get("retryable")):
+            if row.last_error is not None and not (
+                row.lead is not None
+                and row.last_error.get("code") in DESIGNED_PARKS
+                and not row.last_error.get("retryable")
+            ):
                 self.note("I13", f"{sid} stopped on {row.last_error.get('code')}: {row.last_error.get('message')}")
             if sid in self.inputs:
                 seen = _collapse([t for t in (input_tag(m) for m in checkpoint.messages) if t is not None])
@@ -538,8 +581,9 @@ class World:
             if records.lead_of(child) != sid:
                 self.note("adopted-children", f"{sid} waits on or follows {child}, a child of another run")
 
-    def _check_waiter(self, sid: str, row: Row, checkpoint: Checkpoint, rows: dict[str, Row],
-                      pending: set[str]) -> None:
+    def _check_waiter(
+        self, sid: str, row: Row, checkpoint: Checkpoint, rows: dict[str, Row], pending: set[str]
+    ) -> None:
         """I19: a run that is not moving has a waiter (a person's decision, or children of its own)."""
         if row.status == "awaiting-approval" and not row.waiting and not pending & set(row.approval_ids):
             self.note("I19", f"{sid} awaits approval with no pending approval ({list(row.approval_ids)})")
@@ -550,8 +594,11 @@ class World:
             self.note("I19", f"{sid} waits on children {children}, not all of which exist")
             return
         # Its own children wake it as they settle (a message), or the sweep does when a wake-up was lost.
-        if all(_at_rest(rows[child]) for child in children) and not any(
-                message.session_id == sid for message in self.queue.messages) and not _swept_awake(rows, row):
+        if (
+            all(_at_rest(rows[child]) for child in children)
+            and not any(message.session_id == sid for message in self.queue.messages)
+            and not _swept_awake(rows, row)
+        ):
             self.note("I19", f"{sid} waits on {children}, all settled, and nothing will wake it")
 
     # -- the end ----------------------------------------------------------------------------------------
@@ -574,9 +621,14 @@ class World:
                 return
             self.sweep()
         stuck = {sid: row for sid, row in self.rows().items() if not _at_rest(row)}
-        self.note("I10", "runs did not finish: " + "; ".join(
-            f"{sid} status={row.status} waiting={row.waiting} aborted={row.aborted} error={row.last_error}"
-            for sid, row in sorted(stuck.items())))
+        self.note(
+            "I10",
+            "runs did not finish: "
+            + "; ".join(
+                f"{sid} status={row.status} waiting={row.waiting} aborted={row.aborted} error={row.last_error}"
+                for sid, row in sorted(stuck.items())
+            ),
+        )
 
     def _settled(self) -> bool:
         return all(_at_rest(row) for row in self.rows().values())
@@ -586,8 +638,10 @@ class World:
         for sid, row in self.rows().items():
             checkpoint, queued = self.state(row)
             if row.lead is None and (checkpoint.pending_tool_calls or queued):
-                self.note("I10", f"{sid} settled with calls {[c.id for c in checkpoint.pending_tool_calls]} and"
-                                 f" input {queued} left")
+                self.note(
+                    "I10",
+                    f"{sid} settled with calls {[c.id for c in checkpoint.pending_tool_calls]} and input {queued} left",
+                )
 
 
 def _at_rest(row: Row) -> bool:
@@ -600,8 +654,7 @@ def _at_rest(row: Row) -> bool:
 def _swept_awake(rows: dict[str, Row], lead: Row) -> bool:
     """Whether the recovery sweep wakes the waiting ``lead``: no child can move, and one changed since its save."""
     children = [row for row in rows.values() if row.parent_id == lead.session_id]
-    return not any(child.moving for child in children) and any(
-        child.updated_at > lead.updated_at for child in children)
+    return not any(child.moving for child in children) and any(child.updated_at > lead.updated_at for child in children)
 
 
 def _tree(rows: dict[str, Row], lead: str) -> list[Row]:
@@ -615,8 +668,11 @@ def _tree(rows: dict[str, Row], lead: str) -> list[Row]:
 
 
 def _tree_states(rows: dict[str, Row], lead: str) -> str:
-    return ", ".join(f"{row.session_id}: {row.status}{' aborted' if row.aborted else ''}"
-                     f"{' parked' if is_parked(row.last_error) else ''}" for row in _tree(rows, lead))
+    return ", ".join(
+        f"{row.session_id}: {row.status}{' aborted' if row.aborted else ''}"
+        f"{' parked' if is_parked(row.last_error) else ''}"
+        for row in _tree(rows, lead)
+    )
 
 
 def _retention_due(rows: dict[str, Row]) -> tuple[set[str], set[str]]:
@@ -633,8 +689,11 @@ def _retention_due(rows: dict[str, Row]) -> tuple[set[str], set[str]]:
         tree = _tree(rows, sid)
         if any(child.moving or child.waiting for child in tree):
             continue
-        if all((is_parked(child.last_error) and not child.abort_requested)
-               or (not has_work(child) and (child.status == "finished" or child.aborted)) for child in tree):
+        if all(
+            (is_parked(child.last_error) and not child.abort_requested)
+            or (not has_work(child) and (child.status == "finished" or child.aborted))
+            for child in tree
+        ):
             must.add(sid)
         may.add(sid)
         may.update(child.session_id for child in tree)

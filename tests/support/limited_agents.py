@@ -57,8 +57,11 @@ class FussyProvider(LoggedModel):
         super().__init__(_script, model_id=f"fussy-{account}")
         self.account = account
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec]  # type: ignore[override]  # never streams
-                 ) -> ModelResponse:
+    def generate(  # type: ignore[override]  # never streams
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+    ) -> ModelResponse:
         key = _INFLIGHT.format(account=self.account)
         call = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
         client = _redis()
@@ -66,13 +69,16 @@ class FussyProvider(LoggedModel):
         # A call whose process was killed ends with it, as a real provider's connection would.
         pids = [int((m.decode() if isinstance(m, bytes) else str(m)).split(":")[0]) for m in client.smembers(key)]
         inflight = len([pid for pid in pids if _alive(pid)])
-        record: dict[str, Any] = {"kind": "provider", "account": self.account, "inflight": inflight,
-                                  "run_id": _shape_of(messages).run_id}
+        record: dict[str, Any] = {
+            "kind": "provider",
+            "account": self.account,
+            "inflight": inflight,
+            "run_id": _shape_of(messages).run_id,
+        }
         try:
             if inflight > PROVIDER_CAPACITY:
                 log_event({**record, "phase": "refused"})
-                raise ProviderRateLimitedError(f"{self.account}: too many requests",
-                                               retry_after=float(RETRY_AFTER_S))
+                raise ProviderRateLimitedError(f"{self.account}: too many requests", retry_after=float(RETRY_AFTER_S))
             log_event({**record, "phase": "start"})
             response = super().generate(messages, tools)
             log_event({**record, "phase": "end"})
@@ -82,8 +88,22 @@ class FussyProvider(LoggedModel):
 
 
 #: Two calls at a time across the fleet: the fake provider never has to refuse one.
-limited = Agent(name="limited", model=FussyProvider("guarded"), instructions="Limited crash-test agent.", tools=TOOLS,
-                max_steps=50, tool_concurrency=4, model_limit=ModelLimit("crash-guarded", concurrent=2))
+limited = Agent(
+    name="limited",
+    model=FussyProvider("guarded"),
+    instructions="Limited crash-test agent.",
+    tools=TOOLS,
+    max_steps=50,
+    tool_concurrency=4,
+    model_limit=ModelLimit("crash-guarded", concurrent=2),
+)
 #: A key with no numbers: nothing holds the calls back, but a 429's Retry-After holds every caller of the key.
-unguarded = Agent(name="unguarded", model=FussyProvider("open"), instructions="Unguarded crash-test agent.",
-                  tools=TOOLS, max_steps=50, tool_concurrency=4, model_limit=ModelLimit("crash-open"))
+unguarded = Agent(
+    name="unguarded",
+    model=FussyProvider("open"),
+    instructions="Unguarded crash-test agent.",
+    tools=TOOLS,
+    max_steps=50,
+    tool_concurrency=4,
+    model_limit=ModelLimit("crash-open"),
+)

@@ -59,11 +59,20 @@ class PrivatePostgres:
 
     def _run(self, program: str, *args: str, timeout: float = 60.0) -> str:
         command = [*self._prefix, str(postgres_bin_dir() / program), *args]
-        result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-                                env={**os.environ, "LC_ALL": "C"}, timeout=timeout)
+        result = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "LC_ALL": "C"},
+            timeout=timeout,
+        )
         if result.returncode != 0:
-            raise RuntimeError(f"{program} {' '.join(args[:2])} failed ({result.returncode}):\n"
-                               f"{result.stdout}{result.stderr}\n{self.log_tail()}")
+            raise RuntimeError(
+                f"{program} {' '.join(args[:2])} failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}\n{self.log_tail()}"
+            )
         return result.stdout
 
     def init(self) -> None:
@@ -73,8 +82,18 @@ class PrivatePostgres:
         if owner:  # the server runs as another user: it must own its folders
             os.chown(self.home, *owner)
             os.chown(self.data, *owner)
-        self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8",
-                  "--locale=C", "--no-sync", "--no-instructions")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        )
         self.port = processes.pick_port()
         with (self.data / "postgresql.conf").open("a") as conf:
             for key, value in {**SERVER_SETTINGS, "port": str(self.port)}.items():
@@ -94,8 +113,18 @@ class PrivatePostgres:
         Returns:
             When the server accepted its first connection (epoch seconds).
         """
-        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log_path), "-w",
-                  "-t", str(int(self.startup_timeout)), timeout=self.startup_timeout + 10)
+        self._run(
+            "pg_ctl",
+            "start",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log_path),
+            "-w",
+            "-t",
+            str(int(self.startup_timeout)),
+            timeout=self.startup_timeout + 10,
+        )
         pid = self.pid()
         if pid is None:
             raise RuntimeError(f"pg_ctl started no server:\n{self.log_tail()}")

@@ -106,7 +106,9 @@ def test_environment(**overrides: object) -> dict[str, str]:
 def reset_state() -> None:
     """Empty every table and the test Redis db."""
     with psycopg.connect(test_database_url(), autocommit=True) as conn:
-        conn.execute("TRUNCATE runs, run_messages, run_events, checkpoint_history, inbox, agents, agent_workers,"
-                     " doctor_runs, doctor_looks,"
-                     " sends, approvals, deliveries, delivery_bodies, schedules, schedule_fires")
+        conn.execute(
+            "TRUNCATE runs, run_messages, run_events, checkpoint_history, inbox, agents, agent_workers,"
+            " doctor_runs, doctor_looks,"
+            " sends, approvals, deliveries, delivery_bodies, schedules, schedule_fires"
+        )
     redis.Redis.from_url(test_redis_url()).flushdb()

@@ -16,6 +16,10 @@ if os.environ.get(ENV):
     from worker.celery import app
 
     seconds = float(os.environ[ENV])
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "visibility_timeout": seconds,
-                                         "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "visibility_timeout": seconds,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
     app.conf.result_backend_transport_options = {"visibility_timeout": seconds}

@@ -87,12 +87,17 @@ class SoakConfig:
 
         # About 1.2 s of a loaded 2-core machine per run with the faults, plus the servers' start.
         seconds = number("SECONDS", 100 + 1.2 * runs)
-        return cls(runs=runs, seed=int(number("SEED", random.randrange(1 << 30))), max_seconds=seconds,
-                   kills=int(number("KILLS", max(6, runs // 35))),
-                   redis_restarts=int(number("REDIS_RESTARTS", 2)),
-                   postgres_restarts=int(number("POSTGRES_RESTARTS", 1 if runs <= 100 else 2)),
-                   in_flight=int(number("IN_FLIGHT", 12)), turns=int(number("TURNS", 8 if runs <= 500 else 4)),
-                   rss_every_s=max(5.0, min(30.0, seconds / 60)))
+        return cls(
+            runs=runs,
+            seed=int(number("SEED", random.randrange(1 << 30))),
+            max_seconds=seconds,
+            kills=int(number("KILLS", max(6, runs // 35))),
+            redis_restarts=int(number("REDIS_RESTARTS", 2)),
+            postgres_restarts=int(number("POSTGRES_RESTARTS", 1 if runs <= 100 else 2)),
+            in_flight=int(number("IN_FLIGHT", 12)),
+            turns=int(number("TURNS", 8 if runs <= 500 else 4)),
+            rss_every_s=max(5.0, min(30.0, seconds / 60)),
+        )
 
     @property
     def timeout_s(self) -> float:
@@ -145,12 +150,30 @@ class PrivateRedis:
         binary = shutil.which("redis-server") or str(redis_server_binary())
         self.home.mkdir(parents=True, exist_ok=True)
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        args = [binary, "--port", str(self.port), "--bind", processes.HOST, "--protected-mode", "yes",
-                "--dir", str(self.home), "--save", "", *persistence, "--maxmemory-policy", "noeviction",
-                "--daemonize", "no", "--loglevel", "warning"]
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            processes.HOST,
+            "--protected-mode",
+            "yes",
+            "--dir",
+            str(self.home),
+            "--save",
+            "",
+            *persistence,
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.aof = aof
         client = redis.Redis.from_url(self.url(), socket_timeout=2, socket_connect_timeout=2)
         deadline = time.monotonic() + self.startup_timeout
@@ -328,8 +351,10 @@ class SweepPass:
 
 def sweep_passes(log_text: str) -> list[SweepPass]:
     """Every sweep pass in the workers' logs, in time order."""
-    return sorted((SweepPass(log_time(m.group(1)), float(m.group(2)), int(m.group(3)))
-                   for m in _SWEEP_DONE.finditer(log_text)), key=lambda p: p.ts)
+    return sorted(
+        (SweepPass(log_time(m.group(1)), float(m.group(2)), int(m.group(3))) for m in _SWEEP_DONE.finditer(log_text)),
+        key=lambda p: p.ts,
+    )
 
 
 def first_after(log_text: str, since: float, *, saved: bool = False) -> float | None:
@@ -347,7 +372,8 @@ def recovery_by_action(database_url: str, faults: Sequence[checker.Fault]) -> di
     saves: dict[str, list[float]] = defaultdict(list)
     with psycopg.connect(database_url) as conn:
         for session_id, saved_at in conn.execute(
-                "SELECT session_id, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"):
+            "SELECT session_id, extract(epoch FROM saved_at)::float8 FROM checkpoint_history"
+        ):
             saves[session_id].append(saved_at)
     found: dict[str, list[float]] = defaultdict(list)
     for session_id, times in saves.items():
@@ -372,9 +398,12 @@ def memory_summary(readings: Sequence[MemoryReading]) -> dict[str, Any]:
 
     def side(reading: MemoryReading) -> dict[str, Any]:
         pool = sorted(reading.pool_kib.values())
-        return {"finished": reading.finished, "pool_mib_median": _mib(pool[len(pool) // 2]) if pool else None,
-                "pool_mib_max": _mib(pool[-1]) if pool else None,
-                "main_mib": {name: _mib(kib) for name, kib in sorted(reading.main_kib.items())}}
+        return {
+            "finished": reading.finished,
+            "pool_mib_median": _mib(pool[len(pool) // 2]) if pool else None,
+            "pool_mib_max": _mib(pool[-1]) if pool else None,
+            "main_mib": {name: _mib(kib) for name, kib in sorted(reading.main_kib.items())},
+        }
 
     seen: dict[int, list[tuple[MemoryReading, int]]] = defaultdict(list)
     for reading in readings:
@@ -384,16 +413,27 @@ def memory_summary(readings: Sequence[MemoryReading]) -> dict[str, Any]:
     lived = None
     if len(longest) >= 2:
         (start, start_kib), (end, end_kib) = longest[0], longest[-1]
-        lived = {"seconds": round(end.ts - start.ts), "finished_from": start.finished, "finished_to": end.finished,
-                 "mib_from": _mib(start_kib), "mib_to": _mib(end_kib)}
+        lived = {
+            "seconds": round(end.ts - start.ts),
+            "finished_from": start.finished,
+            "finished_to": end.finished,
+            "mib_from": _mib(start_kib),
+            "mib_to": _mib(end_kib),
+        }
     step = max(1, (len(readings) - 1) // 8)
     trend = [{"minute": round((r.ts - first.ts) / 60, 1), **side(r)} for r in [*readings[:-1:step], last]]
-    return {"readings": len(readings), "start": side(first), "end": side(last), "longest_lived_pool": lived,
-            "trend": trend}
+    return {
+        "readings": len(readings),
+        "start": side(first),
+        "end": side(last),
+        "longest_lived_pool": lived,
+        "trend": trend,
+    }
 
 
-def sweep_cost(passes: Sequence[SweepPass], timeline: Sequence[tuple[float, int]], runs: int,
-               buckets: int = 5) -> list[dict[str, Any]]:
+def sweep_cost(
+    passes: Sequence[SweepPass], timeline: Sequence[tuple[float, int]], runs: int, buckets: int = 5
+) -> list[dict[str, Any]]:
     """Sweep pass times, by how many runs had finished when the pass ran (``buckets`` equal slices of ``runs``).
 
     ``timeline`` holds (epoch seconds, runs finished by then), in time order. Passes that sent nothing
@@ -414,10 +454,17 @@ def sweep_cost(passes: Sequence[SweepPass], timeline: Sequence[tuple[float, int]
         idle = [p.seconds * 1000 for p in grouped[bucket] if p.sent == 0]
         mean_finished = sum(finished_at[bucket]) / len(finished_at[bucket])
         idle_p50 = checker.percentile(idle, 50)
-        rows.append({"finished": f"{bucket * runs // buckets}-{(bucket + 1) * runs // buckets}",
-                     "passes": len(times), "p50_ms": checker.percentile(times, 50),
-                     "p99_ms": checker.percentile(times, 99), "idle_p50_ms": idle_p50,
-                     "sent": sum(p.sent for p in grouped[bucket]),
-                     "us_per_finished_run": round(idle_p50 * 1000 / mean_finished, 1)
-                     if idle_p50 and mean_finished else None})
+        rows.append(
+            {
+                "finished": f"{bucket * runs // buckets}-{(bucket + 1) * runs // buckets}",
+                "passes": len(times),
+                "p50_ms": checker.percentile(times, 50),
+                "p99_ms": checker.percentile(times, 99),
+                "idle_p50_ms": idle_p50,
+                "sent": sum(p.sent for p in grouped[bucket]),
+                "us_per_finished_run": round(idle_p50 * 1000 / mean_finished, 1)
+                if idle_p50 and mean_finished
+                else None,
+            }
+        )
     return rows

@@ -41,8 +41,7 @@ class SpanFiles(SpanExporter):
             self.memory.clear()
             if finished:
                 data = "".join(json.dumps(_record(span), separators=(",", ":")) + "\n" for span in finished)
-                fd = os.open(self.folder / f"spans-{os.getpid()}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                             0o644)
+                fd = os.open(self.folder / f"spans-{os.getpid()}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     os.write(fd, data.encode())
                 finally:
@@ -56,11 +55,18 @@ class SpanFiles(SpanExporter):
 def _record(span: ReadableSpan) -> dict[str, Any]:
     context = span.context
     assert context is not None
-    return {"pid": os.getpid(), "name": span.name, "trace_id": f"{context.trace_id:032x}",
-            "span_id": f"{context.span_id:016x}",
-            "parent_id": f"{span.parent.span_id:016x}" if span.parent is not None else None,
-            "kind": span.kind.name, "start": span.start_time, "end": span.end_time,
-            "status": span.status.status_code.name, "attributes": dict(span.attributes or {})}
+    return {
+        "pid": os.getpid(),
+        "name": span.name,
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+        "parent_id": f"{span.parent.span_id:016x}" if span.parent is not None else None,
+        "kind": span.kind.name,
+        "start": span.start_time,
+        "end": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": dict(span.attributes or {}),
+    }
 
 
 def install(folder: Path) -> TracerProvider:

@@ -23,6 +23,10 @@ starter = Agent(name=AGENT, model=MockModel(lambda messages: f"started by: {mess
 _queue = load_settings().queue
 beat_schedule: dict[str, dict[str, Any]] = {
     "ticks": beat_entry("ticks", AGENT, "the tick's job", TICK_S, queue=_queue),
-    "plain": {"task": START_TASK, "schedule": PLAIN_S, "kwargs": {"agent": AGENT, "input": "a plain entry"},
-              "options": {"queue": start_queue(_queue)}},
+    "plain": {
+        "task": START_TASK,
+        "schedule": PLAIN_S,
+        "kwargs": {"agent": AGENT, "input": "a plain entry"},
+        "options": {"queue": start_queue(_queue)},
+    },
 }

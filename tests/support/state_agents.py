@@ -32,10 +32,14 @@ def record(entry: str, ctx: ToolContext) -> str:
 def _ledger(messages: list[Message]) -> dict[str, Any] | str:
     turn = sum(1 for m in messages if m.role == "assistant")
     if turn < len(ENTRIES):
-        return {"tool_calls": [{"id": f"r{turn}-{uuid.uuid4().hex[:8]}", "name": "record",
-                                "args": {"entry": ENTRIES[turn]}}]}
+        return {
+            "tool_calls": [
+                {"id": f"r{turn}-{uuid.uuid4().hex[:8]}", "name": "record", "args": {"entry": ENTRIES[turn]}}
+            ]
+        }
     return "ledger done"
 
 
-ledger = Agent(name=LEDGER, model=MockModel(_ledger, model_id="ledger-model"), tools=[record],
-               instructions="Keep the ledger.")
+ledger = Agent(
+    name=LEDGER, model=MockModel(_ledger, model_id="ledger-model"), tools=[record], instructions="Keep the ledger."
+)

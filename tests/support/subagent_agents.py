@@ -62,20 +62,26 @@ def _research(messages: list[Message]) -> dict[str, Any]:
         notes = sum(1 for m in messages if m.role == "tool")
         return {"text": f"{shape.run_id} found {notes} notes {response_tag(nonce)}", "usage": CHILD_USAGE}
     tag = shape.run_id[-8:]
-    calls = [{"id": f"c{turn}-{k}-{tag}", "name": APPROVED_TOOL if (turn, k) in shape.gated else "work",
-              "args": {"ms": shape.sleep_of(turn, k)}} for k in range(shape.calls_in(turn))]
+    calls = [
+        {
+            "id": f"c{turn}-{k}-{tag}",
+            "name": APPROVED_TOOL if (turn, k) in shape.gated else "work",
+            "args": {"ms": shape.sleep_of(turn, k)},
+        }
+        for k in range(shape.calls_in(turn))
+    ]
     return {"text": f"turn {turn} {response_tag(nonce)}", "tool_calls": calls, "usage": CHILD_USAGE}
 
 
 def delegating(children: int, shape: Mapping[str, object]) -> Callable[[list[Message]], dict[str, Any]]:
     """A lead's script: ``children`` ``task`` calls of ``shape`` in its first turn, then what they found."""
+
     def lead(messages: list[Message]) -> dict[str, Any]:
         lead_id = parse_shape(str(next(m.content for m in messages if m.role == "user"))).run_id
         turn, nonce = _turn(messages), uuid.uuid4().hex[:12]
         if turn > 0:
             # Without the children's response tags: the checker reads the first tag of a turn as its own.
-            found = " | ".join(str(m.content).splitlines()[0].split(" [resp:")[0]
-                               for m in messages if m.role == "tool")
+            found = " | ".join(str(m.content).splitlines()[0].split(" [resp:")[0] for m in messages if m.role == "tool")
             return {"text": f"{lead_id} read: {found} {response_tag(nonce)}", "usage": LEAD_USAGE}
         calls = []
         for k in range(children):
@@ -83,9 +89,15 @@ def delegating(children: int, shape: Mapping[str, object]) -> Callable[[list[Mes
             # The step of this turn's batch is the turn count after it: the child's id is known now.
             child = subagents.child_id(lead_id, turn + 1, call_id)
             assert child is not None, "the lead's id is too long for a child's"
-            calls.append({"id": call_id, "name": "task", "args": {
-                "agent": CHILD, "prompt": run_input(child, **shape), "description": f"part {k}"}})
+            calls.append(
+                {
+                    "id": call_id,
+                    "name": "task",
+                    "args": {"agent": CHILD, "prompt": run_input(child, **shape), "description": f"part {k}"},
+                }
+            )
         return {"text": f"delegating {response_tag(nonce)}", "tool_calls": calls, "usage": LEAD_USAGE}
+
     return lead
 
 
@@ -98,20 +110,53 @@ def _slow_then_delegate(messages: list[Message]) -> dict[str, Any]:
     call_id = f"t0-{nonce}"
     child = subagents.child_id(lead_id, turn + 1, call_id)
     assert child is not None, "the lead's id is too long for a child's"
-    return {"text": f"working {response_tag(nonce)}", "usage": LEAD_USAGE, "tool_calls": [
-        {"id": f"w0-{nonce}", "name": "work", "args": {"ms": SLOW_WORK_MS}},
-        {"id": call_id, "name": "task", "args": {"agent": CHILD, "prompt": run_input(child, turns=2, calls=1,
-                                                                                     sleep=50)}}]}
+    return {
+        "text": f"working {response_tag(nonce)}",
+        "usage": LEAD_USAGE,
+        "tool_calls": [
+            {"id": f"w0-{nonce}", "name": "work", "args": {"ms": SLOW_WORK_MS}},
+            {
+                "id": call_id,
+                "name": "task",
+                "args": {"agent": CHILD, "prompt": run_input(child, turns=2, calls=1, sleep=50)},
+            },
+        ],
+    }
 
 
-researcher = Agent(name=CHILD, model=LoggedModel(_research, model_id="child-mock"),
-                   instructions="Sub-agent crash-test agent.", tools=[work, approved_work], max_steps=20,
-                   tool_concurrency=1)
-lead = Agent(name=LEAD, model=LoggedModel(delegating(2, PAIR), model_id="lead-mock"),
-             instructions="Lead crash-test agent.", subagents=[researcher], tool_concurrency=2)
-editor = Agent(name=EDITOR, model=LoggedModel(delegating(1, GATED), model_id="lead-mock"),
-               instructions="Lead crash-test agent.", subagents=[researcher])
-fan_lead = Agent(name=FAN_LEAD, model=LoggedModel(delegating(FAN_CHILDREN, FAN), model_id="lead-mock"),
-                 instructions="Lead crash-test agent.", subagents=[researcher], tool_concurrency=FAN_CHILDREN)
-slow_lead = Agent(name=SLOW_LEAD, model=LoggedModel(_slow_then_delegate, model_id="lead-mock"),
-                  instructions="Lead crash-test agent.", tools=[work], subagents=[researcher], tool_concurrency=1)
+researcher = Agent(
+    name=CHILD,
+    model=LoggedModel(_research, model_id="child-mock"),
+    instructions="Sub-agent crash-test agent.",
+    tools=[work, approved_work],
+    max_steps=20,
+    tool_concurrency=1,
+)
+lead = Agent(
+    name=LEAD,
+    model=LoggedModel(delegating(2, PAIR), model_id="lead-mock"),
+    instructions="Lead crash-test agent.",
+    subagents=[researcher],
+    tool_concurrency=2,
+)
+editor = Agent(
+    name=EDITOR,
+    model=LoggedModel(delegating(1, GATED), model_id="lead-mock"),
+    instructions="Lead crash-test agent.",
+    subagents=[researcher],
+)
+fan_lead = Agent(
+    name=FAN_LEAD,
+    model=LoggedModel(delegating(FAN_CHILDREN, FAN), model_id="lead-mock"),
+    instructions="Lead crash-test agent.",
+    subagents=[researcher],
+    tool_concurrency=FAN_CHILDREN,
+)
+slow_lead = Agent(
+    name=SLOW_LEAD,
+    model=LoggedModel(_slow_then_delegate, model_id="lead-mock"),
+    instructions="Lead crash-test agent.",
+    tools=[work],
+    subagents=[researcher],
+    tool_concurrency=1,
+)

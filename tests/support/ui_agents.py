@@ -88,8 +88,10 @@ pay = Tool(_pay, name="pay", needs_approval=True)
 
 def _book_script(messages: list[Message]) -> Any:
     if _turn(messages) == 0:
-        return {"text": "one question first",
-                "tool_calls": [{"name": "ask_question", "args": {"question": QUESTION, "options": OPTIONS}}]}
+        return {
+            "text": "one question first",
+            "tool_calls": [{"name": "ask_question", "args": {"question": QUESTION, "options": OPTIONS}}],
+        }
     body = json.loads(_results(messages)[-1])
     said = body.get("answer") if isinstance(body, dict) else None
     return f"booked {said}" if said else f"not booked: {body}"
@@ -119,8 +121,10 @@ def _choose_script(messages: list[Message]) -> Any:
     if turn == 0:
         return {"text": "which colour?", "tool_calls": [{"name": "lookup", "args": {"key": "colour"}}]}
     if turn == 1:
-        return {"text": "which shade?",
-                "tool_calls": [{"name": "lookup", "args": {"key": f"shade of {_results(messages)[-1]}"}}]}
+        return {
+            "text": "which shade?",
+            "tool_calls": [{"name": "lookup", "args": {"key": f"shade of {_results(messages)[-1]}"}}],
+        }
     return f"chose {_results(messages)[-1]}"
 
 
@@ -130,12 +134,29 @@ def lookup(key: str, ctx: ToolContext) -> str:
     return SHADES.get(key, "unknown")
 
 
-payer = Agent(name=PAYER, model=MockModel(_pay_script, model_id="ui-mock"), instructions="Pay people.", tools=[pay],
-              max_steps=10)
-booker = Agent(name=BOOKER, model=MockModel(_book_script, model_id="ui-mock"), instructions="Book trips.",
-               ask_question=True, max_steps=10)
+payer = Agent(
+    name=PAYER, model=MockModel(_pay_script, model_id="ui-mock"), instructions="Pay people.", tools=[pay], max_steps=10
+)
+booker = Agent(
+    name=BOOKER,
+    model=MockModel(_book_script, model_id="ui-mock"),
+    instructions="Book trips.",
+    ask_question=True,
+    max_steps=10,
+)
 #: One call at a time, so an abort finds the long call running.
-plodder = Agent(name=PLODDER, model=MockModel(_plod_script, model_id="ui-mock"), instructions="Walk.",
-                tools=[trudge], max_steps=10, tool_concurrency=1)
-chooser = Agent(name=CHOOSER, model=MockModel(_choose_script, model_id="ui-mock"), instructions="Choose a shade.",
-                tools=[lookup], max_steps=10)
+plodder = Agent(
+    name=PLODDER,
+    model=MockModel(_plod_script, model_id="ui-mock"),
+    instructions="Walk.",
+    tools=[trudge],
+    max_steps=10,
+    tool_concurrency=1,
+)
+chooser = Agent(
+    name=CHOOSER,
+    model=MockModel(_choose_script, model_id="ui-mock"),
+    instructions="Choose a shade.",
+    tools=[lookup],
+    max_steps=10,
+)

@@ -23,8 +23,9 @@ _original = PostgresCheckpointStore.record_step
 def _unfenced(self: PostgresCheckpointStore, write: records.StepWrite) -> Any:
     checkpoint = write.checkpoint
     with self.engine.connect() as conn:
-        row = conn.execute(text("SELECT fence, seq FROM runs WHERE session_id = :sid"),
-                           {"sid": checkpoint.session_id}).first()
+        row = conn.execute(
+            text("SELECT fence, seq FROM runs WHERE session_id = :sid"), {"sid": checkpoint.session_id}
+        ).first()
     if row is not None and (row.fence, row.seq) != (checkpoint.fence, checkpoint.seq - 1):
         moved = checkpoint.model_copy(update={"fence": row.fence, "seq": row.seq + 1})
         write = write.model_copy(update={"checkpoint": moved, "first_new_message": None})

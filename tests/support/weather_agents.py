@@ -51,7 +51,6 @@ RECOVER = "lousho.recover"
 _UNSET_URL = "http://127.0.0.1:9/v1"
 
 
-
 def log_event(record: dict[str, Any]) -> None:
     """Append one JSON line to ``LOUSHO_WEATHER_LOG`` (no-op when it is unset)."""
     crash_agents.append_event(os.environ.get(LOG_ENV), record)
@@ -75,6 +74,7 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 # -- the weather agent ---------------------------------------------------------------------------------
 
+
 def ask(session_id: str, turns: int = 2, ms: int = 50) -> str:
     """The first user message of a ``weather`` run: ``turns`` model turns, tools sleeping ``ms``."""
     return f"weather {session_id} turns={turns} ms={ms}"
@@ -97,16 +97,24 @@ class LoggedOpenAIModel(OpenAIModel):
     """``OpenAIModel`` that logs every call it makes and how it ended (the count of provider calls)."""
 
     def generate(  # type: ignore[override]  # takes no listener: this model never streams
-            self, messages: list[Message], tools: list[ToolSpec]) -> ModelResponse:
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> ModelResponse:
         run_id = _shape(_first_user_text(messages))[0]
         turn = sum(1 for m in messages if m.role == "assistant")
         log_event({"kind": "provider", "phase": "start", "run_id": run_id, "turn_index": turn})
         try:
             response = super().generate(messages, tools)
         except Exception as exc:
-            log_event({"kind": "provider", "phase": "end", "run_id": run_id, "turn_index": turn,
-                       "outcome": getattr(exc, "category", type(exc).__name__),
-                       "retryable": getattr(exc, "retryable", None)})
+            log_event(
+                {
+                    "kind": "provider",
+                    "phase": "end",
+                    "run_id": run_id,
+                    "turn_index": turn,
+                    "outcome": getattr(exc, "category", type(exc).__name__),
+                    "retryable": getattr(exc, "retryable", None),
+                }
+            )
             raise
         log_event({"kind": "provider", "phase": "end", "run_id": run_id, "turn_index": turn, "outcome": "ok"})
         return response
@@ -120,15 +128,26 @@ def forecast(city: str, ms: int, ctx: ToolContext) -> str:
     return f"sunny in {city}"
 
 
-weather = Agent(name=AGENT,
-                model=LoggedOpenAIModel("gpt-test", base_url=os.environ.get(URL_ENV, _UNSET_URL),
-                                        api_key="sk-test-weather-0000000", timeout=5.0),
-                instructions="Report the weather.", tools=[forecast], max_steps=50)
+weather = Agent(
+    name=AGENT,
+    model=LoggedOpenAIModel(
+        "gpt-test", base_url=os.environ.get(URL_ENV, _UNSET_URL), api_key="sk-test-weather-0000000", timeout=5.0
+    ),
+    instructions="Report the weather.",
+    tools=[forecast],
+    max_steps=50,
+)
 
 if os.environ.get(RELEASE_ENV, "new") != "old":
     #: Only the new release has it (same model and tool as the crash tests' agents, so the checker reads it).
-    weather_new = Agent(name=NEW_AGENT, model=crash_agents.chaos.model, instructions="Crash-test agent.",
-                        tools=[crash_agents.work], max_steps=50, tool_concurrency=4)
+    weather_new = Agent(
+        name=NEW_AGENT,
+        model=crash_agents.chaos.model,
+        instructions="Crash-test agent.",
+        tools=[crash_agents.work],
+        max_steps=50,
+        tool_concurrency=4,
+    )
 
 
 # -- the fake provider's side ----------------------------------------------------------------------------
@@ -184,8 +203,10 @@ class WeatherScript:
         if run_id in self.failing:
             return self._count("refused", Failure(401, "Incorrect API key provided: sk-old...", code="invalid_api_key"))
         if "poison" in text:
-            return self._count("refused", Failure(400, "This model's maximum context length is 8192 tokens.",
-                                                  code="context_length_exceeded"))
+            return self._count(
+                "refused",
+                Failure(400, "This model's maximum context length is 8192 tokens.", code="context_length_exceeded"),
+            )
         return self._count("ok", Turn(text=f"reply {len(users)} for {run_id}: {text}"))
 
     def _count(self, what: str, reply: Reply) -> Reply:
@@ -199,19 +220,25 @@ def flaky(rate: float, seed: int = 0) -> Transient:
 
     Failures are 500, 502, 503, 429 (no Retry-After) or a hang-up, also chosen by the same hash.
     """
-    kinds: tuple[Reply, ...] = (Failure(500, "internal error"), Failure(502, "bad gateway"),
-                                Failure(503, "overloaded"), Failure(429, "slow down", code="rate_limit_exceeded"),
-                                Hangup())
+    kinds: tuple[Reply, ...] = (
+        Failure(500, "internal error"),
+        Failure(502, "bad gateway"),
+        Failure(503, "overloaded"),
+        Failure(429, "slow down", code="rate_limit_exceeded"),
+        Hangup(),
+    )
 
     def decide(run_id: str, turn: int, attempt: int) -> Reply | None:
         digest = hashlib.sha256(f"{seed}/{run_id}/{turn}/{attempt}".encode()).digest()
-        if int.from_bytes(digest[:4], "big") / 2 ** 32 >= rate:
+        if int.from_bytes(digest[:4], "big") / 2**32 >= rate:
             return None
         return kinds[digest[4] % len(kinds)]
+
     return decide
 
 
 # -- step deliveries and publishes -------------------------------------------------------------------
+
 
 def _install_hooks() -> None:
     """Log every ``lousho.advance`` this process starts or publishes (with the publishing task's name)."""
@@ -224,18 +251,30 @@ def _install_hooks() -> None:
         args = list(args or ())
         request = getattr(task, "request", None)
         delivery = getattr(request, "delivery_info", None) or {}
-        log_event({"kind": "deliver", "run_id": args[0] if args else (kwargs or {}).get("session_id"),
-                   "seq": args[1] if len(args) > 1 else (kwargs or {}).get("seq"),
-                   "node": getattr(request, "hostname", None), "queue": delivery.get("routing_key")})
+        log_event(
+            {
+                "kind": "deliver",
+                "run_id": args[0] if args else (kwargs or {}).get("session_id"),
+                "seq": args[1] if len(args) > 1 else (kwargs or {}).get("seq"),
+                "node": getattr(request, "hostname", None),
+                "queue": delivery.get("routing_key"),
+            }
+        )
 
     def on_publish(sender: Any = None, body: Any = None, routing_key: Any = None, **_: Any) -> None:
         if sender != ADVANCE:
             return
         args = list(body[0]) if isinstance(body, list | tuple) and body and isinstance(body[0], list | tuple) else []
         named = body[1] if isinstance(body, list | tuple) and len(body) > 1 and isinstance(body[1], dict) else {}
-        log_event({"kind": "publish", "run_id": args[0] if args else named.get("session_id"),
-                   "seq": args[1] if len(args) > 1 else named.get("seq"),
-                   "by": getattr(current_task, "name", None), "queue": routing_key})
+        log_event(
+            {
+                "kind": "publish",
+                "run_id": args[0] if args else named.get("session_id"),
+                "seq": args[1] if len(args) > 1 else named.get("seq"),
+                "by": getattr(current_task, "name", None),
+                "queue": routing_key,
+            }
+        )
 
     task_prerun.connect(on_prerun, weak=False)
     after_task_publish.connect(on_publish, weak=False)

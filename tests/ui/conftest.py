@@ -70,8 +70,15 @@ def _environment(keys: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     env.update(services.test_environment())
-    env.update({"LOUSHO_AGENTS": UI_AGENTS, "LOUSHO_UI_ENABLED": "true", "LOUSHO_WEBHOOK_SECRETS": secret,
-                "LOUSHO_API_KEYS": f"ops={keys['ops']},viewer={keys['viewer']};read", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "LOUSHO_AGENTS": UI_AGENTS,
+            "LOUSHO_UI_ENABLED": "true",
+            "LOUSHO_WEBHOOK_SECRETS": secret,
+            "LOUSHO_API_KEYS": f"ops={keys['ops']},viewer={keys['viewer']};read",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -111,9 +118,15 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
     lousho = Path(sys.executable).with_name("lousho")
     command = [str(lousho)] if lousho.exists() else [sys.executable, "-m", "producer.cli"]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([*command, "webhooks", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                   cwd=ROOT, env=_environment(keys), stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [*command, "webhooks", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=_environment(keys),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = UiServer(f"http://127.0.0.1:{port}", keys, log_path, process)
     try:
         _wait_healthy(server)

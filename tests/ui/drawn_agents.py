@@ -48,8 +48,11 @@ def _task(call_id: str, agent: str, prompt: str) -> dict[str, Any]:
 
 def _draft(messages: list[Message]) -> dict[str, Any]:
     if _turn(messages) == 0:
-        return {"text": "two scouts", "usage": TURN_USAGE,
-                "tool_calls": [_task("t-deep", SCOUT, "deep"), _task("t-shallow", SCOUT, "shallow")]}
+        return {
+            "text": "two scouts",
+            "usage": TURN_USAGE,
+            "tool_calls": [_task("t-deep", SCOUT, "deep"), _task("t-shallow", SCOUT, "shallow")],
+        }
     found = " | ".join(str(m.content).splitlines()[0] for m in messages if m.role == "tool")
     return {"text": f"drafted: {found}", "usage": TURN_USAGE}
 
@@ -59,15 +62,21 @@ def _scout(messages: list[Message]) -> dict[str, Any]:
         return {"text": "scouted", "usage": TURN_USAGE}
     if _prompt(messages) == "deep":
         return {"text": "dig deeper", "usage": TURN_USAGE, "tool_calls": [_task("t-dig", DIGGER, "dig")]}
-    return {"text": "measure it", "usage": TURN_USAGE,
-            "tool_calls": [{"id": "m-shallow", "name": "measure", "args": {"ms": SHALLOW_MS}}]}
+    return {
+        "text": "measure it",
+        "usage": TURN_USAGE,
+        "tool_calls": [{"id": "m-shallow", "name": "measure", "args": {"ms": SHALLOW_MS}}],
+    }
 
 
 def _dig(messages: list[Message]) -> dict[str, Any]:
     if _turn(messages) > 0:
         return {"text": "dug", "usage": TURN_USAGE}
-    return {"text": "measure the hole", "usage": TURN_USAGE,
-            "tool_calls": [{"id": "m-dig", "name": "measure", "args": {"ms": DIG_MS}}]}
+    return {
+        "text": "measure the hole",
+        "usage": TURN_USAGE,
+        "tool_calls": [{"id": "m-dig", "name": "measure", "args": {"ms": DIG_MS}}],
+    }
 
 
 def failed_once_marker(session_id: str) -> Path | None:
@@ -83,9 +92,14 @@ def _survey(messages: list[Message]) -> dict[str, Any]:
         if marker is not None and not marker.exists():
             marker.touch()
             return {"error": "the provider is busy", "retryable": True}
-        return {"text": "measure and stamp", "usage": TURN_USAGE, "tool_calls": [
-            {"id": "m-survey", "name": "measure", "args": {"ms": SURVEY_MS}},
-            {"id": "s-survey", "name": "stamp", "args": {"page": 1}}]}
+        return {
+            "text": "measure and stamp",
+            "usage": TURN_USAGE,
+            "tool_calls": [
+                {"id": "m-survey", "name": "measure", "args": {"ms": SURVEY_MS}},
+                {"id": "s-survey", "name": "stamp", "args": {"page": 1}},
+            ],
+        }
     if turn == 1:
         return {"text": "one more hole", "usage": TURN_USAGE, "tool_calls": [_task("t-survey", DIGGER, "dig")]}
     return {"text": "surveyed", "usage": TURN_USAGE}
@@ -105,12 +119,34 @@ def _stamp(page: int) -> str:
 
 stamp = Tool(_stamp, name="stamp", needs_approval=True)
 
-digger = Agent(name=DIGGER, model=MockModel(_dig, model_id="ui-mock"), instructions="Dig.", tools=[measure],
-               max_steps=10)
-scout = Agent(name=SCOUT, model=MockModel(_scout, model_id="ui-mock"), instructions="Scout.", tools=[measure],
-              subagents=[digger], max_subagent_depth=2, max_steps=10)
-drafter = Agent(name=DRAFTER, model=MockModel(_draft, model_id="ui-mock"), instructions="Draft.",
-                subagents=[scout], max_subagent_depth=2, tool_concurrency=2, max_steps=10)
-surveyor = Agent(name=SURVEYOR, model=MockModel(_survey, model_id="ui-mock"), instructions="Survey.",
-                 tools=[measure, stamp], subagents=[digger], tool_concurrency=1, max_steps=10,
-                 prices=SURVEY_PRICES)
+digger = Agent(
+    name=DIGGER, model=MockModel(_dig, model_id="ui-mock"), instructions="Dig.", tools=[measure], max_steps=10
+)
+scout = Agent(
+    name=SCOUT,
+    model=MockModel(_scout, model_id="ui-mock"),
+    instructions="Scout.",
+    tools=[measure],
+    subagents=[digger],
+    max_subagent_depth=2,
+    max_steps=10,
+)
+drafter = Agent(
+    name=DRAFTER,
+    model=MockModel(_draft, model_id="ui-mock"),
+    instructions="Draft.",
+    subagents=[scout],
+    max_subagent_depth=2,
+    tool_concurrency=2,
+    max_steps=10,
+)
+surveyor = Agent(
+    name=SURVEYOR,
+    model=MockModel(_survey, model_id="ui-mock"),
+    instructions="Survey.",
+    tools=[measure, stamp],
+    subagents=[digger],
+    tool_concurrency=1,
+    max_steps=10,
+    prices=SURVEY_PRICES,
+)

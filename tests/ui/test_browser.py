@@ -58,8 +58,9 @@ def _status(page: Any) -> str:
 
 
 def _wait_status(cluster: Cluster, run_id: str, status: str, timeout: float = 20.0) -> None:
-    wait_until(lambda: cluster.statuses([run_id]).get(run_id, {}).get("status") == status, timeout,
-               f"run {run_id} {status}")
+    wait_until(
+        lambda: cluster.statuses([run_id]).get(run_id, {}).get("status") == status, timeout, f"run {run_id} {status}"
+    )
 
 
 def _mark_page(page: Any) -> None:
@@ -82,7 +83,8 @@ def _body_width(page: Any) -> int:
 
 
 def test_a_person_finds_a_paused_run_approves_one_call_rejects_the_other_and_sees_it_finish(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     done_id, paused_id = fresh_id("chosen"), fresh_id("pay")
     cluster.send(agents.CHOOSER, done_id, "pick a shade")
@@ -165,7 +167,8 @@ def test_a_person_finds_a_paused_run_approves_one_call_rejects_the_other_and_see
 
 
 def test_a_person_answers_a_question_from_the_inbox_and_the_run_uses_the_answer(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("book")
     cluster.send(agents.BOOKER, run_id, "book me a trip")
@@ -203,7 +206,8 @@ def test_a_person_answers_a_question_from_the_inbox_and_the_run_uses_the_answer(
 
 
 def test_a_person_aborts_a_running_run_and_resumes_it(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("plod")
     cluster.send(agents.PLODDER, run_id, "walk a long way")
@@ -249,7 +253,8 @@ def test_a_person_aborts_a_running_run_and_resumes_it(
 
 
 def test_a_person_forks_a_run_from_a_step_and_sees_where_the_two_diverge(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("choose")
     cluster.send(agents.CHOOSER, run_id, "pick a shade")
@@ -269,7 +274,8 @@ def test_a_person_forks_a_run_from_a_step_and_sees_where_the_two_diverge(
     form = page.locator("form#fork")
     form.locator("select[name=step]").select_option("2")
     form.locator("textarea[name=patch]").fill(
-        json.dumps({"tool_result": {"tool_call_id": agents.SHADE_CALL_ID, "result": "teal"}}))
+        json.dumps({"tool_result": {"tool_call_id": agents.SHADE_CALL_ID, "result": "teal"}})
+    )
     form.locator("input[name=new_id]").fill(fork_id)
     form.locator("button[type=submit]").click()
 
@@ -280,8 +286,9 @@ def test_a_person_forks_a_run_from_a_step_and_sees_where_the_two_diverge(
     cluster.wait_finished([fork_id], timeout=20)
     assert cluster.checkpoint(agents.CHOOSER, fork_id).messages[-1].content == "chose teal"
     page.reload()
-    expected = compare_trajectories(cluster.checkpoint(agents.CHOOSER, run_id),
-                                    cluster.checkpoint(agents.CHOOSER, fork_id)).diverged_at
+    expected = compare_trajectories(
+        cluster.checkpoint(agents.CHOOSER, run_id), cluster.checkpoint(agents.CHOOSER, fork_id)
+    ).diverged_at
     assert expected == 2  # same colour, then another shade: the step the fork started from
     text = page.locator("#divergence").inner_text()
     found = re.search(r"diverge at step (\d+)", text)
@@ -299,7 +306,8 @@ def test_a_person_forks_a_run_from_a_step_and_sees_where_the_two_diverge(
 
 
 def test_a_request_without_the_session_cookie_or_the_csrf_token_is_refused(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("pay")
     cluster.send(agents.PAYER, run_id, agents.pay_prompt(run_id))
@@ -338,8 +346,12 @@ def test_a_request_without_the_session_cookie_or_the_csrf_token_is_refused(
     assert missing.status == 403
     assert "CSRF token missing or invalid" in missing.text()
     assert page.request.post(abort_url, form={"csrf_token": token[::-1]}, max_redirects=0).status == 403
-    assert page.request.post(abort_url, form={"csrf_token": token}, headers={"origin": "http://evil.example"},
-                             max_redirects=0).status == 403
+    assert (
+        page.request.post(
+            abort_url, form={"csrf_token": token}, headers={"origin": "http://evil.example"}, max_redirects=0
+        ).status
+        == 403
+    )
     assert cluster.statuses([run_id])[run_id]["status"] == "awaiting-approval"
 
     # A read-only key sees no action and may not act, token or not
@@ -359,7 +371,8 @@ def test_a_request_without_the_session_cookie_or_the_csrf_token_is_refused(
 
 
 def test_the_pages_fit_a_phone_and_work_from_the_keyboard(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("choose")
     cluster.send(agents.CHOOSER, run_id, "pick a shade")
@@ -378,8 +391,9 @@ def test_the_pages_fit_a_phone_and_work_from_the_keyboard(
         return {button: el.matches('form#login button[type=submit]'), outline: style.outlineStyle,
                 width: parseFloat(style.outlineWidth), shadow: style.boxShadow}; }""")
     assert focused["button"], "Tab from the key field does not reach the sign-in button"
-    assert (focused["outline"] != "none" and focused["width"] > 0) or focused["shadow"] != "none", \
+    assert (focused["outline"] != "none" and focused["width"] > 0) or focused["shadow"] != "none", (
         f"the focused button shows no focus ring: {focused}"
+    )
     page.keyboard.press("Enter")
     page.wait_for_url(re.compile(r"/ui/runs(\?.*)?$"))
 
@@ -394,8 +408,7 @@ def test_the_pages_fit_a_phone_and_work_from_the_keyboard(
 
     # No page is wider than the phone
     widths = {}
-    for path in ("/ui/runs", f"/ui/runs/{run_id}", "/ui/approvals", f"/ui/compare?a={run_id}&b={run_id}",
-                 "/ui/login"):
+    for path in ("/ui/runs", f"/ui/runs/{run_id}", "/ui/approvals", f"/ui/compare?a={run_id}&b={run_id}", "/ui/login"):
         page.goto(path)
         widths[path] = _body_width(page)
     print(f"figure: page widths at {PHONE_WIDTH} px: {widths}")
@@ -404,7 +417,8 @@ def test_the_pages_fit_a_phone_and_work_from_the_keyboard(
 
 
 def test_times_show_in_the_viewers_time_zone(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("choose")
     cluster.send(agents.CHOOSER, run_id, "pick a shade")
@@ -423,6 +437,7 @@ def test_times_show_in_the_viewers_time_zone(
     clock = re.search(r"(\d{1,2}):(\d{2})", shown)
     assert clock, f"{shown!r} shows no time of day"
     hour, minute = int(clock.group(1)), int(clock.group(2))
-    assert (hour in (tokyo.hour, tokyo.hour % 12 or 12) and minute == tokyo.minute), \
+    assert hour in (tokyo.hour, tokyo.hour % 12 or 12) and minute == tokyo.minute, (
         f"{shown!r} is not Tokyo's {tokyo:%H:%M} (UTC {utc:%H:%M})"
+    )
     _figure("time zone", started)

@@ -33,8 +33,11 @@ def _by_key(bars: list[drawing.Bar]) -> dict[tuple[str, str], drawing.Bar]:
 
 
 def test_a_step_and_a_call_end_at_their_save_and_last_their_recorded_duration() -> None:
-    events = [_event(0, "run.start", 0), _event(1, "step.done", 2, step=1, duration_ms=1500),
-              _event(2, "tool.done", 5, tool_call_id="c1", tool_name="dig", duration_ms=2500)]
+    events = [
+        _event(0, "run.start", 0),
+        _event(1, "step.done", 2, step=1, duration_ms=1500),
+        _event(2, "tool.done", 5, tool_call_id="c1", tool_name="dig", duration_ms=2500),
+    ]
     found = _by_key(drawing.bars(_run(_turn("c1"), status="finished"), events, [], now=_at(60)))
     assert (found["step", "1"].start, found["step", "1"].end) == (_at(0.5), _at(2))
     assert (found["tool", "c1"].start, found["tool", "c1"].end) == (_at(2.5), _at(5))
@@ -43,10 +46,22 @@ def test_a_step_and_a_call_end_at_their_save_and_last_their_recorded_duration() 
 
 
 def test_a_step_saved_without_a_duration_starts_at_the_previous_event_or_the_end_of_a_wait_since() -> None:
-    approval = Approval(approval_id="ap-1", session_id="r-1", tool_call_id="c1", tool_name="dig", agent="a",
-                        status="approved", created_at=_at(3), decided_at=_at(7))
-    events = [_event(0, "run.start", 0), _event(1, "step.done", 2, step=1), _event(2, "approval.requested", 3),
-              _event(3, "step.done", 8, step=2)]
+    approval = Approval(
+        approval_id="ap-1",
+        session_id="r-1",
+        tool_call_id="c1",
+        tool_name="dig",
+        agent="a",
+        status="approved",
+        created_at=_at(3),
+        decided_at=_at(7),
+    )
+    events = [
+        _event(0, "run.start", 0),
+        _event(1, "step.done", 2, step=1),
+        _event(2, "approval.requested", 3),
+        _event(3, "step.done", 8, step=2),
+    ]
     found = _by_key(drawing.bars(_run(status="finished"), events, [approval], now=_at(60)))
     assert (found["step", "1"].start, found["step", "1"].end) == (_at(0), _at(2))
     assert (found["approval", "ap-1"].start, found["approval", "ap-1"].end) == (_at(3), _at(7))
@@ -55,14 +70,20 @@ def test_a_step_saved_without_a_duration_starts_at_the_previous_event_or_the_end
 
 def test_what_still_goes_on_runs_to_now_and_is_drawn_open() -> None:
     now = _at(30)
-    pending = Approval(approval_id="ap-2", session_id="r-1", tool_call_id="c2", tool_name="stamp", agent="a",
-                       created_at=_at(4))
-    events = [_event(0, "step.done", 2, step=1, duration_ms=1000),
-              _event(1, "subagent.start", 3, tool_call_id="c3", child_run_id="r-1.task-0123456789abcdef",
-                     agent="digger"),
-              _event(2, "approval.requested", 4)]
-    run = _run(_turn("c1", "c2", "c3"), status="awaiting-approval", approval_ids=["ap-2"],
-               delegated={"c3": "r-1.task-0123456789abcdef"})
+    pending = Approval(
+        approval_id="ap-2", session_id="r-1", tool_call_id="c2", tool_name="stamp", agent="a", created_at=_at(4)
+    )
+    events = [
+        _event(0, "step.done", 2, step=1, duration_ms=1000),
+        _event(1, "subagent.start", 3, tool_call_id="c3", child_run_id="r-1.task-0123456789abcdef", agent="digger"),
+        _event(2, "approval.requested", 4),
+    ]
+    run = _run(
+        _turn("c1", "c2", "c3"),
+        status="awaiting-approval",
+        approval_ids=["ap-2"],
+        delegated={"c3": "r-1.task-0123456789abcdef"},
+    )
     found = _by_key(drawing.bars(run, events, [pending], now=now))
     assert found["approval", "ap-2"].open and found["approval", "ap-2"].end == now
     child = found["children", "r-1.task-0123456789abcdef"]
@@ -78,8 +99,10 @@ def test_a_call_of_the_last_turn_without_a_result_runs_from_the_turns_save_until
 
 
 def test_a_retry_waits_from_the_failure_until_the_next_work_or_until_now_while_it_still_waits() -> None:
-    retried = [_event(0, "provider.retry", 1, code="LOUSHO_PROVIDER_REQUEST_FAILED", delay_s=0.5),
-               _event(1, "step.done", 4, step=1, duration_ms=1000)]
+    retried = [
+        _event(0, "provider.retry", 1, code="LOUSHO_PROVIDER_REQUEST_FAILED", delay_s=0.5),
+        _event(1, "step.done", 4, step=1, duration_ms=1000),
+    ]
     found = _by_key(drawing.bars(_run(status="finished"), retried, [], now=_at(60)))
     assert (found["retry", "0"].start, found["retry", "0"].end) == (_at(1), _at(3))
     assert not found["retry", "0"].open
@@ -94,8 +117,11 @@ def test_a_retry_waits_from_the_failure_until_the_next_work_or_until_now_while_i
 
 
 def test_the_drawing_places_bars_on_one_axis_widens_the_shortest_and_keeps_the_latest() -> None:
-    found = [drawing.Bar("step", "1", "step 1", _at(0), _at(10)), drawing.Bar("tool", "c1", "tool", _at(5), _at(7.5)),
-             drawing.Bar("tool", "c2", "tool", _at(19.99), _at(20))]
+    found = [
+        drawing.Bar("step", "1", "step 1", _at(0), _at(10)),
+        drawing.Bar("tool", "c1", "tool", _at(5), _at(7.5)),
+        drawing.Bar("tool", "c2", "tool", _at(19.99), _at(20)),
+    ]
     drawn = drawing.draw(found)
     assert drawn is not None
     assert (drawn.origin, drawn.end) == ("2026-03-01T12:00:00.000Z", "2026-03-01T12:00:20.000Z")

@@ -50,12 +50,16 @@ def _tree(cluster: Cluster, run_id: str) -> dict[str, str | None]:
 
 
 def _children_by_call(cluster: Cluster, run_id: str) -> dict[str, str]:
-    return {str(e.data["tool_call_id"]): str(e.data["child_run_id"]) for e in _events(cluster, run_id)
-            if e.type == "subagent.start"}
+    return {
+        str(e.data["tool_call_id"]): str(e.data["child_run_id"])
+        for e in _events(cluster, run_id)
+        if e.type == "subagent.start"
+    }
 
 
 def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_result(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     lead_id = fresh_id("draft")
     cluster.send(drawn.DRAFTER, lead_id, "draft it")
@@ -72,12 +76,17 @@ def test_a_leads_page_shows_its_children_as_a_tree_with_a_link_from_each_task_re
 
     # Then its children are a tree under it: each run nested in the node of its stored lead, with its state
     nodes = page.locator("section#children li.child")
-    shown = {nodes.nth(i).get_attribute("data-run-id"): nodes.nth(i).evaluate(
-        "el => { const up = el.parentElement.closest('li.child'); return up ? up.dataset.runId : null; }")
-        for i in range(nodes.count())}
+    shown = {
+        nodes.nth(i).get_attribute("data-run-id"): nodes.nth(i).evaluate(
+            "el => { const up = el.parentElement.closest('li.child'); return up ? up.dataset.runId : null; }"
+        )
+        for i in range(nodes.count())
+    }
     assert shown == {deep: None, shallow: None, grandchild: deep}, shown
-    listed = {run.session_id: run.state for run in cluster.client.store.list_runs(
-        id_contains=f"{lead_id}.task-", limit=500).items}
+    listed = {
+        run.session_id: run.state
+        for run in cluster.client.store.list_runs(id_contains=f"{lead_id}.task-", limit=500).items
+    }
     for run_id in stored:
         node = page.locator(f"section#children li.child[data-run-id='{run_id}']")
         assert node.locator(":scope > .node .state").first.get_attribute("data-state") == listed[run_id]
@@ -119,8 +128,7 @@ def _three_runs(cluster: Cluster) -> tuple[str, str, str, list[ListedRun]]:
     wait_until(lambda: cluster.statuses([paused_id])[paused_id]["status"] == "awaiting-approval", 20, "the pause")
     # The first run is made two hours old, as a run started earlier would be.
     with psycopg.connect(cluster.database_url) as conn:
-        conn.execute("UPDATE runs SET created_at = created_at - interval '2 hours' WHERE session_id = %s",
-                     (old_id,))
+        conn.execute("UPDATE runs SET created_at = created_at - interval '2 hours' WHERE session_id = %s", (old_id,))
     listed = cluster.client.store.list_runs(limit=500).items
     assert {run.session_id for run in listed} == {old_id, done_id, paused_id}
     return old_id, done_id, paused_id, listed
@@ -133,12 +141,15 @@ def _rows(page: Any) -> set[str]:
 
 def _counts(page: Any) -> dict[str, int]:
     links = page.locator("nav#state-counts a.state-count")
-    return {str(links.nth(i).get_attribute("data-state")): int(str(links.nth(i).get_attribute("data-count")))
-            for i in range(links.count())}
+    return {
+        str(links.nth(i).get_attribute("data-state")): int(str(links.nth(i).get_attribute("data-count")))
+        for i in range(links.count())
+    }
 
 
 def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     old_id, done_id, paused_id, listed = _three_runs(cluster)
     created = {run.session_id: run.created_at for run in listed}
@@ -165,7 +176,8 @@ def test_the_runs_list_keeps_the_runs_created_in_a_time_window_or_since_a_time(
 
 
 def test_the_runs_list_counts_runs_by_state_as_the_store_lists_them(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     old_id, _, paused_id, listed = _three_runs(cluster)
 
@@ -205,7 +217,8 @@ def _bars(page: Any) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def test_the_drawing_puts_each_step_call_and_wait_on_one_axis_at_its_stored_times(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("survey")
     cluster.send(drawn.SURVEYOR, run_id, f"survey {run_id}")
@@ -236,8 +249,10 @@ def test_the_drawing_puts_each_step_call_and_wait_on_one_axis_at_its_stored_time
             assert isinstance(duration, (int, float)), f"step.done without its duration: {event.data}"
             expected[("step", str(event.seq))] = (event.at - timedelta(milliseconds=duration), event.at)
         elif event.type in ("tool.done", "tool.error") and isinstance(duration, (int, float)):
-            expected[("tool", str(event.data["tool_call_id"]))] = (event.at - timedelta(milliseconds=duration),
-                                                                   event.at)
+            expected[("tool", str(event.data["tool_call_id"]))] = (
+                event.at - timedelta(milliseconds=duration),
+                event.at,
+            )
     starts = sorted(start for start, _ in expected.values())
     retry = next(e for e in events if e.type == "provider.retry")
     expected[("retry", str(retry.seq))] = (retry.at, min(s for s in starts if s >= retry.at))

@@ -27,8 +27,13 @@ PHONE_WIDTH = 390
 LIVE_MS = 10_000
 
 
-def _described(cluster: Cluster, run_id: str, state: str, what: Callable[[RunSummary], bool] = lambda _: True,
-               timeout: float = 30.0) -> RunSummary:
+def _described(
+    cluster: Cluster,
+    run_id: str,
+    state: str,
+    what: Callable[[RunSummary], bool] = lambda _: True,
+    timeout: float = 30.0,
+) -> RunSummary:
     """``describe`` of ``run_id`` once it is in ``state`` and ``what`` holds of it."""
     found: list[RunSummary] = []
 
@@ -60,12 +65,14 @@ def _check_top(page: Any, told: RunSummary) -> Any:
 
 
 def test_a_run_awaiting_approval_says_so_and_links_to_each_approval_to_decide(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("pay")
     cluster.send(ui_agents.PAYER, run_id, ui_agents.pay_prompt(run_id))
-    told = _described(cluster, run_id, "awaiting-approval",
-                      lambda t: t.waiting_on is not None and len(t.waiting_on.approval_ids) == 2)
+    told = _described(
+        cluster, run_id, "awaiting-approval", lambda t: t.waiting_on is not None and len(t.waiting_on.approval_ids) == 2
+    )
     assert told.waiting_on is not None
 
     # Given its page
@@ -94,12 +101,14 @@ def test_a_run_awaiting_approval_says_so_and_links_to_each_approval_to_decide(
 
 
 def test_a_retrying_run_shows_when_it_tries_again_at_a_phones_width(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     run_id = fresh_id("stall")
     cluster.send(why.STALLER, run_id, "stall")
-    told = _described(cluster, run_id, "retrying", lambda t: t.waiting_on is not None and t.waiting_on.retry_at
-                      is not None)
+    told = _described(
+        cluster, run_id, "retrying", lambda t: t.waiting_on is not None and t.waiting_on.retry_at is not None
+    )
     assert told.waiting_on is not None and told.waiting_on.retry_at is not None and told.last_error is not None
 
     # Given its page on a phone
@@ -119,7 +128,8 @@ def test_a_retrying_run_shows_when_it_tries_again_at_a_phones_width(
 
 
 def test_a_lead_waiting_on_its_childs_approval_links_to_both_and_loses_its_why_once_finished(
-        cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]) -> None:
+    cluster: Cluster, ui_server: UiServer, new_context: Callable[..., Any]
+) -> None:
     started = time.monotonic()
     lead_id = fresh_id("oversee")
     cluster.send(why.FOREMAN, lead_id, "oversee the filing")

@@ -33,9 +33,16 @@ def _stall(messages: list[Message]) -> dict[str, Any]:
 
 def _oversee(messages: list[Message]) -> dict[str, Any]:
     if _turn(messages) == 0:
-        return {"text": "one form to file", "tool_calls": [
-            {"id": "t-form", "name": "task", "args": {"agent": CLERK, "prompt": "file the form",
-                                                      "description": "file the form"}}]}
+        return {
+            "text": "one form to file",
+            "tool_calls": [
+                {
+                    "id": "t-form",
+                    "name": "task",
+                    "args": {"agent": CLERK, "prompt": "file the form", "description": "file the form"},
+                }
+            ],
+        }
     return {"text": f"overseen: {next(m.content for m in messages if m.role == 'tool')}"}
 
 
@@ -53,7 +60,9 @@ def _file_form(form: str) -> str:
 file_form = Tool(_file_form, name="file_form", needs_approval=True)
 
 staller = Agent(name=STALLER, model=MockModel(_stall, model_id="ui-mock"), instructions="Stall.", max_steps=5)
-clerk = Agent(name=CLERK, model=MockModel(_clerk, model_id="ui-mock"), instructions="File.", tools=[file_form],
-              max_steps=5)
-foreman = Agent(name=FOREMAN, model=MockModel(_oversee, model_id="ui-mock"), instructions="Oversee.",
-                subagents=[clerk], max_steps=5)
+clerk = Agent(
+    name=CLERK, model=MockModel(_clerk, model_id="ui-mock"), instructions="File.", tools=[file_form], max_steps=5
+)
+foreman = Agent(
+    name=FOREMAN, model=MockModel(_oversee, model_id="ui-mock"), instructions="Oversee.", subagents=[clerk], max_steps=5
+)

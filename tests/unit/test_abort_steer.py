@@ -23,31 +23,38 @@ def _call(call_id: str) -> ToolCall:
 def _paused_turn(**fields: Any) -> Checkpoint:
     turn = Message(role="assistant", tool_calls=[_call("a"), _call("b"), _call("c")])
     done = Message(role="tool", tool_call_id="b", name="ship", content="shipped")
-    return Checkpoint(session_id="r", agent="shop", messages=[Message(role="user", content="go"), turn, done],
-                      **fields)
+    return Checkpoint(session_id="r", agent="shop", messages=[Message(role="user", content="go"), turn, done], **fields)
 
 
 def test_an_aborted_checkpoint_gives_every_open_call_a_cancelled_result_in_call_order() -> None:
     stopped = machine.aborted(_paused_turn(status="awaiting-approval", approval_ids=["ap1"]), [], instructions="")
     assert [m.tool_call_id for m in stopped.messages if m.role == "tool"] == ["a", "b", "c"]
     assert [json.loads(m.content)["kind"] for m in stopped.messages if m.tool_call_id in ("a", "c")] == [
-        "cancelled", "cancelled"]
+        "cancelled",
+        "cancelled",
+    ]
     assert (stopped.status, stopped.aborted, stopped.finish_reason, stopped.approval_ids) == (
-        "in-progress", True, "aborted", [])
+        "in-progress",
+        True,
+        "aborted",
+        [],
+    )
     assert machine.transcript_problems(stopped.messages) == []
 
 
 def test_queued_input_is_kept_after_the_cancelled_results() -> None:
-    stopped = machine.aborted(_paused_turn(), [InboxEntry(n=1, messages=[Message(role="user", content="more")])],
-                              instructions="")
+    stopped = machine.aborted(
+        _paused_turn(), [InboxEntry(n=1, messages=[Message(role="user", content="more")])], instructions=""
+    )
     assert stopped.messages[-1].content == "more" and stopped.inbox_cursor == 1
 
 
 def test_an_aborted_run_rests_until_input_comes_and_then_moves_without_the_abort() -> None:
     stopped = machine.aborted(_paused_turn(), [], instructions="")
     assert machine.plan(stopped, [], instructions="", max_steps=10) == machine.Idle("aborted")
-    action = machine.plan(stopped, [InboxEntry(n=1, messages=[Message(role="user", content="again")])],
-                          instructions="", max_steps=10)
+    action = machine.plan(
+        stopped, [InboxEntry(n=1, messages=[Message(role="user", content="again")])], instructions="", max_steps=10
+    )
     assert isinstance(action, machine.ModelTurn)
     assert not action.checkpoint.aborted and action.checkpoint.finish_reason is None
     resumed = machine.plan(stopped.model_copy(update={"aborted": False}), [], instructions="", max_steps=10)
@@ -84,15 +91,24 @@ def ship() -> str:
 
 
 def test_a_step_settles_an_abort_requested_between_steps() -> None:
-    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel([
-        {"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]), tools=[ship])])
+    runtime = MemoryRuntime.build(
+        [
+            Agent(
+                name="shop",
+                model=MockModel([{"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]),
+                tools=[ship],
+            )
+        ]
+    )
     runtime.send("r-1", "shop", "ship it")
     assert runtime.step("r-1") == Outcome.ADVANCED  # the model turn
     assert runtime.store.request_abort("r-1") is True
     assert runtime.step("r-1") == Outcome.ABORTED
     stopped = runtime.checkpoint("r-1")
     assert stopped.aborted and [json.loads(m.content)["kind"] for m in stopped.messages if m.role == "tool"] == [
-        "cancelled", "cancelled"]
+        "cancelled",
+        "cancelled",
+    ]
     assert [e.type for e in runtime.store.read_events("r-1", -1)][-3:] == ["tool.error", "tool.error", "run.done"]
     assert runtime.step("r-1") == Outcome.IDLE  # nothing moves it
     runtime.send("r-1", "shop", "go on")
@@ -101,8 +117,15 @@ def test_a_step_settles_an_abort_requested_between_steps() -> None:
 
 
 def test_an_abort_keeps_input_queued_before_it_and_reports_every_cancelled_call() -> None:
-    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel([
-        {"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]), tools=[ship])])
+    runtime = MemoryRuntime.build(
+        [
+            Agent(
+                name="shop",
+                model=MockModel([{"tool_calls": [{"name": "ship"}, {"name": "ship"}]}, "done"]),
+                tools=[ship],
+            )
+        ]
+    )
     runtime.send("r-2", "shop", "ship it")
     runtime.step("r-2")
     runtime.send("r-2", "shop", "and tell me")
@@ -146,8 +169,9 @@ def test_a_doorbell_without_a_stored_abort_request_stops_nothing() -> None:
             return {"tool_calls": [{"name": "pack"}, {"name": "pack"}]}
         return "done"
 
-    runtime = MemoryRuntime.build([Agent(name="shop", model=MockModel(answer), tools=[pack])], leases=leases,
-                                  clock=clock)
+    runtime = MemoryRuntime.build(
+        [Agent(name="shop", model=MockModel(answer), tools=[pack])], leases=leases, clock=clock
+    )
     runtime.send("r-3", "shop", "pack it")
     # Given no abort stored for the run, when its doorbell rings during the model call and during each tool call
     assert runtime.step("r-3") == Outcome.ADVANCED

@@ -70,10 +70,15 @@ def test_the_tool_context_is_injected_by_type_or_by_the_name_ctx() -> None:
     assert by_name.invoke({"x": 2}, CONTEXT) == "2 1"
 
 
-@pytest.mark.parametrize(("args", "problem"), [
-    ({}, "amount"), ({"amount": "lots"}, "amount"), ({"amount": 5, "tip": 1}, "tip"),
-    ({"amount": 5, "currency": ["EUR"]}, "currency"),
-])
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({}, "amount"),
+        ({"amount": "lots"}, "amount"),
+        ({"amount": 5, "tip": 1}, "tip"),
+        ({"amount": 5, "currency": ["EUR"]}, "currency"),
+    ],
+)
 def test_arguments_that_do_not_match_the_schema_are_refused(args: dict[str, Any], problem: str) -> None:
     with pytest.raises(ToolArgsInvalid, match=problem):
         charge.invoke(args, CONTEXT)
@@ -103,10 +108,16 @@ def test_a_tool_is_still_callable_as_the_plain_function() -> None:
 # -- agents ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options", [
-    {"name": ""}, {"max_steps": 0}, {"tool_concurrency": 0}, {"on_agent_drift": "panic"},
-    {"tools": [charge, Tool(_email, name="charge")]},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"name": ""},
+        {"max_steps": 0},
+        {"tool_concurrency": 0},
+        {"on_agent_drift": "panic"},
+        {"tools": [charge, Tool(_email, name="charge")]},
+    ],
+)
 def test_an_agent_with_unusable_settings_is_a_configuration_error(options: dict[str, Any]) -> None:
     settings: dict[str, Any] = {"name": "shop", "model": MockModel(["ok"]), **options}
     with pytest.raises(errors.ConfigurationError):
@@ -139,18 +150,27 @@ SCRIPT: list[Any] = [
     {"text": "Charged.", "usage": {"input_tokens": 7, "output_tokens": 2}},
 ]
 TURN_0 = [Message(role="system", content="sell"), Message(role="user", content="Charge order 7")]
-TURN_1 = [*TURN_0,
-          Message(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="charge", args={"amount": 5}),
-                                                ToolCall(id="call_0_1", name="email_team", args={"subject": "x"})]),
-          Message(role="tool", tool_call_id="call_0_0", content="ok"),
-          Message(role="tool", tool_call_id="call_0_1", content="ok")]
+TURN_1 = [
+    *TURN_0,
+    Message(
+        role="assistant",
+        tool_calls=[
+            ToolCall(id="call_0_0", name="charge", args={"amount": 5}),
+            ToolCall(id="call_0_1", name="email_team", args={"subject": "x"}),
+        ],
+    ),
+    Message(role="tool", tool_call_id="call_0_0", content="ok"),
+    Message(role="tool", tool_call_id="call_0_1", content="ok"),
+]
 
 
 def test_the_response_is_chosen_by_the_number_of_assistant_turns() -> None:
     model = MockModel(SCRIPT)
     first = model.generate(TURN_0, [])
     assert [(c.id, c.name, c.args) for c in first.tool_calls] == [
-        ("call_0_0", "charge", {"amount": 5}), ("call_0_1", "email_team", {"subject": "x"})]
+        ("call_0_0", "charge", {"amount": 5}),
+        ("call_0_1", "email_team", {"subject": "x"}),
+    ]
     second = model.generate(TURN_1, [])
     assert (second.text, second.tool_calls) == ("Charged.", [])
     assert (second.usage.input_tokens, second.usage.output_tokens, second.usage.total_tokens) == (7, 2, 9)
@@ -163,8 +183,9 @@ def test_the_same_transcript_gets_the_same_answer_in_any_process() -> None:
 
 def test_an_exhausted_script_is_a_non_retryable_provider_error() -> None:
     with pytest.raises(errors.ProviderError) as raised:
-        MockModel(["only one"]).generate([*TURN_0, Message(role="assistant", content="only one"),
-                                          Message(role="user", content="more")], [])
+        MockModel(["only one"]).generate(
+            [*TURN_0, Message(role="assistant", content="only one"), Message(role="user", content="more")], []
+        )
     assert raised.value.retryable is False
 
 

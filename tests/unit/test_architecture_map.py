@@ -24,8 +24,9 @@ def _tree() -> set[str]:
 def _mapped() -> set[str]:
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines()
-            if line.startswith("| `") and not line.split("|")[1].endswith("module ")]
+    rows = [
+        line for line in section.splitlines() if line.startswith("| `") and not line.split("|")[1].endswith("module ")
+    ]
     first_cells = [row.split("|")[1] for row in rows]
     return {name for cell in first_cells for name in re.findall(r"`([^`]+)`", cell)}
 
@@ -39,8 +40,11 @@ def test_the_module_map_matches_the_tree() -> None:
 def test_every_store_row_says_its_kind() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    kinds = {row.split("|")[1].strip(" `"): row.split("|")[2].strip()
-             for row in section.splitlines() if row.startswith("| `store/") and "` module" not in row}
+    kinds = {
+        row.split("|")[1].strip(" `"): row.split("|")[2].strip()
+        for row in section.splitlines()
+        if row.startswith("| `store/") and "` module" not in row
+    }
     allowed = ("pure", "Postgres", "Redis", "kernel")
     assert kinds and all(kind.startswith(allowed) for kind in kinds.values()), kinds
 

@@ -58,7 +58,8 @@ def _own_settings(host: Celery) -> dict[str, Any]:
 
 @pytest.mark.parametrize("broker_url", [HOST_BROKER, None], ids=["LOUSHO_BROKER_URL-same", "LOUSHO_BROKER_URL-unset"])
 def test_install_keeps_every_setting_of_the_app_and_adds_the_tasks_queues_and_sweeps(
-        broker_url: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker_url: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     host = _host_app()
     before = _own_settings(host)
     monkeypatch.setattr(lousho_celery, "settings", Settings(broker_url=broker_url))  # this process's settings
@@ -68,8 +69,9 @@ def test_install_keeps_every_setting_of_the_app_and_adds_the_tasks_queues_and_sw
 
     after = _own_settings(host)
     grown = {"task_queues", "beat_schedule", "include"}
-    assert {key: value for key, value in after.items() if key not in grown} == \
-        {key: value for key, value in before.items() if key not in grown}
+    assert {key: value for key, value in after.items() if key not in grown} == {
+        key: value for key, value in before.items() if key not in grown
+    }
     assert host.conf.task_queues[:2] == before["task_queues"]
     assert [queue.name for queue in host.conf.task_queues[2:]] == ["lousho", "lousho-control", "lousho-start"]
     assert host.conf.beat_schedule["invoices"] == before["beat_schedule"]["invoices"]
@@ -179,8 +181,11 @@ def test_beat_modules_give_their_entries_in_order_and_refuse_what_cannot_be_read
     entries = lousho_celery.beat_module_entries(Settings(beat_modules="tests.support.start_agents"))
     assert set(entries) == {"ticks", "plain"} and entries["ticks"]["task"] == "lousho.start"
 
-    for modules, problem in [("tests.support.nowhere", "cannot be imported"), ("tests.support", "no beat_schedule"),
-                             ("tests.support.start_agents,tests.support.start_agents", "defined twice")]:
+    for modules, problem in [
+        ("tests.support.nowhere", "cannot be imported"),
+        ("tests.support", "no beat_schedule"),
+        ("tests.support.start_agents,tests.support.start_agents", "defined twice"),
+    ]:
         with pytest.raises(errors.ConfigurationError, match=problem) as raised:
             lousho_celery.beat_module_entries(Settings(beat_modules=modules))
         assert raised.value.variable == "LOUSHO_BEAT_MODULES"

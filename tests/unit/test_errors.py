@@ -63,15 +63,20 @@ def test_an_error_survives_pickling_with_its_code_message_and_fields(error: erro
     again = pickle.loads(pickle.dumps(error))
 
     assert type(again) is type(error)
-    assert (again.code, again.retryable, str(again), again.message) == (error.code, error.retryable, str(error),
-                                                                       error.message)
+    assert (again.code, again.retryable, str(again), again.message) == (
+        error.code,
+        error.retryable,
+        str(error),
+        error.message,
+    )
     assert again.fields == error.fields
     assert repr(again) == repr(error) and repr(error).count(error.message) == 1
 
 
 @pytest.mark.parametrize("error", SAMPLES, ids=lambda error: type(error).__name__)
 def test_an_error_survives_celery_s_json_result_backend_with_its_code_and_message_once(
-        error: errors.LoushoError) -> None:
+    error: errors.LoushoError,
+) -> None:
     backend = BaseBackend(app=Celery("caller", set_as_current=False), serializer="json")
 
     again = backend.exception_to_python(backend.prepare_exception(error))
@@ -85,8 +90,11 @@ def test_the_public_errors_are_listed_once_and_every_package_exports_exactly_the
     import store
     import worker
 
-    classes = {name for name, value in vars(errors).items()
-               if isinstance(value, type) and issubclass(value, errors.LoushoError)}
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.LoushoError)
+    }
     assert set(errors.__all__) == classes - {"FencedOutError"}
     for package in (store, worker, producer):
         exported = {name for name in package.__all__ if name in classes}

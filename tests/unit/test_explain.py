@@ -13,8 +13,13 @@ GRACE = timedelta(seconds=60)
 
 
 def _run(state: str, **facts: object) -> Observed:
-    base = Observed(session_id="order-7", agent="shop", state=state, now=NOW,  # type: ignore[arg-type]
-                    since=NOW - timedelta(seconds=5))
+    base = Observed(
+        session_id="order-7",
+        agent="shop",
+        state=state,  # type: ignore[arg-type]
+        now=NOW,
+        since=NOW - timedelta(seconds=5),
+    )
     return replace(base, **facts)  # type: ignore[arg-type]
 
 
@@ -25,8 +30,14 @@ def test_a_finished_run_waits_on_nothing() -> None:
 
 
 def test_a_parked_run_waits_on_a_person_who_fixes_its_error() -> None:
-    told = explain(_run("parked", since=NOW - timedelta(days=3),
-                        last_error=LastError(code="LOUSHO_AGENT_DRIFT", message="tools changed")), GRACE)
+    told = explain(
+        _run(
+            "parked",
+            since=NOW - timedelta(days=3),
+            last_error=LastError(code="LOUSHO_AGENT_DRIFT", message="tools changed"),
+        ),
+        GRACE,
+    )
     assert told.explained and not told.overdue and told.waiting_on.person
     assert "LOUSHO_AGENT_DRIFT: tools changed" in told.next_action and "resume it or send again" in told.next_action
 
@@ -45,8 +56,15 @@ def test_a_run_awaiting_approval_names_its_approvals() -> None:
 
 
 def test_a_lead_waiting_on_a_child_that_waits_on_a_person_names_the_childs_approval() -> None:
-    told = explain(_run("waiting", since=NOW - timedelta(hours=1), children=("order-7.task-0123456789abcdef",),
-                        approval_ids=("ap-child",)), GRACE)
+    told = explain(
+        _run(
+            "waiting",
+            since=NOW - timedelta(hours=1),
+            children=("order-7.task-0123456789abcdef",),
+            approval_ids=("ap-child",),
+        ),
+        GRACE,
+    )
     assert told.explained and told.waiting_on.children == ["order-7.task-0123456789abcdef"]
     assert told.next_action == "a person: decide the approval(s) of its children ap-child (lousho approvals list)"
 
@@ -55,8 +73,9 @@ def test_a_lead_waiting_on_running_children_is_woken_by_the_last_to_settle() -> 
     children = tuple(f"order-7.task-{n:016x}" for n in range(5))
     told = explain(_run("waiting", since=NOW - timedelta(hours=1), children=children), GRACE)
     assert told.explained and not told.waiting_on.person
-    assert told.next_action == (f"its sub-agents' runs {', '.join(children[:3])} and 2 more: the last to settle"
-                                " wakes it")
+    assert told.next_action == (
+        f"its sub-agents' runs {', '.join(children[:3])} and 2 more: the last to settle wakes it"
+    )
 
 
 def test_a_lead_whose_children_all_settled_needs_a_step_like_any_run_with_work() -> None:
@@ -77,8 +96,7 @@ def test_a_retrying_run_waits_for_its_next_attempt_and_then_needs_a_step() -> No
 
 
 def test_a_running_run_held_by_a_worker_names_the_worker_and_the_lease_age() -> None:
-    told = explain(_run("running", since=NOW - timedelta(hours=1), lease_holder="host:12:ab", lease_age_ms=800),
-                   GRACE)
+    told = explain(_run("running", since=NOW - timedelta(hours=1), lease_holder="host:12:ab", lease_age_ms=800), GRACE)
     assert told.explained and (told.waiting_on.lease_holder, told.waiting_on.lease_age_ms) == ("host:12:ab", 800)
     assert told.next_action == "the worker host:12:ab runs its step now"
 
@@ -86,8 +104,9 @@ def test_a_running_run_held_by_a_worker_names_the_worker_and_the_lease_age() -> 
 def test_a_running_run_with_a_step_message_waits_for_a_worker_and_says_when_none_serves_its_agent() -> None:
     queued = explain(_run("running", since=NOW - timedelta(hours=1), step_message="queued"), GRACE)
     assert queued.explained and queued.next_action == "a worker takes its step message (queued)"
-    unserved = explain(_run("running", since=NOW - timedelta(hours=1), step_message="reserved", agent_served=False),
-                       GRACE)
+    unserved = explain(
+        _run("running", since=NOW - timedelta(hours=1), step_message="reserved", agent_served=False), GRACE
+    )
     assert unserved.explained and unserved.waiting_on.unserved_agent == "shop"
     assert "no live worker serves agent 'shop' now" in unserved.next_action
 

@@ -51,8 +51,11 @@ def _ctx(args: dict[str, Any]) -> HookContext:
 def test_each_pre_tool_call_hook_sees_the_arguments_the_one_before_it_rewrote() -> None:
     watch = Watch()
     verdict = pre_tool_call([watch, Double(), watch, Cap(), watch], _ctx({"order": "o1", "amount": 5}))
-    assert watch.seen == [{"order": "o1", "amount": 5}, {"order": "o1", "amount": 10},
-                          {"order": "o1", "amount": 8, "note": "capped from 10"}]
+    assert watch.seen == [
+        {"order": "o1", "amount": 5},
+        {"order": "o1", "amount": 10},
+        {"order": "o1", "amount": 8, "note": "capped from 10"},
+    ]
     assert isinstance(verdict, Input) and verdict.args == {"order": "o1", "amount": 8, "note": "capped from 10"}
     # A Deny after a rewrite ends the chain; hooks that return nothing leave the arguments alone.
     assert isinstance(pre_tool_call([Double(), Refuse(), Cap()], _ctx({"order": "o1", "amount": 5})), Deny)
@@ -61,10 +64,18 @@ def test_each_pre_tool_call_hook_sees_the_arguments_the_one_before_it_rewrote() 
 
 def test_a_tool_runs_with_the_arguments_of_the_whole_chain() -> None:
     ran.clear()
-    script = [{"tool_calls": [{"name": "refund", "args": {"order": "o2", "amount": 3}},
-                              {"name": "refund", "args": {"order": "o3", "amount": 6}}]}, "done"]
-    runtime = MemoryRuntime.build([Agent(name="desk", model=MockModel(script), tools=[refund],
-                                         hooks=[Double(), Cap()])])
+    script = [
+        {
+            "tool_calls": [
+                {"name": "refund", "args": {"order": "o2", "amount": 3}},
+                {"name": "refund", "args": {"order": "o3", "amount": 6}},
+            ]
+        },
+        "done",
+    ]
+    runtime = MemoryRuntime.build(
+        [Agent(name="desk", model=MockModel(script), tools=[refund], hooks=[Double(), Cap()])]
+    )
     runtime.send("r-1", "desk", "refund both")
     runtime.drain()
     assert ran == [{"order": "o2", "amount": 6, "note": ""}, {"order": "o3", "amount": 8, "note": "capped from 12"}]

@@ -31,11 +31,15 @@ print(json.dumps({"before": before, "after": snapshot()}))
 """
 
 
-@pytest.mark.parametrize("modules", [["worker"], ["worker.celery"], ["producer"],
-                                     ["worker", "worker.celery", "producer"]], ids=lambda modules: "+".join(modules))
+@pytest.mark.parametrize(
+    "modules",
+    [["worker"], ["worker.celery"], ["producer"], ["worker", "worker.celery", "producer"]],
+    ids=lambda modules: "+".join(modules),
+)
 def test_importing_changes_no_process_wide_state(modules: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-c", _PROBE, *modules], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *modules], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
 
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
@@ -43,11 +47,14 @@ def test_importing_changes_no_process_wide_state(modules: list[str]) -> None:
 
 
 def test_the_entry_points_app_is_made_on_first_use_with_redaction() -> None:
-    probe = ("import sys, celery._state, worker.celery as c; before = celery._state._tls.current_app;"
-             " app = c.app; print(before is None, celery._state.get_current_app() is app,"
-             " sys.excepthook is not sys.__excepthook__)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=False)
+    probe = (
+        "import sys, celery._state, worker.celery as c; before = celery._state._tls.current_app;"
+        " app = c.app; print(before is None, celery._state.get_current_app() is app,"
+        " sys.excepthook is not sys.__excepthook__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "True"]

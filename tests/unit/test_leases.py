@@ -29,14 +29,16 @@ def _redis_subject() -> lease_contract.LeaseSubject:
 
 def _memory_subject() -> lease_contract.LeaseSubject:
     leases = MemoryLeaseManager(TTL_MS, FakeClock())
-    return lease_contract.LeaseSubject(leases=leases, expire=leases.expire, lose_everything=leases.flush_all,
-                                       hold_as=leases.hold_as)
+    return lease_contract.LeaseSubject(
+        leases=leases, expire=leases.expire, lose_everything=leases.flush_all, hold_as=leases.hold_as
+    )
 
 
 @pytest.mark.parametrize("make", [_redis_subject, _memory_subject], ids=["redis-lua", "memory"])
 @pytest.mark.parametrize("check", lease_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
-def test_leases_keep_the_lease_contract(check: Callable[[lease_contract.LeaseFactory], None],
-                                        make: lease_contract.LeaseFactory) -> None:
+def test_leases_keep_the_lease_contract(
+    check: Callable[[lease_contract.LeaseFactory], None], make: lease_contract.LeaseFactory
+) -> None:
     check(make)
 
 

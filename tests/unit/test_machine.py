@@ -50,14 +50,30 @@ def plan(current: Checkpoint, *entries: InboxEntry, max_steps: int = 10) -> mach
 
 C1, C2, C3 = call("c1", amount=5), call("c2", name="ship", order=7), call("c3", name="email")
 #: An unfinished run: its first turn asked for two tools and only the first one has a result.
-HALF_DONE = checkpoint([system(INSTRUCTIONS), user("Charge and ship order 7"), assistant(calls=[C1, C2]),
-                        result(C1)], run_start=1, step=1, inbox_cursor=1)
+HALF_DONE = checkpoint(
+    [system(INSTRUCTIONS), user("Charge and ship order 7"), assistant(calls=[C1, C2]), result(C1)],
+    run_start=1,
+    step=1,
+    inbox_cursor=1,
+)
 #: A finished run of one turn with tools and a final answer.
 FINISHED = checkpoint(
-    [system(INSTRUCTIONS), user("Charge and ship order 7"), assistant(calls=[C1, C2]), result(C1), result(C2),
-     assistant("Charged and shipped.")],
-    run_start=1, step=2, status="finished", finish_reason="stop", inbox_cursor=1,
-    usage=Usage(input_tokens=10, output_tokens=5, total_tokens=15), business_state={"order": 7})
+    [
+        system(INSTRUCTIONS),
+        user("Charge and ship order 7"),
+        assistant(calls=[C1, C2]),
+        result(C1),
+        result(C2),
+        assistant("Charged and shipped."),
+    ],
+    run_start=1,
+    step=2,
+    status="finished",
+    finish_reason="stop",
+    inbox_cursor=1,
+    usage=Usage(input_tokens=10, output_tokens=5, total_tokens=15),
+    business_state={"order": 7},
+)
 
 
 # -- a new run ---------------------------------------------------------------------------------
@@ -84,8 +100,10 @@ def test_resending_the_first_message_before_the_first_step_is_a_retry() -> None:
 
 
 def test_input_already_merged_is_not_merged_again() -> None:
-    action = plan(HALF_DONE.model_copy(update={"messages": [*HALF_DONE.messages, result(C2)]}),
-                  entry(1, user("Charge and ship order 7 (old copy)")))
+    action = plan(
+        HALF_DONE.model_copy(update={"messages": [*HALF_DONE.messages, result(C2)]}),
+        entry(1, user("Charge and ship order 7 (old copy)")),
+    )
     assert isinstance(action, machine.ModelTurn)
     assert [m.content for m in action.checkpoint.messages if m.role == "user"] == ["Charge and ship order 7"]
 
@@ -181,11 +199,15 @@ def test_sending_the_first_message_again_to_a_finished_run_is_a_new_turn() -> No
 
 def test_resent_history_is_recognised_and_only_what_follows_it_is_added() -> None:
     # The client re-sends the whole conversation (its own system prompt and call ids included).
-    resent = [system("client prompt"), user("Charge and ship order 7"),
-              assistant(calls=[call("other-1", amount=5), call("other-2", name="ship", order=7)]),
-              Message(role="tool", tool_call_id="other-1", name="charge", content="ok"),
-              Message(role="tool", tool_call_id="other-2", name="ship", content="ok"),
-              assistant("Charged and shipped."), user("Thanks! Refund it.")]
+    resent = [
+        system("client prompt"),
+        user("Charge and ship order 7"),
+        assistant(calls=[call("other-1", amount=5), call("other-2", name="ship", order=7)]),
+        Message(role="tool", tool_call_id="other-1", name="charge", content="ok"),
+        Message(role="tool", tool_call_id="other-2", name="ship", content="ok"),
+        assistant("Charged and shipped."),
+        user("Thanks! Refund it."),
+    ]
     action = plan(FINISHED, entry(2, *resent))
     assert isinstance(action, machine.ModelTurn)
     assert action.checkpoint.messages == [*FINISHED.messages, user("Thanks! Refund it.")]
@@ -215,8 +237,9 @@ def test_several_queued_sends_are_applied_in_order() -> None:
 
 
 def test_a_model_turn_with_calls_keeps_the_run_going_and_adds_its_usage() -> None:
-    start = checkpoint([system(INSTRUCTIONS), user("hi")], run_start=1,
-                       usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2))
+    start = checkpoint(
+        [system(INSTRUCTIONS), user("hi")], run_start=1, usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+    )
     after = machine.apply_model_response(start, None, [C1], Usage(input_tokens=3, output_tokens=4, total_tokens=7))
     assert after.status == "in-progress" and after.step == 1
     assert after.usage == Usage(input_tokens=4, output_tokens=5, total_tokens=9)
@@ -231,8 +254,7 @@ def test_a_model_turn_without_calls_finishes_the_run_and_its_text_is_cleaned() -
 
 
 @given(order=st.permutations(range(5)), repeat=st.lists(st.integers(0, 4), max_size=3))
-def test_results_are_recorded_in_call_order_whatever_order_they_settle_in(
-        order: list[int], repeat: list[int]) -> None:
+def test_results_are_recorded_in_call_order_whatever_order_they_settle_in(order: list[int], repeat: list[int]) -> None:
     # Given a turn of five calls
     calls = [call(f"c{k}", n=k) for k in range(5)]
     current = checkpoint([system(INSTRUCTIONS), user("go"), assistant(calls=calls)], run_start=1)
@@ -254,8 +276,13 @@ def test_a_tool_error_is_a_structured_result_the_model_can_read() -> None:
     message = machine.tool_error(C1, "execution", "RuntimeError", "card declined\x00")
     assert message.is_error and message.tool_call_id == "c1" and message.name == "charge"
     body = json.loads(message.content)
-    assert body == {"error": "RuntimeError", "tool_name": "charge", "message": "card declined\ufffd",
-                    "kind": "execution", "tool_call_id": "c1"}
+    assert body == {
+        "error": "RuntimeError",
+        "tool_name": "charge",
+        "message": "card declined\ufffd",
+        "kind": "execution",
+        "tool_call_id": "c1",
+    }
 
 
 # -- transcript validity --------------------------------------------------------------------------
@@ -293,9 +320,18 @@ def test_a_pending_turn_is_reported_until_all_its_results_are_in() -> None:
     assert machine.transcript_problems([*HALF_DONE.messages, result(C2)]) == []
 
 
-@pytest.mark.parametrize(("provider_finish", "expected"), [
-    (None, "stop"), ("stop", "stop"), ("end_turn", "stop"), ("length", "length"), ("max_tokens", "length"),
-    ("content_filter", "content-filter"), ("refusal", "content-filter")])
+@pytest.mark.parametrize(
+    ("provider_finish", "expected"),
+    [
+        (None, "stop"),
+        ("stop", "stop"),
+        ("end_turn", "stop"),
+        ("length", "length"),
+        ("max_tokens", "length"),
+        ("content_filter", "content-filter"),
+        ("refusal", "content-filter"),
+    ],
+)
 def test_a_turn_without_calls_finishes_with_the_providers_reason(provider_finish: str | None, expected: str) -> None:
     done = machine.apply_model_response(checkpoint([user("hi")]), "partial", [], Usage(), provider_finish)
     assert (done.status, done.finish_reason) == ("finished", expected)

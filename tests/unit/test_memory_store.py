@@ -73,13 +73,18 @@ def test_save_time_and_history_time_come_from_the_injected_clock() -> None:
     assert entry.saved_at == later
 
 
-@pytest.mark.parametrize(("real", "fake"), [
-    (PostgresCheckpointStore, MemoryCheckpointStore),
-    (PostgresApprovalStore, MemoryApprovalStore),
-    (LeaseManager, MemoryLeaseManager),
-], ids=["checkpoints", "approvals", "leases"])
+@pytest.mark.parametrize(
+    ("real", "fake"),
+    [
+        (PostgresCheckpointStore, MemoryCheckpointStore),
+        (PostgresApprovalStore, MemoryApprovalStore),
+        (LeaseManager, MemoryLeaseManager),
+    ],
+    ids=["checkpoints", "approvals", "leases"],
+)
 def test_the_fakes_offer_every_public_method_of_the_real_stores_with_the_same_parameters(
-        real: type, fake: type) -> None:
+    real: type, fake: type
+) -> None:
     # When the real store grows a method, the fake must follow, or the unit tier silently drifts.
     for name, method in inspect.getmembers(real, inspect.isfunction):
         if name.startswith("_"):

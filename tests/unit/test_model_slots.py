@@ -19,35 +19,49 @@ from tests.fakes.clock import FakeClock
 
 def _redis_subject() -> slot_contract.SlotSubject:
     client = fakeredis.FakeRedis()
-    return slot_contract.SlotSubject(slots=RedisModelSlots(client, slot_contract.TTL_MS), elapse=time.sleep,
-                                     lose_everything=client.flushall)
+    return slot_contract.SlotSubject(
+        slots=RedisModelSlots(client, slot_contract.TTL_MS), elapse=time.sleep, lose_everything=client.flushall
+    )
 
 
 def _memory_subject() -> slot_contract.SlotSubject:
     clock = FakeClock()
     slots = MemoryModelSlots(slot_contract.TTL_MS, clock)
-    return slot_contract.SlotSubject(slots=slots, elapse=lambda seconds: clock.advance(seconds),
-                                     lose_everything=slots.flush_all)
+    return slot_contract.SlotSubject(
+        slots=slots, elapse=lambda seconds: clock.advance(seconds), lose_everything=slots.flush_all
+    )
 
 
 @pytest.mark.parametrize("make", [_redis_subject, _memory_subject], ids=["redis-lua", "memory"])
 @pytest.mark.parametrize("check", slot_contract.CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
-def test_model_slots_keep_the_slot_contract(check: Callable[[slot_contract.SlotFactory], None],
-                                            make: slot_contract.SlotFactory) -> None:
+def test_model_slots_keep_the_slot_contract(
+    check: Callable[[slot_contract.SlotFactory], None], make: slot_contract.SlotFactory
+) -> None:
     check(make)
 
 
 def test_the_environment_writes_limits_as_design_says() -> None:
     limits = parse_model_limits("openai-main=concurrent:8,rpm:500,tpm:200000; anthropic=concurrent:4;")
-    assert limits == {"openai-main": ModelLimit("openai-main", concurrent=8, requests_per_minute=500,
-                                                tokens_per_minute=200000),
-                      "anthropic": ModelLimit("anthropic", concurrent=4)}
+    assert limits == {
+        "openai-main": ModelLimit("openai-main", concurrent=8, requests_per_minute=500, tokens_per_minute=200000),
+        "anthropic": ModelLimit("anthropic", concurrent=4),
+    }
     assert limits["openai-main"].describe() == "openai-main=concurrent:8,rpm:500,tpm:200000"
     assert parse_model_limits("") == {}
 
 
-@pytest.mark.parametrize("text", ["openai", "openai=concurrent", "openai=burst:3", "openai=concurrent:0",
-                                  "bad key=concurrent:1", "a=concurrent:1;a=rpm:2", "openai=concurrent:-1"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "openai",
+        "openai=concurrent",
+        "openai=burst:3",
+        "openai=concurrent:0",
+        "bad key=concurrent:1",
+        "a=concurrent:1;a=rpm:2",
+        "openai=concurrent:-1",
+    ],
+)
 def test_a_limit_that_does_not_parse_is_refused(text: str) -> None:
     with pytest.raises(errors.ConfigurationError):
         parse_model_limits(text)

@@ -44,13 +44,29 @@ class _TunedOpenAI(OpenAIModel):
     pass
 
 
-@pytest.mark.parametrize("build", [
-    lambda: OpenAIModel("gpt-4.1-mini", api_key=SECRET, temperature=0.2, extra_headers={"X-Key": SECRET},
-                        extra_query={"key": SECRET}, user=f"holds {SECRET}",
-                        client_options={"organization": "org-1", "default_headers": {"Authorization": SECRET}}),
-    lambda: AnthropicModel("claude-test", api_key=SECRET, max_tokens=512, temperature=0.1,
-                           extra_headers={"x-api-key": SECRET}, client_options={"default_headers": {"A": "b"}}),
-], ids=["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: OpenAIModel(
+            "gpt-4.1-mini",
+            api_key=SECRET,
+            temperature=0.2,
+            extra_headers={"X-Key": SECRET},
+            extra_query={"key": SECRET},
+            user=f"holds {SECRET}",
+            client_options={"organization": "org-1", "default_headers": {"Authorization": SECRET}},
+        ),
+        lambda: AnthropicModel(
+            "claude-test",
+            api_key=SECRET,
+            max_tokens=512,
+            temperature=0.1,
+            extra_headers={"x-api-key": SECRET},
+            client_options={"default_headers": {"A": "b"}},
+        ),
+    ],
+    ids=["openai", "anthropic"],
+)
 def test_a_spec_holds_no_key_header_or_client_option(build: Any) -> None:
     spec = model_spec(build())
 
@@ -61,15 +77,26 @@ def test_a_spec_holds_no_key_header_or_client_option(build: Any) -> None:
 
 
 def test_an_openai_model_is_built_again_from_its_spec_alone() -> None:
-    model = OpenAIModel("gpt-4.1-mini", api_key=SECRET, base_url="http://127.0.0.1:9/v1", timeout=30,
-                        temperature=0.2, stop=("END", "STOP"), parallel_tool_calls=False)
+    model = OpenAIModel(
+        "gpt-4.1-mini",
+        api_key=SECRET,
+        base_url="http://127.0.0.1:9/v1",
+        timeout=30,
+        temperature=0.2,
+        stop=("END", "STOP"),
+        parallel_tool_calls=False,
+    )
     spec = stored(model_spec(model))
 
     rebuilt = model_from_spec(spec, [])
 
-    assert spec == {"provider": "openai", "model_id": "openai:gpt-4.1-mini", "base_url": "http://127.0.0.1:9/v1",
-                    "timeout": 30.0, "settings": {"temperature": 0.2, "stop": ["END", "STOP"],
-                                                  "parallel_tool_calls": False}}
+    assert spec == {
+        "provider": "openai",
+        "model_id": "openai:gpt-4.1-mini",
+        "base_url": "http://127.0.0.1:9/v1",
+        "timeout": 30.0,
+        "settings": {"temperature": 0.2, "stop": ["END", "STOP"], "parallel_tool_calls": False},
+    }
     assert isinstance(rebuilt, OpenAIModel) and rebuilt is not model
     assert (rebuilt.model, rebuilt.base_url, rebuilt.timeout) == ("gpt-4.1-mini", "http://127.0.0.1:9/v1", 30.0)
     assert rebuilt.settings == {"temperature": 0.2, "stop": ["END", "STOP"], "parallel_tool_calls": False}
@@ -82,11 +109,20 @@ def test_an_anthropic_model_is_built_again_from_its_spec_alone() -> None:
 
     rebuilt = model_from_spec(spec, [])
 
-    assert spec == {"provider": "anthropic", "model_id": "anthropic:claude-test", "max_tokens": 512,
-                    "cache_prompt": True, "settings": {"temperature": 0.1}}
+    assert spec == {
+        "provider": "anthropic",
+        "model_id": "anthropic:claude-test",
+        "max_tokens": 512,
+        "cache_prompt": True,
+        "settings": {"temperature": 0.1},
+    }
     assert isinstance(rebuilt, AnthropicModel)
     assert (rebuilt.model, rebuilt.max_tokens, rebuilt.cache_prompt, rebuilt.settings) == (
-        "claude-test", 512, True, {"temperature": 0.1})
+        "claude-test",
+        512,
+        True,
+        {"temperature": 0.1},
+    )
     assert model_spec(rebuilt) == spec
 
 
@@ -111,8 +147,9 @@ def test_mock_models_come_back_only_through_candidates_and_are_told_apart_by_mod
 
 
 def test_headers_and_query_parameters_are_left_out_whatever_they_hold() -> None:
-    model = OpenAIModel("gpt-4.1-mini", extra_headers={"X-Trace": "trace-1"}, extra_query={"v": "query-1"},
-                        temperature=0.3)
+    model = OpenAIModel(
+        "gpt-4.1-mini", extra_headers={"X-Trace": "trace-1"}, extra_query={"v": "query-1"}, temperature=0.3
+    )
 
     spec = model_spec(model)
 
@@ -145,7 +182,8 @@ def test_other_model_classes_are_named_by_module_and_class_and_need_a_candidate(
 
 
 def test_a_spec_built_again_without_a_key_in_the_environment_says_which_variable(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     spec = stored(model_spec(OpenAIModel("gpt-4.1-mini", api_key=SECRET)))
     monkeypatch.delenv("OPENAI_API_KEY")
 

@@ -130,8 +130,9 @@ def test_a_once_call_killed_after_its_effect_is_reconciled_and_never_runs_again(
     # The card was charged once; reconcile found the charge and its answer is the call's result
     assert payments.executions == [(CALL, 1)] and payments.reconciles == [(CALL, 2)]
     assert _result(runtime.checkpoint(SID)).content == "charged 5.0 as ch_7"
-    assert _reconcile_events(runtime) == [{"tool_call_id": CALL, "tool_name": "charge", "outcome": "happened",
-                                           "by": "reconcile", "attempt": 2}]
+    assert _reconcile_events(runtime) == [
+        {"tool_call_id": CALL, "tool_name": "charge", "outcome": "happened", "by": "reconcile", "attempt": 2}
+    ]
 
 
 def test_a_once_call_killed_before_its_effect_runs_exactly_once_more() -> None:
@@ -209,8 +210,10 @@ def test_without_reconcile_a_person_who_approves_runs_the_call_again() -> None:
     assert payments.executions == [(CALL, 1), (CALL, 2)]
     final = runtime.checkpoint(SID)
     assert _result(final).content == "charged 5.0 as ch_7" and final.approval_ids == []
-    assert [(e["outcome"], e["by"]) for e in _reconcile_events(runtime)] == [("asked", "reconcile"),
-                                                                           ("not-happened", "person")]
+    assert [(e["outcome"], e["by"]) for e in _reconcile_events(runtime)] == [
+        ("asked", "reconcile"),
+        ("not-happened", "person"),
+    ]
 
 
 def test_without_reconcile_a_person_who_rejects_records_the_call_as_not_done() -> None:
@@ -235,8 +238,13 @@ def test_without_reconcile_a_person_who_answers_records_the_answer_as_the_result
     result = _result(runtime.checkpoint(SID))
     assert not result.is_error and result.content == "charged as ch_7 (checked on the dashboard)"
     assert payments.executions == [(CALL, 1)]
-    assert _reconcile_events(runtime)[-1] == {"tool_call_id": CALL, "tool_name": "charge", "outcome": "happened",
-                                              "by": "person", "attempt": 2}
+    assert _reconcile_events(runtime)[-1] == {
+        "tool_call_id": CALL,
+        "tool_name": "charge",
+        "outcome": "happened",
+        "by": "person",
+        "attempt": 2,
+    }
 
 
 def test_a_call_run_again_on_a_decision_and_killed_again_is_reconciled_again_not_run() -> None:
@@ -259,14 +267,18 @@ def test_a_call_run_again_on_a_decision_and_killed_again_is_reconciled_again_not
     assert payments.executions == [(CALL, 1), (CALL, 2)]
 
 
-@pytest.mark.parametrize(("approved", "answer", "decided"), [
-    (True, None, ("approved", None)),
-    (False, None, ("rejected", None)),
-    (None, "ch_7", ("approved", "ch_7")),
-    (True, "ch_7", ("approved", "ch_7")),
-])
+@pytest.mark.parametrize(
+    ("approved", "answer", "decided"),
+    [
+        (True, None, ("approved", None)),
+        (False, None, ("rejected", None)),
+        (None, "ch_7", ("approved", "ch_7")),
+        (True, "ch_7", ("approved", "ch_7")),
+    ],
+)
 def test_a_reconcile_decision_runs_again_records_not_done_or_records_an_answer(
-        approved: bool | None, answer: str | None, decided: tuple[str, str | None]) -> None:
+    approved: bool | None, answer: str | None, decided: tuple[str, str | None]
+) -> None:
     assert inputs.decision_status("reconcile", approved, answer) == decided
 
 
@@ -316,8 +328,10 @@ def test_tool_context_attempt_counts_a_start_that_a_crash_cut_short() -> None:
             crashes.crash_point("inside_reserve", ctx.session_id)
         return f"reserved {sku}"
 
-    script: list[Any] = [{"tool_calls": [{"name": "reserve", "args": {"sku": "A1"}},
-                                         {"name": "reserve", "args": {"sku": "B2"}}]}, "Reserved."]
+    script: list[Any] = [
+        {"tool_calls": [{"name": "reserve", "args": {"sku": "A1"}}, {"name": "reserve", "args": {"sku": "B2"}}]},
+        "Reserved.",
+    ]
     runtime = MemoryRuntime.build([Agent("shop", MockModel(script), tools=[reserve], tool_concurrency=1)])
     runtime.send(SID, "shop", "Reserve both")
     with crashes.installed(runtime.leases):
@@ -372,10 +386,17 @@ def test_once_calls_run_beside_other_calls_of_a_parallel_batch() -> None:
         """Charge the card for an order."""
         return payments.charge(order, amount, ctx)
 
-    script: list[Any] = [{"tool_calls": [{"name": "reserve", "args": {"sku": "A1"}},
-                                         {"name": "charge", "args": {"order": "7", "amount": 5}},
-                                         {"name": "charge", "args": {"order": "8", "amount": 6}},
-                                         {"name": "reserve", "args": {"sku": "B2"}}]}, "Done."]
+    script: list[Any] = [
+        {
+            "tool_calls": [
+                {"name": "reserve", "args": {"sku": "A1"}},
+                {"name": "charge", "args": {"order": "7", "amount": 5}},
+                {"name": "charge", "args": {"order": "8", "amount": 6}},
+                {"name": "reserve", "args": {"sku": "B2"}},
+            ]
+        },
+        "Done.",
+    ]
     agent = Agent("shop", MockModel(script), tools=[reserve, tool(once=True)(charge)], tool_concurrency=4)
     runtime = MemoryRuntime.build([agent])
     runtime.send(SID, "shop", "Charge both and reserve")

@@ -68,7 +68,7 @@ def test_a_replaced_pool_process_counts_as_a_death_even_when_no_check_saw_it_dea
     watch = orphans.DeadSteps(leases, sent.append)
     step = orphans.PoolStep("t1", None, "run-1")
     with processes.running() as old, processes.running() as replacement:
-        assert watch.check([step], [old.pid]) == []   # the first check: nothing held by a gone process yet
+        assert watch.check([step], [old.pid]) == []  # the first check: nothing held by a gone process yet
         leases.hold_as("run-1", processes.exited_owner())
         # When the next check finds another process in the pool, then the step is sent again
         assert watch.check([step], [old.pid, replacement.pid]) == ["run-1"]

@@ -29,7 +29,7 @@ def test_an_exited_process_not_yet_reaped_is_gone() -> None:
     assert not owners.is_gone(owner)
     assert process.stdin is not None
     process.stdin.close()
-    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)   # exited, still in the process table
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # exited, still in the process table
     try:
         # Then its lease owner counts as gone
         assert owners.process_start(process.pid) is None

@@ -31,7 +31,7 @@ def test_nul_is_replaced_in_strings_and_keys() -> None:
 @pytest.mark.parametrize(("value", "expected"), [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")])
 def test_non_finite_floats_become_strings(value: float, expected: str) -> None:
     assert payloads.sanitize({"x": value}) == {"x": expected}
-    payloads.dumps(payloads.sanitize({"x": value}))   # strict JSON accepts the result
+    payloads.dumps(payloads.sanitize({"x": value}))  # strict JSON accepts the result
 
 
 def test_a_huge_integer_becomes_text_instead_of_failing() -> None:
@@ -93,7 +93,7 @@ def _strings(value: Any) -> list[str]:
 
 @given(_JSON_LIKE)
 def test_anything_sanitized_serializes_as_strict_json_without_nul(value: Any) -> None:
-    text = payloads.dumps(payloads.sanitize(value))      # strict: raises on NaN or Infinity
+    text = payloads.dumps(payloads.sanitize(value))  # strict: raises on NaN or Infinity
     assert not any("\x00" in s for s in _strings(json.loads(text)))
 
 
@@ -107,8 +107,9 @@ def test_a_tool_result_string_keeps_its_text_with_nul_replaced() -> None:
 def test_a_ten_megabyte_tool_result_is_truncated_with_a_marker() -> None:
     text = payloads.tool_result_text("x" * 10_000_000)
     assert text.startswith("x" * payloads.MAX_TOOL_RESULT)
-    assert text[payloads.MAX_TOOL_RESULT:] == payloads.TRUNCATION_MARK.format(
-        dropped=10_000_000 - payloads.MAX_TOOL_RESULT, total=10_000_000)
+    assert text[payloads.MAX_TOOL_RESULT :] == payloads.TRUNCATION_MARK.format(
+        dropped=10_000_000 - payloads.MAX_TOOL_RESULT, total=10_000_000
+    )
 
 
 def test_a_structured_tool_result_becomes_strict_json_text() -> None:

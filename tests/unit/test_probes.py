@@ -29,12 +29,14 @@ class Ticks:
         return self.now
 
 
-def _state(*, connected: bool = True, free_slots: int = 1, waiting: int = 0,
-           asked: list[int] | None = None) -> probes.ConsumerState:
+def _state(
+    *, connected: bool = True, free_slots: int = 1, waiting: int = 0, asked: list[int] | None = None
+) -> probes.ConsumerState:
     def count() -> int:
         if asked is not None:
             asked.append(waiting)
         return waiting
+
     return probes.ConsumerState(connected=connected, free_slots=free_slots, waiting=count)
 
 
@@ -85,7 +87,8 @@ def test_a_worker_without_a_broker_connection_stops_touching(heartbeat: probes.H
 
 
 def test_messages_waiting_past_the_stall_time_with_a_free_slot_stop_the_touches(
-        heartbeat: probes.Heartbeat, clock: Ticks) -> None:
+    heartbeat: probes.Heartbeat, clock: Ticks
+) -> None:
     # Given messages in the worker's queues, a free pool process, and nothing received
     assert heartbeat.beat(_state(waiting=3))
     clock.now += 59
@@ -146,13 +149,15 @@ def memory_broker() -> Iterator[Any]:
 
 def _consumer(connection: Any, queues: list[str], processes: int = 2) -> Any:
     """What probes reads of Celery's consumer, built from real kombu objects on the in-memory transport."""
-    task_consumer = _kombu.Consumer(connection.default_channel, queues=[_kombu.Queue(name) for name in queues],
-                                    accept=["json"])
+    task_consumer = _kombu.Consumer(
+        connection.default_channel, queues=[_kombu.Queue(name) for name in queues], accept=["json"]
+    )
     task_consumer.declare()
     timer = SimpleNamespace(entries=[])
     timer.call_repeatedly = lambda seconds, fun: timer.entries.append((seconds, fun))
-    return SimpleNamespace(connection=connection, task_consumer=task_consumer, timer=timer,
-                           pool=SimpleNamespace(num_processes=processes))
+    return SimpleNamespace(
+        connection=connection, task_consumer=task_consumer, timer=timer, pool=SimpleNamespace(num_processes=processes)
+    )
 
 
 def _publish(connection: Any, queue: str, count: int) -> None:
@@ -181,8 +186,9 @@ def test_a_queue_the_broker_does_not_know_counts_as_empty(memory_broker: Any) ->
     _publish(memory_broker, steps, 2)
     # An empty Redis list does not exist: a passive declare of its queue fails as "not found".
     unknown = _kombu.Queue(f"never-declared-{uuid.uuid4().hex}")
-    consumer.task_consumer = SimpleNamespace(queues=[unknown, *consumer.task_consumer.queues],
-                                             channel=consumer.task_consumer.channel)
+    consumer.task_consumer = SimpleNamespace(
+        queues=[unknown, *consumer.task_consumer.queues], channel=consumer.task_consumer.channel
+    )
 
     assert probes.consumer_state(consumer, reserved=lambda: 0).waiting() == 2
 
@@ -196,8 +202,7 @@ def test_a_consumer_between_connections_is_not_connected(memory_broker: Any) -> 
     assert not state.connected
 
 
-def test_watch_beats_at_once_then_from_the_consumer_timer(memory_broker: Any, tmp_path: Path,
-                                                          clock: Ticks) -> None:
+def test_watch_beats_at_once_then_from_the_consumer_timer(memory_broker: Any, tmp_path: Path, clock: Ticks) -> None:
     queue = f"steps-{uuid.uuid4().hex}"
     consumer = _consumer(memory_broker, [queue], processes=1)
     heartbeat = probes.Heartbeat(tmp_path / "heartbeat", stall_s=60.0, clock=clock)
@@ -239,12 +244,15 @@ def test_check_reads_the_file_from_the_setting(tmp_path: Path, monkeypatch: pyte
     assert probes.main(["check"]) == 2
 
 
-@pytest.mark.parametrize(("current", "ready"), [
-    (set(), False),              # nothing migrated yet
-    ({"0009"}, False),           # an older schema
-    ({"0010"}, True),            # this release's
-    ({"0099"}, True),            # a newer release's (schema changes only add: a rollback runs on it)
-])
+@pytest.mark.parametrize(
+    ("current", "ready"),
+    [
+        (set(), False),  # nothing migrated yet
+        ({"0009"}, False),  # an older schema
+        ({"0010"}, True),  # this release's
+        ({"0099"}, True),  # a newer release's (schema changes only add: a rollback runs on it)
+    ],
+)
 def test_the_schema_is_ready_at_this_release_or_a_newer_one(current: set[str], ready: bool) -> None:
     assert probes.schema_ready(current, "0010", known={"0001", "0009", "0010"}) is ready
 
@@ -254,11 +262,13 @@ def _revisions(result: tuple[set[str], str, set[str]] | Exception) -> Callable[[
         if isinstance(result, Exception):
             raise result
         return result
+
     return read
 
 
-def test_schema_passes_when_migrated_and_gives_up_after_its_wait(monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_schema_passes_when_migrated_and_gives_up_after_its_wait(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from sqlalchemy.exc import OperationalError
 
     monkeypatch.setattr(probes, "_schema_revisions", _revisions(({"0010"}, "0010", {"0010"})))

@@ -17,12 +17,18 @@ def test_a_string_becomes_one_user_message() -> None:
 
 
 def test_chat_dicts_and_message_records_are_accepted_in_order() -> None:
-    messages = normalize_input([
-        {"role": "system", "content": "be brief"},
-        Message(role="user", content="hi"),
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "charge", "args": {"amount": 5}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok", "unknown_field": "ignored"},
-    ])
+    messages = normalize_input(
+        [
+            {"role": "system", "content": "be brief"},
+            Message(role="user", content="hi"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "name": "charge", "args": {"amount": 5}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok", "unknown_field": "ignored"},
+        ]
+    )
     assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[2].tool_calls is not None and messages[2].tool_calls[0].args == {"amount": 5}
 
@@ -65,10 +71,16 @@ def test_input_nested_past_the_depth_limit_is_refused() -> None:
         normalize_input([{"role": "user", "content": deep}])
 
 
-@pytest.mark.parametrize("bad", [
-    [{"role": "robot", "content": "hi"}], [{"content": "no role"}], ["just a string in a list"], [42],
-    [{"role": "assistant", "tool_calls": [{"name": "no id"}]}],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [{"role": "robot", "content": "hi"}],
+        [{"content": "no role"}],
+        ["just a string in a list"],
+        [42],
+        [{"role": "assistant", "tool_calls": [{"name": "no id"}]}],
+    ],
+)
 def test_messages_without_the_chat_shape_are_a_configuration_error(bad: list[Any]) -> None:
     with pytest.raises(errors.ConfigurationError):
         normalize_input(bad)

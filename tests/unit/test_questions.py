@@ -25,27 +25,33 @@ def _asker(seen: list[list[Any]]) -> Agent:
     return Agent(name="asker", model=MockModel(model), ask_question=True)
 
 
-@pytest.mark.parametrize(("kind", "approved", "answer", "decided"), [
-    ("question", None, "Oslo", ("approved", "Oslo")),
-    ("question", True, "Oslo", ("approved", "Oslo")),
-    ("question", False, None, ("rejected", None)),
-    ("tool", True, None, ("approved", None)),
-    ("tool", False, None, ("rejected", None)),
-])
-def test_a_decision_that_fits_its_kind_is_recorded(kind: str, approved: bool | None, answer: str | None,
-                                                    decided: tuple[str, str | None]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "approved", "answer", "decided"),
+    [
+        ("question", None, "Oslo", ("approved", "Oslo")),
+        ("question", True, "Oslo", ("approved", "Oslo")),
+        ("question", False, None, ("rejected", None)),
+        ("tool", True, None, ("approved", None)),
+        ("tool", False, None, ("rejected", None)),
+    ],
+)
+def test_a_decision_that_fits_its_kind_is_recorded(
+    kind: str, approved: bool | None, answer: str | None, decided: tuple[str, str | None]
+) -> None:
     assert inputs.decision_status(kind, approved, answer) == decided
 
 
-@pytest.mark.parametrize(("kind", "approved", "answer"), [
-    ("question", False, "Oslo"),  # declined, yet answered
-    ("question", True, None),     # approved, with nothing to say
-    ("question", None, None),
-    ("tool", True, "Oslo"),
-    ("tool", None, None),
-])
-def test_a_decision_that_does_not_fit_its_kind_is_refused(kind: str, approved: bool | None,
-                                                          answer: str | None) -> None:
+@pytest.mark.parametrize(
+    ("kind", "approved", "answer"),
+    [
+        ("question", False, "Oslo"),  # declined, yet answered
+        ("question", True, None),  # approved, with nothing to say
+        ("question", None, None),
+        ("tool", True, "Oslo"),
+        ("tool", None, None),
+    ],
+)
+def test_a_decision_that_does_not_fit_its_kind_is_refused(kind: str, approved: bool | None, answer: str | None) -> None:
     with pytest.raises(errors.ConfigurationError):
         inputs.decision_status(kind, approved, answer)
 

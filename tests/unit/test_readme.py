@@ -127,8 +127,11 @@ def test_readme_shows_every_lousho_command() -> None:
 
 #: What the examples call their handles; a method called on one must exist and take the keywords given.
 _ROOTS: dict[str, type] = {"client": Client, "shop": AgentHandle, "run": Run}
-_PROPERTIES: dict[tuple[type, str], type] = {(Client, "schedules"): Schedules, (Client, "approvals"): Approvals,
-                                             (AgentHandle, "approvals"): Approvals}
+_PROPERTIES: dict[tuple[type, str], type] = {
+    (Client, "schedules"): Schedules,
+    (Client, "approvals"): Approvals,
+    (AgentHandle, "approvals"): Approvals,
+}
 
 
 def _owner(node: ast.expr) -> type | None:
@@ -175,7 +178,7 @@ def test_readme_starts_with_the_two_set_up_commands() -> None:
     first = _FENCE.search(text)
     assert first is not None and first["lang"] == "sh", "the README's first block is not the set-up commands"
     assert first.start() < text.index("\n## "), "the set-up commands come after the README's first section"
-    assert not text[:first.start()].strip().replace("# Lousho Worker", ""), "only the title precedes the commands"
+    assert not text[: first.start()].strip().replace("# Lousho Worker", ""), "only the title precedes the commands"
     commands = [shlex.split(line, comments=True) for line in first["body"].splitlines()]
     assert commands == [["python3", "dev.py", "demo"], ["python3", "dev.py", "test"]]
 
@@ -232,8 +235,12 @@ def test_every_relative_link_reaches_a_file_and_heading() -> None:
 
 
 def test_every_docs_page_is_linked_from_another_page() -> None:
-    linked = {(page.parent / target.partition("#")[0]).resolve()
-              for page in PAGES for target in filter(_is_relative, _links(page)) if target.partition("#")[0]}
+    linked = {
+        (page.parent / target.partition("#")[0]).resolve()
+        for page in PAGES
+        for target in filter(_is_relative, _links(page))
+        if target.partition("#")[0]
+    }
     orphans = [_name(page) for page in PAGES[1:] if page.resolve() not in linked]
     assert not orphans, f"pages no other page links to: {orphans}"
 
@@ -245,4 +252,5 @@ def test_the_front_door_and_the_tools_page_say_a_call_id_protects_one_call_only(
         prose = " ".join(_prose(page).split())
         assert "`ctx.tool_call_id`" in prose, _name(page)
         assert "new call with a new id" in prose and "key from your own data" in prose, (
-            f"{_name(page)} does not warn that a call id protects one call only")
+            f"{_name(page)} does not warn that a call id protects one call only"
+        )

@@ -13,8 +13,11 @@ import pytest
 from store import redaction
 
 SECRETS = [
-    "sk-proj-abcdefghijklmnop1234", "sk-ant-api03-abcdefghijkl", "Bearer abcdefghijklmnop.qrs",
-    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "postgresql://lousho:s3cretpass@db:5432/lousho",
+    "sk-proj-abcdefghijklmnop1234",
+    "sk-ant-api03-abcdefghijkl",
+    "Bearer abcdefghijklmnop.qrs",
+    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "postgresql://lousho:s3cretpass@db:5432/lousho",
     "redis://:hunter2hunter2@cache:6379/0",
 ]
 
@@ -67,10 +70,18 @@ def test_key_value_pairs_query_parameters_and_url_credentials_are_masked(text: s
     assert secret not in masked and "***" in masked, masked
 
 
-@pytest.mark.parametrize("text", [
-    "max_tokens=1000 tokens=5", "password reset requested for ann", "cwd=/tmp/work", "basic configuration loaded",
-    "http://127.0.0.1:8000/runs/job-hooks-1", "redis://redis:6379/0", "the model asked for 3 tokens",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_tokens=1000 tokens=5",
+        "password reset requested for ann",
+        "cwd=/tmp/work",
+        "basic configuration loaded",
+        "http://127.0.0.1:8000/runs/job-hooks-1",
+        "redis://redis:6379/0",
+        "the model asked for 3 tokens",
+    ],
+)
 def test_text_that_only_looks_near_a_secret_is_left_alone(text: str) -> None:
     assert redaction.redact(text) == text
 
@@ -109,16 +120,28 @@ def test_install_masks_records_for_handlers_configured_later(installed: None) ->
 
 def test_arguments_keep_their_shape_for_formatters_that_unpack_them(installed: None) -> None:
     record = logging.getLogger("uvicorn.access").makeRecord(
-        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
-        ("127.0.0.1:5000", "GET", "/runs/x?api_key=AKx9y8z7w6v5u4", "1.1", 200), None)
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/runs/x?api_key=AKx9y8z7w6v5u4", "1.1", 200),
+        None,
+    )
     assert isinstance(record.args, tuple) and len(record.args) == 5 and record.args[4] == 200
     assert "AKx9y8z7w6v5u4" not in record.getMessage()
 
 
 def test_a_message_whose_arguments_do_not_fit_is_masked_not_raised(installed: None) -> None:
     record = logging.getLogger("lousho.test.bad").makeRecord(
-        "lousho.test.bad", logging.WARNING, __file__, 1, "only %s and %s with sk-proj-abcdefghijklmnop1234", ("one",),
-        None)
+        "lousho.test.bad",
+        logging.WARNING,
+        __file__,
+        1,
+        "only %s and %s with sk-proj-abcdefghijklmnop1234",
+        ("one",),
+        None,
+    )
     assert "abcdefghijklmnop" not in record.getMessage()
 
 

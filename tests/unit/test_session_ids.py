@@ -17,22 +17,60 @@ _SPEC_RESERVED = re.compile(r"\.(turn-[0-9]+|paused|fire)\Z")
 
 
 def _spec_allows(session_id: str) -> bool:
-    return (_SPEC_CHARS.fullmatch(session_id) is not None and session_id[0] != "." and session_id[-1] != "."
-            and _SPEC_RESERVED.search(session_id) is None)
+    return (
+        _SPEC_CHARS.fullmatch(session_id) is not None
+        and session_id[0] != "."
+        and session_id[-1] != "."
+        and _SPEC_RESERVED.search(session_id) is None
+    )
 
 
-@pytest.mark.parametrize("session_id", [
-    "order-7", "a", "A_b-c.d", "x" * 200, "job-3f2a9c", "chat.turn-", "chat.turn-3x", "v1.2.3", "paused", "a.fired",
-])
+@pytest.mark.parametrize(
+    "session_id",
+    [
+        "order-7",
+        "a",
+        "A_b-c.d",
+        "x" * 200,
+        "job-3f2a9c",
+        "chat.turn-",
+        "chat.turn-3x",
+        "v1.2.3",
+        "paused",
+        "a.fired",
+    ],
+)
 def test_valid_ids_are_returned_unchanged(session_id: str) -> None:
     assert validate_session_id(session_id) == session_id
 
 
-@pytest.mark.parametrize("session_id", [
-    "", "x" * 201, ".leading", "trailing.", ".", "chat.turn-3", "chat.turn-12", "run.paused", "sched.fire",
-    "caf\u00e9", "\u0661\u0662", "run\U0001f680", "'; DROP TABLE runs; --", "has space", " padded", "tab\there",
-    "new\nline", "pct%", "slash/x", "colon:x", "star*", "nul\x00",
-])
+@pytest.mark.parametrize(
+    "session_id",
+    [
+        "",
+        "x" * 201,
+        ".leading",
+        "trailing.",
+        ".",
+        "chat.turn-3",
+        "chat.turn-12",
+        "run.paused",
+        "sched.fire",
+        "caf\u00e9",
+        "\u0661\u0662",
+        "run\U0001f680",
+        "'; DROP TABLE runs; --",
+        "has space",
+        " padded",
+        "tab\there",
+        "new\nline",
+        "pct%",
+        "slash/x",
+        "colon:x",
+        "star*",
+        "nul\x00",
+    ],
+)
 def test_invalid_ids_are_refused_with_a_typed_error(session_id: str) -> None:
     with pytest.raises(errors.SessionIdInvalidError) as raised:
         validate_session_id(session_id)

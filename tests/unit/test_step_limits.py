@@ -96,7 +96,7 @@ def test_a_429_with_retry_after_cools_the_key_down_for_every_caller_and_is_no_fa
     assert not other.granted and other.reason == "cool-down" and 1.5 < other.wait_s <= 2.0
     # ... and once the cool-down is over the call goes through
     runtime.queue.messages.clear()
-    assert runtime.step("r-1") == Outcome.WAITING       # still cooling: no provider call made
+    assert runtime.step("r-1") == Outcome.WAITING  # still cooling: no provider call made
     assert len(calls) == 1
     runtime.clock.advance(2.1)
     assert runtime.step("r-1") == Outcome.FINISHED
@@ -130,9 +130,13 @@ def test_the_fairness_key_sent_with_input_becomes_the_runs() -> None:
 
 def test_the_webhook_fairness_setting_parses_and_refuses_nonsense() -> None:
     secret = SecretStr("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-    config = WebhookConfig.from_settings(Settings(webhook_secrets=secret,
-                                                  webhook_fairness="desk=/tenant, *=header:X-Tenant"))
+    config = WebhookConfig.from_settings(
+        Settings(webhook_secrets=secret, webhook_fairness="desk=/tenant, *=header:X-Tenant")
+    )
     assert config.fairness_source("desk") == "/tenant" and config.fairness_source("other") == "header:x-tenant"
     with pytest.raises(errors.ConfigurationError, match="LOUSHO_WEBHOOK_FAIRNESS"):
-        WebhookConfig.from_settings(Settings(webhook_secrets=SecretStr("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
-                                             webhook_fairness="desk=tenant"))
+        WebhookConfig.from_settings(
+            Settings(
+                webhook_secrets=SecretStr("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), webhook_fairness="desk=tenant"
+            )
+        )

@@ -25,7 +25,8 @@ def _captured(monkeypatch: pytest.MonkeyPatch, target: Any, attribute: str) -> l
 
 
 def test_the_producer_and_the_worker_send_the_same_message_with_the_same_broker_options(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     settings = services.test_settings()
     sender = enqueue.Enqueuer(settings)
     try:

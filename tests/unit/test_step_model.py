@@ -42,9 +42,15 @@ MAX_ATTEMPTS = 5
 #: Faults (crashes, stalls, model failures) per run; below MAX_ATTEMPTS, so no run is parked by design.
 FAULT_BUDGET = 3
 CRASH_POINTS = (
-    "after_lease_before_epoch", "during_model_call", "after_model_response_before_save",
-    "after_model_save_before_enqueue", "tool_before_effect", "after_tool_effect_before_result_save",
-    "between_results", "after_batch_save_before_enqueue", "after_enqueue_before_ack",
+    "after_lease_before_epoch",
+    "during_model_call",
+    "after_model_response_before_save",
+    "after_model_save_before_enqueue",
+    "tool_before_effect",
+    "after_tool_effect_before_result_save",
+    "between_results",
+    "after_batch_save_before_enqueue",
+    "after_enqueue_before_ack",
 )
 #: Deliveries allowed to finish every run once the commands are done (far above what they need).
 MAX_SETTLE_DELIVERIES = 500
@@ -124,8 +130,13 @@ COMMANDS = st.one_of(
     st.builds(Deliver, pick=_PICK, keep_copy=st.just(False)),
     st.builds(Deliver, pick=st.just(0), keep_copy=st.just(False)),
     st.builds(Crash, run=_RUN_INDEX, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans()),
-    st.builds(Stall, run=_RUN_INDEX, at=st.sampled_from(["model", "tool"]),
-              takeover=st.sampled_from(["none", "done", "frozen"]), lose_lease_keys=st.booleans()),
+    st.builds(
+        Stall,
+        run=_RUN_INDEX,
+        at=st.sampled_from(["model", "tool"]),
+        takeover=st.sampled_from(["none", "done", "frozen"]),
+        lose_lease_keys=st.booleans(),
+    ),
     st.builds(Send, run=_RUN_INDEX, text=st.sampled_from(["start", "more"])),
     st.builds(FailModel, run=_RUN_INDEX),
     st.just(LoseLeaseKeys()),
@@ -184,12 +195,22 @@ class World:
         self.plans = dict(zip(RUNS, plans, strict=True))
         self.clock = FakeClock()
         self.model = RecordingModel(MockModel(self._answer), observe=self._observe)
-        agent = Agent(AGENT, self.model, instructions="Work through the plan.", max_steps=50, tool_concurrency=1,
-                      tools=[Tool(self._work, name="work"), Tool(self._fail, name="fail")])
+        agent = Agent(
+            AGENT,
+            self.model,
+            instructions="Work through the plan.",
+            max_steps=50,
+            tool_concurrency=1,
+            tools=[Tool(self._work, name="work"), Tool(self._fail, name="fail")],
+        )
         self.leases = MemoryLeaseManager(TTL_MS, self.clock)
         self.runtime = MemoryRuntime.build(
-            [agent], store=_ObservedStore(history_limit=100_000, clock=self.clock), clock=self.clock,
-            leases=self.leases, max_attempts=MAX_ATTEMPTS)
+            [agent],
+            store=_ObservedStore(history_limit=100_000, clock=self.clock),
+            clock=self.clock,
+            leases=self.leases,
+            max_attempts=MAX_ATTEMPTS,
+        )
         self.store, self.queue = self.runtime.store, self.runtime.queue
         self.crashes = Crashes()
         self.redeliver: dict[str, bool] = {}
@@ -220,8 +241,16 @@ class World:
             since += message.role == "assistant"
         plan = self.plans[sid]
         if since < len(plan):
-            return {"tool_calls": [{"id": f"{sid}-u{users}-t{since}-c{k}", "name": "fail" if (since + k) % 3 == 2
-                                    else "work", "args": {"n": k}} for k in range(plan[since])]}
+            return {
+                "tool_calls": [
+                    {
+                        "id": f"{sid}-u{users}-t{since}-c{k}",
+                        "name": "fail" if (since + k) % 3 == 2 else "work",
+                        "args": {"n": k},
+                    }
+                    for k in range(plan[since])
+                ]
+            }
         return f"{sid}: done with message {users}"
 
     def _work(self, n: int, ctx: ToolContext) -> str:
@@ -334,11 +363,11 @@ class World:
         """Deliver a step that freezes past its lease; None once it froze, else its outcome."""
         first = self._start_frozen(sid, seq, command.at)
         if isinstance(first, Outcome):
-            return first                         # it never reached the call: the stall stays armed
+            return first  # it never reached the call: the stall stays armed
         frozen, gate = first
         if command.lose_lease_keys:
             self.leases.flush_all()
-        self.clock.advance(ms=TTL_MS + 1)        # no heartbeat renews a frozen step's lease
+        self.clock.advance(ms=TTL_MS + 1)  # no heartbeat renews a frozen step's lease
         second: tuple[StepThread, Gate] | Outcome | None = None
         if command.takeover == "done":
             self._step(sid, self._seq(sid))
@@ -370,17 +399,19 @@ class World:
             checkpoint = self.store.load(sid)
             if checkpoint is not None:
                 self._check_run(sid, checkpoint)
-        for sid, call_id, base in self.executions[self.checked_executions:]:
+        for sid, call_id, base in self.executions[self.checked_executions :]:
             recorded = self.seen[sid].result_seq.get(call_id)
             assert recorded is None or base < recorded, (
-                f"I2: {call_id} executed from seq {base} though its result was saved at seq {recorded}")
+                f"I2: {call_id} executed from seq {base} though its result was saved at seq {recorded}"
+            )
         self.checked_executions = len(self.executions)
-        for call in self.model.calls[self.checked_model_calls:]:
+        for call in self.model.calls[self.checked_model_calls :]:
             sid, base = call.context["session_id"], call.context["base_seq"]
             assert call.problems == [], f"I4: {sid} model got an invalid transcript: {call.problems}"
             recorded = self.seen[sid].turn_seq.get(call.assistant_turns)
             assert recorded is None or base < recorded, (
-                f"I3: {sid} turn {call.assistant_turns} generated from seq {base}, saved at seq {recorded}")
+                f"I3: {sid} turn {call.assistant_turns} generated from seq {base}, saved at seq {recorded}"
+            )
         self.checked_model_calls = len(self.model.calls)
 
     def _check_run(self, sid: str, checkpoint: Checkpoint) -> None:
@@ -389,7 +420,8 @@ class World:
         if checkpoint.seq > seen.seq:
             entries = list(reversed(self.store.history(sid, limit=checkpoint.seq - seen.seq)))
             assert [e.seq for e in entries] == list(range(seen.seq + 1, checkpoint.seq + 1)), (
-                f"I7: {sid} history is not contiguous after seq {seen.seq}: {[e.seq for e in entries]}")
+                f"I7: {sid} history is not contiguous after seq {seen.seq}: {[e.seq for e in entries]}"
+            )
             for entry in entries:
                 fence = entry.checkpoint.fence
                 assert fence >= seen.fence, f"I7: {sid} fence fell from {seen.fence} to {fence} at seq {entry.seq}"
@@ -426,14 +458,23 @@ class World:
             self.clock.advance(ms=TTL_MS + int(STALE_S * 1000) + 1)
             self.runtime.sweep(STALE_S)
         stuck = {sid: self.store.load(sid) for sid in RUNS if not self._settled(sid)}
-        raise AssertionError("I10: runs did not finish: " + "; ".join(
-            f"{sid} status={c.status} seq={c.seq} attempts={c.attempts} last_error={c.last_error}"
-            for sid, c in stuck.items() if c is not None))
+        raise AssertionError(
+            "I10: runs did not finish: "
+            + "; ".join(
+                f"{sid} status={c.status} seq={c.seq} attempts={c.attempts} last_error={c.last_error}"
+                for sid, c in stuck.items()
+                if c is not None
+            )
+        )
 
     def _settled(self, sid: str) -> bool:
         checkpoint = self.store.load(sid)
-        return checkpoint is not None and checkpoint.status == "finished" and checkpoint.last_error is None \
+        return (
+            checkpoint is not None
+            and checkpoint.status == "finished"
+            and checkpoint.last_error is None
             and self.store.inbox(sid, checkpoint.inbox_cursor) == []
+        )
 
     def check_finished(self) -> None:
         for sid in RUNS:
@@ -443,12 +484,18 @@ class World:
             assert checkpoint.final_text is not None and checkpoint.final_text.startswith(sid)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
-          derandomize=os.environ.get("LOUSHO_T0_EXPLORE") != "1",
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    derandomize=os.environ.get("LOUSHO_T0_EXPLORE") != "1",
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(plans=st.tuples(PLANS, PLANS, PLANS), commands=st.lists(COMMANDS, min_size=5, max_size=50))
 def test_runs_stay_safe_and_finish_under_duplicates_crashes_stalls_and_lost_leases(
-        plans: tuple[list[int], ...], commands: list[Command]) -> None:
+    plans: tuple[list[int], ...], commands: list[Command]
+) -> None:
     world = World(plans)
     with world.crashes.installed(world.leases):
         world.start()

@@ -38,13 +38,14 @@ def test_summaries_say_what_a_step_did_in_a_few_words() -> None:
     report = telemetry.StepReport(session_id="r-1", outcome="advanced", calls_asked=2)
     report.model_calls.append(telemetry.ModelCallRecord("m", 0, 1))
     assert report.summary() == "model turn: 2 tool calls"
-    batch = telemetry.StepReport(session_id="r-1", outcome="finished", kind=telemetry.TOOL_BATCH,
-                                 finish_reason="stop")
+    batch = telemetry.StepReport(session_id="r-1", outcome="finished", kind=telemetry.TOOL_BATCH, finish_reason="stop")
     batch.tool_calls.append(telemetry.ToolCallRecord("lookup", "c1", "ok", 0, 1))
     assert batch.summary() == "tool batch: 1 result; finished: stop"
     assert telemetry.StepReport(session_id="r", outcome="parked", error_code="LOUSHO_X").summary() == "parked: LOUSHO_X"
-    assert telemetry.StepReport(session_id="r", outcome="failed", error_code="LOUSHO_P",
-                                retry_in=2.5).summary() == "retry in 2.5 s: LOUSHO_P"
+    assert (
+        telemetry.StepReport(session_id="r", outcome="failed", error_code="LOUSHO_P", retry_in=2.5).summary()
+        == "retry in 2.5 s: LOUSHO_P"
+    )
     assert telemetry.StepReport(session_id="r", outcome="busy").summary().startswith("busy")
 
 
@@ -77,7 +78,8 @@ def test_a_step_that_parks_its_run_fails_and_one_that_will_be_retried_is_retried
 
 
 def test_steps_are_sent_with_their_name_and_the_run_id_and_seq_as_keyword_arguments(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(tasks.advance, "apply_async", lambda **options: sent.append(options))
     tasks.enqueue("r-1", 4, 0.0, "support", name="support: tool batch")
@@ -106,8 +108,9 @@ def test_json_log_lines_carry_the_step_fields_and_stay_masked() -> None:
     record_logger.addHandler(handler)
     try:
         with telemetry.step("r-9", 7, task_id="t-1") as report:
-            telemetry.note(agent="support", kind=telemetry.TOOL_BATCH,
-                           checkpoint=_checkpoint([Message(role="user", content="hi")]))
+            telemetry.note(
+                agent="support", kind=telemetry.TOOL_BATCH, checkpoint=_checkpoint([Message(role="user", content="hi")])
+            )
             record_logger.warning("calling with key sk-proj-abcdefghijklmnopqrstuvwxyz012345")
         assert report.agent == "support"
         record_logger.warning("outside a step")
@@ -115,7 +118,12 @@ def test_json_log_lines_carry_the_step_fields_and_stay_masked() -> None:
         record_logger.removeHandler(handler)
     inside, outside = (json.loads(line) for line in captured)
     assert {key: inside[key] for key in ("session_id", "agent", "seq", "kind", "task_id")} == {
-        "session_id": "r-9", "agent": "support", "seq": 7, "kind": "tool batch", "task_id": "t-1"}
+        "session_id": "r-9",
+        "agent": "support",
+        "seq": 7,
+        "kind": "tool batch",
+        "task_id": "t-1",
+    }
     assert inside["step"] == 0
     assert "abcdefghijklmnop" not in inside["message"]
     assert "session_id" not in outside and outside["message"] == "outside a step"

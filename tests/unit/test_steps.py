@@ -83,8 +83,7 @@ class Shop:
 
 def shop_agent(shop: Shop, script: Any = THREE_TURNS, **options: Any) -> Agent:
     settings: dict[str, Any] = {"instructions": "You run the shop.", "tool_concurrency": 1, **options}
-    return Agent("shop", RecordingModel(MockModel(script)), tools=[*shop.tools, *settings.pop("tools", [])],
-                 **settings)
+    return Agent("shop", RecordingModel(MockModel(script)), tools=[*shop.tools, *settings.pop("tools", [])], **settings)
 
 
 def model_calls(agent: Agent) -> int:
@@ -138,7 +137,10 @@ def test_a_three_turn_run_completes_by_draining_the_queue(shop: Shop, lease_kind
     assert machine.transcript_problems(final.messages) == []
     assert [m.tool_call_id for m in tool_results(final)] == ["call_0_0", "call_0_1", "call_1_0"]
     assert [(name, call_id) for name, call_id, _ in shop.executions] == [
-        ("charge", "call_0_0"), ("reserve", "call_0_1"), ("ship", "call_1_0")]
+        ("charge", "call_0_0"),
+        ("reserve", "call_0_1"),
+        ("ship", "call_1_0"),
+    ]
     assert model_calls(agent) == 3
     assert final.usage.total_tokens > 0 and final.fingerprint == agent.fingerprint()
     assert_history_is_contiguous_with_rising_fences(runtime)
@@ -181,6 +183,7 @@ def test_input_sent_during_a_tool_batch_lands_after_its_results(shop: Shop) -> N
     # Given a run whose first turn asks for charge and reserve
     runtime = MemoryRuntime.build([shop_agent(shop, script=[THREE_TURNS[0], "Done."])])
     runtime.send(SID, "shop", "Charge and reserve")
+
     # When a new message is sent while charge is running
     def send_more() -> None:
         runtime.send(SID, "shop", "Also gift-wrap it.")
@@ -207,7 +210,10 @@ def test_inputs_merged_by_one_step_start_at_the_run_start_that_merged_them(shop:
     assert [(e.seq, e.data["input_number"]) for e in events if e.type == "run.start"] == [(0, 1), (3, 3)]
     assert [runtime.store.input_start(SID, n) for n in (1, 2, 3, 4)] == [0, 3, 3, None]
     assert model_calls(agent) == 2 and [m.content for m in runtime.checkpoint(SID).messages[-3:]] == [
-        "two", "three", "Both."]
+        "two",
+        "three",
+        "Both.",
+    ]
 
 
 def test_a_run_that_uses_its_steps_finishes_with_max_steps(shop: Shop) -> None:
@@ -270,14 +276,19 @@ def test_a_call_to_a_tool_the_agent_lacks_gets_a_not_found_result(shop: Shop) ->
     assert _error_body(runtime.checkpoint(SID), "call_0_0")["kind"] == "not-found"
 
 
-@pytest.mark.parametrize(("returned", "check"), [
-    ("a\x00b", lambda text: text == "a\ufffdb"),
-    ({"ratio": math.nan, "big": math.inf}, lambda text: json.loads(text) == {"ratio": "nan", "big": "inf"}),
-    ("x" * 10_000_000, lambda text: len(text) < 300_000 and "[truncated: " in text),
-    (10**5000, lambda text: "integer of" in text),
-], ids=["nul", "nan-inf", "ten-megabytes", "huge-int"])
+@pytest.mark.parametrize(
+    ("returned", "check"),
+    [
+        ("a\x00b", lambda text: text == "a\ufffdb"),
+        ({"ratio": math.nan, "big": math.inf}, lambda text: json.loads(text) == {"ratio": "nan", "big": "inf"}),
+        ("x" * 10_000_000, lambda text: len(text) < 300_000 and "[truncated: " in text),
+        (10**5000, lambda text: "integer of" in text),
+    ],
+    ids=["nul", "nan-inf", "ten-megabytes", "huge-int"],
+)
 def test_odd_tool_output_is_stored_sanitized_and_the_tool_runs_once(
-        shop: Shop, returned: Any, check: Callable[[str], bool]) -> None:
+    shop: Shop, returned: Any, check: Callable[[str], bool]
+) -> None:
     runs: list[int] = []
 
     def odd(ctx: ToolContext) -> Any:
@@ -292,8 +303,9 @@ def test_odd_tool_output_is_stored_sanitized_and_the_tool_runs_once(
     assert check(result.content) and len(runs) == 1
 
 
-@pytest.mark.parametrize("args", [{"note": "a\x00b"}, {"ratio": math.nan}, {"n": 10**5000}],
-                         ids=["nul", "nan", "huge-int"])
+@pytest.mark.parametrize(
+    "args", [{"note": "a\x00b"}, {"ratio": math.nan}, {"n": 10**5000}], ids=["nul", "nan", "huge-int"]
+)
 def test_odd_arguments_from_the_model_do_not_poison_the_run(shop: Shop, args: dict[str, Any]) -> None:
     # A provider can hand back argument JSON with \u0000, NaN or huge numbers; the turn must still save.
     def note(ctx: ToolContext, **anything: Any) -> str:
@@ -324,8 +336,9 @@ class FlakyModel:
         return self.inner.generate(messages, tools)
 
 
-def _flaky_runtime(shop: Shop, failures: list[errors.ProviderError],
-                   **options: Any) -> tuple[MemoryRuntime, FlakyModel]:
+def _flaky_runtime(
+    shop: Shop, failures: list[errors.ProviderError], **options: Any
+) -> tuple[MemoryRuntime, FlakyModel]:
     model = FlakyModel(MockModel(["Hello!"]), failures)
     runtime = MemoryRuntime.build([Agent("shop", model, tools=shop.tools)], **options)
     runtime.send(SID, "shop", "hi")
@@ -339,7 +352,11 @@ def test_a_provider_error_is_recorded_and_the_same_seq_is_retried_after_a_countd
     assert failed.last_error is not None
     # A failure the step recorded is not a crash: the crash-loop count restarts, the failure streak grows
     assert (failed.last_error.code, failed.last_error.retryable, failed.attempts, failed.failures) == (
-        "LOUSHO_PROVIDER_REQUEST_FAILED", True, 0, 1)
+        "LOUSHO_PROVIDER_REQUEST_FAILED",
+        True,
+        0,
+        1,
+    )
     (retry,) = runtime.queue.messages[1:]
     # The merged input was saved before the failure was recorded: the retry is for that state
     assert retry.seq == failed.seq == 1 and 0.25 <= retry.countdown <= 0.5 and retry.agent == "shop"
@@ -539,7 +556,8 @@ def stalled_threads() -> Iterator[list[Gate]]:
 
 
 def test_a_stalled_holder_is_fenced_after_a_takeover_and_leaves_no_trace(
-        shop: Shop, stalled_threads: list[Gate]) -> None:
+    shop: Shop, stalled_threads: list[Gate]
+) -> None:
     # Given a step frozen inside a tool call
     runtime, _, gate = _started_batch(shop)
     stalled_threads.append(gate)
@@ -556,13 +574,12 @@ def test_a_stalled_holder_is_fenced_after_a_takeover_and_leaves_no_trace(
     assert stalled.result() == Outcome.FENCED
     assert runtime.checkpoint(SID) == after_takeover and runtime.store.history(SID) == history
     assert [m.seq for m in runtime.queue.messages] == [after_takeover.seq]
-    assert shop.runs_of("charge") == 2 and shop.runs_of("reserve") == 1      # at least once, never lost
+    assert shop.runs_of("charge") == 2 and shop.runs_of("reserve") == 1  # at least once, never lost
     assert [m.tool_call_id for m in tool_results(after_takeover)] == ["call_0_0", "call_0_1"]
     assert_history_is_contiguous_with_rising_fences(runtime)
 
 
-def test_a_stalled_holder_is_fenced_even_before_the_new_holder_saves(
-        shop: Shop, stalled_threads: list[Gate]) -> None:
+def test_a_stalled_holder_is_fenced_even_before_the_new_holder_saves(shop: Shop, stalled_threads: list[Gate]) -> None:
     # Given a frozen step, and a second step that took over and is itself inside the same tool
     runtime, _, gate = _started_batch(shop, blocking=2)
     stalled_threads.append(gate)
@@ -604,7 +621,7 @@ def test_a_stalled_model_call_is_not_saved_after_a_takeover(stalled_threads: lis
     assert stalled.result() == Outcome.FENCED
     final = runtime.checkpoint(SID)
     assert [m.role for m in final.messages] == ["user", "assistant"] and final.seq == 1
-    assert model_calls(agent) == 2      # one wasted call, never a second saved turn
+    assert model_calls(agent) == 2  # one wasted call, never a second saved turn
 
 
 def test_a_batch_starts_no_call_once_its_lease_is_known_lost(shop: Shop) -> None:
@@ -631,7 +648,8 @@ def test_a_batch_starts_no_call_once_its_lease_is_known_lost(shop: Shop) -> None
 
 @pytest.mark.parametrize("lease_kind", ["memory", "redis-lua"])
 def test_after_the_lease_service_loses_its_counters_the_run_goes_on_above_the_stored_fence(
-        shop: Shop, lease_kind: str) -> None:
+    shop: Shop, lease_kind: str
+) -> None:
     # Given a run two steps in, whose stored fence is the token of the last step
     runtime, lose_everything = _runtime_with(lease_kind, shop_agent(shop))
     runtime.send(SID, "shop", "Charge and ship order 7")
@@ -648,7 +666,8 @@ def test_after_the_lease_service_loses_its_counters_the_run_goes_on_above_the_st
 
 
 def test_after_the_lease_service_loses_its_counters_a_stalled_holder_is_still_fenced(
-        shop: Shop, stalled_threads: list[Gate]) -> None:
+    shop: Shop, stalled_threads: list[Gate]
+) -> None:
     runtime, _, gate = _started_batch(shop)
     stalled_threads.append(gate)
     leases = runtime.leases
@@ -759,9 +778,13 @@ def test_a_rejected_call_gets_a_rejection_result_and_never_runs(shop: Shop) -> N
     assert (body["kind"], body["note"]) == ("rejected", "not this month") and shop.runs_of("refund") == 0
 
 
-@pytest.mark.parametrize(("point", "refund_runs"), [
-    ("after_started_marker_before_approved_call", 0), ("after_approved_effect_before_result_save", 1),
-])
+@pytest.mark.parametrize(
+    ("point", "refund_runs"),
+    [
+        ("after_started_marker_before_approved_call", 0),
+        ("after_approved_effect_before_result_save", 1),
+    ],
+)
 def test_an_approved_call_interrupted_by_a_crash_is_not_run_again(shop: Shop, point: str, refund_runs: int) -> None:
     runtime, approvals, approval_id = _paused_on_refund(shop)
     approvals.resolve(approval_id, approved=True)

@@ -16,8 +16,11 @@ def test_a_child_id_is_the_same_for_the_same_call_in_any_process() -> None:
     assert first == "order-7.task-62ef9cad628ba98d"  # the same digest in every process and release
     assert first is not None and re.fullmatch(r"order-7\.task-[0-9a-f]{16}", first)
     assert records.lead_of(first) == "order-7" and records.is_child_id(first)
-    others = {subagents.child_id("order-7", 4, "call_abc"), subagents.child_id("order-7", 3, "call_abd"),
-              subagents.child_id("order-8", 3, "call_abc")}
+    others = {
+        subagents.child_id("order-7", 4, "call_abc"),
+        subagents.child_id("order-7", 3, "call_abd"),
+        subagents.child_id("order-8", 3, "call_abc"),
+    }
     assert first not in others and len(others) == 3
 
 

@@ -53,8 +53,13 @@ class _FailsAfterTurnOne:
 def _stalled(model: Any = None) -> tuple[MemoryRuntime, _Heard]:
     """A run whose step message after its first turn was lost, silent for a lease TTL: the sweep's to send on."""
     heard = _Heard()
-    agent = Agent("shop", model or MockModel([{"tool_calls": [{"name": "ship", "args": {"order": 7}}]}, "Shipped."]),
-                  tools=[ship], on_recovered=heard.on_recovered, on_error=heard.on_error)
+    agent = Agent(
+        "shop",
+        model or MockModel([{"tool_calls": [{"name": "ship", "args": {"order": 7}}]}, "Shipped."]),
+        tools=[ship],
+        on_recovered=heard.on_recovered,
+        on_error=heard.on_error,
+    )
     runtime = MemoryRuntime.build([agent])
     runtime.send(SID, "shop", "Ship order 7")
     first = runtime.queue.pop()
@@ -68,7 +73,7 @@ def test_a_run_the_sweep_sent_on_is_reported_recovered_once_when_its_input_ends(
     # Given a stalled run the sweep sends on
     runtime, heard = _stalled()
     assert runtime.sweep() == 1
-    assert recovery.report(runtime.store, runtime.deps.agents) == 0      # still moving: nothing to tell yet
+    assert recovery.report(runtime.store, runtime.deps.agents) == 0  # still moving: nothing to tell yet
     # When it finishes, then the next sweep tells the agent, and no sweep after it tells it again
     assert runtime.drain()[-1] == Outcome.FINISHED
     assert recovery.report(runtime.store, runtime.deps.agents) == 1

@@ -63,8 +63,16 @@ def _field(low: int, high: int) -> st.SearchStrategy[str]:
 
 
 #: Expressions that fire at least daily, with the hours of the DST jumps (1-3 local) well covered.
-DAILY_CRONS = st.builds(" ".join, st.tuples(_field(0, 59), _field(0, 23) | st.sampled_from(["1", "2", "3", "2,3"]),
-                                            st.just("*"), st.just("*"), st.just("*") | st.just("MON-FRI")))
+DAILY_CRONS = st.builds(
+    " ".join,
+    st.tuples(
+        _field(0, 59),
+        _field(0, 23) | st.sampled_from(["1", "2", "3", "2,3"]),
+        st.just("*"),
+        st.just("*"),
+        st.just("*") | st.just("MON-FRI"),
+    ),
+)
 CRONS = DAILY_CRONS | st.sampled_from(["@hourly", "@daily", "@weekly", "@monthly", "0 0 29 2 *", "30 2 1 * *"])
 
 
@@ -90,14 +98,25 @@ def jump_and_instant(draw: st.DrawFn) -> tuple[ScheduleSpec, datetime]:
     jump = draw(st.sampled_from(TRANSITIONS[zone]))
     hour = (jump - timedelta(hours=1)).astimezone(ZoneInfo(zone)).hour  # the skipped or repeated wall hour
     minute = draw(st.integers(0, 59))
-    expr = draw(st.sampled_from([f"{minute} {hour} * * *", f"{minute} * * * *", f"{minute},59 {hour},{hour + 1} * * *",
-                                 f"*/{draw(st.integers(2, 30))} {hour} * * *"]))
+    expr = draw(
+        st.sampled_from(
+            [
+                f"{minute} {hour} * * *",
+                f"{minute} * * * *",
+                f"{minute},59 {hour},{hour + 1} * * *",
+                f"*/{draw(st.integers(2, 30))} {hour} * * *",
+            ]
+        )
+    )
     at = jump + timedelta(microseconds=draw(st.integers(-2 * 3_600_000_000, 2 * 3_600_000_000)))
     return cron_spec(expr, zone), at
 
 
-SPECS_AND_INSTANTS = jump_and_instant() | cron_and_instant() | st.builds(
-    lambda s, at: (every_spec(s), at), st.integers(1, ticks.MAX_EVERY_S), instants())
+SPECS_AND_INSTANTS = (
+    jump_and_instant()
+    | cron_and_instant()
+    | st.builds(lambda s, at: (every_spec(s), at), st.integers(1, ticks.MAX_EVERY_S), instants())
+)
 
 
 def run(spec: ScheduleSpec, start: datetime, until: datetime, limit: int = 5000) -> list[datetime]:
@@ -126,8 +145,9 @@ def test_next_tick_is_the_first_tick_strictly_after(case: tuple[ScheduleSpec, da
 
 @SLOW
 @given(SPECS_AND_INSTANTS, st.integers(0, 10**12).map(lambda us: timedelta(microseconds=us)))
-def test_next_tick_never_goes_backwards_as_time_goes_forward(case: tuple[ScheduleSpec, datetime],
-                                                            later_by: timedelta) -> None:
+def test_next_tick_never_goes_backwards_as_time_goes_forward(
+    case: tuple[ScheduleSpec, datetime], later_by: timedelta
+) -> None:
     spec, a = case
     assert spec.next_tick(a) <= spec.next_tick(a + later_by)
 
@@ -196,8 +216,9 @@ def test_sweeps_at_rising_times_handle_every_tick_once(case: tuple[ScheduleSpec,
     # Given a schedule swept by beats whose periods are shorter than the grace
     spec, start = case
     grace = timedelta(seconds=max(gaps) + 1)
-    schedule = Schedule.model_validate({**spec.model_dump(), "schedule_id": 7, "next_fire_at": spec.next_tick(start),
-                                        "overlap": "allow"})
+    schedule = Schedule.model_validate(
+        {**spec.model_dump(), "schedule_id": 7, "next_fire_at": spec.next_tick(start), "overlap": "allow"}
+    )
     first, now = schedule.next_fire_at, start
     handled: list[datetime] = []
     # When each sweep plans with the database time and the store stores its next tick
@@ -237,10 +258,14 @@ def test_cron_ticks_across_a_dst_jump_only_move_forward(zone_and_start: tuple[st
 
 
 @SLOW
-@given(st.sampled_from(DST_ZONES).flatmap(lambda z: st.tuples(st.just(z), near_transition(z))),
-       st.integers(0, 59), st.integers(0, 4) | st.integers(0, 23))
-def test_a_fixed_time_fires_once_each_local_day_across_dst_jumps(zone_and_start: tuple[str, datetime], minute: int,
-                                                                 hour: int) -> None:
+@given(
+    st.sampled_from(DST_ZONES).flatmap(lambda z: st.tuples(st.just(z), near_transition(z))),
+    st.integers(0, 59),
+    st.integers(0, 4) | st.integers(0, 23),
+)
+def test_a_fixed_time_fires_once_each_local_day_across_dst_jumps(
+    zone_and_start: tuple[str, datetime], minute: int, hour: int
+) -> None:
     zone, start = zone_and_start
     local = ZoneInfo(zone)
     fired = run(cron_spec(f"{minute} {hour} * * *", zone), start, start + timedelta(days=4))
@@ -254,8 +279,9 @@ def test_a_fixed_time_fires_once_each_local_day_across_dst_jumps(zone_and_start:
 
 @SLOW
 @given(st.sampled_from(DST_ZONES).flatmap(lambda z: st.tuples(st.just(z), near_transition(z))), st.integers(0, 59))
-def test_an_hourly_job_fires_every_real_hour_across_dst_jumps(zone_and_start: tuple[str, datetime],
-                                                              minute: int) -> None:
+def test_an_hourly_job_fires_every_real_hour_across_dst_jumps(
+    zone_and_start: tuple[str, datetime], minute: int
+) -> None:
     zone, start = zone_and_start
     fired = run(cron_spec(f"{minute} * * * *", zone), start, start + timedelta(days=2))
     assert len(fired) >= 47 and all(b - a == timedelta(hours=1) for a, b in pairwise(fired))
@@ -267,8 +293,9 @@ _TICK_ID = re.compile(r"sched-(\d+)-(\d{8}T\d{6}Z)")
 
 
 @given(st.integers(1, 2**63 - 1), instants(1971, 9998), st.sampled_from(ZONES))
-def test_a_tick_run_id_is_valid_stable_and_names_schedule_and_second(schedule_id: int, fire_at: datetime,
-                                                                     zone: str) -> None:
+def test_a_tick_run_id_is_valid_stable_and_names_schedule_and_second(
+    schedule_id: int, fire_at: datetime, zone: str
+) -> None:
     session_id = ticks.tick_session_id(schedule_id, fire_at)
     assert records.validate_session_id(session_id) == session_id
     # the same instant written in another zone names the same run

@@ -46,8 +46,7 @@ def test_a_call_that_finds_no_free_thread_in_time_is_cancelled_and_never_runs(ga
     assert ran == ["next"] and threads.hung == 0
 
 
-def test_a_call_past_its_timeout_is_given_up_on_and_its_thread_no_longer_holds_a_place(
-        gate: threading.Event) -> None:
+def test_a_call_past_its_timeout_is_given_up_on_and_its_thread_no_longer_holds_a_place(gate: threading.Event) -> None:
     threads = ToolThreads(size=1)
     entered = threading.Event()
     stuck = threads.submit(_blocker, gate, entered)

@@ -27,12 +27,31 @@ from worker.tracing import TraceContext
 
 ON = Settings(tracing=True)
 #: Every attribute a span may carry: names, ids, counts and codes, never content.
-ALLOWED = {"gen_ai.operation.name", "gen_ai.agent.name", "gen_ai.conversation.id", "gen_ai.provider.name",
-           "gen_ai.request.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
-           "gen_ai.response.finish_reasons", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",
-           "error.type", "messaging.message.id", "lousho.session_id", "lousho.seq", "lousho.kind",
-           "lousho.outcome", "lousho.input_started", "lousho.ended_as", "lousho.approvals", "lousho.retry_in_s",
-           "lousho.finish_reason", "lousho.tool.outcome"}
+ALLOWED = {
+    "gen_ai.operation.name",
+    "gen_ai.agent.name",
+    "gen_ai.conversation.id",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.response.finish_reasons",
+    "gen_ai.tool.name",
+    "gen_ai.tool.call.id",
+    "gen_ai.tool.type",
+    "error.type",
+    "messaging.message.id",
+    "lousho.session_id",
+    "lousho.seq",
+    "lousho.kind",
+    "lousho.outcome",
+    "lousho.input_started",
+    "lousho.ended_as",
+    "lousho.approvals",
+    "lousho.retry_in_s",
+    "lousho.finish_reason",
+    "lousho.tool.outcome",
+}
 
 
 @dataclass
@@ -85,8 +104,7 @@ def _tool_step(trace: str, session_id: str = "run-1", agent: str = "support") ->
 def _final_step(trace: str, ended_as: str = "finished", session_id: str = "run-1", agent: str = "support") -> None:
     with telemetry.step(session_id, 3, task_id="task-3"):
         telemetry.note(agent=agent, kind=telemetry.MODEL_TURN, trace=trace)
-        telemetry.model_call("openai:gpt-4o", time.time_ns(), input_tokens=200, output_tokens=12,
-                             finish_reason="stop")
+        telemetry.model_call("openai:gpt-4o", time.time_ns(), input_tokens=200, output_tokens=12, finish_reason="stop")
         telemetry.note(ended_as=ended_as, finish_reason="stop", outcome="finished")
 
 
@@ -135,9 +153,13 @@ def test_model_calls_carry_the_model_and_token_counts(process: Process) -> None:
     first, last = _named(process.spans(), "chat ")
     assert first.name == "chat gpt-4o" and first.kind is SpanKind.CLIENT
     assert dict(first.attributes or {}) == {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o",
-        "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": 30,
-        "gen_ai.response.finish_reasons": ("tool_calls",)}
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "gpt-4o",
+        "gen_ai.usage.input_tokens": 120,
+        "gen_ai.usage.output_tokens": 30,
+        "gen_ai.response.finish_reasons": ("tool_calls",),
+    }
     assert last.attributes is not None and last.attributes["gen_ai.usage.input_tokens"] == 200
     assert first.end_time is not None and first.start_time is not None and first.end_time >= first.start_time
 
@@ -147,9 +169,13 @@ def test_tool_calls_carry_the_tool_and_call_id_and_a_failed_one_is_an_error(proc
 
     ok, timed_out = _named(process.spans(), "execute_tool ")
     assert ok.name == "execute_tool lookup" and ok.kind is SpanKind.INTERNAL
-    assert dict(ok.attributes or {}) == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
-                                         "gen_ai.tool.call.id": "call-a", "gen_ai.tool.type": "function",
-                                         "lousho.tool.outcome": "ok"}
+    assert dict(ok.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "lookup",
+        "gen_ai.tool.call.id": "call-a",
+        "gen_ai.tool.type": "function",
+        "lousho.tool.outcome": "ok",
+    }
     assert ok.status.status_code is StatusCode.UNSET
     assert timed_out.attributes is not None and timed_out.attributes["error.type"] == "timeout"
     assert timed_out.status.status_code is StatusCode.ERROR
@@ -160,9 +186,15 @@ def test_step_spans_name_the_run_seq_kind_outcome_and_celery_task(process: Proce
 
     [step] = _named(process.spans(), "step ")
     assert dict(step.attributes or {}) == {
-        "gen_ai.agent.name": "support", "gen_ai.conversation.id": "run-1", "lousho.session_id": "run-1",
-        "lousho.seq": 1, "lousho.kind": "model turn", "lousho.outcome": "advanced",
-        "messaging.message.id": "task-1", "lousho.input_started": True}
+        "gen_ai.agent.name": "support",
+        "gen_ai.conversation.id": "run-1",
+        "lousho.session_id": "run-1",
+        "lousho.seq": 1,
+        "lousho.kind": "model turn",
+        "lousho.outcome": "advanced",
+        "messaging.message.id": "task-1",
+        "lousho.input_started": True,
+    }
 
 
 def test_steps_in_another_process_join_the_trace_from_the_saved_context_alone() -> None:
@@ -250,8 +282,9 @@ def test_steps_that_did_no_work_make_no_span(process: Process, outcome: str) -> 
     assert process.spans() == []
 
 
-@pytest.mark.parametrize("saved", [None, "", "garbage", "00-" + "0" * 32 + "-" + "1" * 16 + "-01",
-                                   "00-" + "a" * 32 + "-" + "b" * 16 + "-00"])
+@pytest.mark.parametrize(
+    "saved", [None, "", "garbage", "00-" + "0" * 32 + "-" + "1" * 16 + "-01", "00-" + "a" * 32 + "-" + "b" * 16 + "-00"]
+)
 def test_steps_without_a_usable_or_sampled_context_make_no_span(process: Process, saved: str | None) -> None:
     with telemetry.step("run-1", 2) as report:
         report.trace, report.outcome = saved, "advanced"
@@ -317,8 +350,9 @@ def test_tracing_is_off_unless_the_setting_says_so() -> None:
     assert telemetry.new_trace() is None
 
 
-def test_without_the_extra_enable_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_without_the_extra_enable_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(tracing, "HAVE_OTEL", False)
 
     with caplog.at_level(logging.ERROR, logger="lousho.tracing"):
@@ -328,8 +362,9 @@ def test_without_the_extra_enable_says_what_to_install(monkeypatch: pytest.Monke
     assert telemetry.new_trace() is None
 
 
-def test_the_exporter_comes_from_the_standard_environment(monkeypatch: pytest.MonkeyPatch,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_the_exporter_comes_from_the_standard_environment(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     [console] = tracing._exporters() or []
     assert isinstance(console, ConsoleSpanExporter)
@@ -341,8 +376,9 @@ def test_the_exporter_comes_from_the_standard_environment(monkeypatch: pytest.Mo
     assert "'zipkin'" in caplog.text
 
 
-def test_the_otlp_default_without_its_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_the_otlp_default_without_its_package_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     pytest.importorskip("opentelemetry.sdk")
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
@@ -372,8 +408,9 @@ def test_the_applications_own_sdk_provider_is_used_when_none_is_given(monkeypatc
     assert [s.name for s in application.spans() if s.parent is None] == ["invoke_agent support"]
 
 
-def test_a_setup_that_fails_leaves_the_worker_untraced_and_says_so(monkeypatch: pytest.MonkeyPatch,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_setup_that_fails_leaves_the_worker_untraced_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken() -> None:
         raise ValueError("OTEL_TRACES_SAMPLER_ARG is not a number")
 

@@ -17,8 +17,11 @@ def weather(city: str) -> str:
 
 
 def _trip() -> tuple[MemoryRuntime, list[dict[str, Any]]]:
-    planner = Agent(name="planner", model=MockModel([{"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
-                                                     "Pack sunglasses."]), tools=[weather])
+    planner = Agent(
+        name="planner",
+        model=MockModel([{"tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]}, "Pack sunglasses."]),
+        tools=[weather],
+    )
     runtime = MemoryRuntime.build([planner])
     runtime.send("trip", "planner", "Plan my trip")
     runtime.drain()
@@ -47,7 +50,7 @@ def test_drift_names_steps_with_the_same_numbers() -> None:
     diff = compare_trajectories(saved, other_city)
     assert diff.diverged_at == 1
     assert diff.drift.arguments == [{"step": 1, "tool": "weather", "a": {"city": "Oslo"}, "b": {"city": "Rome"}}]
-    first_turn = saved[:[m["role"] for m in saved].index("tool") + 1]
+    first_turn = saved[: [m["role"] for m in saved].index("tool") + 1]
     longer = compare_trajectories(first_turn, saved)
     assert longer.diverged_at == 2 and longer.drift.step_count == {"a": 1, "b": 2}
     assert compare_trajectories(saved, saved).diverged_at is None

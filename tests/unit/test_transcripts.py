@@ -92,11 +92,15 @@ def test_a_transcript_past_what_is_remembered_is_extended_from_the_stable_prefix
     before = [*HEAD, _turn("a", "b"), _result("b")]
     known = _known(before)
     assert known.stable == 3  # a claim asks for the rows from slot 3 on: the turn's results may still move
-    tail = [(3, _result("a").dump(), 5), (4, before[3].dump(), 5),
-            (5, Message(role="assistant", content="done").dump(), 5)]
+    tail = [
+        (3, _result("a").dump(), 5),
+        (4, before[3].dump(), 5),
+        (5, Message(role="assistant", content="done").dump(), 5),
+    ]
     extended = transcripts.extend(known, 7, 4, tail)
     assert [m.dump() for m in extended.messages] == [m.dump() for m in [*before[:3], _result("a"), before[3]]] + [
-        {"role": "assistant", "content": "done"}]
+        {"role": "assistant", "content": "done"}
+    ]
     assert extended.messages[0] is before[0]  # the prefix is reused, not parsed again
 
 

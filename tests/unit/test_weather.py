@@ -123,7 +123,7 @@ def test_a_follow_up_whose_steps_keep_dying_is_listed_and_left_alone_by_the_swee
 def test_the_retry_after_a_partly_saved_batch_carries_the_runs_current_seq(shop: Shop) -> None:
     runtime = MemoryRuntime.build([shop_agent(shop)])
     runtime.send(SID, "shop", "Charge and reserve")
-    assert runtime.step(SID) == ADVANCED          # the model turn with two calls is saved
+    assert runtime.step(SID) == ADVANCED  # the model turn with two calls is saved
     runtime.queue.messages.clear()
     real_save = runtime.store.save
     saves: list[int] = []
@@ -146,8 +146,10 @@ def test_the_retry_after_a_partly_saved_batch_carries_the_runs_current_seq(shop:
 
 
 def test_decisions_survive_a_crash_before_the_approved_call_is_marked_started(shop: Shop) -> None:
-    script: list[Any] = [{"tool_calls": [{"name": "refund", "args": {"amount": 5}},
-                                         {"name": "refund", "args": {"amount": 7}}]}, "Done."]
+    script: list[Any] = [
+        {"tool_calls": [{"name": "refund", "args": {"amount": 5}}, {"name": "refund", "args": {"amount": 7}}]},
+        "Done.",
+    ]
     runtime = MemoryRuntime.build([shop_agent(shop, script=script)])
     runtime.send(SID, "shop", "Refund twice")
     assert runtime.drain() == [ADVANCED, Outcome.PAUSED]
@@ -200,8 +202,9 @@ def test_a_checkpoint_in_a_newer_format_is_handed_back_never_parked(shop: Shop) 
     runtime = MemoryRuntime.build([shop_agent(shop)])
     runtime.send(SID, "shop", "Charge")
     document = runtime.checkpoint(SID).document()
-    runtime.store.overwrite_document(SID, {**document, "format": records.READ_FORMATS[-1] + 1,
-                                             "a_field_of_the_next_release": True})
+    runtime.store.overwrite_document(
+        SID, {**document, "format": records.READ_FORMATS[-1] + 1, "a_field_of_the_next_release": True}
+    )
     outcomes = runtime.drain()
     assert Outcome.PARKED not in outcomes and outcomes[0] == Outcome.HANDED_BACK
     assert runtime.queue.sent[-1].countdown <= 5.0
@@ -215,7 +218,7 @@ def test_a_call_whose_tool_only_a_newer_worker_has_is_handed_back(shop: Shop) ->
     full = shop_agent(shop, script=script)
     runtime = MemoryRuntime.build([full])
     runtime.send(SID, "shop", "Ship it")
-    assert runtime.step(SID) == ADVANCED       # the turn asking for ``ship`` is saved
+    assert runtime.step(SID) == ADVANCED  # the turn asking for ``ship`` is saved
     runtime.queue.messages.clear()
     # This worker is of the old release: its shop agent has no ``ship``
     runtime.deps.agents["shop"] = Agent("shop", full.model, tools=[t for t in full.tools.values() if t.name != "ship"])

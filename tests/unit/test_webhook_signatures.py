@@ -34,7 +34,9 @@ def test_a_signature_verifies_under_its_key_and_any_rotation_that_holds_it() -> 
     signatures.verify_standard((KEY,), "msg_1", 1700000000, BODY, [signature])
     signatures.verify_standard((OTHER, KEY), "msg_1", 1700000000, BODY, [signature])
     assert _refused(lambda: signatures.verify_standard((OTHER,), "msg_1", 1700000000, BODY, [signature])) == (
-        401, "LOUSHO_WEBHOOK_SIGNATURE_INVALID")
+        401,
+        "LOUSHO_WEBHOOK_SIGNATURE_INVALID",
+    )
 
 
 def test_no_key_verifies_nothing() -> None:
@@ -45,8 +47,12 @@ def test_no_key_verifies_nothing() -> None:
 def test_malformed_and_other_version_signatures_are_skipped_not_fatal() -> None:
     good = signatures.sign(KEY, "msg_1", 1700000000, BODY)
     signatures.verify_standard((KEY,), "msg_1", 1700000000, BODY, ["v1,not base64!", "v2," + good[3:], "junk", good])
-    assert _refused(lambda: signatures.verify_standard((KEY,), "msg_1", 1700000000, BODY,
-                                                       ["v1,not base64!", "v2," + good[3:]]))[0] == 401
+    assert (
+        _refused(
+            lambda: signatures.verify_standard((KEY,), "msg_1", 1700000000, BODY, ["v1,not base64!", "v2," + good[3:]])
+        )[0]
+        == 401
+    )
 
 
 def test_the_timestamp_window_holds_up_to_the_tolerance_either_way() -> None:
@@ -54,8 +60,7 @@ def test_the_timestamp_window_holds_up_to_the_tolerance_either_way() -> None:
     signatures.check_timestamp(int(now) - signatures.TOLERANCE_S, now)
     signatures.check_timestamp(int(now) + signatures.TOLERANCE_S, now)
     for stamp in (int(now) - signatures.TOLERANCE_S - 1, int(now) + signatures.TOLERANCE_S + 1):
-        assert _refused(partial(signatures.check_timestamp, stamp, now)) == (
-            401, "LOUSHO_WEBHOOK_TIMESTAMP_INVALID")
+        assert _refused(partial(signatures.check_timestamp, stamp, now)) == (401, "LOUSHO_WEBHOOK_TIMESTAMP_INVALID")
     signatures.check_timestamp(int(now) - 50, now, tolerance_s=60)
     assert _refused(lambda: signatures.check_timestamp(int(now) - 61, now, tolerance_s=60))[0] == 401
 

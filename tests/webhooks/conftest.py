@@ -46,15 +46,28 @@ def refund(amount: int) -> str:
     return f"refunded {amount}"
 
 
-HOOKS = Agent(name="hooks", model=MockModel([{"tool_calls": [{"name": "note", "args": {"text": "hi"}}]}, "Done."]),
-              instructions="Handle the event.", tools=[note])
-DESK = Agent(name="desk", model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "Refunded."]),
-             instructions="Handle refunds.", tools=[refund])
+HOOKS = Agent(
+    name="hooks",
+    model=MockModel([{"tool_calls": [{"name": "note", "args": {"text": "hi"}}]}, "Done."]),
+    instructions="Handle the event.",
+    tools=[note],
+)
+DESK = Agent(
+    name="desk",
+    model=MockModel([{"tool_calls": [{"name": "refund", "args": {"amount": 5}}]}, "Refunded."]),
+    instructions="Handle refunds.",
+    tools=[refund],
+)
 
 
 #: The variables the receiver's configuration is built from; ``webhook_config`` unsets those it is not given.
-WEBHOOK_VARIABLES = ("LOUSHO_WEBHOOK_SECRETS", "LOUSHO_GITHUB_WEBHOOK_SECRETS", "LOUSHO_API_KEY",
-                     "LOUSHO_WEBHOOK_MAX_BODY_BYTES", "LOUSHO_WEBHOOK_INPUT")
+WEBHOOK_VARIABLES = (
+    "LOUSHO_WEBHOOK_SECRETS",
+    "LOUSHO_GITHUB_WEBHOOK_SECRETS",
+    "LOUSHO_API_KEY",
+    "LOUSHO_WEBHOOK_MAX_BODY_BYTES",
+    "LOUSHO_WEBHOOK_INPUT",
+)
 
 
 def webhook_config(**variables: str) -> WebhookConfig:
@@ -72,8 +85,12 @@ def key(secret: str) -> bytes:
 
 
 def signed_headers(body: bytes, delivery_id: str, timestamp: int, secret: str = SECRET) -> dict[str, str]:
-    return {"content-type": "application/json", "webhook-id": delivery_id, "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(key(secret), delivery_id, timestamp, body)}
+    return {
+        "content-type": "application/json",
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(key(secret), delivery_id, timestamp, body),
+    }
 
 
 def truncate_producer_tables() -> None:
@@ -89,8 +106,16 @@ class Driver:
     queue: collections.deque[tuple[str, int | None]] = field(default_factory=collections.deque)
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def enqueue(self, session_id: str, seq: int | None = None, countdown: float = 0.0,
-                agent: str | None = None, *, name: str | None = None, kind: str | None = None) -> None:
+    def enqueue(
+        self,
+        session_id: str,
+        seq: int | None = None,
+        countdown: float = 0.0,
+        agent: str | None = None,
+        *,
+        name: str | None = None,
+        kind: str | None = None,
+    ) -> None:
         self.queue.append((session_id, seq))
 
     def drain(self, limit: int = 2000) -> None:
@@ -115,20 +140,35 @@ def receiver(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMa
     truncate_producer_tables()
     noted.clear()
     heartbeat = Heartbeat(leases, settings.lease_renew_ms)
-    driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents={"hooks": HOOKS, "desk": DESK},
-                             enqueue=driver_support.no_enqueue))
+    driver = Driver(
+        StepDeps(
+            store=store,
+            leases=leases,
+            heartbeat=heartbeat,
+            agents={"hooks": HOOKS, "desk": DESK},
+            enqueue=driver_support.no_enqueue,
+        )
+    )
     driver.deps.enqueue = driver.enqueue
     store.register_agents({a.name: a.fingerprint() for a in (HOOKS, DESK)})
     # The receiver gets a pool of its own, sized like the one `lousho webhooks serve` uses.
     engine = make_engine(settings, pool_size=8)
     client = Client(settings, engine=engine)
-    backend = Backend(deliveries=PostgresDeliveryStore(engine), checkpoints=PostgresCheckpointStore(engine),
-                      approvals=PostgresApprovalStore(engine), enqueue=driver.enqueue,
-                      lease_holder=leases.holder, known_agents=client.known_agents)
-    config = WebhookConfig(secrets=(key(SECRET), key(OLD_SECRET)), github_secrets=(b"gh-secret",),
-                           api_key=SecretStr(API_KEY),
-                           input_pointers={"desk": "/request"},
-                           fairness_sources={"desk": "/tenant", "hooks": "header:x-tenant"})
+    backend = Backend(
+        deliveries=PostgresDeliveryStore(engine),
+        checkpoints=PostgresCheckpointStore(engine),
+        approvals=PostgresApprovalStore(engine),
+        enqueue=driver.enqueue,
+        lease_holder=leases.holder,
+        known_agents=client.known_agents,
+    )
+    config = WebhookConfig(
+        secrets=(key(SECRET), key(OLD_SECRET)),
+        github_secrets=(b"gh-secret",),
+        api_key=SecretStr(API_KEY),
+        input_pointers={"desk": "/request"},
+        fairness_sources={"desk": "/tenant", "hooks": "header:x-tenant"},
+    )
     app = create_app(config, backend)
     yield Receiver(app=app, driver=driver, store=store, engine=store.engine, settings=settings)
     heartbeat.stop()

@@ -41,8 +41,13 @@ def emit(tag: str) -> None:
             logger.exception("%s %s: a traceback", tag, name or "root")
     # uvicorn's access formatter unpacks exactly these five arguments.
     logging.getLogger("uvicorn.access").warning(
-        '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET",
-        "/runs/x?api_key=AKx9y8z7w6v5u4&token=" + SECRETS["openai key"][0], "1.1", 200)
+        '%s - "%s %s HTTP/%s" %d',
+        "127.0.0.1:5000",
+        "GET",
+        "/runs/x?api_key=AKx9y8z7w6v5u4&token=" + SECRETS["openai key"][0],
+        "1.1",
+        200,
+    )
     for handler in logging.getLogger().handlers:
         handler.flush()
     print(f"{MARK} {tag}", file=sys.stderr, flush=True)

@@ -30,8 +30,9 @@ async def _send(base: str, plan: list[dict[str, Any]], connections: int, timeout
             while not queue.empty():
                 item = queue.get_nowait()
                 started = time.perf_counter()
-                response = await client.post(item["path"], content=base64.b64decode(item["body"]),
-                                             headers=item["headers"])
+                response = await client.post(
+                    item["path"], content=base64.b64decode(item["body"]), headers=item["headers"]
+                )
                 elapsed = time.perf_counter() - started
                 body = response.json() if response.headers.get("content-type") == "application/json" else None
                 results.append({"id": item["id"], "status": response.status_code, "body": body, "elapsed": elapsed})

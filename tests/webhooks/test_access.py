@@ -54,14 +54,17 @@ def test_a_read_only_key_reads_and_cannot_act_and_a_scoped_key_sees_only_its_age
     (pending,) = seen.json()["pending_approvals"]
     decision = json.dumps({"approved": True})
     # Read-only: 403 on every act.
-    assert client.post(f"/approvals/{pending['approval_id']}", content=decision,
-                       headers=_bearer(READER)).status_code == 403
+    assert (
+        client.post(f"/approvals/{pending['approval_id']}", content=decision, headers=_bearer(READER)).status_code
+        == 403
+    )
     assert client.post(f"/runs/{sid}/abort", headers=_bearer(READER)).status_code == 403
     # Another agent's key: the run, its events and its approval do not exist.
     assert client.get(f"/runs/{sid}", headers=_bearer(HOOKS)).status_code == 404
     assert client.get(f"/runs/{sid}/events", headers=_bearer(HOOKS)).status_code == 404
-    assert client.post(f"/approvals/{pending['approval_id']}", content=decision,
-                       headers=_bearer(HOOKS)).status_code == 404
+    assert (
+        client.post(f"/approvals/{pending['approval_id']}", content=decision, headers=_bearer(HOOKS)).status_code == 404
+    )
     assert client.post(f"/runs/{sid}/abort", headers=_bearer(HOOKS)).status_code == 404
     assert client.get(f"/runs/{sid}", headers=_bearer("unknown-key-0123456789")).status_code == 401
     # The run's own agent's key acts.

@@ -46,15 +46,23 @@ def ship(box: str) -> str:
 
 def _packer() -> Agent:
     """Three turns of two parallel calls each, then the answer (and answers for follow-up input)."""
-    turns: list[Any] = [{"tool_calls": [{"name": "pack", "args": {"item": f"{name}-{n}"}} for name in ("cup", "pan")]}
-                        for n in range(3)]
-    return Agent(name="packer", model=MockModel([*turns, "All packed.", "Packed again.", "Packed once more."]),
-                 instructions="Pack everything.", tools=[pack])
+    turns: list[Any] = [
+        {"tool_calls": [{"name": "pack", "args": {"item": f"{name}-{n}"}} for name in ("cup", "pan")]} for n in range(3)
+    ]
+    return Agent(
+        name="packer",
+        model=MockModel([*turns, "All packed.", "Packed again.", "Packed once more."]),
+        instructions="Pack everything.",
+        tools=[pack],
+    )
 
 
 def _shipper() -> Agent:
-    return Agent(name="shipper", model=MockModel([{"tool_calls": [{"name": "ship", "args": {"box": "b1"}}]},
-                                                  "Shipped."]), tools=[ship])
+    return Agent(
+        name="shipper",
+        model=MockModel([{"tool_calls": [{"name": "ship", "args": {"box": "b1"}}]}, "Shipped."]),
+        tools=[ship],
+    )
 
 
 @dataclass
@@ -109,8 +117,11 @@ class Server:
 
 
 @pytest.fixture
-def server(settings: Settings, make_driver: Callable[..., Driver],  # noqa: F811  # the fixture imported above
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+def server(
+    settings: Settings,
+    make_driver: Callable[..., Driver],  # noqa: F811  # the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Server]:
     driver = make_driver(_packer(), _shipper())
     client = Client(settings)
     made = Server(base="", client=client, driver=driver)
@@ -158,7 +169,8 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
 
 
 def test_a_client_that_reconnects_with_last_event_id_gets_every_event_once_and_then_done(
-        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sse, "KEEPALIVE_S", 0.2)
     server.client.agent("packer").send("Pack the kitchen", session_id="k-1")
     for _ in range(2):  # the first model turn, then its tool batch
@@ -188,8 +200,12 @@ def test_a_client_that_reconnects_with_last_event_id_gets_every_event_once_and_t
     thread.start()
     second: list[Frame] = []
     ended = False
-    with server.http() as http, http.stream("GET", "/runs/k-1/events?after=0",
-                                            headers={**AUTH, "Last-Event-ID": first[-1].id or ""}) as response:
+    with (
+        server.http() as http,
+        http.stream(
+            "GET", "/runs/k-1/events?after=0", headers={**AUTH, "Last-Event-ID": first[-1].id or ""}
+        ) as response,
+    ):
         assert response.status_code == 200
         for item in _frames(response):
             if item.comment == "keep-alive":
@@ -206,8 +222,10 @@ def test_a_client_that_reconnects_with_last_event_id_gets_every_event_once_and_t
     union = first + second
     seqs = [int(f.id or -1) for f in union]
     stored = server.client.read_events("k-1", -1)
-    print(f"\nfirst connection {len(first)} events (seq {seqs[0]}..{seqs[len(first) - 1]}), second {len(second)}"
-          f" (seq {seqs[len(first)]}..{seqs[-1]}); keep-alive seen: {seen_keepalive.is_set()}")
+    print(
+        f"\nfirst connection {len(first)} events (seq {seqs[0]}..{seqs[len(first) - 1]}), second {len(second)}"
+        f" (seq {seqs[len(first)]}..{seqs[-1]}); keep-alive seen: {seen_keepalive.is_set()}"
+    )
     assert ended and seen_keepalive.is_set()
     assert seqs == list(range(seqs[0], seqs[0] + len(union)))
     assert union[0].event == "run.start" and union[-1].event == "run.done"
@@ -244,8 +262,9 @@ def test_without_a_position_the_stream_starts_at_the_latest_input(server: Server
     assert ids(everything.text) == list(range(0, (first_done or 0) + 1))
 
 
-def test_live_signals_come_without_an_id_between_the_durable_events(server: Server,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_signals_come_without_an_id_between_the_durable_events(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sse, "KEEPALIVE_S", 0.2)
     server.client.agent("packer").send("Pack", session_id="k-3")
     listening = threading.Event()
@@ -278,16 +297,23 @@ def test_live_signals_come_without_an_id_between_the_durable_events(server: Serv
 def test_the_run_routes_refuse_a_missing_or_wrong_key_and_unknown_runs(server: Server) -> None:
     server.client.agent("packer").send("Pack", session_id="k-4")
     with server.http() as http:
-        refused = [http.get("/runs/k-4/events"),
-                   http.get("/runs/k-4/events", headers={"authorization": "Bearer wrong"}),
-                   http.post("/runs/k-4/abort"),
-                   http.post("/runs/k-4/steer", json={"message": "stop"}, headers={"authorization": "Basic x"})]
-        unknown = [http.get("/runs/nope/events", headers=AUTH), http.get("/runs/bad%20id/events", headers=AUTH),
-                   http.post("/runs/nope/abort", headers=AUTH),
-                   http.post("/runs/nope/steer", json={"message": "hi"}, headers=AUTH)]
-        malformed = [http.get("/runs/k-4/events?after=x", headers=AUTH),
-                     http.get("/runs/k-4/events", headers={**AUTH, "Last-Event-ID": "-5"}),
-                     http.get("/runs/k-4/events?live=maybe", headers=AUTH)]
+        refused = [
+            http.get("/runs/k-4/events"),
+            http.get("/runs/k-4/events", headers={"authorization": "Bearer wrong"}),
+            http.post("/runs/k-4/abort"),
+            http.post("/runs/k-4/steer", json={"message": "stop"}, headers={"authorization": "Basic x"}),
+        ]
+        unknown = [
+            http.get("/runs/nope/events", headers=AUTH),
+            http.get("/runs/bad%20id/events", headers=AUTH),
+            http.post("/runs/nope/abort", headers=AUTH),
+            http.post("/runs/nope/steer", json={"message": "hi"}, headers=AUTH),
+        ]
+        malformed = [
+            http.get("/runs/k-4/events?after=x", headers=AUTH),
+            http.get("/runs/k-4/events", headers={**AUTH, "Last-Event-ID": "-5"}),
+            http.get("/runs/k-4/events?live=maybe", headers=AUTH),
+        ]
 
     assert [r.status_code for r in refused] == [401] * 4
     assert all(r.json()["error"]["code"] == "LOUSHO_API_KEY_INVALID" for r in refused)
@@ -325,8 +351,10 @@ def test_steer_queues_the_message_and_a_paused_run_refuses_it(server: Server) ->
     with server.http() as http:
         steered = http.post("/runs/k-7/steer", json={"message": "Use the big box"}, headers=AUTH)
         paused = http.post("/runs/s-1/steer", json={"message": "Hurry"}, headers=AUTH)
-        bad = [http.post("/runs/k-7/steer", json=body, headers=AUTH)
-               for body in ({"message": ""}, {"text": "x"}, {"message": 7}, ["x"])]
+        bad = [
+            http.post("/runs/k-7/steer", json=body, headers=AUTH)
+            for body in ({"message": ""}, {"text": "x"}, {"message": 7}, ["x"])
+        ]
         untyped = http.post("/runs/k-7/steer", content=b'{"message": "x"}', headers=AUTH)
     server.driver.drain("k-7")
 

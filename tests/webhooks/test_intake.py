@@ -21,8 +21,9 @@ AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 def _post(client: TestClient, agent: str, body: dict[str, Any], delivery_id: str, **kw: Any) -> Any:
     raw = json.dumps(body).encode()
-    return client.post(f"/webhooks/{agent}", content=raw, headers=signed_headers(raw, delivery_id, int(time.time()),
-                                                                                  **kw))
+    return client.post(
+        f"/webhooks/{agent}", content=raw, headers=signed_headers(raw, delivery_id, int(time.time()), **kw)
+    )
 
 
 def _count(receiver: Receiver, sql: str) -> int:
@@ -31,8 +32,11 @@ def _count(receiver: Receiver, sql: str) -> int:
 
 
 def _rows(receiver: Receiver) -> tuple[int, int, int]:
-    return (_count(receiver, "SELECT count(*) FROM deliveries"), _count(receiver, "SELECT count(*) FROM runs"),
-            _count(receiver, "SELECT count(*) FROM inbox"))
+    return (
+        _count(receiver, "SELECT count(*) FROM deliveries"),
+        _count(receiver, "SELECT count(*) FROM runs"),
+        _count(receiver, "SELECT count(*) FROM inbox"),
+    )
 
 
 def test_a_new_delivery_starts_one_run_that_finishes(receiver: Receiver) -> None:
@@ -40,9 +44,12 @@ def test_a_new_delivery_starts_one_run_that_finishes(receiver: Receiver) -> None
     response = _post(client, "hooks", {"event": "order.paid", "order": 7}, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")
     assert response.status_code == 202
     body = response.json()
-    assert body == {"session_id": "job-hooks-msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", "status": "accepted",
-                    "status_url": "http://testserver/runs/job-hooks-msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
-                    "duplicate": False}
+    assert body == {
+        "session_id": "job-hooks-msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+        "status": "accepted",
+        "status_url": "http://testserver/runs/job-hooks-msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+        "duplicate": False,
+    }
     assert _rows(receiver) == (1, 1, 1)
     receiver.driver.drain()
     checkpoint = receiver.store.load(body["session_id"])
@@ -115,12 +122,18 @@ def test_a_paused_run_is_reported_then_approved_over_http(receiver: Receiver) ->
     assert pending["tool_name"] == "refund" and pending["args"] == {"amount": 5}
     assert (pending["kind"], pending["question"]) == ("tool", None)
     decision = {"approved": True, "note": "fine"}
-    response = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps(decision),
-                           headers={**AUTH, "content-type": "application/json"})
+    response = client.post(
+        f"/approvals/{pending['approval_id']}",
+        content=json.dumps(decision),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert response.status_code == 200
     assert response.json()["run_continues"] is True and response.json()["session_id"] == sid
-    again = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps(decision),
-                        headers={**AUTH, "content-type": "application/json"})
+    again = client.post(
+        f"/approvals/{pending['approval_id']}",
+        content=json.dumps(decision),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert again.status_code == 404
     receiver.driver.drain()
     assert client.get(f"/runs/{sid}", headers=AUTH).json()["text"] == "Refunded."
@@ -131,8 +144,9 @@ def test_run_status_of_unknown_or_invalid_ids_is_404(receiver: Receiver) -> None
     client = TestClient(receiver.app)
     assert client.get("/runs/nope", headers=AUTH).status_code == 404
     assert client.get("/runs/..bad..", headers=AUTH).status_code == 404
-    bad = client.post("/approvals/x", content=b'{"approved": "yes"}',
-                      headers={**AUTH, "content-type": "application/json"})
+    bad = client.post(
+        "/approvals/x", content=b'{"approved": "yes"}', headers={**AUTH, "content-type": "application/json"}
+    )
     assert bad.status_code == 400
 
 
@@ -155,21 +169,25 @@ def _die_between_commit_and_publish(monkeypatch: pytest.MonkeyPatch, client: Tes
 
 
 def test_a_publish_lost_after_the_commit_is_repaired_by_the_recover_sweep(
-        receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = TestClient(receiver.app)
     _die_between_commit_and_publish(monkeypatch, client, "lost-1")
     assert not receiver.driver.queue and _rows(receiver) == (1, 1, 1)
     waited = run_recover_sweep(receiver, monkeypatch, "job-hooks-lost-1")
     receiver.driver.drain()
     checkpoint = receiver.store.load("job-hooks-lost-1")
-    print(f"\n  publish lost after the commit: the recover sweep re-sent the run after {waited:.1f} s;"
-          f" status {checkpoint and checkpoint.status}, tool executions {len(noted)}")
+    print(
+        f"\n  publish lost after the commit: the recover sweep re-sent the run after {waited:.1f} s;"
+        f" status {checkpoint and checkpoint.status}, tool executions {len(noted)}"
+    )
     assert checkpoint is not None and checkpoint.status == "finished" and checkpoint.final_text == "Done."
     assert noted == ["job-hooks-lost-1"]
 
 
 def test_a_publish_lost_after_the_commit_is_repaired_by_a_redelivery(
-        receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = TestClient(receiver.app)
     _die_between_commit_and_publish(monkeypatch, client, "lost-2")
     assert not receiver.driver.queue and _rows(receiver) == (1, 1, 1)
@@ -185,11 +203,15 @@ def test_an_answer_for_a_tool_approval_is_refused_over_http_and_leaves_it_pendin
     sid = _post(client, "desk", {"request": "Refund 5"}, "desk-4").json()["session_id"]
     receiver.driver.drain()
     (pending,) = client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"]
-    refused = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"answer": "yes"}),
-                          headers={**AUTH, "content-type": "application/json"})
+    refused = client.post(
+        f"/approvals/{pending['approval_id']}",
+        content=json.dumps({"answer": "yes"}),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert refused.status_code == 400 and "questions" in refused.text
-    assert client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"][0]["approval_id"] == pending[
-        "approval_id"]
+    assert (
+        client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"][0]["approval_id"] == pending["approval_id"]
+    )
 
 
 def test_a_decision_after_the_expiry_is_410_and_the_run_goes_on_with_the_rejection(receiver: Receiver) -> None:
@@ -198,12 +220,17 @@ def test_a_decision_after_the_expiry_is_410_and_the_run_goes_on_with_the_rejecti
     receiver.driver.drain()
     (pending,) = client.get(f"/runs/{sid}", headers=AUTH).json()["pending_approvals"]
     with receiver.engine.begin() as conn:
-        conn.execute(text("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE approval_id = :id"),
-                     {"id": pending["approval_id"]})
-    late = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"approved": True}),
-                       headers={**AUTH, "content-type": "application/json"})
+        conn.execute(
+            text("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE approval_id = :id"),
+            {"id": pending["approval_id"]},
+        )
+    late = client.post(
+        f"/approvals/{pending['approval_id']}",
+        content=json.dumps({"approved": True}),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert late.status_code == 410 and late.json()["error"]["code"] == "LOUSHO_APPROVAL_EXPIRED"
-    assert receiver.driver.queue   # the expiry was the last decision: the run was sent on
+    assert receiver.driver.queue  # the expiry was the last decision: the run was sent on
     receiver.driver.drain()
     status = client.get(f"/runs/{sid}", headers=AUTH).json()
     assert (status["status"], status["text"]) == ("finished", "Refunded.")
@@ -211,16 +238,22 @@ def test_a_decision_after_the_expiry_is_410_and_the_run_goes_on_with_the_rejecti
     assert checkpoint is not None
     (result,) = [json.loads(str(m.content)) for m in checkpoint.messages if m.role == "tool"]
     assert result["kind"] == "rejected" and result["note"].startswith("expired: no decision before ")
-    again = client.post(f"/approvals/{pending['approval_id']}", content=json.dumps({"approved": True}),
-                        headers={**AUTH, "content-type": "application/json"})
+    again = client.post(
+        f"/approvals/{pending['approval_id']}",
+        content=json.dumps({"approved": True}),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert again.status_code == 404
 
 
 def test_a_configured_header_or_field_gives_the_deliverys_run_its_fairness_key(receiver: Receiver) -> None:
     client = TestClient(receiver.app)
     raw = json.dumps({"n": 1}).encode()
-    by_header = client.post("/webhooks/hooks", content=raw, headers={
-        **signed_headers(raw, "fair-1", int(time.time())), "x-tenant": "tenant-acme"}).json()
+    by_header = client.post(
+        "/webhooks/hooks",
+        content=raw,
+        headers={**signed_headers(raw, "fair-1", int(time.time())), "x-tenant": "tenant-acme"},
+    ).json()
     by_field = _post(client, "desk", {"request": "Refund 5", "tenant": "globex"}, "fair-2").json()
     without = _post(client, "desk", {"request": "Refund 6"}, "fair-3").json()
     keys = [receiver.store.inbox(sent["session_id"], 0)[0].fairness_key for sent in (by_header, by_field, without)]

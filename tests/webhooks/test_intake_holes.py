@@ -39,18 +39,26 @@ def _count(receiver: Receiver, sql: str) -> int:
 
 
 def _rows(receiver: Receiver) -> tuple[int, int, int]:
-    return (_count(receiver, "SELECT count(*) FROM deliveries"), _count(receiver, "SELECT count(*) FROM runs"),
-            _count(receiver, "SELECT count(*) FROM inbox"))
+    return (
+        _count(receiver, "SELECT count(*) FROM deliveries"),
+        _count(receiver, "SELECT count(*) FROM runs"),
+        _count(receiver, "SELECT count(*) FROM inbox"),
+    )
 
 
 def _standard(client: TestClient, agent: str, body: bytes, delivery_id: str, secret: str = SECRET) -> Any:
-    return client.post(f"/webhooks/{agent}", content=body,
-                       headers=signed_headers(body, delivery_id, int(time.time()), secret))
+    return client.post(
+        f"/webhooks/{agent}", content=body, headers=signed_headers(body, delivery_id, int(time.time()), secret)
+    )
 
 
 def _github(client: TestClient, agent: str, body: bytes, delivery_id: str, secret: bytes) -> Any:
-    headers = {"content-type": "application/json", "x-github-event": "issues", "x-github-delivery": delivery_id,
-               "x-hub-signature-256": "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()}
+    headers = {
+        "content-type": "application/json",
+        "x-github-event": "issues",
+        "x-github-delivery": delivery_id,
+        "x-hub-signature-256": "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest(),
+    }
     return client.post(f"/webhooks/{agent}", content=body, headers=headers)
 
 
@@ -58,24 +66,34 @@ def _bound_app(receiver: Receiver) -> FastAPI:
     config = webhook_config(
         LOUSHO_WEBHOOK_SECRETS=f"hooks={HOOKS_ONLY},desk={DESK_ONLY},{SECRET}",
         LOUSHO_GITHUB_WEBHOOK_SECRETS="hooks=gh-hooks-only,gh-shared",
-        LOUSHO_API_KEY=API_KEY, LOUSHO_WEBHOOK_INPUT="desk=/request")
+        LOUSHO_API_KEY=API_KEY,
+        LOUSHO_WEBHOOK_INPUT="desk=/request",
+    )
     return create_app(config, receiver.app.state.backend)
 
 
 def test_a_secret_bound_to_one_agent_cannot_start_another(receiver: Receiver) -> None:
     client = TestClient(_bound_app(receiver))
     body = json.dumps({"request": "Refund order 7"}).encode()
-    crossed = [_standard(client, "desk", body, "cross-1", HOOKS_ONLY).status_code,
-               _standard(client, "hooks", body, "cross-2", DESK_ONLY).status_code,
-               _github(client, "desk", body, "cross-3", b"gh-hooks-only").status_code]
+    crossed = [
+        _standard(client, "desk", body, "cross-1", HOOKS_ONLY).status_code,
+        _standard(client, "hooks", body, "cross-2", DESK_ONLY).status_code,
+        _github(client, "desk", body, "cross-3", b"gh-hooks-only").status_code,
+    ]
     rows_after_crossed = _rows(receiver)
-    own = [_standard(client, "hooks", body, "own-1", HOOKS_ONLY).status_code,
-           _standard(client, "desk", body, "own-2", DESK_ONLY).status_code,
-           _github(client, "hooks", body, "own-3", b"gh-hooks-only").status_code]
-    shared = [_standard(client, "desk", body, "shared-1", SECRET).status_code,
-              _github(client, "desk", body, "shared-2", b"gh-shared").status_code]
-    print(f"\n  another agent's secret -> {crossed}, rows {rows_after_crossed}; own secret -> {own};"
-          f" unbound secret -> {shared}; rows {_rows(receiver)}")
+    own = [
+        _standard(client, "hooks", body, "own-1", HOOKS_ONLY).status_code,
+        _standard(client, "desk", body, "own-2", DESK_ONLY).status_code,
+        _github(client, "hooks", body, "own-3", b"gh-hooks-only").status_code,
+    ]
+    shared = [
+        _standard(client, "desk", body, "shared-1", SECRET).status_code,
+        _github(client, "desk", body, "shared-2", b"gh-shared").status_code,
+    ]
+    print(
+        f"\n  another agent's secret -> {crossed}, rows {rows_after_crossed}; own secret -> {own};"
+        f" unbound secret -> {shared}; rows {_rows(receiver)}"
+    )
     assert crossed == [401, 401, 401] and rows_after_crossed == (0, 0, 0)
     assert own == [202, 202, 202] and shared == [202, 202]
     assert _rows(receiver) == (5, 5, 5)
@@ -90,8 +108,10 @@ def test_a_github_delivery_replayed_under_new_delivery_ids_starts_nothing(receiv
     other_agent = _github(client, "desk", body, str(uuid.uuid4()), b"gh-secret").json()
     changed = _github(client, "hooks", body.replace(b"7", b"8"), str(uuid.uuid4()), b"gh-secret").json()
     receiver.driver.drain()
-    print(f"\n  first {first['session_id']} duplicate={first['duplicate']}; 5 replays under new ids -> {answers};"
-          f" rows (deliveries, runs, inbox) {_rows(receiver)}, tool executions {len(noted)}")
+    print(
+        f"\n  first {first['session_id']} duplicate={first['duplicate']}; 5 replays under new ids -> {answers};"
+        f" rows (deliveries, runs, inbox) {_rows(receiver)}, tool executions {len(noted)}"
+    )
     assert first["duplicate"] is False
     assert answers == [(202, first["session_id"], True)]
     assert other_agent["duplicate"] is False and other_agent["session_id"] != first["session_id"]
@@ -129,20 +149,25 @@ def test_a_body_that_is_not_utf8_json_is_4xx_and_lone_surrogates_become_fffd(rec
         "encoded surrogate": b'{"text": "\xed\xa0\x80"}',
         "utf-16": '{"text": "hi"}'.encode("utf-16"),
     }
-    refused_status = {name: _standard(client, "hooks", raw, f"bad-{n}").status_code
-                      for n, (name, raw) in enumerate(refused.items())}
+    refused_status = {
+        name: _standard(client, "hooks", raw, f"bad-{n}").status_code for n, (name, raw) in enumerate(refused.items())
+    }
     rows_after_refused = _rows(receiver)
     escaped = b'{"text": "tail \\ud800 end", "\\udfff": ["\\ud83d"], "pair": "\\ud83d\\ude00"}'
     whole = _standard(client, "hooks", escaped, "lone-1")
     pointed = _standard(client, "desk", b'{"request": "Refund \\udc00 order 7"}', "lone-2")
-    print(f"\n  refused bodies -> {refused_status}; lone-surrogate escapes -> {whole.status_code}, "
-          f"{pointed.status_code}")
+    print(
+        f"\n  refused bodies -> {refused_status}; lone-surrogate escapes -> {whole.status_code}, {pointed.status_code}"
+    )
     assert all(400 <= status < 500 for status in refused_status.values())
     assert rows_after_refused == (0, 0, 0)
     assert whole.status_code == 202 and pointed.status_code == 202
     (queued,) = receiver.store.inbox(whole.json()["session_id"], 0)
-    assert json.loads(str(queued.messages[0].content)) == {"text": "tail \ufffd end", "\ufffd": ["\ufffd"],
-                                                           "pair": "\U0001f600"}
+    assert json.loads(str(queued.messages[0].content)) == {
+        "text": "tail \ufffd end",
+        "\ufffd": ["\ufffd"],
+        "pair": "\U0001f600",
+    }
     (queued,) = receiver.store.inbox(pointed.json()["session_id"], 0)
     assert queued.messages[0].content == "Refund \ufffd order 7"
     receiver.driver.drain()
@@ -151,7 +176,8 @@ def test_a_body_that_is_not_utf8_json_is_4xx_and_lone_surrogates_become_fffd(rec
 
 
 def test_a_broker_error_after_the_commit_answers_202_and_the_recover_sweep_runs_the_delivery(
-        receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # A real producer client whose broker refuses connections; Postgres is up.
     settings = services.test_settings(broker_url="redis://127.0.0.1:1/0")
     engine = make_engine(settings, pool_size=2)
@@ -166,8 +192,10 @@ def test_a_broker_error_after_the_commit_answers_202_and_the_recover_sweep_runs_
             answered_in = time.monotonic() - started
         rows = _rows(receiver)
         warnings = [r.getMessage() for r in caplog.records if r.name == "lousho.webhooks"]
-        print(f"\n  broker down after the commit -> {response.status_code} {response.text} in {answered_in:.1f} s;"
-              f" rows {rows}; warnings {warnings}")
+        print(
+            f"\n  broker down after the commit -> {response.status_code} {response.text} in {answered_in:.1f} s;"
+            f" rows {rows}; warnings {warnings}"
+        )
         assert response.status_code == 202 and response.json()["session_id"] == "job-hooks-broker-down-1"
         assert rows == (1, 1, 1)
         assert any("job-hooks-broker-down-1" in w and "recover" in w for w in warnings)

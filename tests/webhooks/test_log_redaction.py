@@ -53,10 +53,17 @@ DATABASE_URL, DSN_PASSWORD = _database_url_with_password()
 
 
 def _environment(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **services.test_environment(), "LOUSHO_DATABASE_URL": DATABASE_URL,
-           "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": SECRETS["openai key"][0],
-           "ANTHROPIC_API_KEY": SECRETS["anthropic key"][0], "LOUSHO_WEBHOOK_SECRETS": SECRET,
-           "LOUSHO_API_KEY": "api-key-Zz9Yy8Xx7Ww6", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        **services.test_environment(),
+        "LOUSHO_DATABASE_URL": DATABASE_URL,
+        "PYTHONPATH": str(ROOT),
+        "OPENAI_API_KEY": SECRETS["openai key"][0],
+        "ANTHROPIC_API_KEY": SECRETS["anthropic key"][0],
+        "LOUSHO_WEBHOOK_SECRETS": SECRET,
+        "LOUSHO_API_KEY": "api-key-Zz9Yy8Xx7Ww6",
+        "PYTHONUNBUFFERED": "1",
+    }
     env.update(extra)
     return env
 
@@ -69,8 +76,10 @@ def _leaks(output: str) -> list[str]:
 def _report(name: str, output: str, tag: str) -> None:
     lines = output.splitlines()
     leaks = _leaks(output)
-    print(f"  {name:28} {len(lines):5} output lines, {sum(line.count('***') for line in lines):4} masks,"
-          f" secret matches {len(leaks)}")
+    print(
+        f"  {name:28} {len(lines):5} output lines, {sum(line.count('***') for line in lines):4} masks,"
+        f" secret matches {len(leaks)}"
+    )
     for line in leaks[:5]:
         print(f"      LEAK {line[:160]}")
     assert f"{MARK} {tag}" in output, output[-3000:]
@@ -78,8 +87,9 @@ def _report(name: str, output: str, tag: str) -> None:
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float) -> str:
-    done = subprocess.run([sys.executable, "-c", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     return done.stdout + done.stderr
 
 
@@ -103,8 +113,14 @@ class _Server:
         self.tag, self.out = tag, out
         with out.open("wb") as sink:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", WRAP.format(body=body)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, "-c", WRAP.format(body=body)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
@@ -124,16 +140,34 @@ class _Server:
 
 def test_the_cli_logs_no_secret(tmp_path: Path) -> None:
     print()
-    output = _run([WRAP.format(body="from producer.cli import main; s.wrap('cli', lambda: main(sys.argv[1:]), "
-                                    "then_crash=True)"), "pending", "--json"], _environment(), 120)
+    output = _run(
+        [
+            WRAP.format(
+                body="from producer.cli import main; s.wrap('cli', lambda: main(sys.argv[1:]), then_crash=True)"
+            ),
+            "pending",
+            "--json",
+        ],
+        _environment(),
+        120,
+    )
     assert "RuntimeError" in output  # the uncaught exception was printed, masked
     _report("lousho pending (+ crash)", output, "cli")
 
 
 def test_the_embedded_server_runner_logs_no_secret(tmp_path: Path) -> None:
     print()
-    output = _run([WRAP.format(body="from devkit.embedded import main; s.wrap('embedded', lambda: "
-                                    "main(['status', '--root', sys.argv[1]]))"), str(tmp_path)], _environment(), 120)
+    output = _run(
+        [
+            WRAP.format(
+                body="from devkit.embedded import main; s.wrap('embedded', lambda: "
+                "main(['status', '--root', sys.argv[1]]))"
+            ),
+            str(tmp_path),
+        ],
+        _environment(),
+        120,
+    )
     _report("python -m devkit.embedded", output, "embedded")
 
 
@@ -145,31 +179,47 @@ def _signed(path: str, delivery_id: str, client: httpx.Client) -> int:
 def test_the_webhook_server_logs_no_secret(tmp_path: Path) -> None:
     print()
     port = _free_port()
-    server = _Server("webhooks", "from producer.cli import main; s.wrap('webhooks', lambda: main(['webhooks', "
-                     f"'serve', '--host', '127.0.0.1', '--port', '{port}', '--log-level', 'info']), on_signal=True)",
-                     _environment(), tmp_path / "webhooks.out")
+    server = _Server(
+        "webhooks",
+        "from producer.cli import main; s.wrap('webhooks', lambda: main(['webhooks', "
+        f"'serve', '--host', '127.0.0.1', '--port', '{port}', '--log-level', 'info']), on_signal=True)",
+        _environment(),
+        tmp_path / "webhooks.out",
+    )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+
             def up() -> bool:
                 assert server.process.poll() is None, server.text()[-3000:]
                 try:
                     return client.get("/healthz").status_code == 200
                 except httpx.TransportError:
                     return False
+
             _wait(up, 60, "the webhook server")
             key_param = SECRETS["api_key parameter"][1]
             statuses = [
                 _signed(f"/webhooks/hooks?api_key={key_param}&password=Hunter2-Pass-0000", "msg_1", client),
                 _signed("/webhooks/hooks", SECRETS["openai key"][0], client),
                 _signed(f"/webhooks/{SECRETS['openai key'][0]}?token={SECRETS['anthropic key'][0]}", "msg_2", client),
-                client.get(f"/runs/job-hooks-msg_1?access_token={key_param}",
-                           headers={"authorization": "Bearer " + SECRETS["bearer token"][1]}).status_code,
+                client.get(
+                    f"/runs/job-hooks-msg_1?access_token={key_param}",
+                    headers={"authorization": "Bearer " + SECRETS["bearer token"][1]},
+                ).status_code,
                 client.get(f"/runs/x?secret={SECRETS['webhook secret'][0]}").status_code,
             ]
-            github = {"content-type": "application/json", "x-github-delivery": "d-1",
-                      "x-hub-signature-256": "sha256=" + hmac.new(b"x", b"{}", hashlib.sha256).hexdigest()}
-            statuses.append(client.post(f"/webhooks/hooks?client_secret={base64.b64encode(b'x' * 12).decode()}",
-                                        content=b"{}", headers=github).status_code)
+            github = {
+                "content-type": "application/json",
+                "x-github-delivery": "d-1",
+                "x-hub-signature-256": "sha256=" + hmac.new(b"x", b"{}", hashlib.sha256).hexdigest(),
+            }
+            statuses.append(
+                client.post(
+                    f"/webhooks/hooks?client_secret={base64.b64encode(b'x' * 12).decode()}",
+                    content=b"{}",
+                    headers=github,
+                ).status_code
+            )
         output = server.emit_and_stop()
     finally:
         server.kill()
@@ -180,9 +230,12 @@ def test_the_webhook_server_logs_no_secret(tmp_path: Path) -> None:
 
 def test_lousho_dev_logs_no_secret(tmp_path: Path) -> None:
     print()
-    server = _Server("dev", "from producer.cli import main; s.wrap('dev', lambda: "
-                     "main(['dev', '--concurrency', '1']), on_signal=True)",
-                     _environment(LOUSHO_AGENTS="examples.shop"), tmp_path / "dev.out")
+    server = _Server(
+        "dev",
+        "from producer.cli import main; s.wrap('dev', lambda: main(['dev', '--concurrency', '1']), on_signal=True)",
+        _environment(LOUSHO_AGENTS="examples.shop"),
+        tmp_path / "dev.out",
+    )
     try:
         _wait(lambda: "Ctrl-C stops" in server.text() or server.process.poll() is not None, 90, "lousho dev")
         assert server.process.poll() is None, server.text()[-3000:]
@@ -194,7 +247,8 @@ def test_lousho_dev_logs_no_secret(tmp_path: Path) -> None:
 
 def test_lousho_demo_logs_no_secret(tmp_path: Path) -> None:
     print()
-    output = _run([WRAP.format(body="from producer.cli import main; s.wrap('demo', lambda: main(['demo']))")],
-                  _environment(), 240)
+    output = _run(
+        [WRAP.format(body="from producer.cli import main; s.wrap('demo', lambda: main(['demo']))")], _environment(), 240
+    )
     assert "final answer" in output, output[-3000:]
     _report("lousho demo", output, "demo")

@@ -48,8 +48,7 @@ def _ids(answer: Any) -> list[str]:
     return [run["session_id"] for run in answer.json()["items"]]
 
 
-def test_get_runs_lists_runs_in_the_state_client_runs_gives_them_within_the_keys_agents(
-        receiver: Receiver) -> None:
+def test_get_runs_lists_runs_in_the_state_client_runs_gives_them_within_the_keys_agents(receiver: Receiver) -> None:
     http = _keyed(receiver)
     paused = _deliver(http, "desk", {"request": "Refund 5"}, "op-1")
     done = _deliver(http, "hooks", {"text": "hi"}, "op-2")
@@ -63,8 +62,11 @@ def test_get_runs_lists_runs_in_the_state_client_runs_gives_them_within_the_keys
     assert everything.status_code == 200
     states = {run["session_id"]: run["state"] for run in everything.json()["items"]}
     with Client(receiver.settings, engine=receiver.engine) as client:
-        assert states == {run.session_id: run.state for run in client.runs().items} == {
-            paused: "awaiting-approval", done: "finished", "op-parked": "parked"}
+        assert (
+            states
+            == {run.session_id: run.state for run in client.runs().items}
+            == {paused: "awaiting-approval", done: "finished", "op-parked": "parked"}
+        )
     assert http.get("/runs", headers=_bearer(READER)).json() == everything.json()
     # One run's route says the same state.
     assert {sid: http.get(f"/runs/{sid}", headers=_bearer()).json()["state"] for sid in states} == states
@@ -80,10 +82,12 @@ def test_get_runs_lists_runs_in_the_state_client_runs_gives_them_within_the_keys
 
 def test_get_runs_pages_by_cursor_with_no_duplicate_and_no_gap(receiver: Receiver) -> None:
     with receiver.engine.begin() as conn:
-        conn.execute(text("""INSERT INTO runs (session_id, agent, status, created_at, document)
+        conn.execute(
+            text("""INSERT INTO runs (session_id, agent, status, created_at, document)
                              SELECT 'op-' || lpad(g::text, 4, '0'), 'hooks', 'finished',
                                     timestamptz '2025-01-01' + make_interval(secs => g / 3), '{"format": 2}'
-                             FROM generate_series(1, 501) g"""))
+                             FROM generate_series(1, 501) g""")
+        )
     http = TestClient(receiver.app)
     seen: list[str] = []
     page = http.get("/runs?limit=45", headers=_bearer()).json()
@@ -102,8 +106,10 @@ def test_delete_is_refused_to_a_read_only_key_and_deletes_for_an_acting_key(rece
 
     refused = http.delete(f"/runs/{sid}", headers=_bearer(READER))
     hidden = http.delete(f"/runs/{sid}", headers=_bearer(DESK))
-    assert (refused.status_code, refused.json()) == (403, {"error": {
-        "code": "LOUSHO_API_KEY_READ_ONLY", "message": "this key may read runs, not act on them"}})
+    assert (refused.status_code, refused.json()) == (
+        403,
+        {"error": {"code": "LOUSHO_API_KEY_READ_ONLY", "message": "this key may read runs, not act on them"}},
+    )
     assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "LOUSHO_RUN_NOT_FOUND"
     assert http.get(f"/runs/{sid}", headers=_bearer()).status_code == 200
 
@@ -122,12 +128,17 @@ def test_get_approvals_lists_the_undecided_approvals_the_key_sees(receiver: Rece
     assert listed.status_code == 200
     (approval,) = listed.json()["items"]
     assert (approval["session_id"], approval["agent"], approval["kind"], approval["tool_name"]) == (
-        sid, "desk", "tool", "refund")
+        sid,
+        "desk",
+        "tool",
+        "refund",
+    )
     assert approval["args"] == {"amount": 5} and approval["run_path"] == [sid]
     assert http.get("/approvals?agent=desk", headers=_bearer(DESK)).json() == listed.json()
     assert http.get("/approvals?agent=hooks", headers=_bearer()).json() == {"items": []}
-    hooks_only = dataclasses.replace(receiver.app.state.config,
-                                     api_keys=SecretStr(f"{KEYS},hooks=hooks-only-key-0123456789abcdef;agents=hooks"))
+    hooks_only = dataclasses.replace(
+        receiver.app.state.config, api_keys=SecretStr(f"{KEYS},hooks=hooks-only-key-0123456789abcdef;agents=hooks")
+    )
     receiver.app.state.config = hooks_only
     assert http.get("/approvals", headers=_bearer("hooks-only-key-0123456789abcdef")).json() == {"items": []}
 
@@ -146,8 +157,17 @@ def test_every_4xx_answers_with_one_error_body(receiver: Receiver) -> None:
         "wrong method": http.put("/runs", headers=_bearer()),
     }
     statuses = {name: answer.status_code for name, answer in answers.items()}
-    assert statuses == {"no key": 401, "wrong key": 401, "bad state": 400, "bad limit": 400, "bad cursor": 400,
-                        "bad since": 400, "unknown run": 404, "no route": 404, "wrong method": 405}
+    assert statuses == {
+        "no key": 401,
+        "wrong key": 401,
+        "bad state": 400,
+        "bad limit": 400,
+        "bad cursor": 400,
+        "bad since": 400,
+        "unknown run": 404,
+        "no route": 404,
+        "wrong method": 405,
+    }
     for name, answer in answers.items():
         body = answer.json()
         assert list(body) == ["error"] and sorted(body["error"]) == ["code", "message"], (name, body)
@@ -165,9 +185,14 @@ def test_openapi_json_is_valid_openapi_3_and_lists_every_json_route_and_no_page(
     validate(spec)
     assert spec["openapi"].startswith("3.")
 
-    json_routes = {(route.path, method) for route in app.routes if isinstance(route, APIRoute)
-                   and not route.path.startswith("/ui") and route.path not in ("/metrics", "/openapi.json")
-                   for method in route.methods or ()}
+    json_routes = {
+        (route.path, method)
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        and not route.path.startswith("/ui")
+        and route.path not in ("/metrics", "/openapi.json")
+        for method in route.methods or ()
+    }
     described = {(path, method.upper()) for path, operations in spec["paths"].items() for method in operations}
     assert json_routes == described
     assert not any(path.startswith("/ui") for path in spec["paths"])
@@ -176,4 +201,5 @@ def test_openapi_json_is_valid_openapi_3_and_lists_every_json_route_and_no_page(
     assert runs["security"] == [{"bearerKey": []}] and "400" in runs["responses"] and "401" in runs["responses"]
     assert spec["components"]["securitySchemes"]["bearerKey"]["scheme"] == "bearer"
     assert spec["paths"]["/runs/{session_id}"]["delete"]["responses"]["403"]["content"]["application/json"][
-        "schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+        "schema"
+    ] == {"$ref": "#/components/schemas/ErrorBody"}

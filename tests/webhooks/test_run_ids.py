@@ -34,8 +34,9 @@ def test_every_run_id_is_valid_and_has_no_dot(agent: str, delivery_id: str) -> N
 
 @settings(max_examples=400)
 @given(agent=agents, delivery_id=delivery_ids, suffix=st.sampled_from(ADDRESSING))
-def test_a_suffixed_delivery_id_never_addresses_the_plain_deliverys_keys(agent: str, delivery_id: str,
-                                                                         suffix: str) -> None:
+def test_a_suffixed_delivery_id_never_addresses_the_plain_deliverys_keys(
+    agent: str, delivery_id: str, suffix: str
+) -> None:
     base = session_id_for(agent, delivery_id)
     suffixed = session_id_for(agent, delivery_id + suffix)
     assert suffixed != base + suffix and not suffixed.startswith(base + ".")
@@ -43,8 +44,9 @@ def test_a_suffixed_delivery_id_never_addresses_the_plain_deliverys_keys(agent: 
 
 
 @settings(max_examples=1000)
-@given(first=st.tuples(tricky | agents, tricky | delivery_ids),
-       second=st.tuples(tricky | agents, tricky | delivery_ids))
+@given(
+    first=st.tuples(tricky | agents, tricky | delivery_ids), second=st.tuples(tricky | agents, tricky | delivery_ids)
+)
 def test_two_different_deliveries_never_share_a_run_id(first: tuple[str, str], second: tuple[str, str]) -> None:
     if first != second:
         assert session_id_for(*first) != session_id_for(*second)
@@ -60,10 +62,14 @@ def test_the_examples_of_the_issue() -> None:
     for suffix in ADDRESSING:
         session_id = session_id_for("hooks", "abc" + suffix)
         print(f"  abc{suffix:24} -> {session_id}")
-        assert session_id.startswith("job-h") and len(session_id) == 45 and set(session_id[5:]) <= set(
-            string.hexdigits.lower())
+        assert (
+            session_id.startswith("job-h")
+            and len(session_id) == 45
+            and set(session_id[5:]) <= set(string.hexdigits.lower())
+        )
         seen.add(session_id)
     assert len(seen) == 1 + len(ADDRESSING)
     assert session_id_for("hooks", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W") == "job-hooks-msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
     assert session_id_for("hooks", "72d3162e-cc78-11e3-81ab-4c9367dc0958") == (
-        "job-hooks-72d3162e-cc78-11e3-81ab-4c9367dc0958")
+        "job-hooks-72d3162e-cc78-11e3-81ab-4c9367dc0958"
+    )

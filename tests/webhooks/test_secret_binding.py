@@ -25,13 +25,18 @@ def _config(**env: str) -> WebhookConfig:
 
 
 def _github(secret: bytes, body: bytes = BODY) -> dict[str, str]:
-    return {"content-type": "application/json", "x-github-delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
-            "x-hub-signature-256": "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()}
+    return {
+        "content-type": "application/json",
+        "x-github-delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        "x-hub-signature-256": "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest(),
+    }
 
 
 def test_bound_unbound_and_mixed_forms_are_parsed() -> None:
-    config = _config(LOUSHO_WEBHOOK_SECRETS=f"shop={SHOP}, billing={BILLING},{SECRET}, shop={OLD_SECRET}",
-                     LOUSHO_GITHUB_WEBHOOK_SECRETS="shop=gh-shop, gh-any, *=gh=with=equals")
+    config = _config(
+        LOUSHO_WEBHOOK_SECRETS=f"shop={SHOP}, billing={BILLING},{SECRET}, shop={OLD_SECRET}",
+        LOUSHO_GITHUB_WEBHOOK_SECRETS="shop=gh-shop, gh-any, *=gh=with=equals",
+    )
     assert config.secrets == (key(SECRET),)
     assert config.agent_secrets == {"shop": (key(SHOP), key(OLD_SECRET)), "billing": (key(BILLING),)}
     assert config.standard_keys("shop") == (key(SECRET), key(SHOP), key(OLD_SECRET))
@@ -48,16 +53,20 @@ def test_only_bound_secrets_are_a_usable_configuration() -> None:
     assert config.standard_keys("shop") == (key(SHOP),) and config.standard_keys("billing") == ()
 
 
-@pytest.mark.parametrize(("variable", "value", "named"), [
-    ("LOUSHO_WEBHOOK_SECRETS", "whsec_not base64 at-all-SECRETPART", "item 1"),
-    ("LOUSHO_WEBHOOK_SECRETS", f"shop={SHOP},billing=whsec_SECRETPART!!", "agent 'billing'"),
-    ("LOUSHO_WEBHOOK_SECRETS", "shop=whsec_", "agent 'shop'"),
-    ("LOUSHO_WEBHOOK_SECRETS", "bad name=whsec_SECRETPARTc2VjcmV0", "item 1"),
-    ("LOUSHO_GITHUB_WEBHOOK_SECRETS", "shop=", "agent 'shop'"),
-    ("LOUSHO_GITHUB_WEBHOOK_SECRETS", "gh-one,*=", "item 2"),
-])
-def test_a_malformed_secret_names_the_variable_and_never_echoes_the_secret(variable: str, value: str,
-                                                                           named: str) -> None:
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("LOUSHO_WEBHOOK_SECRETS", "whsec_not base64 at-all-SECRETPART", "item 1"),
+        ("LOUSHO_WEBHOOK_SECRETS", f"shop={SHOP},billing=whsec_SECRETPART!!", "agent 'billing'"),
+        ("LOUSHO_WEBHOOK_SECRETS", "shop=whsec_", "agent 'shop'"),
+        ("LOUSHO_WEBHOOK_SECRETS", "bad name=whsec_SECRETPARTc2VjcmV0", "item 1"),
+        ("LOUSHO_GITHUB_WEBHOOK_SECRETS", "shop=", "agent 'shop'"),
+        ("LOUSHO_GITHUB_WEBHOOK_SECRETS", "gh-one,*=", "item 2"),
+    ],
+)
+def test_a_malformed_secret_names_the_variable_and_never_echoes_the_secret(
+    variable: str, value: str, named: str
+) -> None:
     with pytest.raises(errors.ConfigurationError) as caught:
         _config(**{variable: value})
     message = str(caught.value)
@@ -73,14 +82,21 @@ def test_no_secret_at_all_is_refused() -> None:
 
 def _app(config: WebhookConfig) -> tuple[TestClient, Recorder]:
     recorder = Recorder()
-    backend = Backend(deliveries=recorder, checkpoints=recorder, approvals=recorder,  # type: ignore[arg-type]
-                      enqueue=recorder.enqueue, lease_holder=recorder.holder, known_agents=recorder.known)
+    backend = Backend(
+        deliveries=recorder,  # type: ignore[arg-type]
+        checkpoints=recorder,
+        approvals=recorder,  # type: ignore[arg-type]
+        enqueue=recorder.enqueue,
+        lease_holder=recorder.holder,
+        known_agents=recorder.known,
+    )
     return TestClient(create_app(config, backend), raise_server_exceptions=False), recorder
 
 
 def test_a_signature_valid_only_under_another_agents_secret_gets_401_and_touches_nothing() -> None:
-    client, recorder = _app(_config(LOUSHO_WEBHOOK_SECRETS=f"shop={SHOP},billing={BILLING}",
-                                    LOUSHO_GITHUB_WEBHOOK_SECRETS="shop=gh-shop"))
+    client, recorder = _app(
+        _config(LOUSHO_WEBHOOK_SECRETS=f"shop={SHOP},billing={BILLING}", LOUSHO_GITHUB_WEBHOOK_SECRETS="shop=gh-shop")
+    )
     now = int(time.time())
     for agent, secret in (("billing", SHOP), ("shop", BILLING), ("other", SHOP), ("other", BILLING)):
         response = client.post(f"/webhooks/{agent}", content=BODY, headers=signed_headers(BODY, "msg_1", now, secret))

@@ -35,9 +35,24 @@ def test_a_server_with_an_open_event_stream_stops_within_its_grace_period(client
     client.agent("idle").send("nobody steps me", session_id="shutdown-1", check_agent=False)
     port = _free_port()
     env = {**os.environ, **services.test_environment(), "LOUSHO_API_KEY": API_KEY, "LOUSHO_WEBHOOK_SECRETS": SECRET}
-    server = subprocess.Popen([sys.executable, "-m", "producer.cli", "webhooks", "serve", "--host", "127.0.0.1",
-                               "--port", str(port), "--log-level", "warning"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            "webhooks",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -52,8 +67,12 @@ def test_a_server_with_an_open_event_stream_stops_within_its_grace_period(client
 
         def read() -> None:
             try:
-                with httpx.stream("GET", f"http://127.0.0.1:{port}/runs/shutdown-1/events",
-                                  headers={"authorization": f"Bearer {API_KEY}"}, timeout=60) as response:
+                with httpx.stream(
+                    "GET",
+                    f"http://127.0.0.1:{port}/runs/shutdown-1/events",
+                    headers={"authorization": f"Bearer {API_KEY}"},
+                    timeout=60,
+                ) as response:
                     assert response.status_code == 200
                     opened.set()
                     for _ in response.iter_bytes():

@@ -29,20 +29,29 @@ class Recorder:
         def record(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(name)
             raise AssertionError(f"the backend was used: {name}")
+
         return record
 
 
 def _app(*secrets: str, recorder: Recorder | None = None) -> tuple[TestClient, Recorder]:
     recorder = recorder or Recorder()
-    backend = Backend(deliveries=recorder, checkpoints=recorder, approvals=recorder,  # type: ignore[arg-type]
-                      enqueue=recorder.enqueue, lease_holder=recorder.holder, known_agents=recorder.known)
-    config = WebhookConfig(secrets=tuple(key(s) for s in secrets or (SECRET,)), github_secrets=(b"gh",),
-                           api_key=SecretStr(API_KEY))
+    backend = Backend(
+        deliveries=recorder,  # type: ignore[arg-type]
+        checkpoints=recorder,
+        approvals=recorder,  # type: ignore[arg-type]
+        enqueue=recorder.enqueue,
+        lease_holder=recorder.holder,
+        known_agents=recorder.known,
+    )
+    config = WebhookConfig(
+        secrets=tuple(key(s) for s in secrets or (SECRET,)), github_secrets=(b"gh",), api_key=SecretStr(API_KEY)
+    )
     return TestClient(create_app(config, backend), raise_server_exceptions=False), recorder
 
 
-def _verify(headers: dict[str, str], body: bytes = BODY, secrets: tuple[str, ...] = (SECRET,),
-            now: float | None = None) -> None:
+def _verify(
+    headers: dict[str, str], body: bytes = BODY, secrets: tuple[str, ...] = (SECRET,), now: float | None = None
+) -> None:
     delivery_id, stamp, signatures = webhooks.standard_headers(Headers(headers))
     webhooks.check_timestamp(stamp, time.time() if now is None else now)
     webhooks.verify_standard(tuple(key(s) for s in secrets), delivery_id, stamp, body, signatures)
@@ -146,8 +155,9 @@ def test_secrets_must_be_whsec_base64() -> None:
         webhooks.parse_secret("whsec_not base64!")
     with pytest.raises(errors.ConfigurationError):
         webhook_config(LOUSHO_WEBHOOK_SECRETS="")
-    config = webhook_config(LOUSHO_WEBHOOK_SECRETS=f"{SECRET}, {OLD_SECRET}", LOUSHO_WEBHOOK_INPUT="desk=/request",
-                            LOUSHO_API_KEY="k")
+    config = webhook_config(
+        LOUSHO_WEBHOOK_SECRETS=f"{SECRET}, {OLD_SECRET}", LOUSHO_WEBHOOK_INPUT="desk=/request", LOUSHO_API_KEY="k"
+    )
     assert config.secrets == (key(SECRET), key(OLD_SECRET)) and config.input_pointers == {"desk": "/request"}
 
 
@@ -156,23 +166,24 @@ def test_a_bad_signature_gets_401_and_touches_nothing() -> None:
     headers = signed_headers(BODY, "msg_1", int(time.time()), secret=OLD_SECRET)
     response = client.post("/webhooks/hooks", content=BODY, headers=headers)
     assert response.status_code == 401
-    assert response.json() == {"error": {"code": "LOUSHO_WEBHOOK_SIGNATURE_INVALID",
-                                         "message": "signature verification failed"}}
+    assert response.json() == {
+        "error": {"code": "LOUSHO_WEBHOOK_SIGNATURE_INVALID", "message": "signature verification failed"}
+    }
     assert recorder.calls == []
 
 
 def test_unsigned_and_stale_requests_touch_nothing() -> None:
     client, recorder = _app()
-    assert client.post("/webhooks/hooks", content=BODY, headers={"content-type": "application/json"}
-                       ).status_code == 400
+    assert client.post("/webhooks/hooks", content=BODY, headers={"content-type": "application/json"}).status_code == 400
     stale = signed_headers(BODY, "msg_1", int(time.time()) - 3600)
     assert client.post("/webhooks/hooks", content=BODY, headers=stale).status_code == 401
     assert recorder.calls == []
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_a_two_mib_body_gets_413_before_it_is_verified_or_parsed(chunked: bool,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_two_mib_body_gets_413_before_it_is_verified_or_parsed(
+    chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def never(*args: Any) -> Any:
         raise AssertionError("must not be reached")
 
@@ -181,7 +192,7 @@ def test_a_two_mib_body_gets_413_before_it_is_verified_or_parsed(chunked: bool,
     client, recorder = _app()
     big = b'{"pad":"' + b"x" * (2 * 1024 * 1024) + b'"}'
     headers = signed_headers(big, "msg_big", int(time.time()))
-    content: Any = (big[i:i + 65536] for i in range(0, len(big), 65536)) if chunked else big
+    content: Any = (big[i : i + 65536] for i in range(0, len(big), 65536)) if chunked else big
     response = client.post("/webhooks/hooks", content=content, headers=headers)
     assert response.status_code == 413
     assert b"x" * 16 not in response.content
@@ -202,11 +213,18 @@ def test_a_body_that_is_not_json_is_refused_without_echo() -> None:
 
 def test_read_and_approval_routes_need_the_api_key() -> None:
     client, recorder = _app()
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": API_KEY},
-                    {"authorization": f"Basic {API_KEY}"}):
+    for headers in (
+        {},
+        {"authorization": "Bearer wrong"},
+        {"authorization": API_KEY},
+        {"authorization": f"Basic {API_KEY}"},
+    ):
         assert client.get("/runs/job-hooks-1", headers=headers).status_code == 401
-        response = client.post("/approvals/a1", content=json.dumps({"approved": True}),
-                               headers={**headers, "content-type": "application/json"})
+        response = client.post(
+            "/approvals/a1",
+            content=json.dumps({"approved": True}),
+            headers={**headers, "content-type": "application/json"},
+        )
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"
     assert recorder.calls == []

@@ -29,8 +29,9 @@ IDS, COPIES, CONNECTIONS = 30, 5, 50
 
 @pytest.fixture
 def server(receiver: Receiver) -> Iterator[str]:
-    config = uvicorn.Config(receiver.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off",
-                            limit_concurrency=200)
+    config = uvicorn.Config(
+        receiver.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", limit_concurrency=200
+    )
     running = uvicorn.Server(config)
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
@@ -50,8 +51,9 @@ def _plan() -> list[dict[str, object]]:
     plan: list[dict[str, object]] = []
 
     def add(delivery_id: str, body: bytes, headers: dict[str, str]) -> None:
-        plan.append({"id": delivery_id, "path": "/webhooks/hooks", "body": base64.b64encode(body).decode(),
-                     "headers": headers})
+        plan.append(
+            {"id": delivery_id, "path": "/webhooks/hooks", "body": base64.b64encode(body).decode(), "headers": headers}
+        )
 
     for n in range(IDS):
         body = json.dumps({"event": "storm", "n": n}).encode()
@@ -67,15 +69,21 @@ def _plan() -> list[dict[str, object]]:
 
 
 def _storm(base: str) -> list[dict[str, object]]:
-    sent = subprocess.run([sys.executable, "-m", "tests.webhooks.sender", base, "--connections", str(CONNECTIONS),
-                           "--timeout", "60"], input=json.dumps(_plan()), capture_output=True, text=True,
-                          timeout=90, check=True)
+    sent = subprocess.run(
+        [sys.executable, "-m", "tests.webhooks.sender", base, "--connections", str(CONNECTIONS), "--timeout", "60"],
+        input=json.dumps(_plan()),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=True,
+    )
     results: list[dict[str, object]] = json.loads(sent.stdout)
     return results
 
 
-def test_a_storm_of_redeliveries_makes_exactly_one_run_per_delivery_and_all_finish(receiver: Receiver,
-                                                                                   server: str) -> None:
+def test_a_storm_of_redeliveries_makes_exactly_one_run_per_delivery_and_all_finish(
+    receiver: Receiver, server: str
+) -> None:
     started = time.perf_counter()
     results = _storm(server)
     wall = time.perf_counter() - started
@@ -101,12 +109,18 @@ def test_a_storm_of_redeliveries_makes_exactly_one_run_per_delivery_and_all_fini
     runs_per_id = Counter(len(s) for s in sessions.values())
     latencies = sorted(float(str(r["elapsed"])) * 1000 for r in accepted)
     p50, p99 = statistics.median(latencies), latencies[int(0.99 * (len(latencies) - 1))]
-    print(f"\nwebhook storm: {IDS} ids x {COPIES} concurrent copies over {CONNECTIONS} connections"
-          f" + 5 bad signatures + 5 stale timestamps, {len(results)} requests in {wall:.2f} s")
-    print(f"  unique ids {len(sessions)}, runs created {len(runs)}, deliveries {deliveries},"
-          f" runs per delivery id {dict(runs_per_id)}, first-copy answers per id {dict(Counter(new.values()))}")
-    print(f"  duplicate runs {len(runs) - len(sessions)}, rejected {len(rejected)} -> runs 0,"
-          f" finished {sum(1 for s in runs.values() if s == 'finished')}/{len(runs)}, tool executions {len(noted)}")
+    print(
+        f"\nwebhook storm: {IDS} ids x {COPIES} concurrent copies over {CONNECTIONS} connections"
+        f" + 5 bad signatures + 5 stale timestamps, {len(results)} requests in {wall:.2f} s"
+    )
+    print(
+        f"  unique ids {len(sessions)}, runs created {len(runs)}, deliveries {deliveries},"
+        f" runs per delivery id {dict(runs_per_id)}, first-copy answers per id {dict(Counter(new.values()))}"
+    )
+    print(
+        f"  duplicate runs {len(runs) - len(sessions)}, rejected {len(rejected)} -> runs 0,"
+        f" finished {sum(1 for s in runs.values() if s == 'finished')}/{len(runs)}, tool executions {len(noted)}"
+    )
     print(f"  intake latency p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {latencies[-1]:.1f} ms")
     assert len(sessions) == IDS and runs_per_id == {1: IDS}
     assert len(runs) == IDS and deliveries == IDS
@@ -121,7 +135,7 @@ def test_a_two_mib_body_is_413_over_real_http_with_or_without_content_length(rec
     headers = signed_headers(big, "big-1", int(time.time()))
     with httpx.Client(base_url=server, timeout=30) as client:
         sized = client.post("/webhooks/hooks", content=big, headers=headers)
-        chunks = (big[i:i + 65536] for i in range(0, len(big), 65536))
+        chunks = (big[i : i + 65536] for i in range(0, len(big), 65536))
         streamed = client.post("/webhooks/hooks", content=chunks, headers=headers)
     assert sized.status_code == 413 and streamed.status_code == 413
     with receiver.engine.connect() as conn:

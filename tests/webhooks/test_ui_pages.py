@@ -73,13 +73,18 @@ def charge(order: str) -> str:
     return f"charged {order}"
 
 
-TILL = Agent(name="till", model=MockModel([{"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."]),
-             instructions="Charge.", tools=[charge])
+TILL = Agent(
+    name="till",
+    model=MockModel([{"tool_calls": [{"name": "charge", "args": {"order": "7"}}]}, "Charged."]),
+    instructions="Charge.",
+    tools=[charge],
+)
 AGENTS = {a.name: a for a in (HOOKS, DESK, CHOOSER, ASKER, SCRIPTY, BROKEN, TILL)}
 
 
-def _not_yet(session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *,
-             name: str | None = None) -> None:
+def _not_yet(
+    session_id: str, seq: int | None, countdown: float = 0.0, agent: str | None = None, /, *, name: str | None = None
+) -> None:
     """The driver's place before it exists (replaced by ``Driver.enqueue`` at once)."""
 
 
@@ -98,8 +103,14 @@ class Site:
             self.driver.drain()
 
 
-def _build(settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch,
-           config: WebhookConfig, **ui: Any) -> Iterator[Site]:
+def _build(
+    settings: Settings,
+    store: PostgresCheckpointStore,
+    leases: LeaseManager,
+    monkeypatch: pytest.MonkeyPatch,
+    config: WebhookConfig,
+    **ui: Any,
+) -> Iterator[Site]:
     truncate_producer_tables()
     heartbeat = Heartbeat(leases, settings.lease_renew_ms)
     driver = Driver(StepDeps(store=store, leases=leases, heartbeat=heartbeat, agents=AGENTS, enqueue=_not_yet))
@@ -107,11 +118,18 @@ def _build(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMana
     store.register_agents({a.name: a.fingerprint() for a in AGENTS.values()})
     engine = make_engine(settings, pool_size=8)
     client = Client(settings, engine=engine)
-    monkeypatch.setattr(client, "nudge", lambda session_id, agent=None, kind="": driver.enqueue(session_id,
-                                                                                                 agent=agent))
-    backend = Backend(deliveries=PostgresDeliveryStore(engine), checkpoints=client.store,
-                      approvals=PostgresApprovalStore(engine), enqueue=driver.enqueue, lease_holder=leases.holder,
-                      known_agents=client.known_agents, client=client)
+    monkeypatch.setattr(
+        client, "nudge", lambda session_id, agent=None, kind="": driver.enqueue(session_id, agent=agent)
+    )
+    backend = Backend(
+        deliveries=PostgresDeliveryStore(engine),
+        checkpoints=client.store,
+        approvals=PostgresApprovalStore(engine),
+        enqueue=driver.enqueue,
+        lease_holder=leases.holder,
+        known_agents=client.known_agents,
+        client=client,
+    )
     app = create_app(config, backend, settings=settings.model_copy(update=ui))
     with TestClient(app) as http:
         yield Site(http, driver, client, store)
@@ -121,8 +139,9 @@ def _build(settings: Settings, store: PostgresCheckpointStore, leases: LeaseMana
 
 
 @pytest.fixture
-def site(settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
-         monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+def site(
+    settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Site]:
     config = WebhookConfig(secrets=(key(SECRET),), api_keys=SecretStr(KEYS))
     yield from _build(settings, store, leases, monkeypatch, config, flower_url="http://flower.test:5555")
 
@@ -136,8 +155,7 @@ def _token(html: str) -> str:
 def _sign_in(site: Site, secret: str = FULL) -> str:
     """Sign in; the CSRF token of the session's forms."""
     form = site.http.get("/ui/login")
-    answer = site.http.post("/ui/login", data={"key": secret, "csrf_token": _token(form.text)},
-                            follow_redirects=False)
+    answer = site.http.post("/ui/login", data={"key": secret, "csrf_token": _token(form.text)}, follow_redirects=False)
     assert answer.status_code == 303, answer.text
     return _token(site.http.get("/ui/runs").text)
 
@@ -148,8 +166,8 @@ def _post(site: Site, path: str, token: str | None, **fields: str) -> Any:
 
 
 def test_the_pages_are_absent_without_a_key_or_when_turned_off(
-        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     no_keys = WebhookConfig(secrets=(key(SECRET),))
     for site in _build(settings, store, leases, monkeypatch, no_keys):
         for path in ("/ui/login", "/ui/runs", "/ui/static/ui.js", "/ui/approvals"):
@@ -172,8 +190,11 @@ def test_sign_in_with_a_good_key_sets_a_strict_http_only_session_and_a_bad_key_i
     assert bad.status_code == 401 and "That key is not valid" in bad.text
     assert "lousho_session" not in site.http.cookies
     form = site.http.get("/ui/login")
-    good = site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text), "next": "/ui/approvals"},
-                          follow_redirects=False)
+    good = site.http.post(
+        "/ui/login",
+        data={"key": FULL, "csrf_token": _token(form.text), "next": "/ui/approvals"},
+        follow_redirects=False,
+    )
     assert good.status_code == 303 and good.headers["location"] == "/ui/approvals"
     cookie = next(c for c in good.headers.get_list("set-cookie") if c.startswith("lousho_session="))
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
@@ -186,8 +207,11 @@ def test_sign_in_with_a_good_key_sets_a_strict_http_only_session_and_a_bad_key_i
     # A next path outside the pages is ignored; a forged cookie signs nobody in
     site.http.cookies.clear()
     form = site.http.get("/ui/login")
-    away = site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text),
-                                             "next": "https://evil.example/"}, follow_redirects=False)
+    away = site.http.post(
+        "/ui/login",
+        data={"key": FULL, "csrf_token": _token(form.text), "next": "https://evil.example/"},
+        follow_redirects=False,
+    )
     assert away.headers["location"] == "/ui/runs"
     site.http.cookies.clear()
     site.http.cookies.set("lousho_session", "e30.forged", path="/ui")
@@ -199,18 +223,33 @@ def test_posts_need_a_session_the_csrf_token_and_this_origin(site: Site) -> None
     assert _post(site, "/ui/runs/csrf-1/abort", "anything").status_code == 401
     form = site.http.get("/ui/login")
     assert _post(site, "/ui/login", None, key=FULL).status_code == 403  # the sign-in form's token too
-    assert site.http.post("/ui/login", data={"key": FULL, "csrf_token": _token(form.text)},
-                          headers={"origin": "http://evil.example"}, follow_redirects=False).status_code == 403
+    assert (
+        site.http.post(
+            "/ui/login",
+            data={"key": FULL, "csrf_token": _token(form.text)},
+            headers={"origin": "http://evil.example"},
+            follow_redirects=False,
+        ).status_code
+        == 403
+    )
     token = _sign_in(site)
     missing = _post(site, "/ui/runs/csrf-1/abort", None)
     assert missing.status_code == 403 and "CSRF token missing or invalid" in missing.text
     assert _post(site, "/ui/runs/csrf-1/abort", token[::-1]).status_code == 403
-    foreign = site.http.post("/ui/runs/csrf-1/abort", data={"csrf_token": token},
-                             headers={"origin": "http://evil.example"}, follow_redirects=False)
+    foreign = site.http.post(
+        "/ui/runs/csrf-1/abort",
+        data={"csrf_token": token},
+        headers={"origin": "http://evil.example"},
+        follow_redirects=False,
+    )
     assert foreign.status_code == 403
     assert not site.store.load("csrf-1").aborted  # type: ignore[union-attr]  # the run exists
-    same = site.http.post("/ui/runs/csrf-1/abort", data={"csrf_token": token},
-                          headers={"origin": "http://testserver"}, follow_redirects=False)
+    same = site.http.post(
+        "/ui/runs/csrf-1/abort",
+        data={"csrf_token": token},
+        headers={"origin": "http://testserver"},
+        follow_redirects=False,
+    )
     assert same.status_code == 303
     out = _post(site, "/ui/logout", token)
     assert out.status_code == 303 and out.headers["location"] == "/ui/login"
@@ -295,15 +334,17 @@ def test_approving_and_rejecting_with_a_note_through_the_form(site: Site) -> Non
     page = site.http.get("/ui/runs/appr-1").text
     pending = {a.session_id: a.approval_id for a in site.client.approvals.list()}
     assert f'data-approval-id="{pending["appr-1"]}"' in page and 'value="approve"' in page and 'name="note"' in page
-    done = _post(site, f"/ui/approvals/{pending['appr-1']}", token, decision="approve", note="fine",
-                 next="/ui/runs/appr-1")
+    done = _post(
+        site, f"/ui/approvals/{pending['appr-1']}", token, decision="approve", note="fine", next="/ui/runs/appr-1"
+    )
     assert done.status_code == 303 and done.headers["location"] == "/ui/runs/appr-1"
     site.driver.drain()
     assert site.store.load("appr-1").status == "finished"  # type: ignore[union-attr]  # the run exists
     page = site.http.get("/ui/runs/appr-1").text
     assert "refunded 5" in page and 'class="decide"' not in page and "Note: fine" in page
-    rejected = _post(site, f"/ui/approvals/{pending['appr-2']}", token, decision="reject", note="too <much>",
-                     next="/ui/approvals")
+    rejected = _post(
+        site, f"/ui/approvals/{pending['appr-2']}", token, decision="reject", note="too <much>", next="/ui/approvals"
+    )
     assert rejected.status_code == 303 and rejected.headers["location"] == "/ui/approvals"
     site.driver.drain()
     page = site.http.get("/ui/runs/appr-2").text
@@ -342,8 +383,14 @@ def test_deciding_a_reconciliation_from_the_inbox(site: Site, leases: LeaseManag
     assert asked.kind == "reconcile" and f'data-approval-id="{asked.approval_id}"' in inbox
     assert "Did it take effect?" in inbox and 'value="answer"' in inbox and 'value="approve"' in inbox
     assert 'value="reject"' in inbox
-    done = _post(site, f"/ui/approvals/{asked.approval_id}", token, decision="reject", note="never reached the bank",
-                 next="/ui/approvals")
+    done = _post(
+        site,
+        f"/ui/approvals/{asked.approval_id}",
+        token,
+        decision="reject",
+        note="never reached the bank",
+        next="/ui/approvals",
+    )
     assert done.status_code == 303
     site.driver.drain()
     page = site.http.get("/ui/runs/till-1").text
@@ -430,7 +477,8 @@ def _why(page: str) -> str:
 
 
 def test_an_unfinished_runs_page_says_why_as_describe_does_and_a_finished_ones_says_nothing(
-        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site.start("desk", "why-appr", "refund 5")
     site.start("hooks", "why-done")
     site.start("hooks", "why-stuck", drain=False)  # its step waits in the driver's queue: no broker holds it
@@ -465,7 +513,8 @@ def test_an_unfinished_runs_page_says_why_as_describe_does_and_a_finished_ones_s
 
 
 def test_the_live_endpoint_describes_a_run_again_only_when_its_version_changed(
-        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site.start("desk", "why-live", "refund 5")
     token = _sign_in(site)
     asked = _count_describes(site, monkeypatch)
@@ -490,7 +539,8 @@ def test_the_live_endpoint_describes_a_run_again_only_when_its_version_changed(
 
 
 def test_a_runs_page_still_shows_when_what_it_waits_on_cannot_be_read(
-        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site.start("desk", "why-down", "refund 5")
     _sign_in(site)
 
@@ -571,32 +621,53 @@ def test_the_runs_list_pages_by_keyset_while_runs_are_created(site: Site) -> Non
 
 
 def test_webhooks_can_be_turned_off_and_need_no_secret_then(
-        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(errors.ConfigurationError):
         WebhookConfig.from_settings(settings.model_copy(update={"webhook_secrets": SecretStr("")}))
-    config = WebhookConfig.from_settings(settings.model_copy(update={
-        "webhook_secrets": SecretStr(""), "webhooks_enabled": False, "api_keys": SecretStr(KEYS)}))
+    config = WebhookConfig.from_settings(
+        settings.model_copy(
+            update={"webhook_secrets": SecretStr(""), "webhooks_enabled": False, "api_keys": SecretStr(KEYS)}
+        )
+    )
     assert config.intake is False
     for site in _build(settings, store, leases, monkeypatch, config):
-        assert site.http.post("/webhooks/hooks", content=b"{}",
-                              headers={"content-type": "application/json"}).status_code == 404
+        assert (
+            site.http.post("/webhooks/hooks", content=b"{}", headers={"content-type": "application/json"}).status_code
+            == 404
+        )
         assert site.http.get("/ui/login").status_code == 200
         assert site.http.get("/healthz").status_code == 200
 
 
 def test_a_proxy_header_signs_in_only_on_requests_from_the_proxy(
-        settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings, store: PostgresCheckpointStore, leases: LeaseManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = WebhookConfig(secrets=(key(SECRET),), api_keys=SecretStr(KEYS))
     proxied = {"x-forwarded-email": "ana@example.com"}
     # TestClient's requests come from the address "testclient".
-    for site in _build(settings, store, leases, monkeypatch, config, ui_proxy_user_header="X-Forwarded-Email",
-                       ui_proxy_access="read", ui_proxy_addresses="10.0.0.7"):
+    for site in _build(
+        settings,
+        store,
+        leases,
+        monkeypatch,
+        config,
+        ui_proxy_user_header="X-Forwarded-Email",
+        ui_proxy_access="read",
+        ui_proxy_addresses="10.0.0.7",
+    ):
         refused = site.http.get("/ui/runs", headers=proxied, follow_redirects=False)
         assert refused.status_code == 303 and refused.headers["location"].startswith("/ui/login")
-    for site in _build(settings, store, leases, monkeypatch, config, ui_proxy_user_header="X-Forwarded-Email",
-                       ui_proxy_access="read", ui_proxy_addresses="10.0.0.7, testclient"):
+    for site in _build(
+        settings,
+        store,
+        leases,
+        monkeypatch,
+        config,
+        ui_proxy_user_header="X-Forwarded-Email",
+        ui_proxy_access="read",
+        ui_proxy_addresses="10.0.0.7, testclient",
+    ):
         page = site.http.get("/ui/runs", headers=proxied, follow_redirects=False)
         assert page.status_code == 200 and "ana@example.com" in page.text
         assert site.http.get("/ui/runs", follow_redirects=False).status_code == 303  # no header, no session

@@ -44,7 +44,8 @@ def import_sdk(module: str, model_class: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise errors.ConfigurationError(
-            f"{model_class} needs the {module!r} package: pip install 'lousho-worker[{module}]'") from exc
+            f"{model_class} needs the {module!r} package: pip install 'lousho-worker[{module}]'"
+        ) from exc
 
 
 def resolve_key(given: str | None, env_var: str, base_url: str | None, model_class: str) -> str:
@@ -96,15 +97,17 @@ def client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     clashing = sorted(_RESERVED_CLIENT_OPTIONS & chosen.keys())
     if clashing:
         raise errors.ConfigurationError(
-            f"client_options may not set {', '.join(clashing)}: use the model's own arguments")
+            f"client_options may not set {', '.join(clashing)}: use the model's own arguments"
+        )
     return chosen
 
 
 def header_secrets(options: Mapping[str, Any]) -> list[str]:
     """Values of default headers that look like credentials (scrubbed like the key)."""
     headers = options.get("default_headers") or {}
-    return [str(value) for name, value in headers.items()
-            if any(word in str(name).lower() for word in _SECRET_HEADER_WORDS)]
+    return [
+        str(value) for name, value in headers.items() if any(word in str(name).lower() for word in _SECRET_HEADER_WORDS)
+    ]
 
 
 def plain_settings(settings: Mapping[str, Any], secrets: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -157,8 +160,9 @@ class ProcessClient:
             self._pid = None
 
 
-def translate(provider: str, sdk: ModuleType, exc: Exception, *, timeout: float, request_id_header: str,
-              secrets: list[str]) -> errors.ProviderError:
+def translate(
+    provider: str, sdk: ModuleType, exc: Exception, *, timeout: float, request_id_header: str, secrets: list[str]
+) -> errors.ProviderError:
     """The ``ProviderError`` for an exception of the ``openai`` or ``anthropic`` SDK (both share one shape).
 
     Timeouts and connection failures are retryable; HTTP failures are classified by status and body.
@@ -168,10 +172,12 @@ def translate(provider: str, sdk: ModuleType, exc: Exception, *, timeout: float,
     if isinstance(exc, sdk.APIStatusError):
         headers = exc.response.headers
         if exc.status_code < 400:  # an error event inside a stream that had begun with a 200
-            return _failures.from_stream_error(provider, exc.body, request_id=headers.get(request_id_header),
-                                               secrets=secrets)
-        return _failures.from_status(provider, exc.status_code, headers, exc.body,
-                                     request_id=headers.get(request_id_header), secrets=secrets)
+            return _failures.from_stream_error(
+                provider, exc.body, request_id=headers.get(request_id_header), secrets=secrets
+            )
+        return _failures.from_status(
+            provider, exc.status_code, headers, exc.body, request_id=headers.get(request_id_header), secrets=secrets
+        )
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
@@ -208,8 +214,15 @@ class SDKModel:
     reserved_settings: frozenset[str]
     request_id_header: str
 
-    def _configure(self, model: str, base_url: str | None, api_key: str | None, timeout: float,
-                   client_options_given: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> None:
+    def _configure(
+        self,
+        model: str,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float,
+        client_options_given: Mapping[str, Any] | None,
+        settings: Mapping[str, Any],
+    ) -> None:
         name = type(self).__name__
         if not model or not isinstance(model, str):
             raise errors.ConfigurationError(f"{name} needs a model name")
@@ -256,19 +269,25 @@ class SDKModel:
 
     def _build_client(self) -> Any:
         factory = getattr(self._sdk, self.client_class)
-        return factory(api_key=self._key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
-                       **self._options)
+        return factory(api_key=self._key, base_url=self.base_url, timeout=self.timeout, max_retries=0, **self._options)
 
     def close(self) -> None:
         """Close this process's HTTP connections (the next call opens new ones)."""
         self._client.close()
 
     def _translate(self, exc: Exception) -> errors.ProviderError:
-        return translate(self.provider, self._sdk, exc, timeout=self.timeout,
-                         request_id_header=self.request_id_header, secrets=self._secrets)
+        return translate(
+            self.provider,
+            self._sdk,
+            exc,
+            timeout=self.timeout,
+            request_id_header=self.request_id_header,
+            secrets=self._secrets,
+        )
 
-    def _stream(self, open_stream: Callable[[], Any], listener: base.Listener,
-                handle: Callable[[dict[str, Any]], None]) -> None:
+    def _stream(
+        self, open_stream: Callable[[], Any], listener: base.Listener, handle: Callable[[dict[str, Any]], None]
+    ) -> None:
         """Open a stream with ``open_stream`` and hand each of its events, as JSON, to ``handle``.
 
         ``listener.cancelled`` is checked before the request and after each event; once it is set
@@ -303,11 +322,11 @@ class SDKModel:
                 except timeout_error:
                     raise _failures.timed_out(self.provider, self.timeout) from None
                 except transport_error as exc:
-                    raise _failures.unreachable(self.provider, f"{type(exc).__name__}: {exc}", self._secrets) \
-                        from None
+                    raise _failures.unreachable(self.provider, f"{type(exc).__name__}: {exc}", self._secrets) from None
                 except ValueError as exc:
-                    raise _failures.unexpected(self.provider, f"unreadable stream event: {exc}", self._secrets) \
-                        from None
+                    raise _failures.unexpected(
+                        self.provider, f"unreadable stream event: {exc}", self._secrets
+                    ) from None
                 if event is None:
                     return
                 dump = getattr(event, "model_dump", None)

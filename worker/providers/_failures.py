@@ -31,10 +31,20 @@ _CONTEXT_CODES = {"context_length_exceeded", "string_above_max_length", "request
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached"}
 # Error types sent inside a stream (Anthropic's and OpenAI's), by the status the same failure has as an answer.
 _STREAM_ERROR_STATUS = {
-    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402, "permission_error": 403,
-    "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429, "rate_limit_exceeded": 429,
-    "insufficient_quota": 429, "context_length_exceeded": 400, "api_error": 500, "server_error": 500,
-    "timeout_error": 504, "overloaded_error": 529,
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "insufficient_quota": 429,
+    "context_length_exceeded": 400,
+    "api_error": 500,
+    "server_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
 }
 
 _REDACTED = "[redacted]"
@@ -59,7 +69,7 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
 
 def _cap(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
 
 
 def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -108,15 +118,23 @@ def is_context_length(message: str, code: str) -> bool:
     return code in _CONTEXT_CODES or bool(_CONTEXT_LENGTH.search(message))
 
 
-def from_status(provider: str, status: int, headers: Mapping[str, str], body: object, *,
-                request_id: str | None = None, secrets: Iterable[str] = ()) -> errors.ProviderError:
+def from_status(
+    provider: str,
+    status: int,
+    headers: Mapping[str, str],
+    body: object,
+    *,
+    request_id: str | None = None,
+    secrets: Iterable[str] = (),
+) -> errors.ProviderError:
     """The error for an HTTP failure: 429 and 5xx retry (after ``Retry-After``), other 4xx park the run."""
     message, code = _error_fields(body)
     return _classify(provider, status, f"HTTP {status}", message, code, retry_after(headers), request_id, secrets)
 
 
-def from_stream_error(provider: str, body: object, *, request_id: str | None = None,
-                      secrets: Iterable[str] = ()) -> errors.ProviderError:
+def from_stream_error(
+    provider: str, body: object, *, request_id: str | None = None, secrets: Iterable[str] = ()
+) -> errors.ProviderError:
     """The error for an error event inside a stream that had begun with a 200 (``overloaded_error``…).
 
     The event's error type stands for the status the same failure has as an answer, and is
@@ -129,11 +147,20 @@ def from_stream_error(provider: str, body: object, *, request_id: str | None = N
     return _classify(provider, status, where, message, code, None, request_id, secrets)
 
 
-def _classify(provider: str, status: int, where: str, message: str, code: str, wait: float | None,
-              request_id: str | None, secrets: Iterable[str]) -> errors.ProviderError:
+def _classify(
+    provider: str,
+    status: int,
+    where: str,
+    message: str,
+    code: str,
+    wait: float | None,
+    request_id: str | None,
+    secrets: Iterable[str],
+) -> errors.ProviderError:
     if status == 429 and code not in _QUOTA_CODES:
         return errors.ProviderRateLimitedError(
-            _describe(provider, "rate-limit", where, message, request_id, secrets, wait), retry_after=wait)
+            _describe(provider, "rate-limit", where, message, request_id, secrets, wait), retry_after=wait
+        )
     if status == 429:
         category, retryable = "auth", False  # out of quota: waiting does not help, the account must change
     elif status >= 500 or status in _RETRYABLE_4XX:
@@ -142,21 +169,27 @@ def _classify(provider: str, status: int, where: str, message: str, code: str, w
         category, retryable = "context-length", False
     else:
         category, retryable = _PARKING_4XX.get(status, "invalid-request"), False
-    return errors.ProviderError(_describe(provider, category, where, message, request_id, secrets, wait),
-                                retryable=retryable, category=category,
-                                retry_after=wait if retryable else None, status=status)
+    return errors.ProviderError(
+        _describe(provider, category, where, message, request_id, secrets, wait),
+        retryable=retryable,
+        category=category,
+        retry_after=wait if retryable else None,
+        status=status,
+    )
 
 
 def timed_out(provider: str, seconds: float) -> errors.ProviderError:
     """The error for a request that got no answer within the client timeout (retryable)."""
-    return errors.ProviderError(f"{provider}: timeout: no answer within {seconds:g} s",
-                                retryable=True, category="timeout")
+    return errors.ProviderError(
+        f"{provider}: timeout: no answer within {seconds:g} s", retryable=True, category="timeout"
+    )
 
 
 def unreachable(provider: str, detail: str, secrets: Iterable[str] = ()) -> errors.ProviderError:
     """The error for a request that never got an HTTP answer (refused, reset, DNS); retryable."""
-    return errors.ProviderError(_cap(scrub(f"{provider}: connection: {detail}", secrets)),
-                                retryable=True, category="connection")
+    return errors.ProviderError(
+        _cap(scrub(f"{provider}: connection: {detail}", secrets)), retryable=True, category="connection"
+    )
 
 
 def cut_off(provider: str, detail: str) -> errors.ProviderError:
@@ -166,17 +199,26 @@ def cut_off(provider: str, detail: str) -> errors.ProviderError:
 
 def unexpected(provider: str, detail: str, secrets: Iterable[str] = ()) -> errors.ProviderError:
     """The error for an answer we cannot read (not the API's shape); retried, then parked by the attempts cap."""
-    return errors.ProviderError(_cap(scrub(f"{provider}: unknown: {detail}", secrets)),
-                                retryable=True, category="unknown")
+    return errors.ProviderError(
+        _cap(scrub(f"{provider}: unknown: {detail}", secrets)), retryable=True, category="unknown"
+    )
 
 
-def _describe(provider: str, category: str, where: str, message: str, request_id: str | None,
-              secrets: Iterable[str], wait: float | None) -> str:
+def _describe(
+    provider: str,
+    category: str,
+    where: str,
+    message: str,
+    request_id: str | None,
+    secrets: Iterable[str],
+    wait: float | None,
+) -> str:
     head = f"{provider}: {category} ({where})"
     tail = (f" [retry after {round(wait, 1):g} s]" if wait is not None else "") + (
-        f" [request {scrub(request_id, secrets)[:80]}]" if request_id else "")
+        f" [request {scrub(request_id, secrets)[:80]}]" if request_id else ""
+    )
     room = MAX_MESSAGE_CHARS - len(head) - len(tail) - 2
     detail = " ".join(scrub(message, secrets).split())
     if len(detail) > room:
-        detail = detail[:room - 1] + "…"
+        detail = detail[: room - 1] + "…"
     return f"{head}: {detail}{tail}" if detail else head + tail

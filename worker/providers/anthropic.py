@@ -61,10 +61,18 @@ class AnthropicModel(_clients.SDKModel):
     reserved_settings = _RESERVED_SETTINGS
     request_id_header = "request-id"
 
-    def __init__(self, model: str, api_key: str | None = None, base_url: str | None = None, *,
-                 timeout: float = _clients.DEFAULT_TIMEOUT_S, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 cache_prompt: bool = False, client_options: Mapping[str, Any] | None = None,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = _clients.DEFAULT_TIMEOUT_S,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        cache_prompt: bool = False,
+        client_options: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise errors.ConfigurationError("max_tokens must be a positive integer")
         self.max_tokens = max_tokens
@@ -75,8 +83,9 @@ class AnthropicModel(_clients.SDKModel):
         """What the model is, as JSON without secrets (``SDKModel.spec``), with ``max_tokens`` and ``cache_prompt``."""
         return {**super().spec(), "max_tokens": self.max_tokens, "cache_prompt": bool(self.cache_prompt)}
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec],
-                 listener: Listener | None = None) -> ModelResponse:
+    def generate(
+        self, messages: list[Message], tools: list[ToolSpec], listener: Listener | None = None
+    ) -> ModelResponse:
         """Ask for the next assistant turn of ``messages``; streamed to ``listener`` when one is given.
 
         Raises:
@@ -89,8 +98,12 @@ class AnthropicModel(_clients.SDKModel):
         specs = anthropic_tools(tools)
         if self.cache_prompt:
             system, wire, specs = mark_cache_points(system, wire, specs)
-        request: dict[str, Any] = {**self._request_options, "max_tokens": self.max_tokens, "model": self.model,
-                                   "messages": wire}
+        request: dict[str, Any] = {
+            **self._request_options,
+            "max_tokens": self.max_tokens,
+            "model": self.model,
+            "messages": wire,
+        }
         if system:
             request["system"] = system
         if specs:
@@ -221,9 +234,11 @@ def to_anthropic_messages(messages: Sequence[Message]) -> tuple[System, list[dic
                 plain_system.append(message.content)
             continue
         if message.role == "tool":
-            block: dict[str, Any] = {"type": "tool_result",
-                                     "tool_use_id": _transcript.wire_call_id(message.tool_call_id or ""),
-                                     "content": _result_content(message.content)}
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": _transcript.wire_call_id(message.tool_call_id or ""),
+                "content": _result_content(message.content),
+            }
             if message.is_error:
                 block["is_error"] = True
             if results_open:
@@ -239,8 +254,15 @@ def to_anthropic_messages(messages: Sequence[Message]) -> tuple[System, list[dic
                 wire.append({"role": message.role, "content": message.content})
             continue
         blocks = _blocks(message.content)
-        blocks.extend({"type": "tool_use", "id": _transcript.wire_call_id(c.id), "name": c.name,
-                       "input": {} if c.invalid_args is not None else dict(c.args)} for c in calls)
+        blocks.extend(
+            {
+                "type": "tool_use",
+                "id": _transcript.wire_call_id(c.id),
+                "name": c.name,
+                "input": {} if c.invalid_args is not None else dict(c.args),
+            }
+            for c in calls
+        )
         if blocks:
             wire.append({"role": message.role, "content": blocks})
     if len(plain_system) == 1 and len(system) == 1:
@@ -296,9 +318,15 @@ def from_anthropic_messages(system: System, wire: Sequence[Mapping[str, Any]]) -
                 pending = []
             result = block.get("content")
             call_id = str(block.get("tool_use_id") or "")
-            messages.append(Message(role="tool", tool_call_id=call_id, name=names.get(call_id),
-                                    content=result if isinstance(result, str) else _from_blocks(result or []),
-                                    is_error=True if block.get("is_error") else None))
+            messages.append(
+                Message(
+                    role="tool",
+                    tool_call_id=call_id,
+                    name=names.get(call_id),
+                    content=result if isinstance(result, str) else _from_blocks(result or []),
+                    is_error=True if block.get("is_error") else None,
+                )
+            )
         if pending:
             messages.append(Message(role="user", content=[dict(b) for b in pending]))
     return messages
@@ -309,8 +337,9 @@ def _call(call_id: str, block: Mapping[str, Any]) -> ToolCall:
     return ToolCall(id=call_id, name=str(block.get("name") or ""), args=args, invalid_args=invalid)
 
 
-def mark_cache_points(system: System, wire: list[dict[str, Any]], tools: list[dict[str, Any]]
-                      ) -> tuple[System, list[dict[str, Any]], list[dict[str, Any]]]:
+def mark_cache_points(
+    system: System, wire: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[System, list[dict[str, Any]], list[dict[str, Any]]]:
     """Copies of the request parts with cache breakpoints on the last tool, system block and message block.
 
     Three of the four breakpoints the API allows: each turn reads the prefix the previous turn wrote.
@@ -336,8 +365,13 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage:
     written = int(raw.get("cache_creation_input_tokens") or 0)
     prompt = int(raw.get("input_tokens") or 0) + read + written
     output = int(raw.get("output_tokens") or 0)
-    return Usage(input_tokens=prompt, output_tokens=output, total_tokens=prompt + output,
-                 cache_read_tokens=read, cache_write_tokens=written)
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=output,
+        total_tokens=prompt + output,
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 def parse_message(body: Mapping[str, Any], transcript: Sequence[Message]) -> ModelResponse:
@@ -353,5 +387,10 @@ def parse_message(body: Mapping[str, Any], transcript: Sequence[Message]) -> Mod
     text: str | None = "".join(texts) if texts else None
     if calls and not text:
         text = None
-    return ModelResponse(text=text, tool_calls=calls, usage=_usage(body.get("usage")),
-                         finish_reason=body.get("stop_reason"), model_id=body.get("model"))
+    return ModelResponse(
+        text=text,
+        tool_calls=calls,
+        usage=_usage(body.get("usage")),
+        finish_reason=body.get("stop_reason"),
+        model_id=body.get("model"),
+    )

@@ -45,8 +45,9 @@ class MockModel:
         """
         return {"provider": "mock", "model_id": self.model_id}
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec],
-                 listener: Listener | None = None) -> ModelResponse:
+    def generate(
+        self, messages: list[Message], tools: list[ToolSpec], listener: Listener | None = None
+    ) -> ModelResponse:
         """The scripted response for this transcript (chosen by its number of assistant turns)."""
         problems = machine.transcript_problems(messages)
         if problems:
@@ -60,8 +61,7 @@ class MockModel:
             raise errors.ProviderError(f"MockModel script has no response for turn {turn + 1}", retryable=False)
         return self._response(response, turn, messages, listener)
 
-    def _response(self, response: Any, turn: int, messages: list[Message],
-                  listener: Listener | None) -> ModelResponse:
+    def _response(self, response: Any, turn: int, messages: list[Message], listener: Listener | None) -> ModelResponse:
         if isinstance(response, str):
             response = {"text": response}
         if not isinstance(response, dict):
@@ -82,8 +82,9 @@ class MockModel:
             _stream(listener, text or "", calls, float(response.get("stream_delay_ms") or 0) / 1000)
         scripted = response.get("usage")
         if scripted:
-            usage = Usage(input_tokens=int(scripted.get("input_tokens", 0)),
-                          output_tokens=int(scripted.get("output_tokens", 0)))
+            usage = Usage(
+                input_tokens=int(scripted.get("input_tokens", 0)), output_tokens=int(scripted.get("output_tokens", 0))
+            )
         else:
             prompt = sum(len(str(m.content or "")) for m in messages) // 4 + 1
             usage = Usage(input_tokens=prompt, output_tokens=len(text or "") // 4 + len(calls) + 1)

@@ -53,13 +53,21 @@ class OpenAIModel(_clients.SDKModel):
     reserved_settings = _RESERVED_SETTINGS
     request_id_header = "x-request-id"
 
-    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
-                 timeout: float = _clients.DEFAULT_TIMEOUT_S, client_options: Mapping[str, Any] | None = None,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = _clients.DEFAULT_TIMEOUT_S,
+        client_options: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
         self._configure(model, base_url, api_key, timeout, client_options, settings)
 
-    def generate(self, messages: list[Message], tools: list[ToolSpec],
-                 listener: Listener | None = None) -> ModelResponse:
+    def generate(
+        self, messages: list[Message], tools: list[ToolSpec], listener: Listener | None = None
+    ) -> ModelResponse:
         """Ask for the next assistant turn of ``messages``; streamed to ``listener`` when one is given.
 
         Raises:
@@ -68,15 +76,19 @@ class OpenAIModel(_clients.SDKModel):
                 that breaks off is a retryable ``connection`` failure.
             ModelCallCancelled: ``listener.cancelled`` was set before the answer was complete.
         """
-        request: dict[str, Any] = {**self._request_options, "model": self.model,
-                                   "messages": to_openai_messages(messages)}
+        request: dict[str, Any] = {
+            **self._request_options,
+            "model": self.model,
+            "messages": to_openai_messages(messages),
+        }
         if tools:
             request["tools"] = openai_tools(tools)
         if listener is not None:
             answer = _CompletionStream(messages, listener)
             create = self._client.get().chat.completions.create
-            self._stream(lambda: create(**request, stream=True, stream_options={"include_usage": True}),
-                         listener, answer.add)
+            self._stream(
+                lambda: create(**request, stream=True, stream_options={"include_usage": True}), listener, answer.add
+            )
             return parse_completion(answer.completion(), messages)
         try:
             completion = self._client.get().chat.completions.create(**request)
@@ -85,8 +97,9 @@ class OpenAIModel(_clients.SDKModel):
             raise self._translate(exc) from None
         dump = getattr(completion, "model_dump", None)
         if dump is None:
-            raise _failures.unexpected(PROVIDER, f"the answer is not a chat completion: {str(completion)[:200]}",
-                                       self._secrets)
+            raise _failures.unexpected(
+                PROVIDER, f"the answer is not a chat completion: {str(completion)[:200]}", self._secrets
+            )
         return parse_completion(dump(mode="json", warnings=False), messages)
 
 
@@ -133,8 +146,9 @@ class _CompletionStream:
     def _add_call(self, fragment: Mapping[str, Any]) -> None:
         # The first fragment of a call brings its id and name, later ones pieces of its argument JSON.
         index = int(fragment.get("index") or 0)
-        call = self._calls.setdefault(index, {"id": None, "type": "function",
-                                              "function": {"name": "", "arguments": ""}})
+        call = self._calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
         call["id"] = call["id"] or fragment.get("id")
         call["type"] = fragment.get("type") or call["type"]
         function = fragment.get("function") or {}
@@ -146,7 +160,8 @@ class _CompletionStream:
             return
         earlier = [self._calls[k] for k in sorted(self._calls) if k <= index]
         call["id"] = _transcript.assign_call_ids(
-            [c["id"] for c in earlier if c["type"] == "function"], self._transcript)[-1]
+            [c["id"] for c in earlier if c["type"] == "function"], self._transcript
+        )[-1]
         self._listener.tool_call(call["id"], call["function"]["name"])
 
     def completion(self) -> dict[str, Any]:
@@ -162,8 +177,11 @@ class _CompletionStream:
         message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": self._refusal}
         if self._calls:
             message["tool_calls"] = [self._calls[k] for k in sorted(self._calls)]
-        return {"model": self._model, "usage": self._usage,
-                "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason}]}
+        return {
+            "model": self._model,
+            "usage": self._usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason}],
+        }
 
 
 def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -195,10 +213,16 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         if message.role == "tool":
             content = message.content
             if not isinstance(content, str):
-                content = _transcript.content_parts(content) if isinstance(content, list) else \
-                    _transcript.dumps(content)
-            wire.append({"role": "tool", "tool_call_id": _transcript.wire_call_id(message.tool_call_id or ""),
-                         "content": content})
+                content = (
+                    _transcript.content_parts(content) if isinstance(content, list) else _transcript.dumps(content)
+                )
+            wire.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _transcript.wire_call_id(message.tool_call_id or ""),
+                    "content": content,
+                }
+            )
             continue
         entry: dict[str, Any] = {"role": message.role, "content": _wire_content(message.content)}
         if entry["content"] is None and message.role != "assistant":
@@ -207,10 +231,16 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             entry["name"] = message.name
         if message.role == "assistant" and message.tool_calls:
             entry["tool_calls"] = [
-                {"id": _transcript.wire_call_id(call.id), "type": "function",
-                 "function": {"name": call.name, "arguments": _transcript.arguments_text(call.args,
-                                                                                         call.invalid_args)}}
-                for call in message.tool_calls]
+                {
+                    "id": _transcript.wire_call_id(call.id),
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": _transcript.arguments_text(call.args, call.invalid_args),
+                    },
+                }
+                for call in message.tool_calls
+            ]
         wire.append(entry)
     return wire
 
@@ -230,23 +260,26 @@ def from_openai_messages(wire: Sequence[Mapping[str, Any]]) -> list[Message]:
         role = entry.get("role")
         if role == "tool":
             call_id = str(entry.get("tool_call_id") or "")
-            messages.append(Message(role="tool", tool_call_id=call_id, content=entry.get("content"),
-                                    name=names.get(call_id)))
+            messages.append(
+                Message(role="tool", tool_call_id=call_id, content=entry.get("content"), name=names.get(call_id))
+            )
             continue
         calls = []
         for raw in entry.get("tool_calls") or ():
             function = raw.get("function") or {}
             args, invalid = _transcript.parse_arguments(function.get("arguments"))
-            call = ToolCall(id=str(raw.get("id") or ""), name=str(function.get("name") or ""), args=args,
-                            invalid_args=invalid)
+            call = ToolCall(
+                id=str(raw.get("id") or ""), name=str(function.get("name") or ""), args=args, invalid_args=invalid
+            )
             names[call.id] = call.name
             calls.append(call)
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant"):
             raise errors.ConfigurationError(f"unsupported chat message role {role!r}")
-        messages.append(Message(role=role, content=entry.get("content"), tool_calls=calls or None,
-                                name=entry.get("name")))
+        messages.append(
+            Message(role=role, content=entry.get("content"), tool_calls=calls or None, name=entry.get("name"))
+        )
     return messages
 
 
@@ -256,10 +289,13 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage:
     prompt = int(raw.get("prompt_tokens") or 0)
     completion = int(raw.get("completion_tokens") or 0)
     details = raw.get("prompt_tokens_details") or {}
-    return Usage(input_tokens=prompt, output_tokens=completion,
-                 total_tokens=int(raw.get("total_tokens") or prompt + completion),
-                 cache_read_tokens=int(details.get("cached_tokens") or 0),
-                 cache_write_tokens=int(details.get("cache_write_tokens") or 0))
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        total_tokens=int(raw.get("total_tokens") or prompt + completion),
+        cache_read_tokens=int(details.get("cached_tokens") or 0),
+        cache_write_tokens=int(details.get("cache_write_tokens") or 0),
+    )
 
 
 def parse_completion(body: Mapping[str, Any], transcript: Sequence[Message]) -> ModelResponse:
@@ -284,5 +320,10 @@ def parse_completion(body: Mapping[str, Any], transcript: Sequence[Message]) -> 
     text = _transcript.content_text(content) if content is not None else message.get("refusal")
     if calls and not text:
         text = None
-    return ModelResponse(text=text, tool_calls=calls, usage=_usage(body.get("usage")),
-                         finish_reason=choice.get("finish_reason"), model_id=body.get("model"))
+    return ModelResponse(
+        text=text,
+        tool_calls=calls,
+        usage=_usage(body.get("usage")),
+        finish_reason=choice.get("finish_reason"),
+        model_id=body.get("model"),
+    )

@@ -69,7 +69,8 @@ def model_from_spec(spec: Mapping[str, Any], candidates: Iterable[Model] = ()) -
             return model
     raise errors.ConfigurationError(
         f"no model of the agent matches the run's saved model (provider {wanted.get('provider')!r}, model id "
-        f"{wanted.get('model_id')!r}) and it cannot be built from its spec: list it in Agent(models=[...])")
+        f"{wanted.get('model_id')!r}) and it cannot be built from its spec: list it in Agent(models=[...])"
+    )
 
 
 def _model_name(spec: Mapping[str, Any], provider: str) -> str:
@@ -80,16 +81,23 @@ def _model_name(spec: Mapping[str, Any], provider: str) -> str:
 
 
 def _openai(spec: Mapping[str, Any]) -> Model:
-    return OpenAIModel(_model_name(spec, "openai"), base_url=spec.get("base_url"),
-                       timeout=spec.get("timeout", _clients.DEFAULT_TIMEOUT_S), **dict(spec.get("settings") or {}))
+    return OpenAIModel(
+        _model_name(spec, "openai"),
+        base_url=spec.get("base_url"),
+        timeout=spec.get("timeout", _clients.DEFAULT_TIMEOUT_S),
+        **dict(spec.get("settings") or {}),
+    )
 
 
 def _anthropic(spec: Mapping[str, Any]) -> Model:
-    return AnthropicModel(_model_name(spec, "anthropic"), base_url=spec.get("base_url"),
-                          timeout=spec.get("timeout", _clients.DEFAULT_TIMEOUT_S),
-                          max_tokens=spec.get("max_tokens", DEFAULT_MAX_TOKENS),
-                          cache_prompt=bool(spec.get("cache_prompt")),
-                          **dict(spec.get("settings") or {}))
+    return AnthropicModel(
+        _model_name(spec, "anthropic"),
+        base_url=spec.get("base_url"),
+        timeout=spec.get("timeout", _clients.DEFAULT_TIMEOUT_S),
+        max_tokens=spec.get("max_tokens", DEFAULT_MAX_TOKENS),
+        cache_prompt=bool(spec.get("cache_prompt")),
+        **dict(spec.get("settings") or {}),
+    )
 
 
 #: How a spec of each provider that can be rebuilt becomes a model again.

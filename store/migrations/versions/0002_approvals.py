@@ -33,8 +33,9 @@ def upgrade() -> None:
         sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True),
     )
     op.create_index("approvals_session_idx", "approvals", ["session_id"])
-    op.create_index("approvals_pending_idx", "approvals", ["created_at"],
-                    postgresql_where=sa.text("status = 'pending'"))
+    op.create_index(
+        "approvals_pending_idx", "approvals", ["created_at"], postgresql_where=sa.text("status = 'pending'")
+    )
 
 
 def downgrade() -> None:

@@ -52,8 +52,9 @@ def upgrade() -> None:
     op.create_index("schedules_due_idx", "schedules", ["next_fire_at"], postgresql_where=sa.text("NOT paused"))
     op.create_table(
         "schedule_fires",
-        sa.Column("schedule_id", sa.BigInteger,
-                  sa.ForeignKey("schedules.schedule_id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "schedule_id", sa.BigInteger, sa.ForeignKey("schedules.schedule_id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("fire_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("session_id", sa.Text, nullable=True),
         sa.Column("outcome", sa.Text, nullable=False),

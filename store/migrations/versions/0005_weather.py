@@ -26,8 +26,10 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("failures", sa.Integer, nullable=False, server_default="0"))
     op.add_column("runs", sa.Column("swept_at", sa.DateTime(timezone=True), nullable=True))
     # The recovery sweep's listing: only runs that have work, in the order it sends them.
-    op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
-               " WHERE (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))")
+    op.execute(
+        "CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
+        " WHERE (status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
+    )
     op.create_table(
         "agent_workers",
         sa.Column("agent", sa.Text, nullable=False),
@@ -50,8 +52,12 @@ def upgrade() -> None:
     op.add_column("schedules", sa.Column("broken_at", sa.DateTime(timezone=True), nullable=True))
     # Broken schedules are skipped by the sweep: keep them out of its index too.
     op.drop_index("schedules_due_idx", table_name="schedules")
-    op.create_index("schedules_due_idx", "schedules", ["next_fire_at"],
-                    postgresql_where=sa.text("NOT paused AND broken_error IS NULL"))
+    op.create_index(
+        "schedules_due_idx",
+        "schedules",
+        ["next_fire_at"],
+        postgresql_where=sa.text("NOT paused AND broken_error IS NULL"),
+    )
     op.create_table(
         "delivery_bodies",
         sa.Column("agent", sa.Text, nullable=False),

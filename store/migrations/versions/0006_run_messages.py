@@ -26,8 +26,12 @@ def upgrade() -> None:
     """Apply this revision."""
     op.execute("CREATE SEQUENCE run_transcript_ids")
     # A volatile default: Postgres fills existing rows one by one (a table rewrite), once.
-    op.add_column("runs", sa.Column("transcript_id", sa.BigInteger, nullable=False,
-                                    server_default=sa.text("nextval('run_transcript_ids')")))
+    op.add_column(
+        "runs",
+        sa.Column(
+            "transcript_id", sa.BigInteger, nullable=False, server_default=sa.text("nextval('run_transcript_ids')")
+        ),
+    )
     op.create_table(
         "run_messages",
         sa.Column("session_id", sa.Text, nullable=False),

@@ -22,9 +22,11 @@ branch_labels = None
 depends_on = None
 
 # Spelled out here: a migration keeps the predicate of its own time, whatever the code says later.
-_MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
-            " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-            " OR (abort_requested IS NOT NULL AND status <> 'finished'))")
+_MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished'))"
+)
 _PREVIOUS_MOVABLE = "(status = 'in-progress' OR (status = 'finished' AND inbox_head > inbox_cursor))"
 
 
@@ -35,8 +37,9 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("aborted", sa.Boolean, nullable=False, server_default=sa.false()))
     # The sweep's index follows the new has-work rule (aborted runs rest; abort requests are work).
     op.drop_index("runs_movable_idx", table_name="runs")
-    op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
-               f" WHERE {_MOVABLE}")
+    op.execute(
+        f"CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id) WHERE {_MOVABLE}"
+    )
     op.create_table(
         "run_events",
         sa.Column("session_id", sa.Text, nullable=False),
@@ -53,8 +56,10 @@ def downgrade() -> None:
     """Revert this revision (the events go with their table)."""
     op.drop_table("run_events")
     op.drop_index("runs_movable_idx", table_name="runs")
-    op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
-               f" WHERE {_PREVIOUS_MOVABLE}")
+    op.execute(
+        "CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
+        f" WHERE {_PREVIOUS_MOVABLE}"
+    )
     op.drop_column("runs", "aborted")
     op.drop_column("runs", "abort_requested")
     op.drop_column("runs", "events_next")

@@ -22,26 +22,35 @@ branch_labels = None
 depends_on = None
 
 # Spelled out here: a migration keeps the predicate of its own time, whatever the code says later.
-_MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
-            " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-            " OR (abort_requested IS NOT NULL AND status <> 'finished')"
-            " OR end_due)")
-_PREVIOUS_MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
-                     " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-                     " OR (abort_requested IS NOT NULL AND status <> 'finished'))")
+_MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished')"
+    " OR end_due)"
+)
+_PREVIOUS_MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished'))"
+)
 
 
 def _movable_index(predicate: str) -> None:
     op.drop_index("runs_movable_idx", table_name="runs")
-    op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
-               f" WHERE {predicate}")
+    op.execute(
+        f"CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id) WHERE {predicate}"
+    )
 
 
 def upgrade() -> None:
     """Apply this revision."""
     op.add_column("approvals", sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True))
-    op.create_index("approvals_expiry_idx", "approvals", ["expires_at"],
-                    postgresql_where=sa.text("status = 'pending' AND expires_at IS NOT NULL"))
+    op.create_index(
+        "approvals_expiry_idx",
+        "approvals",
+        ["expires_at"],
+        postgresql_where=sa.text("status = 'pending' AND expires_at IS NOT NULL"),
+    )
     op.add_column("inbox", sa.Column("metadata", JSONB, nullable=True))
     op.add_column("runs", sa.Column("end_due", sa.Boolean, nullable=False, server_default=sa.false()))
     _movable_index(_MOVABLE)

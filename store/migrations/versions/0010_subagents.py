@@ -21,20 +21,25 @@ branch_labels = None
 depends_on = None
 
 # Spelled out here: a migration keeps the predicate of its own time, whatever the code says later.
-_MOVABLE = ("((status = 'in-progress' AND NOT aborted AND NOT waiting)"
-            " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-            " OR (abort_requested IS NOT NULL AND status <> 'finished')"
-            " OR end_due)")
-_PREVIOUS_MOVABLE = ("((status = 'in-progress' AND NOT aborted)"
-                     " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
-                     " OR (abort_requested IS NOT NULL AND status <> 'finished')"
-                     " OR end_due)")
+_MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted AND NOT waiting)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished')"
+    " OR end_due)"
+)
+_PREVIOUS_MOVABLE = (
+    "((status = 'in-progress' AND NOT aborted)"
+    " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
+    " OR (abort_requested IS NOT NULL AND status <> 'finished')"
+    " OR end_due)"
+)
 
 
 def _movable_index(predicate: str) -> None:
     op.drop_index("runs_movable_idx", table_name="runs")
-    op.execute("CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id)"
-               f" WHERE {predicate}")
+    op.execute(
+        f"CREATE INDEX runs_movable_idx ON runs ((COALESCE(next_attempt_at, updated_at)), session_id) WHERE {predicate}"
+    )
 
 
 def upgrade() -> None:

@@ -16,6 +16,12 @@ from tests.fakes.store_contract import approvals, events, listing, maintenance, 
 from tests.fakes.store_contract.subject import AGENT, StoreFactory, StoreSubject
 
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
-    *steps.CHECKS, *runs.CHECKS, *maintenance.CHECKS, *approvals.CHECKS, *events.CHECKS, *listing.CHECKS)
+    *steps.CHECKS,
+    *runs.CHECKS,
+    *maintenance.CHECKS,
+    *approvals.CHECKS,
+    *events.CHECKS,
+    *listing.CHECKS,
+)
 
 __all__ = ["AGENT", "CHECKS", "StoreFactory", "StoreSubject"]

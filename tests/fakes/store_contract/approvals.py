@@ -26,8 +26,9 @@ from tests.fakes.store_contract.subject import (
 # -- approvals ---------------------------------------------------------------------------------------
 
 
-def _paused(store: interfaces.CheckpointStore, session_id: str, calls: int = 2,
-            expires_in: Sequence[float | None] = ()) -> tuple[Checkpoint, list[Approval]]:
+def _paused(
+    store: interfaces.CheckpointStore, session_id: str, calls: int = 2, expires_in: Sequence[float | None] = ()
+) -> tuple[Checkpoint, list[Approval]]:
     """A run whose turn asked for ``calls`` gated calls, saved paused on one approval each.
 
     ``expires_in[k]`` is the expiry of approval ``k`` in seconds (none when missing or None).
@@ -35,12 +36,28 @@ def _paused(store: interfaces.CheckpointStore, session_id: str, calls: int = 2,
     checkpoint = new_run(store, session_id)
     turn = [ToolCall(id=f"{session_id}-c{k}", name="email", args={"to": f"t{k}", "n": 10**30}) for k in range(calls)]
     expiries = [*expires_in, *[None] * calls][:calls]
-    approvals = [Approval(approval_id=f"{session_id}-ap{k}", session_id=session_id, tool_call_id=call.id,
-                          tool_name=call.name, args=call.args, agent=AGENT, expires_in=expiries[k])
-                 for k, call in enumerate(turn)]
-    paused = checkpoint.model_copy(update={
-        "seq": 1, "messages": [user_message("email them"), Message(role="assistant", tool_calls=turn)], "step": 1,
-        "status": "awaiting-approval", "approval_ids": [a.approval_id for a in approvals], "inbox_cursor": 1})
+    approvals = [
+        Approval(
+            approval_id=f"{session_id}-ap{k}",
+            session_id=session_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            args=call.args,
+            agent=AGENT,
+            expires_in=expiries[k],
+        )
+        for k, call in enumerate(turn)
+    ]
+    paused = checkpoint.model_copy(
+        update={
+            "seq": 1,
+            "messages": [user_message("email them"), Message(role="assistant", tool_calls=turn)],
+            "step": 1,
+            "status": "awaiting-approval",
+            "approval_ids": [a.approval_id for a in approvals],
+            "inbox_cursor": 1,
+        }
+    )
     assert write(store, paused, drained_inbox=True, approvals=approvals) is not None
     return paused, approvals
 
@@ -52,7 +69,11 @@ def check_a_pausing_save_creates_one_pending_approval_per_gated_call(make: Store
     assert sorted(found) == ["ct-pause-ap0", "ct-pause-ap1"]
     first = found["ct-pause-ap0"]
     assert (first.status, first.session_id, first.tool_call_id, first.tool_name) == (
-        "pending", "ct-pause", "ct-pause-c0", "email")
+        "pending",
+        "ct-pause",
+        "ct-pause-c0",
+        "email",
+    )
     assert first.args == {"to": "t0", "n": 10**30} and first.created_at is not None
     listed = [a.approval_id for a in subject.approvals.pending(AGENT) if a.session_id == "ct-pause"]
     assert listed == ["ct-pause-ap0", "ct-pause-ap1"]
@@ -111,13 +132,14 @@ def check_refuse_parks_the_run_and_puts_its_decisions_back(make: StoreFactory) -
     subject.approvals.resolve("ct-refuse-ap0", approved=True)
     holder = claimed_run(subject.store, "ct-refuse", 2)
     error = LastError(code="LOUSHO_AGENT_DRIFT", message="tools changed", retryable=True)
-    assert subject.store.refuse("ct-refuse", 1, error, ["ct-refuse-ap0"]) is False      # fenced out
+    assert subject.store.refuse("ct-refuse", 1, error, ["ct-refuse-ap0"]) is False  # fenced out
     assert subject.store.refuse("ct-refuse", holder.fence, error, ["ct-refuse-ap0"]) is True
     loaded = subject.store.load("ct-refuse")
     assert loaded is not None
     assert loaded.last_error == error.model_copy(update={"retryable": False})
     assert loaded.status == "awaiting-approval" and comparable(loaded) == comparable(
-        paused.model_copy(update={"fence": holder.fence}))
+        paused.model_copy(update={"fence": holder.fence})
+    )
     back = subject.store.decisions(["ct-refuse-ap0"])["ct-refuse-ap0"]
     assert (back.status, back.note, back.decided_at) == ("pending", None, None)
     assert [a.approval_id for a in approvals] == ["ct-refuse-ap0"]
@@ -161,13 +183,13 @@ def check_a_decision_after_the_expiry_is_refused_and_the_expiry_rejects_the_appr
     assert (late.status, late.answer) == ("rejected", None) and late.decided_at is not None
     assert _expired_at(late) == late.expires_at
     loaded = subject.store.load("ct-late")
-    assert loaded is not None and loaded.status == "awaiting-approval"   # the other approval still waits
+    assert loaded is not None and loaded.status == "awaiting-approval"  # the other approval still waits
     assert subject.approvals.resolve("ct-late-ap1", approved=True).run_continues is True
     loaded = subject.store.load("ct-late")
     assert loaded is not None and loaded.status == "in-progress"
     with pytest.raises(errors.ApprovalNotFoundError) as again:
         subject.approvals.resolve("ct-late-ap0", approved=True)
-    assert type(again.value) is errors.ApprovalNotFoundError   # decided now: no longer "expired"
+    assert type(again.value) is errors.ApprovalNotFoundError  # decided now: no longer "expired"
 
 
 def check_a_late_decision_that_was_the_last_one_lets_the_run_continue(make: StoreFactory) -> None:
@@ -186,16 +208,16 @@ def check_expire_approvals_decides_due_ones_only_oldest_first_and_continues_thei
     store = subject.store
     _paused(store, "ct-exp-a", expires_in=[_SOON, _SOON])
     subject.tick()
-    _paused(store, "ct-exp-b", expires_in=[_SOON, None])       # one approval never expires
-    _paused(store, "ct-exp-c", calls=1, expires_in=[_LATER])   # not due
+    _paused(store, "ct-exp-b", expires_in=[_SOON, None])  # one approval never expires
+    _paused(store, "ct-exp-c", calls=1, expires_in=[_LATER])  # not due
     _paused(store, "ct-exp-gone", calls=1, expires_in=[_SOON])
     moved = claimed_run(store, "ct-exp-gone", 2)
-    save_next(store, moved, status="in-progress", approval_ids=[])   # the run no longer waits on it
+    save_next(store, moved, status="in-progress", approval_ids=[])  # the run no longer waits on it
     paused_at = store.load("ct-exp-a")
     assert paused_at is not None
     subject.tick()
 
-    assert store.expire_approvals(1) == 1   # bounded; the oldest expiry goes first
+    assert store.expire_approvals(1) == 1  # bounded; the oldest expiry goes first
     decided = store.decisions(["ct-exp-a-ap0", "ct-exp-a-ap1"])
     assert (decided["ct-exp-a-ap0"].status, decided["ct-exp-a-ap1"].status) == ("rejected", "pending")
     loaded = store.load("ct-exp-a")
@@ -205,16 +227,23 @@ def check_expire_approvals_decides_due_ones_only_oldest_first_and_continues_thei
     assert store.expire_approvals(100) == 0
     found = store.decisions(["ct-exp-a-ap1", "ct-exp-b-ap0", "ct-exp-b-ap1", "ct-exp-c-ap0", "ct-exp-gone-ap0"])
     assert {k: a.status for k, a in found.items()} == {
-        "ct-exp-a-ap1": "rejected", "ct-exp-b-ap0": "rejected", "ct-exp-b-ap1": "pending",
-        "ct-exp-c-ap0": "pending", "ct-exp-gone-ap0": "withdrawn"}
+        "ct-exp-a-ap1": "rejected",
+        "ct-exp-b-ap0": "rejected",
+        "ct-exp-b-ap1": "pending",
+        "ct-exp-c-ap0": "pending",
+        "ct-exp-gone-ap0": "withdrawn",
+    }
     for approval in (decided["ct-exp-a-ap0"], found["ct-exp-a-ap1"], found["ct-exp-b-ap0"]):
         assert _expired_at(approval) == approval.expires_at and approval.answer is None
     runs = {sid: store.load(sid) for sid in ("ct-exp-a", "ct-exp-b", "ct-exp-c", "ct-exp-gone")}
     assert {sid: c.status for sid, c in runs.items() if c is not None} == {
-        "ct-exp-a": "in-progress", "ct-exp-b": "awaiting-approval", "ct-exp-c": "awaiting-approval",
-        "ct-exp-gone": "in-progress"}
+        "ct-exp-a": "in-progress",
+        "ct-exp-b": "awaiting-approval",
+        "ct-exp-c": "awaiting-approval",
+        "ct-exp-gone": "in-progress",
+    }
     continued = runs["ct-exp-a"]
-    assert continued is not None and continued.updated_at == paused_at.updated_at   # stale for the sweep at once
+    assert continued is not None and continued.updated_at == paused_at.updated_at  # stale for the sweep at once
     assert (continued.attempts, continued.last_error) == (0, None)
     assert [a.approval_id for a in subject.approvals.pending(AGENT)] == ["ct-exp-b-ap1", "ct-exp-c-ap0"]
 
@@ -231,12 +260,12 @@ def check_an_expiry_keeps_a_refused_run_parked_until_resume(make: StoreFactory) 
     assert store.refuse("ct-exp-park", holder.fence, error, ["ct-exp-park-ap0"]) is True
     assert store.decisions(["ct-exp-park-ap0"])["ct-exp-park-ap0"].status == "pending"
 
-    assert store.expire_approvals() == 1   # expired still: rejected again
+    assert store.expire_approvals() == 1  # expired still: rejected again
     subject.tick()
     loaded = store.load("ct-exp-park")
     assert loaded is not None and (loaded.status, loaded.last_error) == ("in-progress", error)
-    assert "ct-exp-park" not in [r.session_id for r in store.due_runs(0.0)]   # parked: not refused at every pass
-    assert store.reset_attempts("ct-exp-park") is not None                      # resume()
+    assert "ct-exp-park" not in [r.session_id for r in store.due_runs(0.0)]  # parked: not refused at every pass
+    assert store.reset_attempts("ct-exp-park") is not None  # resume()
     subject.tick()
     assert "ct-exp-park" in [r.session_id for r in store.due_runs(0.0)]
 
@@ -259,7 +288,7 @@ def check_two_concurrent_expiry_passes_decide_each_approval_once(make: StoreFact
         thread.start()
     for thread in passes:
         thread.join(timeout=30)
-    counts.append(subject.store.expire_approvals(100))   # whatever both skipped as locked
+    counts.append(subject.store.expire_approvals(100))  # whatever both skipped as locked
 
     assert sum(counts) == 2 * len(runs)
     decided = subject.store.decisions([f"{sid}-ap{k}" for sid in runs for k in range(2)])
@@ -267,21 +296,37 @@ def check_two_concurrent_expiry_passes_decide_each_approval_once(make: StoreFact
     assert all(c is not None and c.status == "in-progress" for c in map(subject.store.load, runs))
 
 
-def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_or_rejected(
-        make: StoreFactory) -> None:
+def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_or_rejected(make: StoreFactory) -> None:
     subject = make(50)
-    decisions: dict[str, dict[str, Any]] = {"ct-rec-a": {"answer": "charged as ch_7"}, "ct-rec-b": {"approved": True},
-                                            "ct-rec-c": {"approved": False, "note": "refunded"}}
+    decisions: dict[str, dict[str, Any]] = {
+        "ct-rec-a": {"answer": "charged as ch_7"},
+        "ct-rec-b": {"approved": True},
+        "ct-rec-c": {"approved": False, "note": "refunded"},
+    }
     for session_id in decisions:
         checkpoint = new_run(subject.store, session_id)
         call = ToolCall(id=f"{session_id}-c0", name="charge", args={"order": "7"})
-        asked = Approval(approval_id=f"{session_id}-ap0", session_id=session_id, tool_call_id=call.id,
-                         tool_name="charge", args=call.args, agent=AGENT, kind="reconcile",
-                         question="Did it take effect?")
-        paused = checkpoint.model_copy(update={
-            "seq": 1, "messages": [user_message("charge"), Message(role="assistant", tool_calls=[call])], "step": 1,
-            "status": "awaiting-approval", "approval_ids": [asked.approval_id], "inbox_cursor": 1,
-            "started_tool_call_ids": [call.id]})
+        asked = Approval(
+            approval_id=f"{session_id}-ap0",
+            session_id=session_id,
+            tool_call_id=call.id,
+            tool_name="charge",
+            args=call.args,
+            agent=AGENT,
+            kind="reconcile",
+            question="Did it take effect?",
+        )
+        paused = checkpoint.model_copy(
+            update={
+                "seq": 1,
+                "messages": [user_message("charge"), Message(role="assistant", tool_calls=[call])],
+                "step": 1,
+                "status": "awaiting-approval",
+                "approval_ids": [asked.approval_id],
+                "inbox_cursor": 1,
+                "started_tool_call_ids": [call.id],
+            }
+        )
         assert write(subject.store, paused, drained_inbox=True, approvals=[asked]) is not None
     listed = {a.session_id: a for a in subject.approvals.pending(AGENT) if a.session_id in decisions}
     assert {(a.kind, a.question, a.expires_at) for a in listed.values()} == {("reconcile", "Did it take effect?", None)}
@@ -289,8 +334,10 @@ def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_
         subject.approvals.resolve("ct-rec-a-ap0", approved=False, answer="both")
     decided = {sid: subject.approvals.resolve(f"{sid}-ap0", **how) for sid, how in decisions.items()}
     assert {sid: (d.approval.status, d.approval.answer, d.run_continues) for sid, d in decided.items()} == {
-        "ct-rec-a": ("approved", "charged as ch_7", True), "ct-rec-b": ("approved", None, True),
-        "ct-rec-c": ("rejected", None, True)}
+        "ct-rec-a": ("approved", "charged as ch_7", True),
+        "ct-rec-b": ("approved", None, True),
+        "ct-rec-c": ("rejected", None, True),
+    }
     loaded = subject.store.load("ct-rec-a")
     assert loaded is not None and (loaded.status, loaded.started_tool_call_ids) == ("in-progress", ["ct-rec-a-c0"])
 

@@ -14,8 +14,12 @@ from tests.fakes.store_contract.subject import AGENT, StoreFactory, new_run, use
 
 def _evented(store: Any, checkpoint: Checkpoint, drafts: Sequence[EventDraft], **update: Any) -> Checkpoint:
     new = checkpoint.model_copy(update={"seq": checkpoint.seq + 1, **update})
-    assert store.record_step(StepWrite(checkpoint=new, events=tuple(drafts),
-                                       drained_inbox=new.inbox_cursor != checkpoint.inbox_cursor)) is not None
+    assert (
+        store.record_step(
+            StepWrite(checkpoint=new, events=tuple(drafts), drained_inbox=new.inbox_cursor != checkpoint.inbox_cursor)
+        )
+        is not None
+    )
     return new
 
 
@@ -23,16 +27,29 @@ def check_a_save_numbers_its_events_after_the_runs_last_one(make: StoreFactory) 
     store = make(50).store
     run = new_run(store, "ct-ev-a")
     turn = Message(role="assistant", content="calling", tool_calls=[ToolCall(id="c1", name="t", args={"x": 1})])
-    first = _evented(store, run, [EventDraft(type="run.start", data={"input_number": 1}),
-                                  EventDraft(type="step.done", data={"step": 1}, message=turn)],
-                     messages=[user_message("hello"), turn], inbox_cursor=1, step=1)
+    first = _evented(
+        store,
+        run,
+        [
+            EventDraft(type="run.start", data={"input_number": 1}),
+            EventDraft(type="step.done", data={"step": 1}, message=turn),
+        ],
+        messages=[user_message("hello"), turn],
+        inbox_cursor=1,
+        step=1,
+    )
     result = Message(role="tool", tool_call_id="c1", name="t", content="done")
-    _evented(store, first, [EventDraft(type="tool.done", data={"duration_ms": 2.5}, message=result)],
-             messages=[*first.messages, result])
+    _evented(
+        store,
+        first,
+        [EventDraft(type="tool.done", data={"duration_ms": 2.5}, message=result)],
+        messages=[*first.messages, result],
+    )
     events = store.read_events("ct-ev-a", -1)
     assert [(e.seq, e.type) for e in events] == [(0, "run.start"), (1, "step.done"), (2, "tool.done")]
     assert events[1].data["text"] == "calling" and events[1].data["tool_calls"] == [
-        {"id": "c1", "name": "t", "args": {"x": 1}}]
+        {"id": "c1", "name": "t", "args": {"x": 1}}
+    ]
     assert events[2].data == {"duration_ms": 2.5, "tool_call_id": "c1", "tool_name": "t", "result": "done"}
     assert all(e.run_id == "ct-ev-a" and e.at.tzinfo is not None for e in events)
     assert [e.seq for e in store.read_events("ct-ev-a", 0, limit=1)] == [1]
@@ -45,15 +62,29 @@ def check_a_save_numbers_its_events_after_the_runs_last_one(make: StoreFactory) 
 def check_input_start_is_the_run_start_that_merged_the_input(make: StoreFactory) -> None:
     store = make(50).store
     run = new_run(store, "ct-ev-f")
-    first = _evented(store, run, [EventDraft(type="run.start", data={"input_number": 1}),
-                                  EventDraft(type="run.done")], inbox_cursor=1, status="finished")
+    first = _evented(
+        store,
+        run,
+        [EventDraft(type="run.start", data={"input_number": 1}), EventDraft(type="run.done")],
+        inbox_cursor=1,
+        status="finished",
+    )
     # Inputs 2 and 3 were sent before the next step, which merged both: one run.start, numbered by the last.
     for text in ("two", "three"):
         store.append_input("ct-ev-f", AGENT, [user_message(text)])
-    _evented(store, first, [EventDraft(type="run.start", data={"input_number": 3}), EventDraft(type="run.done")],
-             inbox_cursor=3, status="finished")
+    _evented(
+        store,
+        first,
+        [EventDraft(type="run.start", data={"input_number": 3}), EventDraft(type="run.done")],
+        inbox_cursor=3,
+        status="finished",
+    )
     assert [(e.seq, e.type, e.data.get("input_number")) for e in store.read_events("ct-ev-f", -1)] == [
-        (0, "run.start", 1), (1, "run.done", None), (2, "run.start", 3), (3, "run.done", None)]
+        (0, "run.start", 1),
+        (1, "run.done", None),
+        (2, "run.start", 3),
+        (3, "run.done", None),
+    ]
     starts = [store.input_start("ct-ev-f", n) for n in (1, 2, 3, 4)]
     assert starts == [0, 2, 2, None], f"input_start of inputs 1-4: {starts}"
     assert store.latest_start("ct-ev-f") == 2
@@ -73,11 +104,16 @@ def check_failures_write_their_events_under_the_fence(make: StoreFactory) -> Non
     run = new_run(store, "ct-ev-c")
     error = LastError(code="X", message="m", retryable=True)
     assert store.retry_later("ct-ev-c", run.fence, error, 1.0, [EventDraft(type="provider.retry")]) is not None
-    assert store.record_failure("ct-ev-c", run.fence, error, [EventDraft(type="error"),
-                                                             EventDraft(type="run.done")]) is not None
+    assert (
+        store.record_failure("ct-ev-c", run.fence, error, [EventDraft(type="error"), EventDraft(type="run.done")])
+        is not None
+    )
     assert store.record_failure("ct-ev-c", run.fence + 1, error, [EventDraft(type="error")]) is None
     assert [(e.seq, e.type) for e in store.read_events("ct-ev-c", -1)] == [
-        (0, "provider.retry"), (1, "error"), (2, "run.done")]
+        (0, "provider.retry"),
+        (1, "error"),
+        (2, "run.done"),
+    ]
 
 
 def check_events_go_with_their_run(make: StoreFactory) -> None:
@@ -98,9 +134,15 @@ def check_an_abort_request_waits_for_a_step_and_rests_the_run_until_a_person_mov
     assert store.abort_requested("ct-ev-e") is True
     claim = store.claim("ct-ev-e", run.fence + 1, None)
     assert claim.checkpoint is not None and claim.abort_requested
-    stopped = claim.checkpoint.model_copy(update={  # the queued input is kept in the transcript
-        "seq": claim.checkpoint.seq + 1, "aborted": True, "finish_reason": "aborted", "inbox_cursor": 1,
-        "messages": [user_message("hello")]})
+    stopped = claim.checkpoint.model_copy(
+        update={  # the queued input is kept in the transcript
+            "seq": claim.checkpoint.seq + 1,
+            "aborted": True,
+            "finish_reason": "aborted",
+            "inbox_cursor": 1,
+            "messages": [user_message("hello")],
+        }
+    )
     assert store.record_step(StepWrite(checkpoint=stopped, settles_abort=True, drained_inbox=True)) is not None
     assert store.abort_requested("ct-ev-e") is False
     assert store.request_abort("ct-ev-e") is False  # already aborted

@@ -46,7 +46,10 @@ def check_list_runs_pages_newest_first_by_cursor(make: StoreFactory) -> None:
     assert _ids(last) == ["ct-lr-0"] and last.next_cursor is None and last.prev_cursor is not None
     # Back toward the newer runs: the same pages, each newest first, then the run created since.
     assert _walk(store, last.prev_cursor, "prev", limit=3) == [
-        ["ct-lr-3", "ct-lr-2", "ct-lr-1"], ["ct-lr-6", "ct-lr-5", "ct-lr-4"], ["ct-lr-late"]]
+        ["ct-lr-3", "ct-lr-2", "ct-lr-1"],
+        ["ct-lr-6", "ct-lr-5", "ct-lr-4"],
+        ["ct-lr-late"],
+    ]
     assert _ids(store.list_runs(limit=500)) == ["ct-lr-late", *[f"ct-lr-{n}" for n in range(6, -1, -1)]]
     # A run deleted under a cursor: the pages go on from where it stood.
     page = store.list_runs(limit=2, cursor=first.next_cursor)
@@ -82,7 +85,9 @@ def check_list_runs_shows_where_each_run_stands_and_filters_in_the_store(make: S
 
     everything = store.list_runs(limit=100).items
     assert {run.session_id: run.state for run in everything} == {
-        **{f"ct-ls-{state}": state for state in STATES}, "ct-ls-Other": "running"}
+        **{f"ct-ls-{state}": state for state in STATES},
+        "ct-ls-Other": "running",
+    }
     assert all(run.agent == (AGENT if run.session_id != "ct-ls-Other" else "other-agent") for run in everything)
     assert all(run.created_at <= run.updated_at and run.parent_id is None for run in everything)
     paused = next(run for run in everything if run.session_id == "ct-ls-awaiting-approval")
@@ -100,9 +105,9 @@ def check_list_runs_shows_where_each_run_stands_and_filters_in_the_store(make: S
     since = next(run.created_at for run in everything if run.session_id == "ct-ls-parked")
     assert _ids(store.list_runs(since=since)) == ["ct-ls-Other", "ct-ls-waiting", "ct-ls-retrying", "ct-ls-parked"]
     # Filters hold across pages.
-    assert _walk(store, None, "next", limit=2, agents=[AGENT],
-                 states=["running", "parked", "retrying", "awaiting-approval"]) \
-        == [["ct-ls-retrying", "ct-ls-parked"], ["ct-ls-awaiting-approval", "ct-ls-running"]]
+    assert _walk(
+        store, None, "next", limit=2, agents=[AGENT], states=["running", "parked", "retrying", "awaiting-approval"]
+    ) == [["ct-ls-retrying", "ct-ls-parked"], ["ct-ls-awaiting-approval", "ct-ls-running"]]
 
     # A run that moves on shows where it stands now.
     claimed = claimed_run(store, "ct-ls-running", 9)
@@ -112,11 +117,19 @@ def check_list_runs_shows_where_each_run_stands_and_filters_in_the_store(make: S
     for session_id in ("ct-ls-finished", "ct-ls-aborted"):
         store.append_input(session_id, AGENT, [user_message("and then?")])
     assert {run.session_id: run.state for run in store.list_runs(states=["running"]).items} == {
-        "ct-ls-finished": "running", "ct-ls-aborted": "running", "ct-ls-Other": "running"}
+        "ct-ls-finished": "running",
+        "ct-ls-aborted": "running",
+        "ct-ls-Other": "running",
+    }
     assert {run.session_id: run.state for run in store.pending()} == {
-        "ct-ls-finished": "running", "ct-ls-aborted": "running", "ct-ls-Other": "running",
-        **{f"ct-ls-{state}": state for state in ("awaiting-approval", "budget-exceeded", "parked", "retrying",
-                                                  "waiting")}}
+        "ct-ls-finished": "running",
+        "ct-ls-aborted": "running",
+        "ct-ls-Other": "running",
+        **{
+            f"ct-ls-{state}": state
+            for state in ("awaiting-approval", "budget-exceeded", "parked", "retrying", "waiting")
+        },
+    }
 
 
 def check_list_runs_details_and_counts_by_state(make: StoreFactory) -> None:
@@ -136,7 +149,8 @@ def check_list_runs_details_and_counts_by_state(make: StoreFactory) -> None:
     assert plain["ct-lc-retrying"].failures == 0 and plain["ct-lc-retrying"].state == "retrying"
     detailed = {run.session_id: run for run in store.list_runs(limit=100, details=True).items}
     assert detailed["ct-lc-running"].step == 3 and detailed["ct-lc-running"].usage == Usage(
-        input_tokens=5, output_tokens=2, total_tokens=7)
+        input_tokens=5, output_tokens=2, total_tokens=7
+    )
     assert detailed["ct-lc-finished"].finish_reason == "stop"
     assert detailed["ct-lc-budget-exceeded"].finish_reason == "budget-exceeded"
     assert [run.session_id for run in store.list_runs(limit=3, details=True).items] == _ids(store.list_runs(limit=3))
@@ -154,8 +168,15 @@ def check_list_runs_refuses_what_it_cannot_use(make: StoreFactory) -> None:
     store = make(50).store
     store.append_input("ct-lx-1", AGENT, [user_message("hi")])
     refused: list[dict[str, Any]] = [
-        {"cursor": "not-a-cursor"}, {"cursor": ""}, {"cursor": "W10"}, {"limit": 0}, {"limit": 501},
-        {"states": ["awaiting-approval", "sleeping"]}, {"since": datetime(2024, 1, 1)}, {"id_contains": "x" * 201}]
+        {"cursor": "not-a-cursor"},
+        {"cursor": ""},
+        {"cursor": "W10"},
+        {"limit": 0},
+        {"limit": 501},
+        {"states": ["awaiting-approval", "sleeping"]},
+        {"since": datetime(2024, 1, 1)},
+        {"id_contains": "x" * 201},
+    ]
     for arguments in refused:
         with pytest.raises(errors.ConfigurationError):
             store.list_runs(**arguments)

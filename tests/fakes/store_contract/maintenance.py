@@ -73,7 +73,7 @@ def check_prune_drops_old_finished_runs_and_old_history(make: StoreFactory) -> N
     assert store.load("ct-prune-old") is None and store.history("ct-prune-old") == []
     for kept in ("ct-prune-live", "ct-prune-waiting", "ct-prune-recent"):
         assert store.load(kept) is not None
-    assert store.history("ct-prune-live") == []          # its one save is older than the cutoff
+    assert store.history("ct-prune-live") == []  # its one save is older than the cutoff
     assert [e.seq for e in store.history("ct-prune-recent")] == [1]
     with pytest.raises(errors.ConfigurationError):
         store.prune(cutoff.replace(tzinfo=None))

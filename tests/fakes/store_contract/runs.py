@@ -26,8 +26,13 @@ def check_history_is_newest_first_and_keeps_a_ring(make: StoreFactory) -> None:
     store = make(3).store
     checkpoint = new_run(store, "ct-ring")
     for step in range(1, 6):
-        checkpoint = save_next(store, checkpoint, step=step, messages=[user_message(f"m{step}")],
-                               status="finished" if step == 5 else "in-progress")
+        checkpoint = save_next(
+            store,
+            checkpoint,
+            step=step,
+            messages=[user_message(f"m{step}")],
+            status="finished" if step == 5 else "in-progress",
+        )
     entries = store.history("ct-ring")
     assert [e.seq for e in entries] == [5, 4, 3]
     assert [e.step for e in entries] == [5, 4, 3]
@@ -140,8 +145,15 @@ def check_a_checkpoint_with_limits_and_a_run_config_reads_back(make: StoreFactor
     store = make(50).store
     checkpoint = new_run(store, "ct-format-3")
     run_config = {"model": {"provider": "mock", "model_id": "mock-b"}, "input_number": 1}
-    saved = save_next(store, checkpoint, step=1, messages=[user_message("hello")], limits={"max_input_tokens": 9},
-                      run_config=run_config, clock_spent_s=1.5)
+    saved = save_next(
+        store,
+        checkpoint,
+        step=1,
+        messages=[user_message("hello")],
+        limits={"max_input_tokens": 9},
+        run_config=run_config,
+        clock_spent_s=1.5,
+    )
 
     loaded = store.load("ct-format-3")
     assert loaded is not None
@@ -169,7 +181,7 @@ def check_retry_later_is_fenced_and_sets_when_to_try_again(make: StoreFactory) -
     assert store.retry_later("ct-retry", checkpoint.fence, error, 5.0) == 0
     second = store.load("ct-retry")
     assert second is not None and (second.failures, second.retry_since) == (2, first.retry_since)
-    assert [r for r in store.due_runs(0) if r.session_id == "ct-retry"] == []     # its retry time is ahead
+    assert [r for r in store.due_runs(0) if r.session_id == "ct-retry"] == []  # its retry time is ahead
     (listed,) = [p for p in store.pending(AGENT) if p.session_id == "ct-retry"]
     assert (listed.state, listed.next_attempt_at) == ("retrying", second.next_attempt_at)
 
@@ -194,8 +206,9 @@ def check_progress_shows_status_cursor_and_error_without_the_transcript(make: St
     assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, inbox_head=1, agent=AGENT)
     error = LastError(code="X", message="boom", retryable=True)
     store.record_failure("ct-progress", checkpoint.fence, error)
-    assert store.progress("ct-progress") == Progress(status="in-progress", inbox_cursor=0, inbox_head=1,
-                                                     last_error=error, agent=AGENT)
+    assert store.progress("ct-progress") == Progress(
+        status="in-progress", inbox_cursor=0, inbox_head=1, last_error=error, agent=AGENT
+    )
     save_next(store, checkpoint, status="finished", inbox_cursor=1)
     assert store.progress("ct-progress") == Progress(status="finished", inbox_cursor=1, inbox_head=1, agent=AGENT)
     # The latest input's number: a handle on the run waits for it (``Client.run``).
@@ -261,7 +274,7 @@ def check_stale_runs_are_those_that_should_be_moving(make: StoreFactory) -> None
 
     ours = {"ct-stale-moving", "ct-stale-retrying", "ct-stale-parked", "ct-stale-done", "ct-stale-waiting"}
     stale = [(sid, seq) for sid, seq in store.stale_runs(0) if sid in ours]
-    assert stale[0] == ("ct-stale-moving", 1)     # oldest update first
+    assert stale[0] == ("ct-stale-moving", 1)  # oldest update first
     assert sorted(stale[1:]) == [("ct-stale-retrying", 0), ("ct-stale-waiting", 1)]
     assert [sid for sid, _ in store.stale_runs(3600) if sid in ours] == []
     assert len(store.stale_runs(0, limit=1)) == 1

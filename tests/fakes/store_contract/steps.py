@@ -32,7 +32,12 @@ def check_append_input_creates_the_run_and_numbers_input_per_run(make: StoreFact
     created = store.load("ct-inbox-a")
     assert created is not None
     assert (created.agent, created.status, created.seq, created.fence, created.attempts) == (
-        AGENT, "in-progress", 0, 0, 0)
+        AGENT,
+        "in-progress",
+        0,
+        0,
+        0,
+    )
     assert created.messages == [] and created.inbox_cursor == 0 and created.last_error is None
     assert created.updated_at is not None and created.updated_at.tzinfo is not None
     entries = store.inbox("ct-inbox-a", 0)
@@ -148,15 +153,15 @@ def check_claim_takes_a_higher_token_and_refuses_an_equal_or_lower_one(make: Sto
 def check_claim_counts_an_attempt_only_when_the_step_has_work(make: StoreFactory) -> None:
     store = make(50).store
     store.append_input("ct-attempts", AGENT, [user_message("hi")])
-    assert claimed_run(store, "ct-attempts", 1).attempts == 1          # in progress, no seq given
-    assert claimed_run(store, "ct-attempts", 2, seq=0).attempts == 2   # in progress, matching seq
-    current = claimed_run(store, "ct-attempts", 3, seq=9)               # a stale message: no attempt
+    assert claimed_run(store, "ct-attempts", 1).attempts == 1  # in progress, no seq given
+    assert claimed_run(store, "ct-attempts", 2, seq=0).attempts == 2  # in progress, matching seq
+    current = claimed_run(store, "ct-attempts", 3, seq=9)  # a stale message: no attempt
     assert current.attempts == 2
 
     save_next(store, current, status="finished", inbox_cursor=1)
-    assert claimed_run(store, "ct-attempts", 4).attempts == 0          # finished, nothing new to do
+    assert claimed_run(store, "ct-attempts", 4).attempts == 0  # finished, nothing new to do
     store.append_input("ct-attempts", AGENT, [user_message("more")])
-    assert claimed_run(store, "ct-attempts", 5).attempts == 1          # finished with new input
+    assert claimed_run(store, "ct-attempts", 5).attempts == 1  # finished with new input
 
 
 # -- save ---------------------------------------------------------------------------------------
@@ -167,8 +172,8 @@ def check_save_is_fenced_and_takes_exactly_the_next_seq(make: StoreFactory) -> N
     first = new_run(store, "ct-save")
     saved_at = write(store, first.model_copy(update={"seq": 1, "step": 1}))
     assert saved_at is not None and saved_at.tzinfo is not None
-    assert write(store, first.model_copy(update={"seq": 1, "step": 2})) is None   # same seq twice
-    assert write(store, first.model_copy(update={"seq": 3, "step": 3})) is None   # a gap
+    assert write(store, first.model_copy(update={"seq": 1, "step": 2})) is None  # same seq twice
+    assert write(store, first.model_copy(update={"seq": 3, "step": 3})) is None  # a gap
 
     second = claimed_run(store, "ct-save", 2)
     # The first holder's token was replaced: its save is refused before the new holder saved.
@@ -241,8 +246,9 @@ def check_children_are_started_under_the_leads_fence_and_never_adopted(make: Sto
     with pytest.raises(errors.FencedOutError):
         store.start_children("ct-fenced", AGENT, [(mine, AGENT, "look")], fence=lead.fence - 1)
     assert store.load(mine) is None
-    assert store.start_children("ct-fenced", AGENT, [(mine, AGENT, "look"), (taken, AGENT, "look")],
-                                fence=lead.fence) == [taken]
+    assert store.start_children(
+        "ct-fenced", AGENT, [(mine, AGENT, "look"), (taken, AGENT, "look")], fence=lead.fence
+    ) == [taken]
     started, other = store.load(mine), store.load(taken)
     assert started is not None and started.lead_agent == AGENT
     assert other is not None and other.lead_agent is None and [e.n for e in store.inbox(taken, 0)] == [1]
@@ -288,8 +294,7 @@ def check_a_lead_whose_child_settled_before_its_last_save_is_listed(make: StoreF
     assert [due.session_id for due in store.waiting_leads(0.0)] == ["ct-raced"]
 
 
-def check_a_lead_waiting_at_its_answer_on_a_task_that_settled_before_its_save_is_listed(
-        make: StoreFactory) -> None:
+def check_a_lead_waiting_at_its_answer_on_a_task_that_settled_before_its_save_is_listed(make: StoreFactory) -> None:
     subject = make(50)
     store = subject.store
     lead = new_run(store, "ct-awaits")
@@ -310,12 +315,18 @@ def check_a_lead_paused_on_its_childs_approval_is_not_listed_again(make: StoreFa
     lead = new_run(store, "ct-asks")
     child = "ct-asks.task-00000000000000e3"
     assert store.start_children("ct-asks", AGENT, [(child, AGENT, "look")], fence=lead.fence) == []
-    save_next(store, claimed_run(store, child, 5), status="awaiting-approval", approval_ids=["ap-1"],
-              inbox_cursor=1)
+    save_next(store, claimed_run(store, child, 5), status="awaiting-approval", approval_ids=["ap-1"], inbox_cursor=1)
     subject.tick()
 
-    save_next(store, lead, inbox_cursor=1, waiting=True, delegated={"call-1": child}, status="awaiting-approval",
-              approval_ids=["ap-1"])
+    save_next(
+        store,
+        lead,
+        inbox_cursor=1,
+        waiting=True,
+        delegated={"call-1": child},
+        status="awaiting-approval",
+        approval_ids=["ap-1"],
+    )
     subject.tick()
 
     assert store.waiting_leads(0.0) == []  # a person's decision moves the child, which then wakes the lead
@@ -327,15 +338,25 @@ def check_save_round_trips_the_whole_document(make: StoreFactory) -> None:
     call = ToolCall(id="call-1", name="charge", args={"amount": 5.5, "tags": ["a", "b"], "meta": {"n": 10**30}})
     messages = [
         Message(role="system", content="be brief"),
-        Message(role="user", content="100% _sure_ '; DROP TABLE runs; -- \u65e5\u672c \U0001f680 \\u0000 \"q\""),
+        Message(role="user", content='100% _sure_ \'; DROP TABLE runs; -- \u65e5\u672c \U0001f680 \\u0000 "q"'),
         Message(role="assistant", content=None, tool_calls=[call]),
         Message(role="tool", tool_call_id="call-1", name="charge", content='{"error": "no"}', is_error=True),
         Message(role="assistant", content="done"),
     ]
-    saved = save_next(store, checkpoint, messages=messages, step=2, status="finished", finish_reason="stop",
-                      usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7), run_start=1,
-                      business_state={"cart": [1, 2, {"x": None}], "flag": True, "ratio": 0.25},
-                      fingerprint={"hash": "abc"}, started_tool_call_ids=["call-1"], inbox_cursor=1)
+    saved = save_next(
+        store,
+        checkpoint,
+        messages=messages,
+        step=2,
+        status="finished",
+        finish_reason="stop",
+        usage=Usage(input_tokens=3, output_tokens=4, total_tokens=7),
+        run_start=1,
+        business_state={"cart": [1, 2, {"x": None}], "flag": True, "ratio": 0.25},
+        fingerprint={"hash": "abc"},
+        started_tool_call_ids=["call-1"],
+        inbox_cursor=1,
+    )
     loaded = store.load("ct-doc")
     assert loaded is not None
     assert comparable(loaded) == comparable(saved)
@@ -351,7 +372,7 @@ def check_save_trims_the_drained_inbox(make: StoreFactory) -> None:
     store.append_input("ct-drain", AGENT, [user_message("three")])
     kept = checkpoint.model_copy(update={"seq": 1, "inbox_cursor": 1})
     assert write(store, kept) is not None
-    assert [e.n for e in store.inbox("ct-drain", 0)] == [1, 2, 3]      # not drained: kept
+    assert [e.n for e in store.inbox("ct-drain", 0)] == [1, 2, 3]  # not drained: kept
     drained = kept.model_copy(update={"seq": 2, "inbox_cursor": 2})
     assert write(store, drained, drained_inbox=True) is not None
     assert [e.n for e in store.inbox("ct-drain", 0)] == [3]
@@ -381,8 +402,9 @@ def check_save_refuses_a_nul_as_postgres_does(make: StoreFactory) -> None:
 def check_a_write_that_says_what_it_added_keeps_the_whole_run(make: StoreFactory) -> None:
     store = make(50).store
     first = save_next(store, new_run(store, "ct-added"), step=1, messages=[user_message("one")])
-    second = first.model_copy(update={
-        "seq": 2, "step": 2, "messages": [*first.messages, Message(role="assistant", content="two")]})
+    second = first.model_copy(
+        update={"seq": 2, "step": 2, "messages": [*first.messages, Message(role="assistant", content="two")]}
+    )
     step = StepWrite(checkpoint=second, first_new_message=1)
     assert [m.content for m in step.new_messages] == ["two"]
     assert store.record_step(step) is not None
@@ -399,10 +421,10 @@ def check_note_usage_is_fenced_and_counted_until_the_next_write(make: StoreFacto
     checkpoint = new_run(store, "ct-usage")
     first = Usage(input_tokens=2, output_tokens=3, total_tokens=5)
     noted = Usage(input_tokens=4, output_tokens=5, total_tokens=9)
-    assert store.note_usage("ct-usage", checkpoint.fence + 1, first) is False     # not the holder's fence
+    assert store.note_usage("ct-usage", checkpoint.fence + 1, first) is False  # not the holder's fence
     assert store.note_usage("ct-nobody", 1, first) is False
     assert store.note_usage("ct-usage", checkpoint.fence, first) is True
-    assert store.note_usage("ct-usage", checkpoint.fence, noted) is True          # replaces, never adds
+    assert store.note_usage("ct-usage", checkpoint.fence, noted) is True  # replaces, never adds
     loaded = store.load("ct-usage")
     assert loaded is not None and (loaded.usage, loaded.uncounted_usage) == (noted, noted)
 
@@ -412,7 +434,7 @@ def check_note_usage_is_fenced_and_counted_until_the_next_write(make: StoreFacto
     save_next(store, taken, step=1)
     loaded = store.load("ct-usage")
     assert loaded is not None and (loaded.usage, loaded.uncounted_usage) == (noted, None)
-    assert store.note_usage("ct-usage", checkpoint.fence, first) is False         # the old holder is fenced out
+    assert store.note_usage("ct-usage", checkpoint.fence, first) is False  # the old holder is fenced out
 
 
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (

@@ -59,12 +59,17 @@ def new_run(store: interfaces.CheckpointStore, session_id: str, text: str = "hel
 
 
 def comparable(checkpoint: Checkpoint) -> dict[str, Any]:
-    return checkpoint.model_dump(mode="json", exclude={"updated_at", "attempts", "last_error", "inbox_cursor",
-                                                       "history_seq"})
+    return checkpoint.model_dump(
+        mode="json", exclude={"updated_at", "attempts", "last_error", "inbox_cursor", "history_seq"}
+    )
 
 
-def write(store: interfaces.StepStore, checkpoint: Checkpoint, *, drained_inbox: bool = False,
-          approvals: Sequence[Approval] = ()) -> datetime | None:
+def write(
+    store: interfaces.StepStore,
+    checkpoint: Checkpoint,
+    *,
+    drained_inbox: bool = False,
+    approvals: Sequence[Approval] = (),
+) -> datetime | None:
     """What a step hands the store for ``checkpoint``, without saying which messages it added."""
-    return store.record_step(StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox,
-                                       approvals=tuple(approvals)))
+    return store.record_step(StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox, approvals=tuple(approvals)))

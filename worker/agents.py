@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal, get_type_hints, overload
+from typing import Any, Literal, TypedDict, Unpack, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -203,44 +203,28 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[str | None, type[Ba
     return context_param, model
 
 
-@overload
-def tool(
-    fn: Callable[..., Any],
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    needs_approval: ApprovalRule = False,
-    timeout: float | None = None,
-    expires_in: float | None = None,
-    once: bool = False,
-    reconcile: Reconcile | None = None,
-) -> Tool: ...
+class ToolOptions(TypedDict, total=False):
+    """The options of ``tool`` (each as ``Tool`` takes it)."""
+
+    name: str | None
+    description: str | None
+    needs_approval: ApprovalRule
+    timeout: float | None
+    expires_in: float | None
+    once: bool
+    reconcile: Reconcile | None
 
 
 @overload
-def tool(
-    fn: None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    needs_approval: ApprovalRule = False,
-    timeout: float | None = None,
-    expires_in: float | None = None,
-    once: bool = False,
-    reconcile: Reconcile | None = None,
-) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(fn: Callable[..., Any], **options: Unpack[ToolOptions]) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, **options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
-    fn: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    needs_approval: ApprovalRule = False,
-    timeout: float | None = None,
-    expires_in: float | None = None,
-    once: bool = False,
-    reconcile: Reconcile | None = None,
+    fn: Callable[..., Any] | None = None, **options: Unpack[ToolOptions]
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a ``Tool``; usable bare (``@tool``) or with options (``@tool(...)``).
 
@@ -259,16 +243,7 @@ def tool(
     """
 
     def wrap(target: Callable[..., Any]) -> Tool:
-        return Tool(
-            target,
-            name=name,
-            description=description,
-            needs_approval=needs_approval,
-            timeout=timeout,
-            expires_in=expires_in,
-            once=once,
-            reconcile=reconcile,
-        )
+        return Tool(target, **options)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -11,8 +11,6 @@ from celery import Celery
 from store import errors, redis_client, step_message, telemetry
 from store.settings import Settings
 
-ADVANCE = step_message.ADVANCE
-
 
 class Enqueuer:
     """Publishes step messages (ids only, JSON) to the runs' queue."""

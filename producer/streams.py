@@ -21,7 +21,7 @@ from typing import Any
 
 from store import errors, events, interfaces
 from store.events import Event
-from store.signals import RedisSignals
+from store.signals import RedisSignals, Subscription
 
 __all__ = ["follow", "follow_async"]
 
@@ -116,7 +116,7 @@ class _Cursor:
             yield event
 
 
-def _close(subscription: Any) -> None:
+def _close(subscription: Subscription | None) -> None:
     if subscription is not None:
         try:
             subscription.close()
@@ -161,7 +161,7 @@ def _close_iterator(iterator: Iterator[Event]) -> None:
         close()
 
 
-def _subscribe(signals: RedisSignals | None, session_id: str) -> Any:
+def _subscribe(signals: RedisSignals | None, session_id: str) -> Subscription | None:
     if signals is None:
         return None
     try:
@@ -179,7 +179,7 @@ def _watch(signals: RedisSignals, session_id: str) -> float:
     return time.monotonic()
 
 
-def _until_note(subscription: Any, session_id: str) -> Iterator[Event]:
+def _until_note(subscription: Subscription | None, session_id: str) -> Iterator[Event]:
     """Live signals heard until a note of saved events arrives, for at most ``POLL_S``."""
     deadline = time.monotonic() + POLL_S
     noted = False
@@ -191,7 +191,7 @@ def _until_note(subscription: Any, session_id: str) -> Iterator[Event]:
         yield from heard
 
 
-def _heard(subscription: Any, session_id: str, wait: float) -> tuple[list[Event], bool]:
+def _heard(subscription: Subscription | None, session_id: str, wait: float) -> tuple[list[Event], bool]:
     """Live signals heard within ``wait`` seconds, and whether a note of saved events came with them.
 
     Returns as soon as something arrived, with everything already received.

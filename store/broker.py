@@ -22,8 +22,6 @@ from store import step_message
 from store.redis_client import translated
 from store.summaries import MessagePlace
 
-#: The task whose messages carry a run's step.
-ADVANCE = step_message.ADVANCE
 #: Where the transport keeps messages workers took and did not ack yet (kombu's defaults).
 UNACKED_KEY = "unacked"
 #: Kombu's separator between a queue's name and its priority, and the priorities it keeps lists for.
@@ -123,7 +121,7 @@ def _decode(raw: bytes | str) -> tuple[str, int | None] | None:
 def _message(message: dict[str, Any]) -> tuple[str, int | None] | None:
     """The run id and seq of a ``lousho.advance`` message (protocol 2), or None for anything else."""
     headers = message.get("headers")
-    if not isinstance(headers, dict) or headers.get("task") != ADVANCE:
+    if not isinstance(headers, dict) or headers.get("task") != step_message.ADVANCE:
         return None
     body: Any = message.get("body")
     properties = message.get("properties")
@@ -144,4 +142,4 @@ def _message(message: dict[str, Any]) -> tuple[str, int | None] | None:
     return session_id, seq
 
 
-__all__ = ["ADVANCE", "MAX_MESSAGES", "UNACKED_KEY", "Scan", "StepMessage", "scan"]
+__all__ = ["MAX_MESSAGES", "UNACKED_KEY", "Scan", "StepMessage", "scan"]

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import metadata
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -150,7 +151,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(errors.StorageError, _on_storage)
-    keyed, unavailable = openapi.keyed(), openapi.errors(503)
+    unavailable = openapi.errors(503)
     if config is None or config.intake:
         app.add_api_route(
             "/webhooks/{agent}",
@@ -161,85 +162,82 @@ def create_app(
             summary="Take a signed webhook delivery as one run (exactly once per delivery id)",
             responses={**openapi.errors(400, 401, 404, 409, 413), **unavailable},
         )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "GET",
         "/runs",
         listing.list_runs,
-        methods=["GET"],
-        tags=["runs"],
-        openapi_extra=keyed,
-        summary="List runs, finished ones included, newest first, in their state",
+        "runs",
+        "List runs, finished ones included, newest first, in their state",
+        (400, 401),
         response_model=listing.RunsBody,
-        responses={**openapi.errors(400, 401), **unavailable},
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "GET",
         "/runs/{session_id}",
         routes.run_status,
-        methods=["GET"],
+        "runs",
+        "How a run stands and its pending approvals",
+        (401, 404),
         name="run_status",
-        tags=["runs"],
-        summary="How a run stands and its pending approvals",
-        openapi_extra=keyed,
-        responses={**openapi.errors(401, 404), **unavailable},
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "DELETE",
         "/runs/{session_id}",
         listing.delete_run,
-        methods=["DELETE"],
-        tags=["runs"],
-        summary="Delete a run and its sub-agents' runs (an acting key)",
-        openapi_extra=keyed,
+        "runs",
+        "Delete a run and its sub-agents' runs (an acting key)",
+        (401, 403, 404),
         response_model=listing.DeletedBody,
-        responses={**openapi.errors(401, 403, 404), **unavailable},
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "GET",
         "/runs/{session_id}/events",
         routes.run_events,
-        methods=["GET"],
-        tags=["runs"],
-        summary="The run's events as Server-Sent Events (Last-Event-ID or ?after= resumes)",
-        openapi_extra=keyed,
-        responses={
-            200: {"content": {events.MEDIA_TYPE: {}}, "description": "the event stream"},
-            **openapi.errors(400, 401, 404),
-            **unavailable,
-        },
+        "runs",
+        "The run's events as Server-Sent Events (Last-Event-ID or ?after= resumes)",
+        (400, 401, 404),
+        stream={200: {"content": {events.MEDIA_TYPE: {}}, "description": "the event stream"}},
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "POST",
         "/runs/{session_id}/abort",
         routes.abort,
-        methods=["POST"],
-        tags=["runs"],
-        summary="Stop a run at its next safe point (an acting key)",
-        openapi_extra=keyed,
-        responses={**openapi.errors(401, 403, 404), **unavailable},
+        "runs",
+        "Stop a run at its next safe point (an acting key)",
+        (401, 403, 404),
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "POST",
         "/runs/{session_id}/steer",
         routes.steer,
-        methods=["POST"],
-        tags=["runs"],
-        summary="Give a run a message it takes at its next safe point (an acting key)",
-        openapi_extra=keyed,
-        responses={**openapi.errors(400, 401, 403, 404, 409, 413), **unavailable},
+        "runs",
+        "Give a run a message it takes at its next safe point (an acting key)",
+        (400, 401, 403, 404, 409, 413),
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "GET",
         "/approvals",
         listing.list_approvals,
-        methods=["GET"],
-        tags=["approvals"],
-        summary="Undecided approvals of the runs the key sees, oldest first",
-        openapi_extra=keyed,
+        "approvals",
+        "Undecided approvals of the runs the key sees, oldest first",
+        (400, 401),
         response_model=listing.ApprovalsBody,
-        responses={**openapi.errors(400, 401), **unavailable},
     )
-    app.add_api_route(
+    _keyed_route(
+        app,
+        "POST",
         "/approvals/{approval_id}",
         routes.approval,
-        methods=["POST"],
-        tags=["approvals"],
-        summary="Approve, reject or answer an approval (an acting key)",
-        openapi_extra=keyed,
-        responses={**openapi.errors(400, 401, 403, 404, 409, 410), **unavailable},
+        "approvals",
+        "Approve, reject or answer an approval (an acting key)",
+        (400, 401, 403, 404, 409, 410),
     )
     app.add_api_route(
         "/healthz", routes.healthz, methods=["GET"], tags=["health"], summary="200 when Postgres answers, else 503"
@@ -248,3 +246,28 @@ def create_app(
         app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     openapi.install(app)
     return app
+
+
+def _keyed_route(
+    app: FastAPI,
+    method: str,
+    path: str,
+    endpoint: Callable[..., Any],
+    tag: str,
+    summary: str,
+    codes: tuple[int, ...],
+    *,
+    stream: dict[int | str, Any] | None = None,
+    **extra: Any,
+) -> None:
+    """Add a JSON route that needs an API key, with its error answers (and 503 when a service is down)."""
+    app.add_api_route(
+        path,
+        endpoint,
+        methods=[method],
+        tags=[tag],
+        summary=summary,
+        openapi_extra=openapi.keyed(),
+        responses={**(stream or {}), **openapi.errors(*codes, 503)},
+        **extra,
+    )

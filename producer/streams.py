@@ -63,7 +63,7 @@ def follow(
     subscription = _subscribe(signals, session_id)
     cursor = _Cursor(after, starts)
     watched_at = read_at = 0.0
-    noted = True
+    noted, ended = True, False
     try:
         while stop is None or not stop.is_set():
             now = time.monotonic()
@@ -73,9 +73,10 @@ def follow(
                 # Postgres is read on a note (every signal published before it has been heard) or when the
                 # poll interval passed; never just because a live signal came, so signals keep their place.
                 page = store.read_events(session_id, cursor.position, PAGE)
-                if live and not noted and any(event.type == "run.done" for event in page):
-                    # A poll read found the end before its note: the signals published before that save are
-                    # heard first (the note follows them on the channel), so the last turn's text is not cut.
+                if live and not ended and any(event.type == "run.done" for event in page):
+                    # A read found the end before the note of the save that wrote it (a poll, or the note of an
+                    # earlier save): the signals published before that save are heard first (its note follows
+                    # them on the channel), so the last turn's text is not cut.
                     yield from _until_note(subscription, session_id)
                 for event in cursor.take(page):
                     yield event
@@ -91,7 +92,8 @@ def follow(
                 if deadline - time.monotonic() <= 0:
                     raise errors.RunTimeoutError(f"run {session_id!r} did not finish its input within {timeout} s")
                 wait = min(wait, deadline - time.monotonic())
-            heard, noted = _heard(subscription, session_id, max(wait, 0.0))
+            heard, noted, ends = _heard(subscription, session_id, max(wait, 0.0))
+            ended = ended or ends
             if live:
                 yield from heard
     finally:
@@ -180,40 +182,56 @@ def _watch(signals: RedisSignals, session_id: str) -> float:
 
 
 def _until_note(subscription: Subscription | None, session_id: str) -> Iterator[Event]:
-    """Live signals heard until a note of saved events arrives, for at most ``POLL_S``."""
+    """Live signals heard until the note of a save that ended the input arrives, for at most ``POLL_S``.
+
+    Bounded, because a ``run.done`` written without a note (by a client's abort, or by a step that did not know the
+    run was watched) has no note to wait for.
+    """
     deadline = time.monotonic() + POLL_S
-    noted = False
-    while not noted and subscription is not None:
+    ended = False
+    while not ended and subscription is not None:
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        heard, noted = _heard(subscription, session_id, left)
+        heard, _, ended = _heard(subscription, session_id, left)
         yield from heard
 
 
-def _heard(subscription: Subscription | None, session_id: str, wait: float) -> tuple[list[Event], bool]:
-    """Live signals heard within ``wait`` seconds, and whether a note of saved events came with them.
+def _heard(subscription: Subscription | None, session_id: str, wait: float) -> tuple[list[Event], bool, bool]:
+    """Live signals heard within ``wait`` seconds, whether a note came with them, and whether a note ended the input.
 
-    Returns as soon as something arrived, with everything already received.
+    A note says a save wrote events; one that ends the input says its save wrote a ``run.done``. Returns as soon
+    as something arrived, with everything already received.
     """
     if subscription is None:
         time.sleep(wait)
-        return [], False
+        return [], False, False
     heard: list[Event] = []
-    noted = False
+    noted = ended = False
     try:
         message = subscription.get_message(timeout=wait)
         while message is not None:
-            signal = _signal(session_id, message.get("data"))
+            data = message.get("data")
+            signal = _signal(session_id, data)
             if signal is not None:
                 heard.append(signal)
             else:
                 noted = True
+                ended = ended or _ends(data)
             message = subscription.get_message(timeout=0)
     except errors.StorageError as exc:
         log.debug("lost the channel of a run (%s); polling", type(exc).__name__)
         time.sleep(wait)
-    return heard, noted
+    return heard, noted, ended
+
+
+def _ends(data: Any) -> bool:
+    """Whether a note is of a save that ended the input (``{"saved": true, "ends": true}``)."""
+    try:
+        body = json.loads(data)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("ends") is True
 
 
 def _signal(session_id: str, data: Any) -> Event | None:

@@ -192,7 +192,7 @@ def save(
     _noted(new, restarted, ending, approvals)
     if live is not None:
         live.pending.clear()
-        live.saved(len(drafts))
+        live.saved(len(drafts), ended=any(draft.type == "run.done" for draft in drafts))
         if ending and new.end_due:
             live.end_owed = new
     return new

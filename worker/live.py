@@ -224,10 +224,15 @@ class Live:
             at = datetime.now(UTC).isoformat()
             self._signals.publish(self._lease.session_id, payloads.dumps({"type": event_type, "data": data, "at": at}))
 
-    def saved(self, events_written: int) -> None:
-        """A save wrote durable events: wake the consumers, who read them from Postgres."""
+    def saved(self, events_written: int, ended: bool = False) -> None:
+        """A save wrote durable events (a ``run.done`` among them when ``ended``): wake the consumers.
+
+        They read the events from Postgres. The note says when the save ended the input: a reader that found that
+        ``run.done`` first knows from it that it heard every live signal of the input (they came before the note).
+        """
         if events_written and self._signals is not None and self._lease.watched:
-            self._signals.publish(self._lease.session_id, '{"saved": true}')
+            note = '{"saved": true, "ends": true}' if ended else '{"saved": true}'
+            self._signals.publish(self._lease.session_id, note)
 
     def tool_start(self, call: ToolCall) -> None:
         """A call starts running."""

@@ -56,6 +56,8 @@ class DeadSteps:
         #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
         self._store = store
         self._handled: set[str] = set()
+        #: The steps listed at the last check.
+        self._last: list[PoolStep] = []
         #: The pool's processes running at the last check (None before the first).
         self._children: set[int] | None = None
 
@@ -65,17 +67,21 @@ class DeadSteps:
         A death is a step's process that no longer runs, or a change in ``children`` (the pool's processes, when
         the caller can list them): one that ran at the last check no longer does, or a new one replaced it. A
         process can die before its parent learnt which step it took, and be replaced before a check sees it dead.
-        The first check counts as one (the watch starts after the pool). Then every listed step whose lease a gone
-        process holds is sent again. Returns
-        the runs sent again. A message is sent again once (its task id is kept while it is listed); a run whose
-        lease a live process holds (a redelivered copy got there first) is not sent. The runs sent are marked swept,
-        as the sweep marks the runs it sends (best effort: a store that cannot be reached only costs the report of
-        that recovery).
+        The first check counts as one (the watch starts after the pool). Then every step listed now or at the last
+        check whose lease a gone process holds is sent again (Celery may drop a dead process's request between two
+        checks). Returns the runs sent again. A message is sent again once (its task id is kept while it is listed);
+        a run whose lease a live process holds (a redelivered copy got there first) is not sent. The runs sent are
+        marked swept, as the sweep marks the runs it sends (best effort: a store that cannot be reached only costs
+        the report of that recovery).
 
         Raises:
             StorageError: the leases could not be read or released (the next check tries again).
         """
-        listed = list(steps)
+        current = list(steps)
+        # The last check's steps count too: Celery may have dropped a dead process's request (and requeued a copy
+        # that is stale) between two checks.
+        listed = current + [step for step in self._last if step.task_id not in {s.task_id for s in current}]
+        self._last = current
         self._handled &= {step.task_id for step in listed}
         running = {pid for pid in (children or ()) if owners.is_running(pid)}
         died = (

@@ -75,6 +75,27 @@ def test_a_replaced_pool_process_counts_as_a_death_even_when_no_check_saw_it_dea
     assert sent == [step]
 
 
+def test_a_step_whose_request_celery_dropped_before_the_check_is_still_sent_again() -> None:
+    # Given a step a pool process ran, seen at one check, whose request Celery dropped (and requeued a stale copy of)
+    # when it noticed the process die, before the next check
+    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    sent: list[orphans.PoolStep] = []
+    watch = orphans.DeadSteps(leases, sent.append)
+    with processes.running() as child, processes.running() as replacement:
+        owner = processes.owner_of(child.pid)
+        step = _step("t1", child.pid, "run-1")
+        assert watch.check([], [child.pid]) == []  # the first check
+        leases.hold_as("run-1", owner)
+        assert watch.check([step], [child.pid]) == []  # it runs
+        child.kill()
+        child.wait(5)
+        # When the next check no longer lists the step, but the pool lost that process
+        sent_now = watch.check([], [replacement.pid])
+    # Then the step still goes out, once, its dead holder's lease released
+    assert sent_now == ["run-1"] and sent == [step] and leases.holder("run-1") is None
+    assert watch.check([], [replacement.pid]) == []
+
+
 def test_a_dead_step_whose_run_another_process_holds_now_is_not_sent_again() -> None:
     # Given Celery's own redelivery got there first: a live process of this host holds the run now
     leases = MemoryLeaseManager(TTL_MS, FakeClock())

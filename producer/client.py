@@ -24,7 +24,7 @@ from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
 from store import doctor as doctor_report
-from store import errors, inputs, interfaces, records, redis_client, telemetry
+from store import errors, inputs, interfaces, observed, records, redis_client, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -33,7 +33,9 @@ from store.faults import crash_point
 from store.inputs import Input, normalize_input
 from store.leases import LeaseManager
 from store.limits import Limits
+from store.model_limit import LimitConflict
 from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
+from store.registry import PostgresAgentRegistry
 from store.settings import Settings, load_settings
 from store.signals import RedisSignals
 from store.summaries import RunPage, RunSummary
@@ -311,6 +313,17 @@ class Client:
             StorageError: Postgres, Redis or the broker could not be read.
         """
         return inspection.describe(self.engine, self._redis_client(), self._broker_client(), self.settings, session_id)
+
+    def limit_conflicts(self) -> list[LimitConflict]:
+        """Model limit keys that live workers give different numbers, with the numbers that hold meanwhile.
+
+        Workers of two releases during a deploy may disagree on a key: each set of numbers is listed with the
+        workers giving it, and the fleet's slots hold the smallest number of each (``lousho limits``).
+
+        Raises:
+            StorageError: Postgres could not be read.
+        """
+        return PostgresAgentRegistry(self.engine).limit_conflicts(observed.registration_window_s(self.settings))
 
     def doctor(self, wait: bool = True) -> doctor_report.Report:
         """Check invariant I19: every unfinished run has an owner, a timer or a waiter (``lousho doctor``).

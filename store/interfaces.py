@@ -18,7 +18,7 @@ from store import records
 from store.events import Event
 
 if TYPE_CHECKING:
-    from store.model_limit import ModelLimit, SlotAnswer, SlotUsage
+    from store.model_limit import LimitConflict, ModelLimit, SlotAnswer, SlotUsage
     from store.schedule_records import Fire, Origin, Planner, Schedule, ScheduleSpec, Swept
 
 __all__ = [
@@ -428,8 +428,17 @@ class ServingRegistry(Protocol):
 class AgentRegistry(ServingRegistry, Protocol):
     """Registrations of the agents each live worker serves."""
 
-    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
-        """Record that ``worker_id`` serves these agents and reads these checkpoint formats, now."""
+    def register(
+        self,
+        worker_id: str,
+        fingerprints: Mapping[str, dict[str, Any]],
+        formats: Iterable[int],
+        limits: Mapping[str, ModelLimit] | None = None,
+    ) -> None:
+        """Record that ``worker_id`` serves these agents, reads these checkpoint formats and holds these limits, now."""
+
+    def limit_conflicts(self, within_s: float) -> builtins.list[LimitConflict]:
+        """The model limit keys live workers (seen in the last ``within_s`` seconds) give different numbers."""
 
     def refresh(self, worker_id: str) -> None:
         """Say ``worker_id`` is still alive."""

@@ -15,10 +15,12 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from store import errors, records
 
 __all__ = [
+    "LimitConflict",
     "ModelLimit",
     "SlotAnswer",
     "SlotUsage",
     "WaitReason",
+    "conflicts",
     "parse_fairness_weights",
     "parse_model_limits",
     "settle",
@@ -188,6 +190,47 @@ def settle(named: Iterable[tuple[str, ModelLimit]], environment: Mapping[str, Mo
             )
         settled[limit.key] = limit
     return settled
+
+
+class LimitConflict(BaseModel):
+    """One key that live workers give different numbers (workers of two releases): the smallest of each holds.
+
+    ``given`` maps each set of numbers (``ModelLimit.describe``) to the workers that give it; ``holds`` is what the
+    fleet's slots hold the key to meanwhile (``store.model_slots`` keeps the smallest number each caller notes).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    given: dict[str, list[str]]
+    holds: ModelLimit
+
+
+def conflicts(registered: Iterable[tuple[str, ModelLimit]]) -> list[LimitConflict]:
+    """The keys that the workers of ``registered`` (pairs of worker id and a limit it holds) disagree on, by key."""
+    by_key: dict[str, dict[tuple[int | None, int | None, int | None], tuple[ModelLimit, set[str]]]] = {}
+    for worker, limit in registered:
+        by_key.setdefault(limit.key, {}).setdefault(limit.numbers(), (limit, set()))[1].add(worker)
+    found = []
+    for key, sets in sorted(by_key.items()):
+        if len(sets) < 2:
+            continue
+        limits = [limit for limit, _ in sets.values()]
+        holds = ModelLimit(
+            key,
+            concurrent=_smallest(limit.concurrent for limit in limits),
+            requests_per_minute=_smallest(limit.requests_per_minute for limit in limits),
+            tokens_per_minute=_smallest(limit.tokens_per_minute for limit in limits),
+        )
+        given = {limit.describe(): sorted(workers) for limit, workers in sets.values()}
+        found.append(LimitConflict(key=key, given=dict(sorted(given.items())), holds=holds))
+    return found
+
+
+def _smallest(numbers: Iterable[int | None]) -> int | None:
+    """The smallest number given (None, unlimited, only when no one gives one)."""
+    given = [number for number in numbers if number is not None]
+    return min(given) if given else None
 
 
 class SlotAnswer(BaseModel):

@@ -16,15 +16,21 @@ from sqlalchemy.engine import Connection
 
 from store import payloads
 from store.database import Transaction
+from store.model_limit import LimitConflict, ModelLimit, conflicts
 from store.records import Serving
 
 __all__ = ["PostgresAgentRegistry"]
 
 _REGISTER = text("""
-INSERT INTO agent_workers (agent, worker_id, fingerprint, formats, seen_at)
-VALUES (:agent, :worker, CAST(:fingerprint AS jsonb), CAST(:formats AS jsonb), now())
+INSERT INTO agent_workers (agent, worker_id, fingerprint, formats, model_limit, seen_at)
+VALUES (:agent, :worker, CAST(:fingerprint AS jsonb), CAST(:formats AS jsonb), CAST(:limit AS jsonb), now())
 ON CONFLICT (agent, worker_id) DO UPDATE
-SET fingerprint = EXCLUDED.fingerprint, formats = EXCLUDED.formats, seen_at = now()
+SET fingerprint = EXCLUDED.fingerprint, formats = EXCLUDED.formats, model_limit = EXCLUDED.model_limit,
+    seen_at = now()
+""")
+_LIMITS = text("""
+SELECT DISTINCT worker_id, model_limit FROM agent_workers
+WHERE model_limit IS NOT NULL AND seen_at > now() - make_interval(secs => :within)
 """)
 _NAMES = text("""
 INSERT INTO agents (name, fingerprint, seen_at) VALUES (:agent, CAST(:fingerprint AS jsonb), now())
@@ -75,16 +81,30 @@ class PostgresAgentRegistry:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
+    def register(
+        self,
+        worker_id: str,
+        fingerprints: Mapping[str, dict[str, Any]],
+        formats: Iterable[int],
+        limits: Mapping[str, ModelLimit] | None = None,
+    ) -> None:
         """Record that ``worker_id`` serves these agents (and reads these checkpoint formats), now.
 
-        The agent names also go to ``agents``, the table producers check names against.
+        ``limits``: the model limit the worker holds each agent's calls to (an agent left out has none). The agent
+        names also go to ``agents``, the table producers check names against.
         """
         if not fingerprints:
             return
         readable = payloads.dumps(sorted(set(formats)))
+        limits = limits or {}
         rows = [
-            {"agent": name, "worker": worker_id, "fingerprint": payloads.dumps(fingerprint), "formats": readable}
+            {
+                "agent": name,
+                "worker": worker_id,
+                "fingerprint": payloads.dumps(fingerprint),
+                "formats": readable,
+                "limit": payloads.dumps(limits[name].model_dump()) if name in limits else None,
+            }
             for name, fingerprint in sorted(fingerprints.items())
         ]
         with Transaction(self.engine) as conn:
@@ -118,6 +138,21 @@ class PostgresAgentRegistry:
         with Transaction(self.engine) as conn:
             waited = conn.execute(_UNREGISTERED_FOR, {"agent": agent, "sid": session_id}).scalar()
         return None if waited is None else float(waited)
+
+    def limit_conflicts(self, within_s: float) -> builtins.list[LimitConflict]:
+        """The model limit keys live workers (seen in the last ``within_s`` seconds) give different numbers.
+
+        A registration whose limit no longer reads (written by another release) is left out.
+        """
+        with Transaction(self.engine) as conn:
+            rows = conn.execute(_LIMITS, {"within": within_s}).all()
+        registered = []
+        for row in rows:
+            try:
+                registered.append((str(row.worker_id), ModelLimit.model_validate(row.model_limit)))
+            except ValueError:
+                continue
+        return conflicts(registered)
 
     def serving(self, agent: str, within_s: float, exclude: str = "") -> builtins.list[Serving]:
         """Live registrations of ``agent`` (seen in the last ``within_s`` seconds), ``exclude`` left out."""

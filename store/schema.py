@@ -175,6 +175,8 @@ agent_workers = Table(
     Column("fingerprint", JSONB, nullable=True),
     Column("formats", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The model limit the worker holds the agent's calls to (key and numbers), None without one.
+    Column("model_limit", JSONB, nullable=True),
     PrimaryKeyConstraint("agent", "worker_id"),
     Index("agent_workers_seen_idx", "seen_at"),
 )

@@ -199,7 +199,7 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
         log.error("agent modules could not be loaded: %s", exc)
         return
     try:
-        slots.settled_limits(agents.values(), settings.model_limit_table)
+        settled = slots.settled_limits(agents.values(), settings.model_limit_table)
     except errors.ConfigurationError as exc:
         # One key with two sets of numbers in one worker: which would hold is a guess, so the worker does not start.
         log.critical("worker cannot start: %s", exc)
@@ -210,8 +210,15 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     # No pooled connection may outlive this call in a process that forks pool children (RELIABILITY P10).
     registry = PostgresAgentRegistry(make_engine(settings, pooled=False))
     fingerprints = {name: agent.fingerprint() for name, agent in agents.items()}
+    held = {
+        name: settled[limit.key]
+        for name, agent in agents.items()
+        if (limit := slots.limit_of(agent, settings.model_limit_table)) is not None and limit.key in settled
+    }
+    warned: set[str] = set()
     try:
-        registry.register(worker_id, fingerprints, records.READ_FORMATS)
+        registry.register(worker_id, fingerprints, records.READ_FORMATS, held)
+        _warn_conflicts(registry, {limit.key for limit in held.values()}, warned)
     except errors.StorageError as exc:
         log.warning("could not register agents (%s); retrying in the background", exc.code)
     stop = threading.Event()
@@ -220,13 +227,34 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     def refresh() -> None:
         while not stop.wait(registration_refresh_s()):
             try:
-                registry.register(worker_id, fingerprints, records.READ_FORMATS)
+                registry.register(worker_id, fingerprints, records.READ_FORMATS, held)
+                _warn_conflicts(registry, {limit.key for limit in held.values()}, warned)
             except errors.StorageError:
                 log.warning("could not refresh this worker's agent registration")
 
     threading.Thread(target=refresh, name="lousho-registry", daemon=True).start()
     _state["registry"] = registry
     _state["served"] = set(agents)
+
+
+def _warn_conflicts(registry: PostgresAgentRegistry, keys: set[str], warned: set[str]) -> None:
+    """Log, once per disagreement, each limit key of ``keys`` that live workers give different numbers.
+
+    Workers of two releases during a deploy: the smallest number of each holds (``store.model_slots``) until they
+    agree; ``lousho limits`` shows the same.
+    """
+    if not keys:
+        return
+    for conflict in registry.limit_conflicts(registration_window_s()):
+        said = f"{conflict.key}: {sorted(conflict.given)}"
+        if conflict.key in keys and said not in warned:
+            warned.add(said)
+            log.warning(
+                "live workers give model limit %r different numbers (%s); the smallest holds: %s",
+                conflict.key,
+                "; ".join(f"{given} by {len(workers)} worker(s)" for given, workers in conflict.given.items()),
+                conflict.holds.describe(),
+            )
 
 
 @signals.worker_shutdown.connect

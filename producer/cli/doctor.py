@@ -1,7 +1,8 @@
-"""``lousho doctor``: every unfinished run has an owner, a timer or a waiter (invariant I19), or it is named.
+"""``lousho doctor`` (every unfinished run explained, invariant I19) and ``lousho limits`` (limits in conflict).
 
-Calls ``Client.doctor`` and prints what it found; the exit status says it to scripts: 0 when every run is
-explained, 3 when some run is not (1 stays a Lousho error, 2 a usage error).
+``doctor`` calls ``Client.doctor`` and prints the unfinished runs nothing moves; its exit status says it to
+scripts: 0 when every run has an owner, a timer or a waiter, 3 when some run has none (1 stays a Lousho error, 2 a
+usage error). ``limits`` calls ``Client.limit_conflicts`` and exits 3 when live workers disagree on a limit.
 """
 
 from __future__ import annotations
@@ -52,8 +53,24 @@ def cmd_doctor(client: Client, args: argparse.Namespace) -> int:
     return UNEXPLAINED_EXIT if report.unexplained else 0
 
 
+def cmd_limits(client: Client, args: argparse.Namespace) -> int:
+    """``lousho limits``: each model limit key live workers give different numbers, and what holds; exit 3 if any."""
+    found = client.limit_conflicts()
+    if args.json:
+        print_json({"conflicts": [conflict.model_dump(mode="json") for conflict in found]})
+        return UNEXPLAINED_EXIT if found else 0
+    for conflict in found:
+        print(f"conflict: model limit {conflict.key!r} is given different numbers by live workers")
+        for given, workers in conflict.given.items():
+            print(f"  {given}  by {', '.join(workers)}")
+        print(f"  holds meanwhile (the smallest of each): {conflict.holds.describe()}")
+    if not found:
+        print("live workers agree on every model limit they hold")
+    return UNEXPLAINED_EXIT if found else 0
+
+
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``doctor`` to the ``lousho`` parser."""
+    """Add ``doctor`` and ``limits`` to the ``lousho`` parser."""
     doctor = accept_json(sub.add_parser("doctor", help="find unfinished runs that nothing moves (exit 3 if any)"))
     doctor.add_argument(
         "--no-wait",
@@ -61,6 +78,10 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="look once: runs nothing explains now are reported as suspects, unconfirmed",
     )
     doctor.set_defaults(fn=cmd_doctor)
+    limits = accept_json(
+        sub.add_parser("limits", help="model limit keys live workers give different numbers (exit 3 if any)")
+    )
+    limits.set_defaults(fn=cmd_limits)
 
 
-__all__ = ["UNEXPLAINED_EXIT", "add_command", "cmd_doctor"]
+__all__ = ["UNEXPLAINED_EXIT", "add_command", "cmd_doctor", "cmd_limits"]

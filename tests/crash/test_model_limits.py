@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +162,34 @@ def test_one_keys_backlog_does_not_starve_another_keys_run(fleet: Cluster) -> No
         f" {a_ends[9] - first:.2f} s, its last at {a_ends[-1] - first:.2f} s)"
     )
     assert b_start < a_ends[9]
+
+
+def test_workers_of_two_releases_that_disagree_on_a_limit_show_the_conflict_and_the_smallest_holds(
+    tmp_path: Path,
+) -> None:
+    # Given a worker of one release (the agent's concurrent=2) and a worker of the next (LOUSHO_MODEL_LIMITS says 3)
+    cluster = Cluster(tmp_path / "releases", extra_env={"LOUSHO_AGENTS": AGENTS})
+    try:
+        old = cluster.start_worker("old", concurrency=2, wait=False)
+        cluster.extra_env["LOUSHO_MODEL_LIMITS"] = "crash-guarded=concurrent:3"
+        new = cluster.start_worker("new", concurrency=2, wait=False)
+        for worker in (old, new):
+            cluster.wait_ready(worker)
+        # When runs go to both while they disagree
+        runs = [f"release-{n}" for n in range(6)]
+        for run in runs:
+            cluster.send("limited", run, run_input(run, turns=2, model=250))
+        cluster.wait_finished(runs, timeout=60)
+        # Then the registry shows the conflict, with the workers giving each set of numbers and what holds
+        [conflict] = cluster.client.limit_conflicts()
+        overlap = _most_at_once(_spans(cluster.events(), "release-"))
+        refused = [e for e in cluster.events() if e.get("kind") == "provider" and e.get("phase") == "refused"]
+        print(f"conflict {conflict.given} holds {conflict.holds.describe()}; most calls at once {overlap}")
+        assert conflict.key == "crash-guarded" and conflict.holds.concurrent == 2
+        assert sorted(conflict.given) == ["crash-guarded=concurrent:2", "crash-guarded=concurrent:3"]
+        assert all(len(workers) == 1 for workers in conflict.given.values())
+        # And the smallest number held the calls of both workers; each worker said so in its log
+        assert overlap <= 2 and refused == []
+        assert cluster.worker_logs().count("live workers give model limit 'crash-guarded' different numbers") >= 1
+    finally:
+        cluster.close()

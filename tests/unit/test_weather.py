@@ -11,6 +11,7 @@ import pytest
 from store import errors, payloads, records
 from store.inputs import normalize_input
 from store.memory import MemoryApprovalStore
+from store.model_limit import LimitConflict, ModelLimit
 from store.records import Message, Serving
 from store.settings import load_settings
 from tests.fakes.crash import Crashes, SimulatedCrash
@@ -182,8 +183,17 @@ class FakeRegistry:
     def serving(self, agent: str, within_s: float, exclude: str = "") -> list[Serving]:
         return [s for s in self.live if s.worker_id != exclude]
 
-    def register(self, worker_id: str, fingerprints: Mapping[str, dict[str, Any]], formats: Iterable[int]) -> None:
+    def register(
+        self,
+        worker_id: str,
+        fingerprints: Mapping[str, dict[str, Any]],
+        formats: Iterable[int],
+        limits: Mapping[str, ModelLimit] | None = None,
+    ) -> None:
         raise AssertionError("a step never registers workers")
+
+    def limit_conflicts(self, within_s: float) -> list[LimitConflict]:
+        raise AssertionError("a step never reads limit conflicts")
 
     def refresh(self, worker_id: str) -> None:
         raise AssertionError("a step never refreshes workers")

@@ -153,7 +153,7 @@ def soak(config: Config) -> int:
     # The test support reads its database and Redis db names at import: set them first.
     os.environ["LOUSHO_TEST_DATABASE"] = config.database
     os.environ["LOUSHO_TEST_REDIS_DB"] = str(config.redis_db)
-    from tests.providers.fake_server import FakeProviderServer
+    from tests.fakes.provider_server import FakeProviderServer
     from tests.support import services
     from tests.support.cluster import Cluster
     from tests.support.weather_agents import AGENT, LOG_ENV, RECOVER, URL_ENV, WeatherScript, ask, flaky

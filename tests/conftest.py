@@ -17,6 +17,15 @@ from store.leases import LeaseManager
 from store.settings import Settings
 from tests.support import reports, services
 
+#: Fixtures of one feature's tests (the tests are in folders by tier, each feature's in files named for it).
+pytest_plugins = [
+    "tests.support.cli_fixtures",
+    "tests.support.http_fixtures",
+    "tests.support.provider_fixtures",
+    "tests.support.schedule_fixtures",
+    "tests.support.ui_fixtures",
+]
+
 _SERVICE_MARKERS = ("integration", "crash")
 _prepared: dict[str, str | None] = {}
 

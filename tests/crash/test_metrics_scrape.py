@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 
 from producer.http import Backend, WebhookConfig, create_app, sign
 from store import metrics
-from tests.providers.fake_server import FakeProviderServer
+from tests.fakes.provider_server import FakeProviderServer
 from tests.support import abort_agents, weather_agents
 from tests.support.agents import run_input
 from tests.support.cluster import Cluster, wait_until

@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 
 from store.inputs import normalize_input
 from store.settings import Settings
-from tests.providers.fake_server import FakeProviderServer
+from tests.fakes.provider_server import FakeProviderServer
 from tests.support import checker, services
 from tests.support.agents import run_input
 from tests.support.cluster import Cluster, wait_until

@@ -21,8 +21,8 @@ from store.checkpoints import PostgresCheckpointStore
 from store.leases import Heartbeat, LeaseManager
 from store.records import LastError, Message
 from store.settings import Settings
-from tests.cli.conftest import Printed
 from tests.support import services
+from tests.support.cli_fixtures import Printed
 from tests.support.driver import Driver
 from worker import Agent, tasks, tool
 from worker.providers import MockModel

@@ -21,9 +21,9 @@ from store.checkpoints import PostgresCheckpointStore
 from store.records import Message
 from store.retention import Retention
 from store.settings import Settings
-from tests.cli.conftest import Lousho, lousho  # noqa: F401  # lousho is a fixture
+from tests.support.cli_fixtures import Lousho
 from tests.support.driver import Driver, Sent
-from tests.webhooks.conftest import Receiver, receiver, signed_headers  # noqa: F401  # receiver is a fixture
+from tests.support.http_fixtures import Receiver, receiver, signed_headers  # noqa: F401  # receiver is a fixture
 from worker import Agent, ToolContext, tool
 from worker.providers import MockModel
 
@@ -534,7 +534,7 @@ def test_ages_and_policies_are_checked() -> None:
 
 
 def test_lousho_prune_counts_with_dry_run_then_prunes_batch_by_batch(
-    lousho: Lousho,  # noqa: F811  # the fixture, by name
+    lousho: Lousho,  # the fixture, by name
     store: PostgresCheckpointStore,
 ) -> None:
     _insert_runs(store.engine, "ret-cli", 7)

@@ -21,7 +21,7 @@ __all__ = ["WORKER_FOLDERS", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Folders whose tests start real worker, beat and server processes: one session of their own.
-WORKER_FOLDERS = ("tests/crash", "tests/soak", "tests/deploy")
+WORKER_FOLDERS = ("tests/crash", "tests/soak")
 
 
 def _database(env: dict[str, str]) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""Agents of the browser tests of the run pages (``tests/ui``), each on a scripted ``MockModel``.
+"""Agents of the browser tests of the run pages (``tests/crash/test_ui_*.py``), each on a scripted ``MockModel``.
 
 Workers import this module through ``LOUSHO_AGENTS=tests.support.ui_agents``. The model's call ids are
 ``MockModel``'s own (``call_<turn>_<k>``), so a test can name a call in a fork patch.

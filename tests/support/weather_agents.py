@@ -31,7 +31,7 @@ from typing import Any
 
 from store import step_message
 from store.records import Message
-from tests.providers.fake_server import Api, Call, Failure, Hangup, Reply, Turn
+from tests.fakes.provider_server import Api, Call, Failure, Hangup, Reply, Turn
 from tests.support import agents as crash_agents
 from worker import Agent, ToolContext, tool
 from worker.providers import ModelResponse, ToolSpec

@@ -1,1 +1,0 @@
-"""Browser tests of the run pages (headless Chromium driven by Playwright)."""

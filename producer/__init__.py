@@ -6,7 +6,7 @@ Re-exports the error family of ``store.errors`` (what the client's methods and `
 
 from __future__ import annotations
 
-from producer.client import AgentHandle, Approvals, Client, Run, RunResult
+from producer.client import AgentHandle, Approvals, Client, Run
 from producer.forks import Fork
 from producer.schedules import Schedules
 from producer.trajectories import TrajectoryComparison, compare_trajectories
@@ -14,7 +14,7 @@ from store import errors
 from store.errors import *  # noqa: F403  # the public errors, listed once in store.errors.__all__
 from store.limits import Limits, Prices
 from store.records import HistoryEntry, PendingRun
-from store.summaries import RunPage, RunSummary, WaitingOn
+from store.summaries import RunPage, RunResult, RunSummary, WaitingOn
 
 __all__ = [
     "AgentHandle",

@@ -16,7 +16,6 @@ from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
 from producer import forks, inspection, streams
@@ -24,7 +23,7 @@ from producer.enqueue import Enqueuer
 from producer.forks import Fork
 from producer.schedules import Schedules
 from store import doctor as doctor_report
-from store import errors, inputs, interfaces, observed, records, redis_client, telemetry
+from store import errors, inputs, interfaces, observed, recordings, records, redis_client, telemetry
 from store.approvals import PostgresApprovalStore
 from store.checkpoints import PostgresCheckpointStore
 from store.database import make_engine
@@ -34,56 +33,16 @@ from store.inputs import Input, normalize_input
 from store.leases import LeaseManager
 from store.limits import Limits
 from store.model_limit import LimitConflict
-from store.records import Approval, Checkpoint, HistoryEntry, Message, PendingRun, ToolCall, Usage
+from store.recordings import Recording
+from store.records import Approval, Checkpoint, HistoryEntry, PendingRun
 from store.registry import PostgresAgentRegistry
 from store.settings import Settings, load_settings
 from store.signals import RedisSignals
 from store.summaries import RunPage, RunSummary
+from store.summaries import RunResult as RunResult  # re-exported: RunResult was defined here before
 
 log = logging.getLogger("lousho.client")
 _KNOWN_AGENTS_TTL_S = 5.0
-
-
-class RunResult(BaseModel):
-    """How a run settled, by ``finish_reason``.
-
-    - ``stop``: the model answered without calling a tool.
-    - ``length``: the answer was cut at the provider's token limit (``max_tokens``); the text is partial.
-    - ``content-filter``: the provider withheld or refused the answer.
-    - ``max-steps``: the agent's ``max_steps`` ran out.
-    - ``awaiting-approval``: paused on approvals or questions (``approval_ids``).
-    - ``aborted``: stopped by ``abort()``; every call has its result; a send or ``resume()`` continues it.
-    - ``budget-exceeded``: a limit of the agent's ``Limits`` was reached before a model call; the run stays in
-      progress and ``resume(..., limits=...)`` continues it under raised limits.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    session_id: str
-    finish_reason: str | None
-    text: str | None
-    messages: list[Message]
-    steps: int
-    usage: Usage
-    tool_calls: list[ToolCall]
-    approval_id: str | None = None
-    approval_ids: list[str] = []
-
-    @classmethod
-    def of(cls, checkpoint: Checkpoint) -> RunResult:
-        """The result a settled checkpoint describes."""
-        finish = checkpoint.finish_reason or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
-        return cls(
-            session_id=checkpoint.session_id,
-            finish_reason=finish,
-            text=checkpoint.final_text,
-            messages=list(checkpoint.messages),
-            steps=checkpoint.step,
-            usage=checkpoint.usage,
-            tool_calls=checkpoint.run_tool_calls,
-            approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
-            approval_ids=list(checkpoint.approval_ids),
-        )
 
 
 class Run:
@@ -416,6 +375,42 @@ class Client:
         runs at once passes a larger pool).
         """
         return streams.follow_async(lambda stop: self._follow(session_id, after, live, timeout, stop), executor)
+
+    def export(self, session_id: str) -> Recording:
+        """Run ``session_id`` written down for replay (``lousho export``): inputs, turns, results, decisions, children.
+
+        Secret-shaped text is masked. ``worker.testing.replay`` (``lousho replay``) runs it through an agent again;
+        ``.model_dump_json()`` is the file.
+
+        Raises:
+            CheckpointNotFoundError: no such run.
+            SessionIdInvalidError: the id breaks the id rules.
+        """
+        checkpoint = self.store.load(records.validate_session_id(session_id))
+        if checkpoint is None:
+            raise errors.CheckpointNotFoundError(f"run {session_id!r} is not stored")
+        events: list[Event] = []
+        after = -1
+        while page := self.store.read_events(session_id, after, 1000):
+            events.extend(page)
+            after = max(after, *(event.seq for event in page if event.seq is not None))
+        approvals = PostgresApprovalStore(self.engine).by_ids(recordings.approval_ids(events))
+        children = [
+            self.export(str(e.data["child_run_id"]))
+            for e in events
+            if e.type == "subagent.start"
+            and isinstance(e.data.get("child_run_id"), str)
+            and self.store.progress(str(e.data["child_run_id"])) is not None
+        ]
+        return recordings.build(
+            session_id,
+            checkpoint.agent,
+            events,
+            checkpoint.messages,
+            approvals.values(),
+            children,
+            fingerprint=checkpoint.fingerprint,
+        )
 
     def read_events(self, session_id: str, after: int, limit: int = 500) -> list[Event]:
         """One page of the run's durable events after seq ``after``, without waiting."""

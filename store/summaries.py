@@ -1,4 +1,6 @@
-"""What an operator reads of a run: its summary (``RunSummary``), what it waits on (``WaitingOn``), and a page of them.
+"""What is read of a run: its summary, what it waits on, a page of them, and how it settled (``RunResult``).
+
+``RunSummary`` and ``WaitingOn`` are what an operator reads; ``RunResult`` what a caller's wait returns.
 
 Records only: ``store.explain`` decides what a run waits on and what moves it next, ``store.observed`` reads the
 facts it decides from, and ``producer.client`` hands these out (``Client.runs``, ``Client.describe``).
@@ -11,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.records import LastError, ListedRun, ListedState, Status, Usage
+from store.records import Checkpoint, LastError, ListedRun, ListedState, Message, Status, ToolCall, Usage
 
 #: Where a run's next step message is: in a queue of the broker, or taken by a worker that has not acked it yet.
 MessagePlace = Literal["queued", "reserved"]
@@ -120,4 +122,46 @@ class RunPage(_Record):
     prev_cursor: str | None = None
 
 
-__all__ = ["MessagePlace", "RunPage", "RunSummary", "WaitingOn", "finish_reason"]
+__all__ = ["MessagePlace", "RunPage", "RunResult", "RunSummary", "WaitingOn", "finish_reason"]
+
+
+class RunResult(BaseModel):
+    """How a run settled, by ``finish_reason``.
+
+    - ``stop``: the model answered without calling a tool.
+    - ``length``: the answer was cut at the provider's token limit (``max_tokens``); the text is partial.
+    - ``content-filter``: the provider withheld or refused the answer.
+    - ``max-steps``: the agent's ``max_steps`` ran out.
+    - ``awaiting-approval``: paused on approvals or questions (``approval_ids``).
+    - ``aborted``: stopped by ``abort()``; every call has its result; a send or ``resume()`` continues it.
+    - ``budget-exceeded``: a limit of the agent's ``Limits`` was reached before a model call; the run stays in
+      progress and ``resume(..., limits=...)`` continues it under raised limits.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    finish_reason: str | None
+    text: str | None
+    messages: list[Message]
+    steps: int
+    usage: Usage
+    tool_calls: list[ToolCall]
+    approval_id: str | None = None
+    approval_ids: list[str] = []
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> RunResult:
+        """The result a settled checkpoint describes."""
+        finish = checkpoint.finish_reason or ("awaiting-approval" if checkpoint.status == "awaiting-approval" else None)
+        return cls(
+            session_id=checkpoint.session_id,
+            finish_reason=finish,
+            text=checkpoint.final_text,
+            messages=list(checkpoint.messages),
+            steps=checkpoint.step,
+            usage=checkpoint.usage,
+            tool_calls=checkpoint.run_tool_calls,
+            approval_id=checkpoint.approval_ids[0] if checkpoint.approval_ids else None,
+            approval_ids=list(checkpoint.approval_ids),
+        )

@@ -8,8 +8,11 @@ records it), so the run recovers afterwards. Unarmed, a crash point costs two di
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
+from collections.abc import Iterator
 
 
 def _armed(variable: str) -> dict[str, str]:
@@ -37,8 +40,69 @@ def _first_time(kind: str, point: str, session_id: str) -> bool:
     return True
 
 
+#: Every crash point a step passes, by name (``worker.testing.run_local(crash_at=...)`` checks names against it).
+POINTS = frozenset(
+    {
+        "after_approved_effect_before_result_save",
+        "after_batch_save_before_enqueue",
+        "after_end_hooks_before_note",
+        "after_enqueue_before_ack",
+        "after_lease_before_epoch",
+        "after_model_response_before_save",
+        "after_model_save_before_enqueue",
+        "after_tool_effect_before_result_save",
+        "approval_decided_before_resume_enqueue",
+        "before_started_marker",
+        "between_results",
+        "during_model_call",
+        "tool_before_effect",
+    }
+)
+
+
+class SimulatedCrash(BaseException):  # not an error: a process death, played in process
+    """Raised at an armed point by ``simulating``: the step stops there as if its process had died.
+
+    A ``BaseException``, so no handler of a step turns it into a result or a retry.
+    """
+
+    def __init__(self, point: str, session_id: str) -> None:
+        super().__init__(f"simulated crash at {point} in run {session_id}")
+        self.point = point
+        self.session_id = session_id
+
+
+_simulated_lock = threading.Lock()
+#: The points ``simulating`` armed in this process, and those that fired.
+_simulated: tuple[frozenset[str], set[str]] | None = None
+
+
+@contextlib.contextmanager
+def simulating(points: frozenset[str]) -> Iterator[set[str]]:
+    """Raise ``SimulatedCrash`` the first time each of ``points`` is reached in this process, inside the block.
+
+    Yields the points that fired. For one in-process runner at a time (``worker.testing.run_local``).
+    """
+    global _simulated
+    fired: set[str] = set()
+    with _simulated_lock:
+        before, _simulated = _simulated, (points, fired)
+    try:
+        yield fired
+    finally:
+        with _simulated_lock:
+            _simulated = before
+
+
 def crash_point(point: str, session_id: str) -> None:
     """Kill (or stop) this process the first time ``point`` is reached for a matching run."""
+    simulated = _simulated
+    if simulated is not None and point in simulated[0]:
+        with _simulated_lock:
+            first = point not in simulated[1]
+            simulated[1].add(point)
+        if first:
+            raise SimulatedCrash(point, session_id)
     stop = _STOPS.get(point)
     if stop is not None and session_id.startswith(stop) and _first_time("stop", point, session_id):
         os.kill(os.getpid(), signal.SIGSTOP)

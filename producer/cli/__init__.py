@@ -10,7 +10,20 @@ import argparse
 from collections.abc import Sequence
 from importlib import metadata
 
-from producer.cli import approvals, dev, doctor, flower, listing, output, prune, runs, storage, watch, webhooks
+from producer.cli import (
+    approvals,
+    dev,
+    doctor,
+    flower,
+    listing,
+    output,
+    prune,
+    recordings,
+    runs,
+    storage,
+    watch,
+    webhooks,
+)
 from producer.cli import schedules as schedule_commands
 from producer.client import Client
 from store import errors
@@ -37,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     runs.add_commands(sub)
     listing.add_commands(sub)
+    recordings.add_commands(sub)
     doctor.add_command(sub)
     watch.add_command(sub)
     approvals.add_command(sub)

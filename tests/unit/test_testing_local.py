@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from store import errors, recordings
+from store import errors, faults, recordings
 from store.records import Approval
 from tests.support.local_agents import desk
 from tests.support.local_agents_v2 import desk as desk_v2
@@ -152,3 +153,32 @@ def test_decide_receives_each_approval_of_the_run_and_its_children() -> None:
 
     run_local(desk, "Charge me 5.", session_id="desk-5", decide=decide)
     assert [(a.tool_name, a.session_id) for a in seen] == [("charge", "desk-5")]
+
+
+def test_the_named_crash_points_are_every_point_a_step_passes() -> None:
+    found: set[str] = set()
+    for path in [*(ROOT / "worker").rglob("*.py"), ROOT / "producer" / "client.py"]:
+        for call in re.findall(r"crash_point\((.*?)\)", path.read_text(), re.S):
+            found |= set(re.findall(r'"([a-z_]+)"', call))
+    assert found - {"tick_claim_before_publish"} == faults.POINTS
+
+
+def test_a_once_tool_interrupted_after_its_effect_is_reconciled_not_run_again() -> None:
+    charged: list[int] = []
+
+    def already(args: dict[str, int], ctx: object) -> str | None:
+        return f"charged {args['amount']} (found)" if args["amount"] in charged else None
+
+    @tool(once=True, reconcile=already)
+    def pay(amount: int) -> str:
+        """Charge once."""
+        charged.append(amount)
+        return f"charged {amount}"
+
+    model = MockModel([{"tool_calls": [{"name": "pay", "args": {"amount": 9}}]}, "paid"])
+    till = Agent(name="till", model=model, tools=[pay])
+    runtime = LocalRuntime.serving([till])
+    result = run_local(till, "pay 9", runtime=runtime, crash_at="after_once_effect_before_result_save")
+    [paid] = [m for m in result.messages if m.role == "tool"]
+    assert result.finish_reason == "stop" and charged == [9] and paid.content == "charged 9 (found)"
+    assert [crash.point for crash in runtime.crashes] == ["after_once_effect_before_result_save"]

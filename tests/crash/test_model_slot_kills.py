@@ -64,7 +64,13 @@ def test_killing_a_worker_that_holds_slots_frees_them_within_a_lease_ttl(make_cl
     cluster.send("limited", runs[2], run_input(runs[2], turns=1))
 
     wait_until(lambda: usage() == (2, 1), 5, "two slots held and one run waiting")
-    # The worker's /metrics shows the fleet's slots (read from Redis) and the wait it counted
+    # The worker's /metrics shows the fleet's slots (read from Redis) and the wait it counted (the waiting step
+    # counts it once its answer came back, a moment after Redis put the run in line)
+    wait_until(
+        lambda: _sample(_scrape(port), "lousho_model_limit_waits_total", key="crash-guarded", reason="slot") >= 1,
+        5,
+        "the wait counted",
+    )
     scraped = _scrape(port)
     assert _sample(scraped, "lousho_model_slots_in_use", key="crash-guarded") == 2
     assert _sample(scraped, "lousho_model_slots_waiting", key="crash-guarded") == 1

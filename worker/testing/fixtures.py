@@ -41,8 +41,11 @@ class LocalRunner:
         crash_at: str | Iterable[str] | None = None,
         **options: Any,
     ) -> RunResult:
-        """``run_local`` with a runtime kept for ``events``; a second ``run`` of a session sends it more input."""
-        if self.runtime is None or agent.name not in self.runtime.agents:
+        """``run_local`` with its runtime kept for ``events``; a second ``run`` of a session sends it more input.
+
+        A run of another agent (or another agent of the same name) gets a new runtime.
+        """
+        if self.runtime is None or self.runtime.agents.get(agent.name) is not agent:
             self.runtime = LocalRuntime.serving([agent])
         self.session_id = session_id
         return run_local(

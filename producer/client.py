@@ -395,13 +395,14 @@ class Client:
             events.extend(page)
             after = max(after, *(event.seq for event in page if event.seq is not None))
         approvals = PostgresApprovalStore(self.engine).by_ids(recordings.approval_ids(events))
-        children = [
-            self.export(str(e.data["child_run_id"]))
-            for e in events
-            if e.type == "subagent.start"
-            and isinstance(e.data.get("child_run_id"), str)
-            and self.store.progress(str(e.data["child_run_id"])) is not None
-        ]
+        children = []
+        started = [e.data.get("child_run_id") for e in events if e.type == "subagent.start"]
+        for child in (run_id for run_id in started if isinstance(run_id, str)):
+            try:
+                children.append(self.export(child))
+            except errors.CheckpointNotFoundError:
+                continue  # pruned or deleted since: the lead's recording keeps the child's result
+
         return recordings.build(
             session_id,
             checkpoint.agent,

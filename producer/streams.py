@@ -211,13 +211,13 @@ def _heard(subscription: Subscription | None, session_id: str, wait: float) -> t
     try:
         message = subscription.get_message(timeout=wait)
         while message is not None:
-            data = message.get("data")
-            signal = _signal(session_id, data)
+            body = _body(message.get("data"))
+            signal = _signal(session_id, body)
             if signal is not None:
                 heard.append(signal)
             else:
                 noted = True
-                ended = ended or _ends(data)
+                ended = ended or body.get("ends") is True
             message = subscription.get_message(timeout=0)
     except errors.StorageError as exc:
         log.debug("lost the channel of a run (%s); polling", type(exc).__name__)
@@ -225,22 +225,21 @@ def _heard(subscription: Subscription | None, session_id: str, wait: float) -> t
     return heard, noted, ended
 
 
-def _ends(data: Any) -> bool:
-    """Whether a note is of a save that ended the input (``{"saved": true, "ends": true}``)."""
+def _body(data: Any) -> dict[str, Any]:
+    """A channel message's JSON object, empty when it is not one.
+
+    A live signal, or a note: ``{"saved": true}``, with ``"ends": true`` when the save ended the input.
+    """
     try:
         body = json.loads(data)
     except (TypeError, ValueError):
-        return False
-    return isinstance(body, dict) and body.get("ends") is True
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
-def _signal(session_id: str, data: Any) -> Event | None:
-    """A live signal from a channel message (None for a note, or anything unreadable)."""
-    try:
-        body = json.loads(data)
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(body, dict) or body.get("type") not in events.LIVE or not isinstance(body.get("data"), dict):
+def _signal(session_id: str, body: dict[str, Any]) -> Event | None:
+    """A live signal from a channel message's body (None for a note, or anything unreadable)."""
+    if body.get("type") not in events.LIVE or not isinstance(body.get("data"), dict):
         return None
     try:
         at = datetime.fromisoformat(body["at"])

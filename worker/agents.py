@@ -536,6 +536,18 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def reachable(agents: Iterable[Agent]) -> list[Agent]:
+    """``agents`` and every agent they hand off to or start as sub-agents, at any depth, each once."""
+    found: dict[int, Agent] = {}
+    pending = list(agents)
+    while pending:
+        agent = pending.pop()
+        if id(agent) not in found:
+            found[id(agent)] = agent
+            pending.extend([*agent.handoffs.values(), *agent.subagents.values()])
+    return list(found.values())
+
+
 def import_agent_modules(modules: Iterable[str]) -> list[ModuleType]:
     """Import the modules named in ``LOUSHO_AGENTS``.
 

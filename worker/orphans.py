@@ -13,6 +13,7 @@ finds its run busy or its seq stale).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ log = logging.getLogger("lousho.orphans")
 
 #: Pages of due runs the pass at start reads at most (``SWEEP_LIMIT`` runs each); the sweep covers the rest.
 START_PAGES = 20
+#: How long a step stays among the checked ones after it was last received or listed (Celery may drop a dead
+#: process's request before a check lists it), and how many are kept that long at most.
+KEPT_S = 5.0
+KEPT_MAX = 5000
 
 
 @dataclass(frozen=True)
@@ -56,32 +61,51 @@ class DeadSteps:
         #: Where the runs sent again are marked swept (and recovering: the sweep reports how they came out).
         self._store = store
         self._handled: set[str] = set()
-        #: The steps listed at the last check.
-        self._last: list[PoolStep] = []
+        #: Steps received or listed in the last ``KEPT_S``, oldest first: task id -> (when, step).
+        self._recent: dict[str, tuple[float, PoolStep]] = {}
+        self._recent_lock = threading.Lock()
         #: The pool's processes running at the last check (None before the first).
         self._children: set[int] | None = None
+
+    def received(self, step: PoolStep) -> None:
+        """Keep ``step`` (a message the worker just received) among the checked ones for ``KEPT_S``.
+
+        Called from the consumer's thread for every step message: constant work, the oldest entries dropped.
+        """
+        self._keep([step], time.monotonic())
+
+    def _keep(self, steps: Iterable[PoolStep], now: float) -> None:
+        with self._recent_lock:
+            for step in steps:
+                self._recent.pop(step.task_id, None)  # to the end: the entries stay in time order
+                self._recent[step.task_id] = (now, step)
+            horizon = now - KEPT_S
+            while self._recent:
+                oldest = next(iter(self._recent))
+                if self._recent[oldest][0] >= horizon and len(self._recent) <= KEPT_MAX:
+                    break
+                del self._recent[oldest]
 
     def check(self, steps: Iterable[PoolStep], children: Iterable[int] | None = None) -> list[str]:
         """When a pool process died, release the leases it held among ``steps`` and send those steps again.
 
-        A death is a step's process that no longer runs, or a change in ``children`` (the pool's processes, when
-        the caller can list them): one that ran at the last check no longer does, or a new one replaced it. A
-        process can die before its parent learnt which step it took, and be replaced before a check sees it dead.
-        The first check counts as one (the watch starts after the pool). Then every step listed now or at the last
-        check whose lease a gone process holds is sent again (Celery may drop a dead process's request between two
-        checks). Returns the runs sent again. A message is sent again once (its task id is kept while it is listed);
-        a run whose lease a live process holds (a redelivered copy got there first) is not sent. The runs sent are
-        marked swept, as the sweep marks the runs it sends (best effort: a store that cannot be reached only costs
-        the report of that recovery).
+        A death is a step's process that no longer runs, or a change in ``children`` (the pool's processes, when the
+        caller can list them): one that ran at the last check no longer does, or a new one replaced it. A process
+        can die before its parent learnt which step it took, and be replaced before a check sees it dead. The first
+        check counts as one (the watch starts after the pool). Then every step listed now, or received or listed in
+        the last ``KEPT_S``, whose lease a gone process holds is sent again (Celery may drop a dead process's
+        request before a check lists it). Returns the runs sent again. A message is sent again once (its task id is
+        kept while it is listed); a run whose lease a live process holds (a redelivered copy got there first) is not
+        sent. The runs sent are marked swept, as the sweep marks the runs it sends (best effort: a store that cannot
+        be reached only costs the report of that recovery).
 
         Raises:
             StorageError: the leases could not be read or released (the next check tries again).
         """
         current = list(steps)
-        # The last check's steps count too: Celery may have dropped a dead process's request (and requeued a copy
-        # that is stale) between two checks.
-        listed = current + [step for step in self._last if step.task_id not in {s.task_id for s in current}]
-        self._last = current
+        self._keep(current, time.monotonic())
+        with self._recent_lock:
+            listed = [step for _, step in self._recent.values()]
         self._handled &= {step.task_id for step in listed}
         running = {pid for pid in (children or ()) if owners.is_running(pid)}
         died = (

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from store import errors, interfaces, model_limit, telemetry
 from store.model_limit import ModelLimit, SlotAnswer
 from store.records import Checkpoint
-from worker.agents import Agent
+from worker.agents import Agent, reachable
 
 __all__ = [
     "COOL_DOWN_STATUSES",
@@ -62,15 +62,7 @@ def settled_limits(agents: Iterable[Agent], environment: dict[str, ModelLimit]) 
     Raises:
         ConfigurationError: two agents give one key different numbers and ``LOUSHO_MODEL_LIMITS`` does not settle it.
     """
-    seen: dict[str, Agent] = {}
-    pending = list(agents)
-    while pending:
-        agent = pending.pop()
-        if seen.get(agent.name) is agent:
-            continue
-        seen.setdefault(agent.name, agent)
-        pending.extend([*agent.handoffs.values(), *agent.subagents.values()])
-    named = [(agent.name, agent.model_limit) for agent in seen.values() if agent.model_limit is not None]
+    named = [(agent.name, agent.model_limit) for agent in reachable(agents) if agent.model_limit is not None]
     return model_limit.settle(sorted(named, key=lambda pair: pair[0]), environment)
 
 

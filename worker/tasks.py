@@ -19,7 +19,6 @@ import os
 import random
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -305,7 +304,7 @@ def _dead_steps_loop(stop: threading.Event) -> None:
         log.warning(
             "could not look for runs left by dead processes at start (%s); the sweep recovers them", type(exc).__name__
         )
-    watch = orphans.DeadSteps(leases, _resend_step, store)
+    watch = _state["dead_steps"] = orphans.DeadSteps(leases, _resend_step, store)
     try:
         while not stop.wait(DEAD_STEP_CHECK_S):
             try:
@@ -317,38 +316,24 @@ def _dead_steps_loop(stop: threading.Event) -> None:
         engine.dispose()
 
 
-#: How long a step message this main process received stays among the steps it checks, even once Celery dropped it.
-RECEIVED_KEPT_S = 5.0
-#: The most received step messages kept that long.
-RECEIVED_KEPT_MAX = 5000
-_received: dict[str, tuple[float, orphans.PoolStep]] = {}
-_received_lock = threading.Lock()
-
-
 @signals.task_received.connect
 def _keep_received(request: Any = None, **_: Any) -> None:
-    """Remember a step message this main process received, for the dead-step watch.
+    """Hand a step message this main process received to the dead-step watch (``DeadSteps.received``).
 
     A pool process can take a step and die between two checks, and Celery can drop that request (requeueing a copy
-    whose seq is stale) before the next check lists it: the step is still known here for ``RECEIVED_KEPT_S``.
+    whose seq is stale) before the next check lists it.
     """
-    step = _as_step(request) if request is not None else None
-    if step is None or _state.get("dead_steps_stop") is None:
-        return
-    now = time.monotonic()
-    with _received_lock:
-        _received[step.task_id] = (now, step)
-        if len(_received) > RECEIVED_KEPT_MAX:
-            for task_id in list(_received)[: len(_received) - RECEIVED_KEPT_MAX]:
-                del _received[task_id]
+    watch: orphans.DeadSteps | None = _state.get("dead_steps")
+    step = _as_step(request) if watch is not None and request is not None else None
+    if watch is not None and step is not None:
+        watch.received(step)
 
 
 def _pool_steps() -> list[orphans.PoolStep]:
     """The step messages this worker holds, from Celery's requests (read in the main process).
 
     Reserved requests, not only the active ones: a pool process can die after it took a step's lease and before the
-    main process learnt that it accepted the step. And the ones received in the last ``RECEIVED_KEPT_S``, which
-    Celery may have dropped already.
+    main process learnt that it accepted the step.
     """
     for _ in range(5):
         try:
@@ -357,16 +342,8 @@ def _pool_steps() -> list[orphans.PoolStep]:
         except RuntimeError:  # the event loop changed the set while it was being copied: read again
             continue
     else:
-        requests = []
-    steps = {step.task_id: step for step in map(_as_step, requests) if step is not None}
-    horizon = time.monotonic() - RECEIVED_KEPT_S
-    with _received_lock:
-        for task_id, (at, step) in list(_received.items()):
-            if at < horizon:
-                del _received[task_id]
-            else:
-                steps.setdefault(task_id, step)
-    return list(steps.values())
+        return []
+    return [step for step in map(_as_step, requests) if step is not None]
 
 
 def _as_step(request: Any) -> orphans.PoolStep | None:

@@ -126,3 +126,21 @@ def test_at_start_the_runs_whose_leases_dead_processes_of_this_host_hold_are_sen
     assert count == 1 and [run.session_id for run in sent] == ["held-dead"]
     assert leases.holder("held-dead") is None and leases.holder("held-live") is not None
     assert {run.session_id for run in store.due_runs(1.0)} == {"held-live", "free"}
+
+
+def test_a_step_received_but_never_listed_at_a_check_is_sent_again_when_its_process_dies() -> None:
+    # Given a step message the worker received, whose pool process took its lease and died before any check listed
+    # it (Celery dropped the request at once)
+    leases = MemoryLeaseManager(TTL_MS, FakeClock())
+    sent: list[orphans.PoolStep] = []
+    watch = orphans.DeadSteps(leases, sent.append)
+    with processes.running() as child, processes.running() as replacement:
+        assert watch.check([], [child.pid]) == []  # the first check
+        step = orphans.PoolStep("t1", None, "run-1")
+        watch.received(step)
+        leases.hold_as("run-1", processes.owner_of(child.pid))
+        child.kill()
+        child.wait(5)
+        # When the next check finds the pool changed, then the received step goes out
+        assert watch.check([], [replacement.pid]) == ["run-1"]
+    assert sent == [step] and leases.holder("run-1") is None

@@ -18,7 +18,7 @@ from store.inputs import Input, normalize_input
 from store.memory import MemoryApprovalStore, MemoryCheckpointStore, MemoryLeaseManager
 from store.records import Approval, Checkpoint, Lease
 from store.summaries import RunResult
-from worker.agents import Agent
+from worker.agents import Agent, reachable
 from worker.steps import StepDeps, run_step
 
 __all__ = ["Decide", "LocalRuntime", "run_local"]
@@ -214,15 +214,13 @@ def run_local(
 
 
 def _with_reachable(agents: Iterable[Agent]) -> dict[str, Agent]:
-    """``agents`` by name with the agents they hand off to or start as sub-agents, at any depth."""
+    """``agents`` by name with the agents they hand off to or start as sub-agents (``agents.reachable``).
+
+    Raises:
+        ConfigurationError: two different agents have one name.
+    """
     found: dict[str, Agent] = {}
-    pending = list(agents)
-    while pending:
-        agent = pending.pop()
-        if agent.name in found:
-            if found[agent.name] is not agent:
-                raise errors.ConfigurationError(f"two different agents are named {agent.name!r}")
-            continue
-        found[agent.name] = agent
-        pending.extend([*agent.handoffs.values(), *agent.subagents.values()])
+    for agent in reachable(agents):
+        if found.setdefault(agent.name, agent) is not agent:
+            raise errors.ConfigurationError(f"two different agents are named {agent.name!r}")
     return found

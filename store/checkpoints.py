@@ -45,17 +45,27 @@ _TAIL_ROWS = (
 )
 
 
-# Claim the fencing token and load the run in one statement. A start counts as an attempt only
-# when the step will do work (matching seq, and a run that is in progress or has new input).
-_CLAIM = text(f"""
+def _claim_sql(fenced: str) -> TextClause:
+    """Claim the fencing token and load the run in one statement, where the stored fence is ``fenced`` the token.
+
+    A start counts as an attempt only when the step will do work (matching seq, and a run that is in progress
+    or has new input).
+    """
+    return text(f"""
 UPDATE runs SET fence = :token,
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
-WHERE session_id = :sid AND fence < :token
+WHERE session_id = :sid AND fence {fenced} :token
 RETURNING {_COLUMNS}, now() AS db_now, abort_requested IS NOT NULL AS abort_pending, {_TAIL_ROWS},
   CASE WHEN parent_id IS NULL THEN false
        ELSE NOT EXISTS (SELECT 1 FROM runs l WHERE l.session_id = runs.parent_id) END AS lead_gone
 """)
+
+
+_CLAIM = _claim_sql("<")
+#: The holder of a token claims its run again for the next step it chains: the fence may be its own token already
+#: (tokens are unique to one acquisition of the lease, so an equal fence means nobody claimed the run since).
+_CLAIM_AGAIN = _claim_sql("<=")
 _FENCE_OF = text("SELECT fence FROM runs WHERE session_id = :sid")
 _TAIL = text(f"SELECT {_TAIL_ROWS} FROM runs WHERE session_id = :sid")
 _LOAD = text(f"SELECT {_COLUMNS}, {runs.MESSAGES} FROM runs WHERE session_id = :sid")
@@ -251,6 +261,7 @@ _DIRECT = {
     statement: driver_sql(statement)
     for statement in (
         _CLAIM,
+        _CLAIM_AGAIN,
         _FENCE_OF,
         _TAIL,
         _STORED,
@@ -371,8 +382,11 @@ class PostgresCheckpointStore:
         """One pooled connection for this thread's calls until the block ends: a step's claim, reads and saves."""
         return self._direct.pinned()
 
-    def claim(self, session_id: str, token: int, seq: int | None) -> Claim:
+    def claim(self, session_id: str, token: int, seq: int | None, *, again: bool = False) -> Claim:
         """Claim ``token`` as the run's fence and load the run, in one statement.
+
+        ``again``: the holder of ``token`` claims the run for the next step it chains (its own token may be the
+        stored fence already).
 
         Of the transcript only the rows past what this process remembers of the run are read (all of
         them when it remembers nothing, or the run's transcript was rewritten since).
@@ -389,7 +403,7 @@ class PostgresCheckpointStore:
             "from": known.stable if known else 0,
         }
         with self._direct.connection() as conn:
-            row = conn.execute(_DIRECT[_CLAIM], params).fetchone()
+            row = conn.execute(_DIRECT[_CLAIM_AGAIN if again else _CLAIM], params).fetchone()
             if row is None:
                 stored = conn.execute(_DIRECT[_FENCE_OF], {"sid": session_id}).fetchone()
                 return Claim(None, stored_fence=None if stored is None else int(stored["fence"]))
@@ -400,8 +414,8 @@ class PostgresCheckpointStore:
             # save wrote (they were not in the statement's snapshot). The fence is ours now, so no save can
             # come between: read the rows again in a statement of its own before calling the run corrupt.
             with self._direct.connection() as conn:
-                again = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
-            messages = self._messages_of(session_id, {**row, "tail": again["tail"] if again else None}, known)
+                reread = conn.execute(_DIRECT[_TAIL], {key: params[key] for key in ("sid", "known", "from")}).fetchone()
+            messages = self._messages_of(session_id, {**row, "tail": reread["tail"] if reread else None}, known)
         checkpoint = runs.row_checkpoint(row, session_id, messages)
         return Claim(
             checkpoint,

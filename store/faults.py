@@ -56,6 +56,7 @@ POINTS = frozenset(
         "after_tool_effect_before_result_save",
         "approval_decided_before_resume_enqueue",
         "before_started_marker",
+        "between_chained_steps",
         "between_results",
         "during_model_call",
         "tool_before_effect",

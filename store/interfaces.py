@@ -54,8 +54,11 @@ class StepStore(Protocol):
     def pinned(self) -> AbstractContextManager[None]:
         """Serve this thread's calls from one connection until the block ends (a step's; nesting is allowed)."""
 
-    def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
-        """Claim ``token`` as the run's fence and load the run; no checkpoint when unknown or out-fenced."""
+    def claim(self, session_id: str, token: int, seq: int | None, *, again: bool = False) -> records.Claim:
+        """Claim ``token`` as the run's fence and load the run; no checkpoint when unknown or out-fenced.
+
+        ``again``: the holder of ``token`` claims the run once more, for the next step it chains.
+        """
 
     def inbox(self, session_id: str, cursor: int) -> builtins.list[records.InboxEntry]:
         """Input sent after ``cursor``, in send order."""

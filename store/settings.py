@@ -60,6 +60,15 @@ class Settings(BaseSettings):
     #: How long a run keeps retrying transient failures (provider outages, a deploy in progress) before it
     #: is parked; long enough to ride out a provider incident.
     retry_for_s: float = 6 * 3600.0
+    #: Steps of one run a step task takes in a row under the lease it holds (1: one step per task, each next step
+    #: sent through the broker). Above 1, a task goes on with its run's next step itself until ``continue_ms``
+    #: has passed since it began or this many steps were taken, and stops sooner at a pause, a child run, a
+    #: handoff, a retry's countdown, an abort or a steer; every step is still claimed and saved fenced on its own.
+    continue_steps: int = 1
+    #: The time slice of a task that chains steps, in ms: no next step starts after it (a run queued behind this
+    #: one waits at most this much longer). At most a tenth of the soft step time limit, so the step that starts
+    #: last keeps nine tenths of it.
+    continue_ms: int = 100
     step_soft_time_limit_s: float = 240.0
     step_time_limit_s: float = 300.0
     visibility_timeout_s: int = 3600
@@ -212,6 +221,15 @@ class Settings(BaseSettings):
     def _coherent(self) -> Settings:
         if self.lease_renew_ms <= 0 or self.lease_renew_ms * 2 > self.lease_ttl_ms:
             raise errors.ConfigurationError("LOUSHO_LEASE_RENEW_MS must be > 0 and at most half the lease TTL")
+        if self.continue_steps < 1:
+            raise errors.ConfigurationError(
+                "LOUSHO_CONTINUE_STEPS must be at least 1", variable="LOUSHO_CONTINUE_STEPS"
+            )
+        if self.continue_ms <= 0 or self.continue_ms > self.step_soft_time_limit_s * 100:
+            raise errors.ConfigurationError(
+                "LOUSHO_CONTINUE_MS must be > 0 and at most a tenth of the soft step time limit",
+                variable="LOUSHO_CONTINUE_MS",
+            )
         if self.step_soft_time_limit_s >= self.step_time_limit_s:
             raise errors.ConfigurationError("the soft step time limit must be below the hard one")
         if self.visibility_timeout_s < 2 * self.step_time_limit_s:

@@ -137,6 +137,14 @@ class StepReport:
     cooled: bool = False
     #: The run as last loaded or saved by the step (names the next step's kind); not for sinks.
     checkpoint: Checkpoint | None = None
+    #: The reports of the steps the same task took after this one (``LOUSHO_CONTINUE_STEPS``), each handed to the
+    #: sinks on its own; not for sinks.
+    chained: list[StepReport] = field(default_factory=list)
+
+    @property
+    def last(self) -> StepReport:
+        """The report of the task's last step: this one, or the last it chained."""
+        return self.chained[-1] if self.chained else self
 
     @property
     def seconds(self) -> float:
@@ -144,7 +152,19 @@ class StepReport:
         return max(0, self.ended_ns - self.started_ns) / 1e9
 
     def summary(self) -> str:
-        """A short line about the step with no content in it (the task's result in Flower and in logs)."""
+        """A short line about the step with no content in it (the task's result in Flower and in logs).
+
+        A task that chained steps lists them, each with the seq it started from (the first ``CHAIN_LISTED``).
+        """
+        if not self.chained:
+            return self._one()
+        steps = [self, *self.chained]
+        listed = [f"#{step.seq} {step._one()}" if step.seq is not None else step._one() for step in steps[:CHAIN_LISTED]]
+        if len(steps) > CHAIN_LISTED:
+            listed.append(f"... {len(steps) - CHAIN_LISTED} more, the last {steps[-1]._one()}")
+        return f"{len(steps)} steps in one task: " + " | ".join(listed)
+
+    def _one(self) -> str:
         outcome = self.outcome or "unknown"
         if outcome == "handed-back" and self.hand_back:
             return f"handed back: {self.hand_back}"
@@ -177,6 +197,8 @@ class StepReport:
         return self.kind
 
 
+#: Steps of a chained task its summary names one by one.
+CHAIN_LISTED = 24
 #: Step outcomes that did no work on the run: counted, never timed or traced.
 NO_WORK = frozenset({"busy", "stale", "unknown", "idle", "handed-back", "waiting"})
 #: Summaries of steps that did nothing to the run.
@@ -320,7 +342,7 @@ def step(
         yield report
     finally:
         _current.reset(token)
-        report.ended_ns = time.time_ns()
+        report.ended_ns = report.ended_ns or time.time_ns()  # set already when the task chained a next step
         for sink in list(_sinks):
             try:
                 sink.step_done(report)

@@ -93,6 +93,10 @@ class StepDeps:
     model_limits: dict[str, ModelLimit] = field(default_factory=dict)
     #: ``LOUSHO_FAIRNESS_WEIGHTS`` by fairness key.
     fairness_weights: dict[str, int] = field(default_factory=dict)
+    #: Steps of one run a task takes in a row under its lease (``LOUSHO_CONTINUE_STEPS``; 1: one per task).
+    continue_steps: int = 1
+    #: The time slice after which a task starts no next step of its run (``LOUSHO_CONTINUE_MS``).
+    continue_ms: float = 100.0
 
     def serving(self, agent: str) -> list[Serving]:
         """Other live workers that registered ``agent``."""

@@ -37,20 +37,37 @@ drift_log = logging.getLogger("lousho.drift")
 
 
 def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome:
-    """Perform at most one step of the run; duplicates and late deliveries are harmless.
+    """Perform one step of the run (more with ``deps.continue_steps``); duplicates and late deliveries are harmless.
+
+    With ``continue_steps`` above 1 the task takes the run's next steps itself under the lease it holds, each
+    claimed and saved fenced as if it had come through the broker, until ``_chains`` says stop; the last one's
+    follow-up message is sent as usual. Returns the last step's outcome.
 
     Raises:
         SessionIdInvalidError: the id is not a valid run id (nothing is touched).
     """
     records.validate_session_id(session_id)
+    if deps.continue_steps > 1 and telemetry.current() is None:
+        # A chain reads what each step loaded and saved from its report: a caller without one gets one here.
+        with telemetry.step(session_id, seq):
+            return run_step(deps, session_id, seq)
     lease = deps.leases.acquire(session_id)
     if lease is None:
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
+    deadline = time.monotonic() + deps.continue_ms / 1000
     try:
         live = Live(deps.signals, lease)
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
             result = _claim_and_step(deps, lease, session_id, seq, live)
+            telemetry.note(outcome=result.outcome.value)
+            first = last = telemetry.current()
+            taken = 1
+            while (follow := _chains(deps, lease, result, last, taken, deadline)) is not None:
+                _wake(deps, live)
+                crash_point("between_chained_steps", session_id)
+                result, live, last = _chained_step(deps, lease, session_id, follow, first, last)
+                taken += 1
     finally:
         deps.heartbeat.drop(lease)
         try:
@@ -58,7 +75,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         except errors.StorageError:
             log.warning("could not release lease of %s; it expires by itself", session_id)
     follow_up = result.follow_up
-    report = telemetry.current()
+    report = first.last if first is not None else None
     state = report.checkpoint if report is not None else None
     if follow_up is not None:
         # After the release: the next step must find the lease free, or it would be dropped as busy.
@@ -74,10 +91,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
         crash_point("after_enqueue_before_ack", session_id)
     for other, agent in result.also:
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.NEW_INPUT))
-    for other, agent in live.woken:
-        # A model slot this step freed (or found free) is kept for these waiters; without their step it would
-        # stay kept until its expiry.
-        deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.SLOT_FREED))
+    _wake(deps, live)
     if result.watch and _moved_on(deps, result.watch):
         # A child settled while this step held the lease: its wake-up found the run busy and was dropped.
         deps.enqueue(
@@ -100,6 +114,66 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     return result.outcome
 
 
+def _wake(deps: StepDeps, live: Live) -> None:
+    """Send the waiters a step found a model slot kept for (without their step it stays kept until its expiry)."""
+    for other, agent in live.woken:
+        deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.SLOT_FREED))
+    live.woken.clear()
+
+
+def _chains(
+    deps: StepDeps,
+    lease: Lease,
+    result: StepResult,
+    report: telemetry.StepReport | None,
+    taken: int,
+    deadline: float,
+) -> Next | None:
+    """The next step this task takes itself after the step ``report`` tells of, or None to send it as a message.
+
+    Only a plain advance with no countdown, on the same agent (a handoff's next step belongs on the other agent's
+    queue), that started no child run, inside the slice and the step count, while the lease is held and no abort
+    or steer past the saved input has been heard.
+    """
+    follow = result.follow_up
+    if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
+        return None
+    if taken >= deps.continue_steps or time.monotonic() >= deadline or report is None or report.checkpoint is None:
+        return None
+    if follow.agent != report.agent or lease.lost.is_set() or lease.abort.is_set():
+        return None
+    if lease.steer > report.checkpoint.inbox_cursor:
+        return None
+    return follow
+
+
+def _chained_step(
+    deps: StepDeps,
+    lease: Lease,
+    session_id: str,
+    follow: Next,
+    first: telemetry.StepReport | None,
+    previous: telemetry.StepReport | None,
+) -> tuple[StepResult, Live, telemetry.StepReport]:
+    """Take the run's next step in this task, under the lease held: claimed again with the same token.
+
+    Reported on its own, after ``previous`` (``first.chained`` lists it for the task's result).
+    """
+    state = previous.checkpoint if previous is not None else None
+    kind = telemetry.kind_of(state) if state is not None else telemetry.MODEL_TURN
+    if previous is not None and not previous.ended_ns:
+        previous.ended_ns = time.time_ns()  # the task's first step ends here, not with the task
+    task_id = first.task_id if first is not None else None
+    with telemetry.step(session_id, follow.seq, task_id=task_id, kind=kind) as report:
+        if first is not None:
+            first.chained.append(report)
+        live = Live(deps.signals, lease)
+        result = _claim_and_step(deps, lease, session_id, follow.seq, live, again=True)
+        report.outcome = result.outcome.value
+        log.debug("chained %s seq=%s -> %s", session_id, follow.seq, result.outcome.value)
+    return result, live, report
+
+
 #: Outcomes after which a child run moves no further by itself: its lead records its result.
 _SETTLED = (Outcome.FINISHED, Outcome.PARKED, Outcome.ABORTED, Outcome.PAUSED, Outcome.IDLE)
 #: Child states in which a child still moves by itself: it wakes its lead when it leaves them.
@@ -120,11 +194,16 @@ def _moved_on(deps: StepDeps, watch: tuple[tuple[str, str], ...]) -> bool:
     return False
 
 
-def _claim_and_step(deps: StepDeps, lease: Lease, session_id: str, seq: int | None, live: Live) -> StepResult:
-    """Under the lease: claim the fence and load the run, then take its step unless the message is stale."""
+def _claim_and_step(
+    deps: StepDeps, lease: Lease, session_id: str, seq: int | None, live: Live, *, again: bool = False
+) -> StepResult:
+    """Under the lease: claim the fence and load the run, then take its step unless the message is stale.
+
+    ``again``: the task claims its run once more for a step it chains (same token).
+    """
     crash_point("after_lease_before_epoch", session_id)
     try:
-        claim = deps.store.claim(session_id, lease.token, seq)
+        claim = deps.store.claim(session_id, lease.token, seq, again=again)
     except errors.CheckpointCorruptError as exc:
         # The fence was claimed before the document failed to parse: park the run under it.
         deps.store.record_failure(session_id, lease.token, LastError(**exc.to_record()))

@@ -124,6 +124,8 @@ def _build() -> StepDeps:
         slot_keeper=slots.SlotKeeper(model_slots),
         model_limits=settings.model_limit_table,
         fairness_weights=settings.fairness_weight_table,
+        continue_steps=settings.continue_steps,
+        continue_ms=float(settings.continue_ms),
     )
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
@@ -462,14 +464,15 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
             # The sweep re-enqueues the run once the services are back; no broker loop here.
             log.warning("step of %s could not reach a service: %s", session_id, type(exc).__name__)
             return f"services unreachable ({type(exc).__name__}); the sweep sends the step again"
-        report.outcome = outcome.value
+        if not report.chained:  # a chained task's steps noted their own outcomes
+            report.outcome = outcome.value
         log.info("advance %s seq=%s -> %s", session_id, seq, outcome.value)
     summary = report.summary()
     _recycle_if_hung()
     if outcome is Outcome.PARKED:
         raise StepFailed(summary)
     if outcome in (Outcome.FAILED, Outcome.HANDED_BACK):
-        raise Retry(summary, StepFailed(summary), report.retry_in)
+        raise Retry(summary, StepFailed(summary), report.last.retry_in)
     return summary
 
 

@@ -43,14 +43,14 @@ class MemoryCheckpointStore:
         """Nothing to keep in memory (``PostgresCheckpointStore.pinned`` keeps one connection)."""
         return nullcontext()
 
-    def claim(self, session_id: str, token: int, seq: int | None) -> records.Claim:
+    def claim(self, session_id: str, token: int, seq: int | None, *, again: bool = False) -> records.Claim:
         """Claim ``token`` as the run's fence and load the run (see ``PostgresCheckpointStore.claim``)."""
         state = self.state
         with state.lock:
             run = state.runs.get(session_id)
             if run is None:
                 return records.Claim(None, stored_fence=None)
-            if not run.fence < token:
+            if not (run.fence <= token if again else run.fence < token):
                 return records.Claim(None, stored_fence=run.fence)
             if (seq is None or run.seq == seq) and runs.has_work(run):
                 run.attempts += 1

@@ -171,8 +171,8 @@ _STEP = _StepContext()
 class _ObservedStore(MemoryCheckpointStore):
     """Notes the seq each step loaded, so model and tool logs can say which checkpoint they came from."""
 
-    def claim(self, session_id: str, token: int, seq: int | None) -> Claim:
-        claim = super().claim(session_id, token, seq)
+    def claim(self, session_id: str, token: int, seq: int | None, *, again: bool = False) -> Claim:
+        claim = super().claim(session_id, token, seq, again=again)
         if claim.checkpoint is not None:
             _STEP.base_seq = claim.checkpoint.seq
         return claim

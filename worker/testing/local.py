@@ -56,12 +56,15 @@ class LocalRuntime:
     leases: MemoryLeaseManager = field(default_factory=lambda: MemoryLeaseManager(LEASE_TTL_MS))
     steps: int = 0
     crashes: list[faults.SimulatedCrash] = field(default_factory=list)
+    #: ``LOUSHO_CONTINUE_STEPS`` and ``LOUSHO_CONTINUE_MS`` of the steps here (``steps`` counts the deliveries).
+    continue_steps: int = 1
+    continue_ms: float = 100.0
     _queue: deque[tuple[str, int | None]] = field(default_factory=deque)
 
     @classmethod
-    def serving(cls, agents: Iterable[Agent]) -> LocalRuntime:
-        """A runtime serving ``agents`` with their handoffs and sub-agents."""
-        return cls(agents=_with_reachable(agents))
+    def serving(cls, agents: Iterable[Agent], *, continue_steps: int = 1, continue_ms: float = 100.0) -> LocalRuntime:
+        """A runtime serving ``agents`` with their handoffs and sub-agents (taking steps in a row as configured)."""
+        return cls(agents=_with_reachable(agents), continue_steps=continue_steps, continue_ms=continue_ms)
 
     @property
     def approvals(self) -> MemoryApprovalStore:
@@ -76,6 +79,8 @@ class LocalRuntime:
             heartbeat=_NoHeartbeat(),
             agents=self.agents,
             enqueue=self._enqueue,
+            continue_steps=self.continue_steps,
+            continue_ms=self.continue_ms,
         )
 
     def _enqueue(

@@ -10,7 +10,9 @@ task functions (``tests/support/interleave_world.py``). Rules:
   (each followed by ``then`` steps: workers keep up);
 - time passes, then the recovery sweep runs, or retention, or only approvals' expiries come;
 - a step (any queued message, one the broker hands out again later, or a late copy of one delivered before), a
-  drain of the oldest messages, the children's messages only, a crash at a named crash point;
+  drain of the oldest messages, the children's messages only, a crash at a named crash point (between two steps
+  one task takes in a row too);
+- workers switch between one step per task and several of a run in a row (continuation, ``LOUSHO_CONTINUE_STEPS``);
 - another process takes the desk's one model slot (``ModelLimit(concurrent=1)``) or gives it back: the desk's
   model turns wait without failing, and the run the freed slot goes to is sent its step;
 - any producer action inside the next step that runs a tool, just before its effect (a race inside a step).
@@ -57,7 +59,7 @@ from store.settings import Settings
 from tests.fakes.crash import Crashes
 from tests.support import services
 from tests.support.interleave_agents import PLANS
-from tests.support.interleave_world import ACTIONS, CRASH_POINTS, RETENTION_DAYS, Env, World
+from tests.support.interleave_world import ACTIONS, CHAIN_STEPS, CRASH_POINTS, RETENTION_DAYS, Env, World
 from worker import tasks
 
 settings.register_profile(
@@ -195,6 +197,12 @@ class Interleavings(RuleBasedStateMachine):
         self.world.hold_slot(hold)
         self.world.drain(then)
 
+    @_rule(steps=st.sampled_from(CHAIN_STEPS))
+    def continuation(self, steps: int) -> None:
+        """Workers switch between one step per task and taking a run's next steps in the same task
+        (``LOUSHO_CONTINUE_STEPS``): every later step, crash and race happens inside such chains too."""
+        self.world.chain(steps)
+
     @_rule(limit=st.integers(1, 40))
     def drain(self, limit: int) -> None:
         """Workers take the oldest queued messages, up to ``limit`` of them."""
@@ -205,9 +213,22 @@ class Interleavings(RuleBasedStateMachine):
         """The children's queued messages only: sub-agents run ahead of their leads."""
         self.world.drain(60, only=lambda message: records.is_child_id(message.session_id))
 
-    @_rule(run=PICK, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans())
-    def crash(self, run: int, point: str, redeliver: bool) -> None:
-        self.world.crash(self._any(run), point, redeliver)
+    @_rule(run=PICK, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans(), plan=PLAN)
+    def crash(self, run: int, point: str, redeliver: bool, plan: str) -> None:
+        """A worker dies at ``point`` in a step of a run with a queued message (a run of its own is sent ``plan``
+        first when nothing is queued): that run's messages are delivered until the crash fires or none is left,
+        so the point is reached whenever the run's path passes it."""
+        world = self.world
+        if point == "between_chained_steps" and world.deps.continue_steps == 1:
+            world.chain(CHAIN_STEPS[-1])  # the point is only on a chain's path
+        if not world.queue.messages:
+            world.send(self._top(run), plan)
+        queued = world.queue.messages
+        if not queued:
+            return
+        target = queued[run % len(queued)].session_id
+        world.crash(target, point, redeliver)
+        world.drain(12, only=lambda message: message.session_id == target and world.armed_for(target))
 
     @_rule(action=st.sampled_from(ACTIONS), choice=PICK, heard=st.booleans())
     def during_next_tool(self, action: str, choice: int, heard: bool) -> None:

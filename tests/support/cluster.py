@@ -45,6 +45,8 @@ _OUTCOME = re.compile(r"advance (\S+) seq=(\S+) -> ([\w-]+)")
 #: A step's task name: ``lousho.advance``, or the name it was sent under (``"<agent>: <kind>"``).
 _STEP = r"(?:lousho\.advance|[A-Za-z0-9_.-]+: [a-z -]+)"
 _STEP_TIME = re.compile(rf"Task {_STEP}\[[0-9a-f-]+\] succeeded in ([0-9.]+)s")
+#: A step task's result when it took more than one step of its run (``StepReport.summary``).
+_CHAINED = re.compile(r"(\d+) steps in one task")
 _SWEEP_SENT = re.compile(r"Sending due task lousho-recover ")
 _SWEEP_RECEIVED = re.compile(r"Task lousho\.recover\[[0-9a-f-]+\] received")
 _RECEIVED = re.compile(
@@ -76,6 +78,8 @@ ONCE_CRASH_POINTS = (
 )
 #: Between a run's ``on_run_end`` hooks and the note that they ran (``worker/steps.py``).
 END_HOOK_CRASH_POINTS = ("after_end_hooks_before_note",)
+#: Between two steps one task takes in a row (``LOUSHO_CONTINUE_STEPS`` above 1; ``worker/steps.py``).
+CHAIN_CRASH_POINTS = ("between_chained_steps",)
 
 
 def _celery() -> str:
@@ -555,6 +559,10 @@ class Cluster:
         """Seconds each step (``lousho.advance`` task) took, from the workers' ``succeeded in`` lines."""
         return [float(t) for t in _STEP_TIME.findall(self.worker_logs())]
 
+    def chained_steps(self) -> int:
+        """Steps tasks took after an earlier step of the same task (continuation), from their logged results."""
+        return sum(int(n) - 1 for n in _CHAINED.findall(self.worker_logs()))
+
     def sweeps(self) -> tuple[int, int]:
         """(recover sweeps the beats sent, sweeps the workers received). Far fewer received than sent
         means something else consumes the test's Redis db (or workers were down a long time)."""
@@ -642,7 +650,9 @@ def fresh_id(prefix: str) -> str:
 def _split_marker(name: str) -> tuple[str, str]:
     rest = name[len("crash-") :]
     for point in sorted(
-        CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS, key=len, reverse=True
+        CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + END_HOOK_CRASH_POINTS + CHAIN_CRASH_POINTS,
+        key=len,
+        reverse=True,
     ):
         if rest.startswith(point + "-"):
             return point, rest[len(point) + 1 :]

@@ -63,7 +63,10 @@ CRASH_POINTS = (
     "after_enqueue_before_ack",
     "after_started_marker_before_approved_call",
     "after_approved_effect_before_result_save",
+    "between_chained_steps",
 )
+#: Steps of one run a worker's task may take in a row (``LOUSHO_CONTINUE_STEPS``): 1 is strict mode.
+CHAIN_STEPS = (1, 3, 50)
 #: What can happen in the middle of a step (just before a tool's effect), to the run the step belongs to.
 ACTIONS = ("delete", "abort", "steer", "send", "fork", "prune", "sweep", "decide", "resume", "expire")
 #: A run parked by design: a child whose tool stopped it (``CHILD_PLANS["broken"]``).
@@ -290,12 +293,15 @@ class World:
         current = self.observer.current
         current.session_id = message.session_id
         try:
-            with telemetry.step(message.session_id, message.seq):
+            with telemetry.step(message.session_id, message.seq) as report:
                 outcome = run_step(self.deps, message.session_id, message.seq)
+            if report.chained:
+                _count("a task took steps in a row")
         except SimulatedCrash:
             # The worker died: its lease expires (no one renews it), and the broker may hand the message out again.
             self.env.crashes.recovered()
             self.env.redis.delete(keys.lease_key(message.session_id))
+            self.faults[message.session_id] += 1
             _count("step crashed")
             if self.redeliver.get(message.session_id):
                 self.queue.messages.append(message)
@@ -318,10 +324,18 @@ class World:
             self.deliver(self.queue.pop(picked))
 
     def crash(self, session_id: str, point: str, redeliver: bool) -> None:
+        """Arm ``point`` for the run, in place of a point armed for it before that has not fired.
+
+        The budget counts crashes that fired (``deliver``), so arms that never fire do not use it up.
+        """
         if self.faults[session_id] < FAULT_BUDGET:
-            self.faults[session_id] += 1
+            self.env.crashes.disarm(session_id)
             self.env.crashes.arm(point, session_id)
             self.redeliver[session_id] = redeliver
+
+    def armed_for(self, session_id: str) -> bool:
+        """Whether a crash point is still armed for the run (it has not fired yet)."""
+        return any(armed == session_id for _, armed in self.env.crashes.armed)
 
     def arm(self, action: str, choice: int, heard: bool) -> None:
         """Do ``action`` at the next tool call, whichever step makes it (``heard``: the step hears it at once)."""
@@ -498,6 +512,12 @@ class World:
             return
         for session_id, agent in woken:
             self.queue(session_id, None, 0.0, agent, name=telemetry.SLOT_FREED)
+
+    def chain(self, steps: int) -> None:
+        """Workers from now on take up to ``steps`` steps of a run in one task (a slice long enough to never end
+        a chain here: the step count and the chain's own stops decide)."""
+        self.deps.continue_steps, self.deps.continue_ms = steps, 60_000.0
+        _count(f"chain {steps}")
 
     def pass_time(self) -> None:
         """``TIME_STEP`` passes: every stored time moves back by it, and every lease expires."""

@@ -104,6 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from store.database import migrate
     from store.settings import Settings
     from worker import tasks
+    from worker.celery import app
+
+    # The step task is a shared task: without Lousho's app made current it would publish through Celery's
+    # default app (an AMQP broker on localhost), not the Redis broker a worker publishes to.
+    app.set_current()
+    app.set_default()
 
     settings = Settings()
     with psycopg.connect(config.server_url, autocommit=True, connect_timeout=5) as conn:

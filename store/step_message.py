@@ -20,6 +20,14 @@ def arguments(session_id: str, seq: int | None) -> dict[str, Any]:
     return {"session_id": session_id, "seq": seq}
 
 
+def reprs(session_id: str, seq: int | None) -> dict[str, str]:
+    """What Flower and the task-sent event show of a step's arguments, as Celery's ``saferepr`` would show them.
+
+    Made here: ``saferepr`` costs a tenth of a publish's CPU, for two short fields whose repr is known.
+    """
+    return {"argsrepr": "()", "kwargsrepr": f"{{'session_id': {session_id!r}, 'seq': {seq!r}}}"}
+
+
 def routing(settings: Settings, agent: str | None, name: str | None = None, *, kind: str = "step") -> dict[str, Any]:
     """Where the message goes and what it is called: the agent's queue, and the step's name in Flower and logs.
 

@@ -150,6 +150,7 @@ def enqueue(
         kwargs=step_message.arguments(session_id, seq),
         countdown=countdown or None,
         **step_message.routing(settings, agent, name),
+        **step_message.reprs(session_id, seq),
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.utils.saferepr import saferepr
 
 from producer import enqueue
 from store import step_message, telemetry
@@ -56,3 +57,10 @@ def test_a_worker_app_built_by_configure_shares_the_step_messages_broker_options
     assert step_message.ADVANCE in lousho_celery.TASKS
     options = app.conf.broker_transport_options
     assert {key: options[key] for key in step_message.broker_options(settings)} == step_message.broker_options(settings)
+
+
+@pytest.mark.parametrize(("session_id", "seq"), [("run-1", 3), ("desk.task-0123456789abcdef", None), ("a_b-c.d", 0)])
+def test_the_reprs_a_step_message_carries_are_the_ones_celery_would_make(session_id: str, seq: int | None) -> None:
+    reprs = step_message.reprs(session_id, seq)
+    assert reprs["kwargsrepr"] == saferepr(step_message.arguments(session_id, seq), 1024)
+    assert reprs["argsrepr"] == saferepr((), 1024)

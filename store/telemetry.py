@@ -159,7 +159,9 @@ class StepReport:
         if not self.chained:
             return self._one()
         steps = [self, *self.chained]
-        listed = [f"#{step.seq} {step._one()}" if step.seq is not None else step._one() for step in steps[:CHAIN_LISTED]]
+        listed = [
+            f"#{step.seq} {step._one()}" if step.seq is not None else step._one() for step in steps[:CHAIN_LISTED]
+        ]
         if len(steps) > CHAIN_LISTED:
             listed.append(f"... {len(steps) - CHAIN_LISTED} more, the last {steps[-1]._one()}")
         return f"{len(steps)} steps in one task: " + " | ".join(listed)

@@ -215,18 +215,27 @@ _END_SETTLED = text(
     "UPDATE runs SET end_due = false WHERE session_id = :sid AND fence = :fence AND seq = :seq AND end_due RETURNING 1"
 )
 _ABORT_PENDING = text("SELECT abort_requested IS NOT NULL AS pending FROM runs WHERE session_id = :sid")
-# Runs a step can move: not paused, not parked, and either due for a retry or silent for ``stale``
-# seconds. Filtered before the LIMIT, so runs that cannot move never crowd out those that can; paged
-# by (due, session_id) so a page full of live leases does not hide the rest.
+# Runs a step can move: not paused, not parked, and either silent for ``stale`` seconds with no retry time, or
+# due for a retry (``due`` is the last save or the retry time). Each kind is one range of its own partial index
+# (migration 0021), read in (due, session_id) order and merged: parked runs, runs saved within ``stale`` and
+# retries still ahead are never read, so a pass costs the same however many runs are stored. Filtered before the
+# LIMIT, so runs that cannot move never crowd out those that can; paged by (due, session_id) so a page full of
+# live leases does not hide the rest.
+_NOT_SWEPT = "(swept_at IS NULL OR swept_at < now() - make_interval(secs => :stale))"
 _DUE = text(f"""
-SELECT session_id, seq, agent, next_attempt_at IS NOT NULL AS retrying,
-  COALESCE(next_attempt_at, updated_at) AS due FROM runs
-WHERE {runs.HAS_WORK} AND {runs.NOT_PARKED}
-  AND CASE WHEN next_attempt_at IS NULL THEN updated_at < now() - make_interval(secs => :stale)
-           ELSE next_attempt_at <= now() END
-  AND (swept_at IS NULL OR swept_at < now() - make_interval(secs => :stale))
-  AND (COALESCE(next_attempt_at, updated_at), session_id) > (:after_due, :after_sid)
-ORDER BY COALESCE(next_attempt_at, updated_at), session_id LIMIT :limit
+SELECT session_id, seq, agent, retrying, due FROM (
+  (SELECT session_id, seq, agent, false AS retrying, updated_at AS due FROM runs
+   WHERE {runs.HAS_WORK} AND {runs.NOT_PARKED} AND next_attempt_at IS NULL
+     AND updated_at < now() - make_interval(secs => :stale) AND {_NOT_SWEPT}
+     AND (updated_at, session_id) > (:after_due, :after_sid)
+   ORDER BY updated_at, session_id LIMIT :limit)
+  UNION ALL
+  (SELECT session_id, seq, agent, true AS retrying, next_attempt_at AS due FROM runs
+   WHERE {runs.HAS_WORK} AND {runs.NOT_PARKED} AND next_attempt_at IS NOT NULL
+     AND next_attempt_at <= now() AND {_NOT_SWEPT}
+     AND (next_attempt_at, session_id) > (:after_due, :after_sid)
+   ORDER BY next_attempt_at, session_id LIMIT :limit)
+) due ORDER BY due, session_id LIMIT :limit
 """)
 _PRUNE_RUNS = """
 WITH pruned AS (
@@ -252,7 +261,7 @@ RETURNING session_id, agent, status, aborted, last_error, document ->> 'finish_r
 _PENDING = (
     f"SELECT {_COLUMNS}, (SELECT a.kind FROM approvals a"
     " WHERE a.approval_id = runs.document -> 'approval_ids' ->> 0) AS approval_kind,"
-    f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS} AS children_only"
+    f" status = 'awaiting-approval' AND waiting AND NOT {listing.OWN_APPROVALS_PER_ROW} AS children_only"
     f" FROM runs WHERE (status = 'awaiting-approval' OR aborted OR waiting OR {runs.HAS_WORK})"
 )
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)

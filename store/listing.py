@@ -30,22 +30,40 @@ MAX_SEARCH = 200
 # document of a run that is not stopped.
 _IDLE = "inbox_head <= inbox_cursor AND NOT end_due"
 #: Whether the run (unaliased ``runs``) has an undecided approval of its own: a lead paused only on its children's
-#: approvals has none (an approval row names the run that asked for it). Written as IN, which Postgres runs as one
-#: hashed list of the pending approvals' runs: as a correlated EXISTS the planner costs it per row, and a count
-#: over every run then pays for a JIT compilation (100 ms) that the statement never needs.
+#: approvals has none (an approval row names the run that asked for it). Asked of many runs (a count, a filter by
+#: state): written as IN, which Postgres runs as one hashed list of the pending approvals' runs, built once. As a
+#: correlated EXISTS the planner costs it per row, and a count over every run then pays for a JIT compilation
+#: (100 ms) that the statement never needs.
 OWN_APPROVALS = "runs.session_id IN (SELECT a.session_id FROM approvals a WHERE a.status = 'pending')"
-STATE = f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'finished'
+#: The same asked of a few runs (a page's rows, one run, a page of pending runs): one lookup of
+#: ``approvals_session_idx`` per run, where the hashed list would cost as much as there are pending approvals,
+#: whatever the page. ``OFFSET 0`` keeps it a lookup: Postgres would hash the list when it expects many rows before
+#: a LIMIT.
+OWN_APPROVALS_PER_ROW = (
+    "EXISTS (SELECT 1 FROM approvals a WHERE a.session_id = runs.session_id AND a.status = 'pending' OFFSET 0)"
+)
+
+
+def _state(own_approvals: str) -> str:
+    """``records.listed_state`` in SQL, asking ``own_approvals`` whether a paused lead has approvals of its own."""
+    return f"""CASE WHEN status = 'finished' AND NOT aborted AND {_IDLE} THEN 'finished'
   WHEN aborted AND {_IDLE} THEN CASE WHEN document ->> 'finish_reason' = 'budget-exceeded' THEN 'budget-exceeded'
                                      ELSE 'aborted' END
-  WHEN status = 'awaiting-approval' THEN CASE WHEN waiting AND NOT {OWN_APPROVALS} THEN 'waiting'
+  WHEN status = 'awaiting-approval' THEN CASE WHEN waiting AND NOT {own_approvals} THEN 'waiting'
                                               ELSE 'awaiting-approval' END
   WHEN NOT COALESCE({runs.NOT_PARKED}, false) THEN 'parked'
   WHEN last_error IS NOT NULL OR next_attempt_at IS NOT NULL THEN 'retrying'
   WHEN waiting THEN 'waiting'
   ELSE 'running' END"""
+
+
+#: Where a run stands, asked of many runs (a count, a filter by state): ``OWN_APPROVALS``.
+STATE = _state(OWN_APPROVALS)
+#: Where a run stands, asked of a few runs (a page's rows, one run): ``OWN_APPROVALS_PER_ROW``.
+STATE_PER_ROW = _state(OWN_APPROVALS_PER_ROW)
 _COLUMNS = (
     f"session_id, agent, status, parent_id, created_at, updated_at, last_error, attempts, failures,"
-    f" next_attempt_at, {STATE} AS state"
+    f" next_attempt_at, {STATE_PER_ROW} AS state"
 )
 # ``count`` groups the states in a subquery fenced by OFFSET 0: the planner then hashes the eight states instead of
 # sorting every run by its state (it cannot tell the CASE has eight values).
@@ -291,7 +309,9 @@ def _where(wanted: RunFilter) -> tuple[list[str], dict[str, Any]]:
 __all__ = [
     "MAX_LIMIT",
     "OWN_APPROVALS",
+    "OWN_APPROVALS_PER_ROW",
     "STATE",
+    "STATE_PER_ROW",
     "Position",
     "RunFilter",
     "check_limit",

@@ -33,12 +33,14 @@ _SINCE = """GREATEST(updated_at, next_attempt_at, abort_requested, swept_at,
   (SELECT max(i.created_at) FROM inbox i WHERE i.session_id = runs.session_id AND i.n > runs.inbox_cursor),
   (SELECT max(a.decided_at) FROM approvals a WHERE a.session_id = runs.session_id),
   (SELECT max(c.updated_at) FROM runs c WHERE c.parent_id = runs.session_id))"""
+# The run's pending approvals are its own and those its document names (a lead paused on its children's): looked up
+# by id (``= ANY(ARRAY(...))``), one index lookup each; as an OR, the planner reads every pending approval.
 _FACTS = f"""SELECT session_id, agent, status, seq, parent_id, created_at, updated_at, last_error, attempts, failures,
   next_attempt_at, document ->> 'finish_reason' AS finish_reason, document -> 'step' AS step,
-  document -> 'usage' AS usage, ({listing.STATE}) AS state,
+  document -> 'usage' AS usage, ({listing.STATE_PER_ROW}) AS state,
   ARRAY(SELECT a.approval_id FROM approvals a WHERE a.status = 'pending'
-        AND (a.session_id = runs.session_id
-             OR a.approval_id IN (SELECT jsonb_array_elements_text(runs.document -> 'approval_ids')))
+        AND a.approval_id = ANY(ARRAY(SELECT o.approval_id FROM approvals o WHERE o.session_id = runs.session_id
+                                      UNION ALL SELECT jsonb_array_elements_text(runs.document -> 'approval_ids')))
         ORDER BY a.created_at, a.approval_id) AS approval_ids,
   ARRAY(SELECT c.session_id FROM runs c WHERE c.parent_id = runs.session_id AND {_UNSETTLED_CHILD}
         ORDER BY c.created_at, c.session_id) AS children,

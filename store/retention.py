@@ -111,8 +111,10 @@ WHERE r.status = 'finished' AND r.parent_id IS NULL AND r.updated_at < now() - m
   AND {_ALL_BELOW_SETTLED}
 ORDER BY r.updated_at"""
 # Due sub-agent runs whose lead is gone (deleted before deletes took every child along): settled, each pruned with
-# the runs under it. Read from ``runs_parent_idx`` in its order, so a batch stops at its limit; ``OFFSET 0`` keeps
-# the check of the lead a lookup per candidate.
+# the runs under it. Read from ``runs_child_age_idx`` (migration 0021) when few sub-agent runs are older than the
+# cutoff, as in a table kept pruned, so a pass does not read every sub-agent run; from ``runs_parent_idx`` in its
+# order when most are (a backlog), so a batch stops at its limit. ``OFFSET 0`` keeps the check of the lead a lookup
+# per candidate.
 _DUE_ORPHANS = f"""
 SELECT r.session_id FROM runs r
 WHERE r.parent_id IS NOT NULL AND r.updated_at < now() - make_interval(secs => :age)

@@ -41,6 +41,9 @@ MOVABLE = (
     " OR end_due)"
 )
 
+#: Runs not parked (``store.runs.not_parked_sql``, spelled out): a parked run waits for a person, not for the sweep.
+NOT_PARKED = "(last_error IS NULL OR (last_error ->> 'retryable')::boolean)"
+
 #: The latest checkpoint of each run: control fields as columns, the rest in ``document``.
 runs = Table(
     "runs",
@@ -100,6 +103,22 @@ runs = Table(
     Index("runs_created_idx", "created_at", "session_id"),
     #: Runs whose recovery the sweep has yet to report.
     Index("runs_recovery_idx", "session_id", postgresql_where=text("recovery IS NOT NULL")),
+    #: Runs a step can move, not parked, by last save (no retry time) or by retry time: the two ranges the
+    #: recovery sweep reads (``store.checkpoints``, migration 0021).
+    Index(
+        "runs_stale_idx",
+        "updated_at",
+        "session_id",
+        postgresql_where=text(f"{MOVABLE} AND {NOT_PARKED} AND next_attempt_at IS NULL"),
+    ),
+    Index(
+        "runs_retry_idx",
+        "next_attempt_at",
+        "session_id",
+        postgresql_where=text(f"{MOVABLE} AND {NOT_PARKED} AND next_attempt_at IS NOT NULL"),
+    ),
+    #: Sub-agent runs by last save: where retention looks for those whose lead is gone (``store.retention``).
+    Index("runs_child_age_idx", "updated_at", postgresql_where=text("parent_id IS NOT NULL")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: ``--events`` variants of the Lousho worker, in the order they are measured: saves write events (the
 #: default), saves write none (``LOUSHO_EVENTS=0``), or they do and a consumer follows every run.
 EVENT_VARIANTS = ("on", "off", "watched")
+#: ``--continue`` variants, in the order they are measured: a worker whose tasks take a run's next steps
+#: themselves (``on``: the system ``lousho-chain``), and the worker as deployed by default (``off``: ``lousho``).
+CONTINUE_VARIANTS = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Config:
     events: tuple[str, ...] = ()  # ``EVENT_VARIANTS`` measured side by side; empty: the Lousho worker as it is
     #: Celery task events (worker and sender) for every Celery worker measured, Lousho's and bare alike.
     task_events: bool = True
+    #: ``CONTINUE_VARIANTS`` measured side by side; empty: the Lousho worker as it is (one step per task).
+    continuation: tuple[str, ...] = ()
+    #: ``LOUSHO_CONTINUE_STEPS`` and ``LOUSHO_CONTINUE_MS`` of the ``lousho-chain`` worker.
+    continue_steps: int = 1000
+    continue_ms: int = 100
 
     @property
     def agent(self) -> str:
@@ -186,7 +194,26 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         help="Celery task events, sent by workers and senders, on both sides (LOUSHO_TASK_EVENTS; "
         "on: as deployed, where Flower lists the steps)",
     )
+    parser.add_argument(
+        "--continue",
+        dest="continuation",
+        type=_continue_variants,
+        default=defaults.continuation,
+        metavar="on,off",
+        help="Lousho workers side by side whose tasks take a run's next steps themselves (on: lousho-chain, "
+        "LOUSHO_CONTINUE_STEPS / LOUSHO_CONTINUE_MS) or one step per task (off: lousho, the default)",
+    )
+    parser.add_argument(
+        "--continue-steps", type=int, default=defaults.continue_steps, help="LOUSHO_CONTINUE_STEPS of lousho-chain"
+    )
+    parser.add_argument(
+        "--continue-ms", type=int, default=defaults.continue_ms, help="LOUSHO_CONTINUE_MS of lousho-chain"
+    )
     args = parser.parse_args(argv)
+    if args.continue_steps < 2 or args.continue_ms < 1:
+        parser.error("--continue-steps must be at least 2 and --continue-ms at least 1")
+    if args.continuation and args.events:
+        parser.error("--continue and --events each measure Lousho workers side by side: one of them at a time")
     for name in ("runs", "rounds", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -224,6 +251,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         rss_steps=args.rss_steps,
         events=args.events,
         task_events=args.task_events == "on",
+        continuation=args.continuation,
+        continue_steps=args.continue_steps,
+        continue_ms=args.continue_ms,
     )
 
 
@@ -236,6 +266,15 @@ def _lengths(text: str) -> tuple[int, ...]:
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError("every length must be at least 1")
     return lengths
+
+
+def _continue_variants(text: str) -> tuple[str, ...]:
+    """``--continue``: one or both of ``CONTINUE_VARIANTS``, comma-separated, returned in that order."""
+    asked = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(asked - set(CONTINUE_VARIANTS))
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(f"expected one or both of {', '.join(CONTINUE_VARIANTS)}, got {text!r}")
+    return tuple(variant for variant in CONTINUE_VARIANTS if variant in asked)
 
 
 def _variants(text: str) -> tuple[str, ...]:

@@ -124,6 +124,6 @@ def instrument_step_calls(deps: StepDeps) -> dict[str, int | None]:
 def instrument_agent(deps: StepDeps, agent_name: str) -> None:
     """Wrap the bench agent's model turn and its no-op tool."""
     agent = deps.agents[agent_name]
-    agent.model.generate = timed("model turn (MockModel)", agent.model.generate)  # type: ignore[method-assign]
+    agent.model.generate = timed("model turn (MockModel)", agent.model.generate)  # type: ignore[method-assign,union-attr]
     noop = agent.tools["noop"]
     noop.invoke = timed("tool call (no-op, validated)", noop.invoke)  # type: ignore[method-assign]

@@ -95,7 +95,12 @@ def _ratios(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict
     rounds: dict[int, dict[str, float]] = defaultdict(dict)
     for r in results:
         rounds[r.round][r.system] = r.steps_per_s
-    pairs = [(s, "bare") for s in rows if s != "bare"] + [("other", "lousho"), ("lousho", "dbos")]
+    pairs = [(s, "bare") for s in rows if s != "bare"] + [
+        ("other", "lousho"),
+        ("lousho", "dbos"),
+        ("lousho-chain", "dbos"),
+        ("lousho-chain", "lousho"),
+    ]
     ratios = {}
     for system, base in pairs:
         if system not in rows or base not in rows:
@@ -304,7 +309,7 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
     lengths: dict[int, dict[str, Any]] = summary["lengths"]
     systems = [
         name
-        for name in ("lousho", "ev-off", "watched", "other", "dbos", "bare")
+        for name in ("lousho-chain", "lousho", "ev-off", "watched", "other", "dbos", "bare")
         if any(name in figures["systems"] for figures in lengths.values())
     ]
     print()
@@ -316,6 +321,11 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
     )
     if config.events:
         print("  events: " + "; ".join(EVENT_LEGEND[variant] for variant in config.events))
+    if config.continuation:
+        print(
+            f"  continuation: lousho-chain takes up to {config.continue_steps} steps of a run per task in a slice of"
+            f" {config.continue_ms} ms (LOUSHO_CONTINUE_STEPS / LOUSHO_CONTINUE_MS); lousho one step per task"
+        )
     print("  steps/s: median of rounds; percentiles over every step of every round (ms); cpu: ms per step")
     print(HEADER)
     for figures in lengths.values():

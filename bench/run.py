@@ -41,6 +41,16 @@ EVENT_SYSTEMS = {
 }
 
 
+#: The ``--continue on`` worker: its tasks take a run's next steps themselves (``LOUSHO_CONTINUE_STEPS``).
+CHAIN = "lousho-chain"
+
+
+def chain_system(config: Config) -> System:
+    """The ``lousho-chain`` worker of this tree, on its own queue, with the ``--continue-*`` settings."""
+    env = (("LOUSHO_CONTINUE_STEPS", str(config.continue_steps)), ("LOUSHO_CONTINUE_MS", str(config.continue_ms)))
+    return System(CHAIN, "lousho", "bench-lousho-chain", ROOT, "c", env)
+
+
 class Bench:
     """Owns the services, the workers and the rounds of one invocation."""
 
@@ -52,6 +62,9 @@ class Bench:
             if config.events
             else [System("lousho", "lousho", LOUSHO_QUEUE, ROOT, "")]
         )
+        if "on" in config.continuation:
+            chained = chain_system(config)
+            self.systems = [chained] if config.continuation == ("on",) else [chained, *self.systems]
         if config.other_tree is not None:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
         if not config.rss_steps:  # the RSS mode measures the Lousho worker alone
@@ -227,6 +240,11 @@ class Bench:
         result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
         if system.kind == "dbos":
             worker.pause()
+        if system.name == CHAIN and result.task_ms and len(result.task_ms) >= result.steps:
+            raise BenchError(
+                f"the {CHAIN} worker ran {len(result.task_ms)} step tasks for {result.steps} steps of {spec.prefix}*:"
+                " no task took a second step, LOUSHO_CONTINUE_STEPS did not apply"
+            )
         setting = dict(system.env).get("LOUSHO_EVENTS")
         if setting is not None:  # an ``--events`` variant: did its setting reach the worker?
             assert self._db is not None

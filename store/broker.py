@@ -56,6 +56,16 @@ class Scan:
 
 
 @translated
+def waiting(client: redis.Redis, queue: str) -> int:
+    """Messages sent without a priority (as steps are) that wait in ``queue``: one LLEN of its list.
+
+    Raises:
+        StorageError: Redis cannot be reached.
+    """
+    return int(client.llen(queue))
+
+
+@translated
 def scan(client: redis.Redis, queues: Iterable[str], wanted: set[str] | None = None, limit: int = MAX_MESSAGES) -> Scan:
     """The step messages in ``queues`` (queued) and in the unacked hash (reserved), of the runs ``wanted`` (None: all).
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -97,6 +97,9 @@ class StepDeps:
     continue_steps: int = 1
     #: The time slice after which a task starts no next step of its run (``LOUSHO_CONTINUE_MS``).
     continue_ms: float = 100.0
+    #: How many step messages wait in the queue the running task came from (a chain shares its slice with
+    #: them); None: none are counted.
+    backlog: Callable[[], int] | None = None
 
     def serving(self, agent: str) -> list[Serving]:
         """Other live workers that registered ``agent``."""

@@ -55,7 +55,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     if lease is None:
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
-    deadline = time.monotonic() + deps.continue_ms / 1000
+    began = time.monotonic()
     try:
         live = Live(deps.signals, lease)
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
@@ -63,7 +63,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             telemetry.note(outcome=result.outcome.value)
             first = last = telemetry.current()
             taken = 1
-            while (follow := _chains(deps, lease, result, last, taken, deadline)) is not None:
+            while (follow := _chains(deps, lease, result, last, taken, began)) is not None:
                 _wake(deps, live)
                 crash_point("between_chained_steps", session_id)
                 result, live, last = _chained_step(deps, lease, session_id, follow, first, last)
@@ -127,24 +127,30 @@ def _chains(
     result: StepResult,
     report: telemetry.StepReport | None,
     taken: int,
-    deadline: float,
+    began: float,
 ) -> Next | None:
     """The next step this task takes itself after the step ``report`` tells of, or None to send it as a message.
 
     Only a plain advance with no countdown, on the same agent (a handoff's next step belongs on the other agent's
-    queue), that started no child run, inside the slice and the step count, while the lease is held and no abort
-    or steer past the saved input has been heard.
+    queue), that started no child run, within the step count and the task's share of the slice, while the lease
+    is held and no abort or steer past the saved input has been heard. The slice is shared with the step messages
+    waiting in the task's queue (``deps.backlog``): with ``w`` of them a task stops after ``slice / (1 + w)``, so
+    the runs waiting behind chained tasks are all served within about one slice.
     """
     follow = result.follow_up
     if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
         return None
-    if taken >= deps.continue_steps or time.monotonic() >= deadline or report is None or report.checkpoint is None:
+    if taken >= deps.continue_steps or report is None or report.checkpoint is None:
         return None
     if follow.agent != report.agent or lease.lost.is_set() or lease.abort.is_set():
         return None
     if lease.steer > report.checkpoint.inbox_cursor:
         return None
-    return follow
+    spent_ms = (time.monotonic() - began) * 1000
+    if spent_ms >= deps.continue_ms:
+        return None
+    waiting = deps.backlog() if deps.backlog is not None else 0
+    return follow if spent_ms < deps.continue_ms / (1 + waiting) else None
 
 
 def _chained_step(

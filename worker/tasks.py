@@ -14,6 +14,7 @@ thin wrapper over the step, the sweeps or retention.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import random
@@ -30,6 +31,7 @@ from kombu import Queue  # type: ignore[attr-defined]  # kombu does not list Que
 from sqlalchemy import Engine
 
 from store import (
+    broker,
     doctor,
     errors,
     interfaces,
@@ -126,6 +128,7 @@ def _build() -> StepDeps:
         fairness_weights=settings.fairness_weight_table,
         continue_steps=settings.continue_steps,
         continue_ms=float(settings.continue_ms),
+        backlog=_backlog if settings.continue_steps > 1 else None,
     )
     try:
         store.register_agents({name: built.fingerprint(agent) for name, agent in agents.items()})
@@ -136,6 +139,24 @@ def _build() -> StepDeps:
     except errors.StorageError:
         log.warning("could not sync the schedules declared in code; they sync at the next start")
     return built
+
+
+#: The queue the step task running in this context came from (a chain shares its slice with what waits there).
+_task_queue: contextvars.ContextVar[str | None] = contextvars.ContextVar("lousho_task_queue", default=None)
+
+
+def _backlog() -> int:
+    """Step messages waiting in the queue the running task came from (0 when unknown or unreadable).
+
+    One LLEN of the transport's list for the queue (messages sent without a priority, as steps are).
+    """
+    queue = _task_queue.get()
+    if not queue:
+        return 0
+    try:
+        return broker.waiting(_redis_clients()[1], queue)
+    except errors.StorageError:
+        return 0
 
 
 def enqueue(
@@ -451,9 +472,13 @@ def advance(self: Any, session_id: str, seq: int | None = None) -> str:
     if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
         log.warning("advance with a malformed seq dropped")
         return "malformed message; dropped"
+    queued = _task_queue.set((self.request.delivery_info or {}).get("routing_key") or None)
     with telemetry.step(session_id, seq, task_id=self.request.id) as report:
         try:
-            outcome = run_step(deps(), session_id, seq)
+            try:
+                outcome = run_step(deps(), session_id, seq)
+            finally:
+                _task_queue.reset(queued)
         except errors.SessionIdInvalidError:
             log.warning("advance for an invalid session id dropped")
             return "invalid run id; dropped"

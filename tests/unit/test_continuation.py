@@ -199,7 +199,7 @@ def test_when_a_task_takes_the_next_step_itself(
     state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
     with telemetry.step("run-1") as report:
         telemetry.note(agent="looper", checkpoint=state)
-        follow = _chains(deps, lease, result, report, taken, time.monotonic() + slice_left)
+        follow = _chains(deps, lease, result, report, taken, time.monotonic() - (deps.continue_ms / 1000 - slice_left))
     assert report.agent == "looper"
     goes_on = case in ("goes on", "a steer already merged")
     assert (follow is not None) is goes_on, case
@@ -222,3 +222,19 @@ def test_every_crash_point_of_a_chained_run_recovers_it() -> None:
         most = max(ran.values())
         # A plain tool whose effect happened before its result was saved runs again (at least once, as documented).
         assert most == (2 if point == "after_tool_effect_before_result_save" else 1), (point, dict(ran))
+
+
+@pytest.mark.parametrize(
+    ("waiting", "spent_ms", "goes_on"), [(0, 60, True), (9, 5, True), (9, 15, False), (1, 55, False)]
+)
+def test_a_chain_shares_its_slice_with_the_messages_waiting_in_its_queue(
+    waiting: int, spent_ms: float, goes_on: bool
+) -> None:
+    deps = dataclasses.replace(
+        LocalRuntime.serving([_looper()], continue_steps=50, continue_ms=100).deps(), backlog=lambda: waiting
+    )
+    state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
+    with telemetry.step("run-1") as report:
+        telemetry.note(agent="looper", checkpoint=state)
+        follow = _chains(deps, Lease("run-1", "me", 7), _advanced(), report, 1, time.monotonic() - spent_ms / 1000)
+    assert (follow is not None) is goes_on

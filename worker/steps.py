@@ -55,7 +55,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     if lease is None:
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
-    began = time.monotonic()
+    share = _Share(time.monotonic())
     try:
         live = Live(deps.signals, lease)
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
@@ -63,7 +63,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             telemetry.note(outcome=result.outcome.value)
             first = last = telemetry.current()
             taken = 1
-            while (follow := _chains(deps, lease, result, last, taken, began)) is not None:
+            while (follow := _chains(deps, lease, result, last, taken, share)) is not None:
                 _wake(deps, live)
                 crash_point("between_chained_steps", session_id)
                 result, live, last = _chained_step(deps, lease, session_id, follow, first, last)
@@ -121,21 +121,42 @@ def _wake(deps: StepDeps, live: Live) -> None:
     live.woken.clear()
 
 
+#: How often a chain reads how many step messages wait in its queue (a read is one Redis round trip).
+BACKLOG_EVERY_MS = 5.0
+
+
+@dataclasses.dataclass
+class _Share:
+    """A chained task's time: when it began, and the messages seen waiting in its queue at the last read."""
+
+    began: float
+    waiting: int = 0
+    read_at: float = float("-inf")
+
+    def waiting_now(self, deps: StepDeps) -> int:
+        """The messages waiting, read again once ``BACKLOG_EVERY_MS`` passed since the last read."""
+        now = time.monotonic()
+        if deps.backlog is not None and (now - self.read_at) * 1000 >= BACKLOG_EVERY_MS:
+            self.waiting, self.read_at = deps.backlog(), now
+        return self.waiting
+
+
 def _chains(
     deps: StepDeps,
     lease: Lease,
     result: StepResult,
     report: telemetry.StepReport | None,
     taken: int,
-    began: float,
+    share: _Share,
 ) -> Next | None:
     """The next step this task takes itself after the step ``report`` tells of, or None to send it as a message.
 
     Only a plain advance with no countdown, on the same agent (a handoff's next step belongs on the other agent's
     queue), that started no child run, within the step count and the task's share of the slice, while the lease
     is held and no abort or steer past the saved input has been heard. The slice is shared with the step messages
-    waiting in the task's queue (``deps.backlog``): with ``w`` of them a task stops after ``slice / (1 + w)``, so
-    the runs waiting behind chained tasks are all served within about one slice.
+    waiting in the task's queue (``deps.backlog``, read every ``BACKLOG_EVERY_MS``): with ``w`` of them a task
+    stops after ``slice / (1 + w)``, so the runs waiting behind chained tasks are all served within about one
+    slice.
     """
     follow = result.follow_up
     if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
@@ -146,11 +167,10 @@ def _chains(
         return None
     if lease.steer > report.checkpoint.inbox_cursor:
         return None
-    spent_ms = (time.monotonic() - began) * 1000
+    spent_ms = (time.monotonic() - share.began) * 1000
     if spent_ms >= deps.continue_ms:
         return None
-    waiting = deps.backlog() if deps.backlog is not None else 0
-    return follow if spent_ms < deps.continue_ms / (1 + waiting) else None
+    return follow if spent_ms < deps.continue_ms / (1 + share.waiting_now(deps)) else None
 
 
 def _chained_step(

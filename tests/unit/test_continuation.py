@@ -19,7 +19,7 @@ from tests.support.local_agents import desk
 from worker import Agent, tool
 from worker.context import Next, Outcome, StepResult
 from worker.providers import MockModel
-from worker.steps import _chains, run_step
+from worker.steps import _chains, _Share, run_step
 from worker.testing import LocalRuntime, run_local
 
 TURNS = 3  # tool turns before the answer: 2 * 3 + 1 = 7 steps
@@ -199,7 +199,9 @@ def test_when_a_task_takes_the_next_step_itself(
     state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
     with telemetry.step("run-1") as report:
         telemetry.note(agent="looper", checkpoint=state)
-        follow = _chains(deps, lease, result, report, taken, time.monotonic() - (deps.continue_ms / 1000 - slice_left))
+        follow = _chains(
+            deps, lease, result, report, taken, _Share(time.monotonic() - (deps.continue_ms / 1000 - slice_left))
+        )
     assert report.agent == "looper"
     goes_on = case in ("goes on", "a steer already merged")
     assert (follow is not None) is goes_on, case
@@ -236,5 +238,7 @@ def test_a_chain_shares_its_slice_with_the_messages_waiting_in_its_queue(
     state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
     with telemetry.step("run-1") as report:
         telemetry.note(agent="looper", checkpoint=state)
-        follow = _chains(deps, Lease("run-1", "me", 7), _advanced(), report, 1, time.monotonic() - spent_ms / 1000)
+        follow = _chains(
+            deps, Lease("run-1", "me", 7), _advanced(), report, 1, _Share(time.monotonic() - spent_ms / 1000)
+        )
     assert (follow is not None) is goes_on

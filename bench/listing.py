@@ -1,7 +1,7 @@
 """``python -m bench.listing``: what listing runs costs with 100,000 stored runs, in every state.
 
 Recreates its own database (``--database``, ``lousho_bench_listing`` by default; Redis is not used), fills it with
-``bench.retention.fill_states`` (``--runs`` runs of four agents over 90 days, most finished, the rest in every other
+``bench.stored_runs.fill_states`` (``--runs`` runs of four agents over 90 days, most finished, the rest in every other
 state), then times, ``--repeat`` times each after a warm-up: the first page of ``Client.runs`` (50 runs with their
 details), the store's first page without details (what the run pages read), a page 100 pages deep, a page filtered
 by state and agent, the counts by state (``count_runs``), and the run pages' list view (``GET /ui/runs``, signed in,
@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from bench.retention import fill_states
+from bench.stored_runs import fill_states
 from producer.client import Client
 from producer.http.backend import Backend
 from producer.http.config import WebhookConfig

@@ -1,7 +1,7 @@
 """``python -m bench.scale``: whether the bounded operations cost the same with 1,000 and with 100,000 stored runs.
 
 For each size (``--sizes``), recreates its own database (``--database``, ``lousho_bench_scale`` by default; Redis
-is not used), fills it with ``bench.retention.fill_mix`` (runs in every state, sub-agent runs, history, events,
+is not used), fills it with ``bench.stored_runs.fill_mix`` (runs in every state, sub-agent runs, history, events,
 approvals; the work the bounded operations find is the same at every size) and times, ``--repeat`` times each
 after five untimed ones, the store calls behind: the recovery sweep's statements (its report of recovered runs, the
 approvals' expiry, the first page of due runs, marking that page swept, the leads whose wake-up was lost; its
@@ -32,7 +32,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from sqlalchemy import Engine, event
 
-from bench.retention import Mix, add_cohort, fill_mix, state_of, touch_moving
+from bench.stored_runs import Mix, add_cohort, fill_mix, state_of, touch_moving
 from store import observed, retention
 from store.checkpoints import PostgresCheckpointStore
 from store.database import Transaction, make_engine, migrate

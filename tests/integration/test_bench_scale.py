@@ -1,4 +1,4 @@
-"""The stored-runs generator of ``bench.scale`` (``bench.retention.fill_mix``), at a small size on the real database.
+"""The stored-runs generator of ``bench.scale`` (``bench.stored_runs.fill_mix``), at a small size on the real database.
 
 It must keep giving every state its share, the sub-agent runs, history, events and approvals it promises, and the
 same fixed work to the bounded operations (runs due for the sweep, lost wake-ups, one retention cohort), or the
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import TupleRow
 
-from bench.retention import Mix, fill_mix, touch_moving
+from bench.stored_runs import Mix, fill_mix, touch_moving
 from store import listing, retention
 from store.checkpoints import PostgresCheckpointStore
 from tests.support import services

@@ -27,10 +27,10 @@ from tests.support.agents import run_input
 from tests.support.cluster import Cluster, RecoveryBudget, Worker
 
 RUNS = 20
-#: Continuation by hand: ``LOUSHO_CHAOS_CONTINUE=N`` lets each task take up to N steps of its run in a row
-#: (``LOUSHO_CONTINUE_STEPS``, with a 100 ms slice); CI runs the chaos in strict mode and the crash-point matrix
-#: with continuation on.
-CHAIN_STEPS = os.environ.get("LOUSHO_CHAOS_CONTINUE") or ""
+#: The chaos runs with continuation on (each task takes up to this many steps of its run in a row,
+#: ``LOUSHO_CONTINUE_STEPS``, in a 100 ms slice shared with the messages waiting); ``LOUSHO_CHAOS_CONTINUE=1`` runs
+#: it by hand in strict mode, where CI runs the crash-point matrix.
+CHAIN_STEPS = os.environ.get("LOUSHO_CHAOS_CONTINUE") or "1000"
 WORKERS = ("w1", "w2")
 CONCURRENCY = 3
 #: The chaos stops after this many kills, or after ``CHAOS_MAX_S``; fewer than ``MIN_KILLS`` fails. CI runs
@@ -88,9 +88,9 @@ def test_random_kills_lose_no_run_and_repeat_no_recorded_work(make_cluster: Call
     seed = int(os.environ.get("LOUSHO_CHAOS_SEED") or random.randrange(1 << 30))
     rng = random.Random(seed)
     print(f"\nchaos seed: {seed}")
-    chain = {"LOUSHO_CONTINUE_STEPS": CHAIN_STEPS, "LOUSHO_CONTINUE_MS": "100"} if CHAIN_STEPS else {}
+    chain = {"LOUSHO_CONTINUE_STEPS": CHAIN_STEPS, "LOUSHO_CONTINUE_MS": "100"} if CHAIN_STEPS != "1" else {}
     cluster = make_cluster(extra_env={checker.EFFECTS_ENV: "1", **chain})
-    print(f"\nmode: {f'continuation ({CHAIN_STEPS} steps, 100 ms)' if CHAIN_STEPS else 'strict'}")
+    print(f"\nmode: {f'continuation ({CHAIN_STEPS} steps, 100 ms)' if chain else 'strict'}")
     checker.prepare_effects(cluster.database_url)  # the tools apply their effect to an idempotent sink (I12)
     for worker in [cluster.start_worker(name, concurrency=CONCURRENCY, wait=False) for name in WORKERS]:
         cluster.wait_ready(worker)

@@ -20,12 +20,12 @@ from tests.support.cluster import APPROVAL_CRASH_POINTS, CHAIN_CRASH_POINTS, CRA
 
 #: The matrix runs in strict mode (one step per task, the default) in CI; ``LOUSHO_TEST_CRASH_CONTINUE=1`` runs it
 #: by hand with continuation on (each task takes up to ``CHAIN_STEPS`` steps of its run in a slice of ``CHAIN_MS``,
-#: shared with the messages waiting), where the point between two chained steps exists too. CI runs that point in
-#: a test of its own (a burst of 56 runs leaves each task a share too short to chain) and the chaos test with
-#: continuation on.
+#: shared with the messages waiting). The point between two chained steps has a test of its own: in the matrix's
+#: burst of 56 runs a task's share of the slice is too short for its run to chain before the queue drains. CI
+#: also runs the chaos test with continuation on.
 STRICT = os.environ.get("LOUSHO_TEST_CRASH_CONTINUE") != "1"
 CHAIN_STEPS, CHAIN_MS = 50, 800
-POINTS = CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS + (() if STRICT else CHAIN_CRASH_POINTS)
+POINTS = CRASH_POINTS + APPROVAL_CRASH_POINTS + ONCE_CRASH_POINTS
 #: Extra work a sequential-tools run may cost at each point: (raw re-executions, wasted model calls, interrupted
 #: results, executions of the approved call, reconcile calls). Runs of the once points make call 1 of turn 0 a
 #: ``once`` call with ``reconcile``: interrupted after its mark it is reconciled once, and runs once in all.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     parser.add_argument(
         "--events",
-        type=_variants,
+        type=_variants_of(EVENT_VARIANTS),
         default=defaults.events,
         metavar="on,off[,watched]",
         help="Lousho workers side by side with saves writing events (on), writing none "
@@ -197,7 +197,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument(
         "--continue",
         dest="continuation",
-        type=_continue_variants,
+        type=_variants_of(CONTINUE_VARIANTS),
         default=defaults.continuation,
         metavar="on,off",
         help="Lousho workers side by side whose tasks take a run's next steps themselves (on: lousho-chain, "
@@ -268,19 +268,13 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
-def _continue_variants(text: str) -> tuple[str, ...]:
-    """``--continue``: one or both of ``CONTINUE_VARIANTS``, comma-separated, returned in that order."""
-    asked = {part.strip() for part in text.split(",") if part.strip()}
-    unknown = sorted(asked - set(CONTINUE_VARIANTS))
-    if unknown or not asked:
-        raise argparse.ArgumentTypeError(f"expected one or both of {', '.join(CONTINUE_VARIANTS)}, got {text!r}")
-    return tuple(variant for variant in CONTINUE_VARIANTS if variant in asked)
+def _variants_of(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """The parser of a flag naming one or more of ``known``, comma-separated; they come back in ``known``'s order."""
 
+    def parse(text: str) -> tuple[str, ...]:
+        asked = {part.strip() for part in text.split(",") if part.strip()}
+        if not asked or asked - set(known):
+            raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(known)}, got {text!r}")
+        return tuple(variant for variant in known if variant in asked)
 
-def _variants(text: str) -> tuple[str, ...]:
-    """``--events``: one or more of ``EVENT_VARIANTS``, comma-separated, returned in that order."""
-    asked = {part.strip() for part in text.split(",") if part.strip()}
-    unknown = sorted(asked - set(EVENT_VARIANTS))
-    if unknown or not asked:
-        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(EVENT_VARIANTS)}, got {text!r}")
-    return tuple(variant for variant in EVENT_VARIANTS if variant in asked)
+    return parse

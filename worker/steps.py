@@ -19,7 +19,7 @@ from datetime import datetime
 
 from store import errors, inputs, payloads, records, telemetry
 from store.records import Checkpoint, LastError, Lease, ToolCall, Usage
-from worker import abort, budgets, business, drift, dynamic, handoffs, machine, retry, slots, subagents
+from worker import abort, budgets, business, continuation, drift, dynamic, handoffs, machine, retry, slots, subagents
 from worker import hooks as hook_calls
 from worker import live as live_events
 from worker.agents import Agent
@@ -40,8 +40,8 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     """Perform one step of the run (more with ``deps.continue_steps``); duplicates and late deliveries are harmless.
 
     With ``continue_steps`` above 1 the task takes the run's next steps itself under the lease it holds, each
-    claimed and saved fenced as if it had come through the broker, until ``_chains`` says stop; the last one's
-    follow-up message is sent as usual. Returns the last step's outcome.
+    claimed and saved fenced as if it had come through the broker, until ``continuation.next_step`` says stop; the
+    last one's follow-up message is sent as usual. Returns the last step's outcome.
 
     Raises:
         SessionIdInvalidError: the id is not a valid run id (nothing is touched).
@@ -55,7 +55,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
     if lease is None:
         return Outcome.BUSY
     deps.heartbeat.hold(lease)
-    share = _Share(time.monotonic())
+    share = continuation.Share(time.monotonic())
     try:
         live = Live(deps.signals, lease)
         with deps.store.pinned():  # one pooled connection for the step's claim, reads and saves
@@ -63,7 +63,7 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             telemetry.note(outcome=result.outcome.value)
             first = last = telemetry.current()
             taken = 1
-            while (follow := _chains(deps, lease, result, last, taken, share)) is not None:
+            while (follow := continuation.next_step(deps, lease, result, last, taken, share)) is not None:
                 _wake(deps, live)
                 crash_point("between_chained_steps", session_id)
                 result, live, last = _chained_step(deps, lease, session_id, follow, first, last)
@@ -119,58 +119,6 @@ def _wake(deps: StepDeps, live: Live) -> None:
     for other, agent in live.woken:
         deps.enqueue(other, None, 0.0, agent, name=telemetry.step_name(agent, telemetry.SLOT_FREED))
     live.woken.clear()
-
-
-#: How often a chain reads how many step messages wait in its queue (a read is one Redis round trip).
-BACKLOG_EVERY_MS = 5.0
-
-
-@dataclasses.dataclass
-class _Share:
-    """A chained task's time: when it began, and the messages seen waiting in its queue at the last read."""
-
-    began: float
-    waiting: int = 0
-    read_at: float = float("-inf")
-
-    def waiting_now(self, deps: StepDeps) -> int:
-        """The messages waiting, read again once ``BACKLOG_EVERY_MS`` passed since the last read."""
-        now = time.monotonic()
-        if deps.backlog is not None and (now - self.read_at) * 1000 >= BACKLOG_EVERY_MS:
-            self.waiting, self.read_at = deps.backlog(), now
-        return self.waiting
-
-
-def _chains(
-    deps: StepDeps,
-    lease: Lease,
-    result: StepResult,
-    report: telemetry.StepReport | None,
-    taken: int,
-    share: _Share,
-) -> Next | None:
-    """The next step this task takes itself after the step ``report`` tells of, or None to send it as a message.
-
-    Only a plain advance with no countdown, on the same agent (a handoff's next step belongs on the other agent's
-    queue), that started no child run, within the step count and the task's share of the slice, while the lease
-    is held and no abort or steer past the saved input has been heard. The slice is shared with the step messages
-    waiting in the task's queue (``deps.backlog``, read every ``BACKLOG_EVERY_MS``): with ``w`` of them a task
-    stops after ``slice / (1 + w)``, so the runs waiting behind chained tasks are all served within about one
-    slice.
-    """
-    follow = result.follow_up
-    if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
-        return None
-    if taken >= deps.continue_steps or report is None or report.checkpoint is None:
-        return None
-    if follow.agent != report.agent or lease.lost.is_set() or lease.abort.is_set():
-        return None
-    if lease.steer > report.checkpoint.inbox_cursor:
-        return None
-    spent_ms = (time.monotonic() - share.began) * 1000
-    if spent_ms >= deps.continue_ms:
-        return None
-    return follow if spent_ms < deps.continue_ms / (1 + share.waiting_now(deps)) else None
 
 
 def _chained_step(

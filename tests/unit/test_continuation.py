@@ -18,8 +18,9 @@ from store.records import Checkpoint, Lease, Message
 from tests.support.local_agents import desk
 from worker import Agent, tool
 from worker.context import Next, Outcome, StepResult
+from worker.continuation import Share, next_step
 from worker.providers import MockModel
-from worker.steps import _chains, _Share, run_step
+from worker.steps import run_step
 from worker.testing import LocalRuntime, run_local
 
 TURNS = 3  # tool turns before the answer: 2 * 3 + 1 = 7 steps
@@ -199,8 +200,8 @@ def test_when_a_task_takes_the_next_step_itself(
     state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
     with telemetry.step("run-1") as report:
         telemetry.note(agent="looper", checkpoint=state)
-        follow = _chains(
-            deps, lease, result, report, taken, _Share(time.monotonic() - (deps.continue_ms / 1000 - slice_left))
+        follow = next_step(
+            deps, lease, result, report, taken, Share(time.monotonic() - (deps.continue_ms / 1000 - slice_left))
         )
     assert report.agent == "looper"
     goes_on = case in ("goes on", "a steer already merged")
@@ -238,7 +239,7 @@ def test_a_chain_shares_its_slice_with_the_messages_waiting_in_its_queue(
     state = Checkpoint(session_id="run-1", agent="looper", inbox_cursor=2)
     with telemetry.step("run-1") as report:
         telemetry.note(agent="looper", checkpoint=state)
-        follow = _chains(
-            deps, Lease("run-1", "me", 7), _advanced(), report, 1, _Share(time.monotonic() - spent_ms / 1000)
+        follow = next_step(
+            deps, Lease("run-1", "me", 7), _advanced(), report, 1, Share(time.monotonic() - spent_ms / 1000)
         )
     assert (follow is not None) is goes_on

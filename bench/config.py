@@ -21,6 +21,8 @@ EVENT_VARIANTS = ("on", "off", "watched")
 #: ``--continue`` variants, in the order they are measured: a worker whose tasks take a run's next steps
 #: themselves (``on``: the system ``lousho-chain``), and the worker as deployed by default (``off``: ``lousho``).
 CONTINUE_VARIANTS = ("on", "off")
+#: The ``--continue on`` system: a Lousho worker of this tree whose tasks take a run's next steps themselves.
+CHAIN = "lousho-chain"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.config import Config
+from bench.config import CHAIN, Config
 from bench.results import RoundResult, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -31,7 +31,7 @@ EVENT_LEGEND = {
 }
 
 HEADER = (
-    f"{'len':>4} {'round':>5}  {'system':<7} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
+    f"{'len':>4} {'round':>5}  {'system':<12} {'steps':>6} {'wall s':>7} {'steps/s':>8} "
     f"{'step p50':>9} {'step p99':>9} {'task p50':>9} {'task p99':>9} {'gap p50':>8} "
     f"{'wrk cpu':>8} {'pg cpu':>7}"
 )
@@ -40,7 +40,7 @@ HEADER = (
 def format_row(s: dict[str, Any]) -> str:
     """One line of the table for a round's (or a system's overall) summary, under ``HEADER``."""
     return (
-        f"{s['steps_per_run']:>4} {s['round']!s:>5}  {s['system']:<7} {s['steps']:>6} {s['wall_s']:>7.3f} "
+        f"{s['steps_per_run']:>4} {s['round']!s:>5}  {s['system']:<12} {s['steps']:>6} {s['wall_s']:>7.3f} "
         f"{s['steps_per_s']:>8.1f} "
         f"{s['step_p50_ms']:>9.2f} {s['step_p99_ms']:>9.2f} {s['task_p50_ms']:>9.2f} {s['task_p99_ms']:>9.2f} "
         f"{s['gap_p50_ms']:>8.2f} {s['worker_cpu_ms_per_step']:>8.2f} {s['postgres_cpu_ms_per_step']:>7.2f}"
@@ -74,6 +74,10 @@ def _overall(system: str, length: int, mine: list[RoundResult], peak_rss_kib: in
         "peak_rss_mib": round(peak_rss_kib / 1024, 1),
     }
     row["cpu_ms_per_step"] = round(row["worker_cpu_ms_per_step"] + row["postgres_cpu_ms_per_step"], 3)
+    chained = [r.chained_steps for r in mine if r.chained_steps is not None]
+    if chained:  # a Lousho worker: how many steps its tasks took (more than one with ``--continue on``)
+        row["chained_share"] = round(sum(chained) / count, 4)
+        row["steps_per_task"] = round(count / len(tasks), 2) if tasks else None
     runs = sum(r.steps // max(r.steps_per_run, 1) for r in mine) or 1
     stored = [r.events_stored for r in mine if r.events_stored is not None]
     if stored:
@@ -98,8 +102,8 @@ def _ratios(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict
     pairs = [(s, "bare") for s in rows if s != "bare"] + [
         ("other", "lousho"),
         ("lousho", "dbos"),
-        ("lousho-chain", "dbos"),
-        ("lousho-chain", "lousho"),
+        (CHAIN, "dbos"),
+        (CHAIN, "lousho"),
     ]
     ratios = {}
     for system, base in pairs:
@@ -184,10 +188,30 @@ def _sweep(lengths: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return sweep
 
 
-def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -> dict[str, Any]:
+def _continuation(rows: dict[str, dict[str, Any]], slice_ms: int) -> dict[str, Any]:
+    """What chaining did at one run length (``--continue``): steps per task, and the step p99 against the target.
+
+    A run waiting behind a chained task waits up to one slice longer than behind a single step, so the target is
+    lousho-chain's step p99 above lousho's by at most the slice.
+    """
+    chain, strict = rows[CHAIN], rows["lousho"]
+    added = chain["step_p99_ms"] - strict["step_p99_ms"]
+    return {
+        "chained_share": chain.get("chained_share"),
+        "steps_per_task": chain.get("steps_per_task"),
+        "slice_ms": slice_ms,
+        "step_p99_added_ms": round(added, 3),
+        "step_p99_within_slice": added <= slice_ms,
+    }
+
+
+def aggregate(
+    results: list[RoundResult], peak_rss: dict[int, dict[str, int]], slice_ms: int | None = None
+) -> dict[str, Any]:
     """Per run length and system the overall figures and the ratios; per system how they change with the length.
 
-    ``peak_rss`` maps a run length to each system's largest VmHWM (KiB) read after that length's rounds.
+    ``peak_rss`` maps a run length to each system's largest VmHWM (KiB) read after that length's rounds;
+    ``slice_ms`` is lousho-chain's ``LOUSHO_CONTINUE_MS`` (``--continue``), for its step p99 target.
     """
     lengths: dict[int, dict[str, Any]] = {}
     for length in sorted({r.steps_per_run for r in results}):
@@ -207,6 +231,8 @@ def aggregate(results: list[RoundResult], peak_rss: dict[int, dict[str, int]]) -
         costs = _event_costs(rows, at_length)
         if costs:
             lengths[length]["events"] = costs
+        if slice_ms is not None and CHAIN in rows and "lousho" in rows:
+            lengths[length]["continuation"] = _continuation(rows, slice_ms)
     return {"lengths": lengths, "sweep": _sweep(lengths)}
 
 
@@ -221,6 +247,25 @@ def _print_ratios(length: int, ratios: dict[str, Any]) -> None:
             f"{ratio['paired_median']:.3f}x ({per_round}); CPU per step: {ratio['cpu']:.3f}x; "
             f"added wall time per step: {ratio['added_wall_ms_per_step']:.2f} ms"
         )
+
+
+def _print_step_costs(length: int, rows: dict[str, dict[str, Any]]) -> None:
+    """Each system's worker plus Postgres CPU per step, side by side."""
+    cpu = ", ".join(f"{system} {row['cpu_ms_per_step']:.2f}" for system, row in rows.items())
+    print(f"  {length:>4} steps, CPU per step, worker + Postgres (ms): {cpu}")
+
+
+def _print_continuation(length: int, figures: dict[str, Any]) -> None:
+    """How many steps lousho-chain's tasks took, and its step p99 over lousho's against the slice."""
+    found, rows = figures["continuation"], figures["systems"]
+    verdict = "within" if found["step_p99_within_slice"] else "beyond"
+    chain_per_task, strict_per_task = (rows[name].get("steps_per_task") or float("nan") for name in (CHAIN, "lousho"))
+    print(
+        f"  {length:>4} steps, {CHAIN}: {found['chained_share'] or 0:.1%} of the steps in the same task as the step "
+        f"before ({chain_per_task:.2f} steps per task; lousho {strict_per_task:.2f});"
+        f" step p99 {rows[CHAIN]['step_p99_ms']:.2f} ms against lousho's {rows['lousho']['step_p99_ms']:.2f} ms:"
+        f" {found['step_p99_added_ms']:+.2f} ms, {verdict} the {found['slice_ms']} ms slice"
+    )
 
 
 def _print_event_costs(length: int, costs: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
@@ -309,7 +354,7 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
     lengths: dict[int, dict[str, Any]] = summary["lengths"]
     systems = [
         name
-        for name in ("lousho-chain", "lousho", "ev-off", "watched", "other", "dbos", "bare")
+        for name in (CHAIN, "lousho", "ev-off", "watched", "other", "dbos", "bare")
         if any(name in figures["systems"] for figures in lengths.values())
     ]
     print()
@@ -333,6 +378,11 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
             if system in figures["systems"]:
                 print(format_row(figures["systems"][system]))
     for length, figures in lengths.items():
+        _print_step_costs(
+            length, {system: figures["systems"][system] for system in systems if system in figures["systems"]}
+        )
+        if "continuation" in figures:
+            _print_continuation(length, figures)
         _print_ratios(length, figures["ratios"])
         if "events" in figures:
             _print_event_costs(length, figures["events"], figures["systems"])

@@ -5,6 +5,7 @@ Pure computation on numbers already collected; it starts nothing and talks to no
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,10 +47,13 @@ class RoundResult:
     events_followed: int | None = None
     live_followed: int | None = None
     consumer_cpu_s: float | None = None
+    #: Lousho only: steps saved during a timed task that had already saved one (more than one step per task
+    #: means the task took its run's next steps itself: ``--continue``).
+    chained_steps: int | None = None
 
     def summary(self) -> dict[str, Any]:
         """The round's figures as JSON-ready numbers (ms, rounded), as printed and written."""
-        return self._figures() | self._event_figures()
+        return self._figures() | self._chain_figures() | self._event_figures()
 
     def _figures(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,11 @@ class RoundResult:
             "worker_main_cpu_ms_per_step": round(self.worker_main_cpu_s * 1000 / self.steps, 3),
             "postgres_cpu_ms_per_step": round(self.postgres_cpu_s * 1000 / self.steps, 3),
         }
+
+    def _chain_figures(self) -> dict[str, Any]:
+        if self.chained_steps is None:
+            return {}
+        return {"chained_steps": self.chained_steps, "chained_share": round(self.chained_steps / self.steps, 4)}
 
     def _event_figures(self) -> dict[str, Any]:
         runs = max(self.steps // max(self.steps_per_run, 1), 1)
@@ -96,14 +105,37 @@ def task_times(lines: Iterator[list[str]], name: str, prefix: str) -> dict[str, 
     return found
 
 
-def gaps_ms(tasks: dict[str, list[Span]]) -> list[float]:
-    """Time from the end of one task to the start of the next task of the same run (delivery and ack)."""
+def steps_taken(tasks: dict[str, list[Span]], saves: dict[str, list[float]]) -> dict[str, list[int]]:
+    """Per run, how many of its steps were saved during each of its timed tasks, in ``tasks``' order.
+
+    One per task in strict mode; a task that took its run's next steps itself (``--continue``) saved several.
+    ``saves`` are each run's save times, on the same clock as the spans (one host).
+    """
+    taken: dict[str, list[int]] = {}
+    for run_id, spans in tasks.items():
+        times = sorted(saves.get(run_id, []))
+        taken[run_id] = [bisect_right(times, end) - bisect_left(times, start) for start, end, _ in spans]
+    return taken
+
+
+def chained_steps(taken: dict[str, list[int]]) -> int:
+    """Steps that ran in the same task as the step before them: every step of a task but its first."""
+    return sum(count - 1 for counts in taken.values() for count in counts if count > 1)
+
+
+def gaps_ms(tasks: dict[str, list[Span]], taken: dict[str, list[int]] | None = None) -> list[float]:
+    """Time from the end of one task to the start of the next task of the same run (delivery and ack).
+
+    ``taken`` (from ``steps_taken``) tells how many steps each task took, so the next task of a run that
+    chained is found past them; without it every task took one.
+    """
     gaps = []
-    for spans in tasks.values():
-        ordered = sorted(spans)
-        for (_, end, position), (start, _, following) in pairwise(ordered):
+    for run_id, spans in tasks.items():
+        counts = taken.get(run_id, []) if taken is not None else []
+        ordered = sorted(zip(spans, counts or [1] * len(spans), strict=True))
+        for ((_, end, position), count), ((start, _, following), _) in pairwise(ordered):
             # Only neighbours: a pool process's first task is not timed (the hook loads with the agents).
-            if position is not None and following == position + 1:
+            if position is not None and following == position + count:
                 gaps.append((start - end) * 1000)
     return gaps
 

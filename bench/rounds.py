@@ -17,7 +17,7 @@ import psycopg
 
 from bench import agents as bench_agents
 from bench import payload
-from bench.results import RoundResult, Span, gaps_ms, read_lines, task_times
+from bench.results import RoundResult, Span, chained_steps, gaps_ms, read_lines, steps_taken, task_times
 from bench.watch import Consumers
 from bench.workers import BenchError
 from store import step_message
@@ -50,11 +50,13 @@ class RoundSpec:
         marks: dict[str, list[float]],
         created: dict[str, float],
         tasks: dict[str, list[Span]],
+        taken: dict[str, list[int]] | None = None,
     ) -> RoundResult:
         """The round's figures: ``marks`` are the times of each run's steps, ``created`` when each run was sent.
 
         Step times are the deltas of consecutive marks of one run (the run's creation before the first);
-        steps/s is the number of marks over ``ended - started``.
+        steps/s is the number of marks over ``ended - started``. ``taken`` (Lousho: the steps each timed task
+        saved) gives the chained steps and finds a task's neighbour past the steps it chained.
         """
         short = [run_id for run_id, times in marks.items() if len(times) != self.length]
         if len(marks) != self.runs or short:
@@ -78,8 +80,9 @@ class RoundSpec:
             len(step_ms) / wall,
             step_ms,
             task_ms,
-            gaps_ms(tasks),
+            gaps_ms(tasks, taken),
             steps_per_run=self.length,
+            chained_steps=chained_steps(taken) if taken is not None else None,
         )
 
 
@@ -138,7 +141,8 @@ def lousho_round(
         created[session_id] = float(created_at)
         saves[session_id].append(float(saved_at))
     ended = max((times[-1] for times in saves.values()), default=started)
-    result = spec.result(started, ended, saves, created, task_times(read_lines(spec.timings), ADVANCE, spec.prefix))
+    tasks = task_times(read_lines(spec.timings), ADVANCE, spec.prefix)
+    result = spec.result(started, ended, saves, created, tasks, steps_taken(tasks, saves))
     if consumers is not None:
         followed = consumers.join()
         result.events_followed, result.live_followed = followed.events, followed.live

@@ -21,13 +21,13 @@ import psycopg
 import redis
 
 from bench import dbos_app, dbos_peer, rounds, rss, storage, timing
-from bench.config import ROOT, Config, parse_args
+from bench.config import CHAIN, ROOT, Config, parse_args
 from bench.report import HEADER, aggregate, format_row, report, write_json
 from bench.results import RoundResult
 from bench.watch import Consumers
 from bench.workers import BenchError, System, Worker, celery_command, cpu_seconds
 
-__all__ = ["Bench", "Config", "main", "parse_args"]
+__all__ = ["CHAIN", "Bench", "Config", "chain_system", "main", "parse_args"]
 
 LOUSHO_QUEUE = "bench-lousho"
 BARE_QUEUE = "bench-bare"
@@ -39,10 +39,6 @@ EVENT_SYSTEMS = {
     "off": System("ev-off", "lousho", "bench-lousho-off", ROOT, "e", (("LOUSHO_EVENTS", "0"),)),
     "watched": System("watched", "lousho", "bench-lousho-watched", ROOT, "w", (("LOUSHO_EVENTS", "1"),), True),
 }
-
-
-#: The ``--continue on`` worker: its tasks take a run's next steps themselves (``LOUSHO_CONTINUE_STEPS``).
-CHAIN = "lousho-chain"
 
 
 def chain_system(config: Config) -> System:
@@ -240,11 +236,8 @@ class Bench:
         result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
         if system.kind == "dbos":
             worker.pause()
-        if system.name == CHAIN and result.task_ms and len(result.task_ms) >= result.steps:
-            raise BenchError(
-                f"the {CHAIN} worker ran {len(result.task_ms)} step tasks for {result.steps} steps of {spec.prefix}*:"
-                " no task took a second step, LOUSHO_CONTINUE_STEPS did not apply"
-            )
+        if self.config.continuation:
+            self.check_continuation(system, result, spec.prefix)
         setting = dict(system.env).get("LOUSHO_EVENTS")
         if setting is not None:  # an ``--events`` variant: did its setting reach the worker?
             assert self._db is not None
@@ -258,6 +251,29 @@ class Bench:
                     f"event(s) with LOUSHO_EVENTS={setting}: the setting did not apply"
                 )
         return result
+
+    def check_continuation(self, system: System, result: RoundResult, prefix: str) -> None:
+        """Whether ``--continue`` reached the workers: lousho-chain's tasks took several steps, lousho's one each.
+
+        A step is chained when its save falls inside a timed task that had already saved one (``bench.results``).
+
+        Raises:
+            BenchError: lousho-chain chained no step (or none of its tasks was timed), or lousho chained one.
+        """
+        if system.name not in (CHAIN, "lousho") or result.chained_steps is None:
+            return
+        tasks = len(result.task_ms)
+        if system.name == CHAIN and not result.chained_steps:
+            raise BenchError(
+                f"the {CHAIN} worker ran {tasks} timed step task(s) for {result.steps} steps of {prefix}*, and no"
+                f" step in the same task as the one before: LOUSHO_CONTINUE_STEPS={self.config.continue_steps}"
+                " did not apply"
+            )
+        if system.name == "lousho" and result.chained_steps:
+            raise BenchError(
+                f"the lousho worker took {result.chained_steps} step(s) of {prefix}* in the same task as the one"
+                " before: it should take one step per task (a LOUSHO_CONTINUE_STEPS setting reached it)"
+            )
 
     def warm_up(self) -> None:
         """Start every worker's pool processes (imports, connections, first-task costs), unmeasured."""
@@ -348,7 +364,7 @@ def _rounds_mode(bench: Bench, config: Config) -> None:
     """The interleaved rounds of every length, the summary, ``--storage``'s figures and the JSON file."""
     results = bench.measure()
     rss_peaks = {name: w.peak_rss_kib() for name, w in bench.workers.items()}
-    summary = aggregate(results, bench.peak_rss)
+    summary = aggregate(results, bench.peak_rss, config.continue_ms if config.continuation else None)
     report(config, summary, rss_peaks)
     extra = {"storage": bench.storage()} if config.storage else {}
     if config.json_path is not None:

@@ -53,15 +53,13 @@ def next_step(
     slice.
     """
     follow = result.follow_up
-    if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
+    if taken >= deps.continue_steps or report is None or report.checkpoint is None:  # first: strict mode stops here
         return None
-    if taken >= deps.continue_steps or report is None or report.checkpoint is None:
+    if follow is None or result.outcome is not Outcome.ADVANCED or follow.countdown or result.also or result.watch:
         return None
     if follow.agent != report.agent or lease.lost.is_set() or lease.abort.is_set():
         return None
     if lease.steer > report.checkpoint.inbox_cursor:
         return None
     spent_ms = (time.monotonic() - share.began) * 1000
-    if spent_ms >= deps.continue_ms:
-        return None
     return follow if spent_ms < deps.continue_ms / (1 + share.waiting_now(deps)) else None

@@ -222,7 +222,16 @@ def _waiting(conn: psycopg.Connection[object], lost_wakeups: int) -> tuple[int, 
                                 document = l.document || jsonb_build_object('approval_ids',
                                                            jsonb_build_array('ap-' || c.session_id))
                               FROM ({paused_children}) c WHERE c.parent_id = l.session_id""")
-    return made, cursor.rowcount
+    paused = cursor.rowcount
+    # Each lead's news (``lead_news``): a child settled before its last step, which saw it, but for the lost
+    # wake-ups, whose children settled after it.
+    conn.execute(f"""INSERT INTO lead_news (lead_id, n, seen)
+                     SELECT l.session_id, nextval('lead_news_ids'), 0 FROM ({ordered}) l
+                     ON CONFLICT (lead_id) DO UPDATE SET n = EXCLUDED.n""")
+    conn.execute(f"""UPDATE lead_news SET seen = CASE WHEN lead_id IN (
+                       SELECT l.session_id FROM ({ordered} LIMIT {lost_wakeups}) l) THEN 0 ELSE n END
+                     WHERE lead_id IN (SELECT l.session_id FROM ({ordered}) l)""")
+    return made, paused
 
 
 #: Message rows, history entries and events of each run ``fill_mix`` and ``add_cohort`` store.

@@ -49,10 +49,12 @@ def _claim_sql(fenced: str) -> TextClause:
     """Claim the fencing token and load the run in one statement, where the stored fence is ``fenced`` the token.
 
     A start counts as an attempt only when the step will do work (matching seq, and a run that is in progress
-    or has new input).
+    or has new input). The run's news of its children (``lead_news``) is copied as of the claim: its save marks
+    that much seen.
     """
     return text(f"""
 UPDATE runs SET fence = :token,
+  news_claimed = COALESCE((SELECT n.n FROM lead_news n WHERE n.lead_id = :sid), news_claimed),
   attempts = attempts + CASE WHEN (CAST(:seq AS bigint) IS NULL OR seq = CAST(:seq AS bigint))
     AND {runs.HAS_WORK} THEN 1 ELSE 0 END
 WHERE session_id = :sid AND fence {fenced} :token
@@ -80,6 +82,42 @@ _PROGRESS = text(
 )
 _INBOX = text("SELECT n, messages, metadata FROM inbox WHERE session_id = :sid AND n > :cursor ORDER BY n")
 
+# A child ``c`` that settled for its lead's sweep: finished, stopped by an abort, or parked (not by a refusal).
+_SETTLED_CHILD = (
+    f"(c.status = 'finished' OR c.aborted OR (NOT {runs.not_parked_sql('c')} AND NOT {runs.refused_sql('c')}))"
+)
+
+
+def _waited_sql(document: str) -> str:
+    """SQL: the ids of the children a lead's ``document`` waits on (its delegated calls', else its background)."""
+    return f"""
+  SELECT d.value FROM jsonb_each_text(CASE WHEN jsonb_typeof({document} -> 'delegated') = 'object'
+                                      THEN {document} -> 'delegated' ELSE '{{}}' END) d
+  UNION ALL
+  SELECT b.value FROM jsonb_array_elements_text(
+    CASE WHEN jsonb_typeof({document} -> 'delegated') IS DISTINCT FROM 'object'
+           AND jsonb_typeof({document} -> 'background') = 'array'
+         THEN {document} -> 'background' ELSE '[]' END) b"""
+
+
+# What a lead's save makes of its children's news (``lead_news``, migration 0022). Saved waiting, the news its claim
+# found is seen (what came after may have missed the step's reads of its children, and stays unseen), unless the
+# save leaves it waiting with no child at all or on a child that already settled (a step may save from what it
+# read before, or without reading): that is news now, for the sweep to wake it. Saved not waiting, the row goes
+# (the lead's next step reads its children anew). After ``saved``: a ``lead_news`` row is always taken after the
+# ``runs`` rows of its statement.
+_SAVE_NEWS = f"""
+seen AS (
+  INSERT INTO lead_news AS ln (lead_id, n, seen)
+  SELECT :sid, CASE WHEN NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = :sid)
+                      OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = :sid AND {_SETTLED_CHILD}
+                                 AND c.session_id IN ({_waited_sql("(SELECT body FROM doc)")}))
+                    THEN nextval('lead_news_ids') ELSE 0 END, s.news_claimed
+  FROM saved s WHERE :waiting
+  ON CONFLICT (lead_id) DO UPDATE SET n = GREATEST(ln.n, EXCLUDED.n), seen = EXCLUDED.seen
+),
+unwaited AS (DELETE FROM lead_news WHERE lead_id = :sid AND NOT :waiting AND EXISTS (SELECT 1 FROM saved))"""
+
 # The fenced write of a step: the run's control columns and document, the messages it added (rows past the
 # stored ones; a rewrite also replaces and drops rows and renews the transcript id), the history entry (the
 # same document: it points at the rows by seq), the ring trim and the inbox trim, in one statement.
@@ -93,11 +131,11 @@ saved AS (
     aborted = :aborted, abort_requested = CASE WHEN :clear_abort THEN NULL ELSE abort_requested END,
     end_due = :end_due, waiting = :waiting, events_next = events_next + :n_events
   WHERE session_id = :sid AND fence = :fence AND seq = :seq - 1
-  RETURNING session_id, updated_at, transcript_id, events_next
+  RETURNING session_id, updated_at, transcript_id, events_next, news_claimed
 ),
 added AS ({runs.ADD_MESSAGES.strip()} WHERE EXISTS (SELECT 1 FROM saved)
   ON CONFLICT (session_id, slot) DO UPDATE SET message = EXCLUDED.message, seq = EXCLUDED.seq
-)"""
+),{_SAVE_NEWS}"""
 _SAVE_GONE = """,
 gone AS (
   DELETE FROM run_messages WHERE session_id = :sid AND slot = ANY(CAST(:gone AS int[])) AND EXISTS (SELECT 1 FROM saved)
@@ -177,27 +215,27 @@ _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # lease its wake-up met), or no child left at all (deleted: nothing else would wake it). The children a lead waits
 # on are its delegated calls' or, once it answered with background tasks still running, those tasks. A child refused
 # to resume (its agent changed) counts for none of these: the lead waits on it as on a person.
+# Only leads with news of a child since their step's claim are read (``lead_news``, migration 0022): each of these
+# conditions follows from a child's change that came after it, so a lead without news meets none of them, and a
+# pass reads the leads with news, however many wait.
 _WAITING_LEADS = text(f"""
-SELECT l.session_id, l.seq, l.agent FROM runs l
-WHERE l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
+SELECT l.session_id, l.seq, l.agent FROM lead_news n JOIN runs l ON l.session_id = n.lead_id
+WHERE n.n > n.seen AND l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
   AND (EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND c.updated_at > l.updated_at
                AND NOT {runs.refused_sql("c")})
        OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id)
-       OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
-                  AND (c.status = 'finished' OR c.aborted
-                       OR (NOT {runs.not_parked_sql("c")} AND NOT {runs.refused_sql("c")}))
-                  AND c.session_id IN (
-                    SELECT d.value FROM jsonb_each_text(CASE WHEN jsonb_typeof(l.document -> 'delegated') = 'object'
-                                                        THEN l.document -> 'delegated' ELSE '{{}}' END) d
-                    UNION ALL
-                    SELECT b.value FROM jsonb_array_elements_text(
-                      CASE WHEN jsonb_typeof(l.document -> 'delegated') IS DISTINCT FROM 'object'
-                             AND jsonb_typeof(l.document -> 'background') = 'array'
-                           THEN l.document -> 'background' ELSE '[]' END) b)))
+       OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND {_SETTLED_CHILD}
+                  AND c.session_id IN ({_waited_sql("l.document")})))
 ORDER BY l.updated_at LIMIT :limit
+""")
+# News no sweep needs: of leads gone, and of leads that stopped (finished or aborted) without waiting, which move
+# again only through a step whose claim copies the news anew.
+_NEWS_DROPPED = text("""
+DELETE FROM lead_news n WHERE n.n > n.seen AND NOT EXISTS (
+  SELECT 1 FROM runs l WHERE l.session_id = n.lead_id AND (l.waiting OR (l.status <> 'finished' AND NOT l.aborted)))
 """)
 _SET_PARENT = text("""
 UPDATE runs SET parent_id = :lead,
@@ -661,8 +699,13 @@ class PostgresCheckpointStore:
         return [child_id for child_id in ids if child_id in taken]
 
     def waiting_leads(self, stale_after_s: float, limit: int = 500) -> builtins.list[records.DueRun]:
-        """Leads waiting on children none of which can still move (a lost wake-up, or none left), oldest first."""
+        """Leads waiting on children none of which can still move (a lost wake-up, or none left), oldest first.
+
+        Reads only the leads a child changed for since their last step began (``lead_news``), and drops the news
+        of leads that stopped without waiting or are gone.
+        """
         with self._single() as conn:
+            conn.execute(_NEWS_DROPPED)
             rows = conn.execute(_WAITING_LEADS, {"stale": stale_after_s, "limit": limit}).all()
         return [
             records.DueRun(session_id=row.session_id, seq=int(row.seq), agent=row.agent, due=_EARLIEST) for row in rows

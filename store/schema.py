@@ -88,6 +88,8 @@ runs = Table(
     #: The recovery sweep sent the run on and has not yet told its agent how it came out: ``{"seq", "failures"}``
     #: as they were when it was sent (``on_recovered``/``on_error``).
     Column("recovery", JSONB, nullable=True),
+    #: The ``lead_news`` number the run's last claim found: its save marks it seen (``lead_news``).
+    Column("news_claimed", BigInteger, nullable=False, server_default="0"),
     Index("runs_status_updated_idx", "status", "updated_at"),
     Index(
         "runs_movable_idx",
@@ -119,6 +121,23 @@ runs = Table(
     ),
     #: Sub-agent runs by last save: where retention looks for those whose lead is gone (``store.retention``).
     Index("runs_child_age_idx", "updated_at", postgresql_where=text("parent_id IS NOT NULL")),
+)
+
+#: Numbers of children's news for their leads, one sequence: a lead's row dropped and written again is never behind
+#: a number a claim copied before.
+lead_news_ids = Sequence("lead_news_ids", metadata=metadata)
+
+#: News of a lead's children: ``n`` the number of a child's last change that can matter to the lead (it stopped
+#: moving, changed while stopped, or was deleted), ``seen`` the number the lead's last waiting save had claimed.
+#: Written by the triggers ``runs_child_news`` and ``runs_gone`` on ``runs`` (function ``lousho_child_news``,
+#: migration 0022, which SQLAlchemy does not declare); the sweep of waiting leads reads the rows with unseen news.
+lead_news = Table(
+    "lead_news",
+    metadata,
+    Column("lead_id", Text, primary_key=True),
+    Column("n", BigInteger, nullable=False),
+    Column("seen", BigInteger, nullable=False, server_default="0"),
+    Index("lead_news_unseen_idx", "lead_id", postgresql_where=text("n > seen")),
 )
 
 #: A ring of the newest saves of each run, written in the same statement as each save.

@@ -15,7 +15,8 @@ task functions (``tests/support/interleave_world.py``). Rules:
 - workers switch between one step per task and several of a run in a row (continuation, ``LOUSHO_CONTINUE_STEPS``);
 - another process takes the desk's one model slot (``ModelLimit(concurrent=1)``) or gives it back: the desk's
   model turns wait without failing, and the run the freed slot goes to is sent its step;
-- any producer action inside the next step that runs a tool, just before its effect (a race inside a step).
+- any producer action inside the next step that runs a tool, just before its effect (a race inside a step), or the
+  queued steps of that step's tree (children settle while their lead's step holds its lease);
 
 Each action checks its own answer (the reference model: what it must return, and what it must write or leave alone);
 after every rule the whole state is read back and must hold:
@@ -26,7 +27,8 @@ after every rule the whole state is read back and must hold:
 - I17: no child without its lead; no run waits on or follows a child of another run; no child runs once its lead
   is gone.
 - I19: a run that awaits a person has a pending approval; a run that waits on children has them, and something
-  wakes it once they settled (their message, or the sweep).
+  wakes it once they settled (their message, or the sweep); a lead the sweep's rule would wake has news of a child
+  since its step began (``lead_news``: the sweep reads no other lead).
 - every accepted input is applied once and in order; a step never calls the model with input it cannot save.
 - retention prunes a finished lead whose children are all settled (finished, stopped or parked), and nothing that
   can still continue.
@@ -212,6 +214,16 @@ class Interleavings(RuleBasedStateMachine):
     def children_settle(self) -> None:
         """The children's queued messages only: sub-agents run ahead of their leads."""
         self.world.drain(60, only=lambda message: records.is_child_id(message.session_id))
+
+    @_rule(run=PICK, plan=st.sampled_from(["background", "task", "task-gated"]))
+    def children_inside_a_step(self, run: int, plan: str) -> None:
+        """A run of its own is sent ``plan`` (sub-agents), and the queued steps of its tree run inside the next step
+        of the tree that calls a tool: children settle while their lead's step holds its lease, and the lead's own
+        wake-ups meet that lease (a worker drops them as busy)."""
+        root = self._top(run)
+        self.world.send(root, plan)
+        self.world.arm("tree_steps", 0, False)
+        self.world.drain(12, only=lambda message: records.runs_to(message.session_id)[0] == root)
 
     @_rule(run=PICK, point=st.sampled_from(CRASH_POINTS), redeliver=st.booleans(), plan=PLAN)
     def crash(self, run: int, point: str, redeliver: bool, plan: str) -> None:

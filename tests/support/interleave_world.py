@@ -68,14 +68,17 @@ CRASH_POINTS = (
 #: Steps of one run a worker's task may take in a row (``LOUSHO_CONTINUE_STEPS``): 1 is strict mode.
 CHAIN_STEPS = (1, 3, 50)
 #: What can happen in the middle of a step (just before a tool's effect), to the run the step belongs to.
-ACTIONS = ("delete", "abort", "steer", "send", "fork", "prune", "sweep", "decide", "resume", "expire")
+ACTIONS = ("delete", "abort", "steer", "send", "fork", "prune", "sweep", "decide", "resume", "expire", "tree_steps")
 #: A run parked by design: a child whose tool stopped it (``CHILD_PLANS["broken"]``).
 DESIGNED_PARKS = (errors.PropagatingToolError.code,)
 _ROWS = text("""
 SELECT session_id, parent_id, agent, status, seq, transcript_id, waiting, aborted, last_error, inbox_head, inbox_cursor,
-  abort_requested IS NOT NULL AS abort_requested, end_due, document -> 'approval_ids' AS approval_ids, updated_at
+  abort_requested IS NOT NULL AS abort_requested, end_due, document -> 'approval_ids' AS approval_ids, updated_at,
+  EXISTS (SELECT 1 FROM lead_news n WHERE n.lead_id = runs.session_id AND n.n > n.seen) AS news
 FROM runs
 """)
+# Time passing changes no run: the triggers that tell leads of their children's changes stay quiet.
+_QUIET = text("SET LOCAL session_replication_role = replica")
 _PASS_TIME = (
     text("""UPDATE runs SET created_at = created_at - :d, updated_at = updated_at - :d,
               next_attempt_at = next_attempt_at - :d, retry_since = retry_since - :d, swept_at = swept_at - :d,
@@ -123,6 +126,8 @@ class Row:
     end_due: bool
     approval_ids: tuple[str, ...]
     updated_at: datetime
+    #: A child changed since the run's last step began (``lead_news``): the sweep of waiting leads reads it.
+    news: bool
 
     @property
     def lead(self) -> str | None:
@@ -211,6 +216,8 @@ class World:
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _cache: dict[str, tuple[Row, Checkpoint, list[str]]] = field(default_factory=dict)
     _in_action: bool = False
+    #: The run whose step an action runs inside (its own messages meet its lease held).
+    _stepping: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         env = self.env
@@ -291,6 +298,7 @@ class World:
             self.queue.messages.append(message)
         self.delivered.append(message)
         current = self.observer.current
+        outer = current.session_id  # a step delivered inside another's (``tree_steps``) gives it back after
         current.session_id = message.session_id
         try:
             with telemetry.step(message.session_id, message.seq) as report:
@@ -310,9 +318,9 @@ class World:
             self.note("step-raised", f"a step of {message.session_id} raised {type(exc).__name__}: {exc}")
             return None
         finally:
-            current.session_id = ""
+            current.session_id = outer
         _count(f"step {outcome.value}")
-        if outcome == Outcome.BUSY:
+        if outcome == Outcome.BUSY and message.session_id not in self._stepping:
             self.note("unexpected-outcome", f"{message.session_id}: busy with no step running")
         return outcome
 
@@ -345,14 +353,18 @@ class World:
         if self.armed is None or self._in_action:
             return
         action, choice, heard = self.armed
+        if action == "tree_steps" and not self._tree_queue(records.runs_to(session_id)[0]):
+            return  # kept for a step whose tree has messages queued
         self.armed = None
         self._in_action = True
+        self._stepping.add(session_id)
         try:
             self.act(action, records.runs_to(session_id)[0], choice)
         except Exception as exc:  # noted, never raised: the step would take it for the tool's own failure
             self.note("unexpected-error", f"{action} during a step of {session_id}: {type(exc).__name__}: {exc}")
         finally:
             self._in_action = False
+            self._stepping.clear()
         if heard:
             self.heartbeat.beat()
 
@@ -375,8 +387,23 @@ class World:
             self.decide(choice, choice % 3)
         elif action == "resume":
             self.resume(session_id)
+        elif action == "tree_steps":
+            self.tree_steps(session_id)
         else:
             self.expire()
+
+    def tree_steps(self, root: str) -> None:
+        """The queued steps of ``root`` and the runs under it are delivered while a step of the tree holds its
+        lease: children settle inside their lead's step, and the run stepping meets its own messages busy (a
+        worker drops those)."""
+        for message in self._tree_queue(root)[:20]:
+            if message in self.queue.messages:
+                self.queue.messages.remove(message)
+                _count("a step of a tree ran inside another step of it")
+                self.deliver(message)
+
+    def _tree_queue(self, root: str) -> list[StepMessage]:
+        return [m for m in self.queue.messages if records.runs_to(m.session_id)[0] == root]
 
     # -- producers (each checks what its answer must be) ----------------------------------------------
 
@@ -522,6 +549,7 @@ class World:
     def pass_time(self) -> None:
         """``TIME_STEP`` passes: every stored time moves back by it, and every lease expires."""
         with self.env.engine.begin() as conn:
+            conn.execute(_QUIET)
             for statement in _PASS_TIME:
                 conn.execute(statement, {"d": TIME_STEP})
         for key in self.env.redis.scan_iter(keys.LEASE_PREFIX + "*"):
@@ -613,6 +641,9 @@ class World:
         if not children or any(child not in rows for child in children):
             self.note("I19", f"{sid} waits on children {children}, not all of which exist")
             return
+        # The sweep reads only leads with news of a child: one its rule would wake must have some.
+        if _sweep_rule(rows, row, checkpoint) and not row.news:
+            self.note("I19", f"{sid} is one the sweep wakes, but no news of a child since its step began marks it")
         # Its own children wake it as they settle (a message), or the sweep does when a wake-up was lost.
         if (
             all(_at_rest(rows[child]) for child in children)
@@ -675,6 +706,24 @@ def _swept_awake(rows: dict[str, Row], lead: Row) -> bool:
     """Whether the recovery sweep wakes the waiting ``lead``: no child can move, and one changed since its save."""
     children = [row for row in rows.values() if row.parent_id == lead.session_id]
     return not any(child.moving for child in children) and any(child.updated_at > lead.updated_at for child in children)
+
+
+def _sweep_rule(rows: dict[str, Row], lead: Row, checkpoint: Checkpoint) -> bool:
+    """The whole rule of the sweep of waiting leads, times aside: no child can move, and one changed since the lead's
+    save, or none is left, or one it waits on settled (a child refused to resume counts for none of these)."""
+    children = [row for row in rows.values() if row.parent_id == lead.session_id]
+    if any(child.moving for child in children):
+        return False
+    waited = set((checkpoint.delegated or {}).values()) if checkpoint.delegated else set(checkpoint.background or ())
+    counted = [child for child in children if not records.is_refused(child.last_error)]
+    return (
+        not children
+        or any(child.updated_at > lead.updated_at for child in counted)
+        or any(
+            child.session_id in waited and (child.status == "finished" or child.aborted or is_parked(child.last_error))
+            for child in counted
+        )
+    )
 
 
 def _tree(rows: dict[str, Row], lead: str) -> list[Row]:

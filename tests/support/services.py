@@ -109,6 +109,6 @@ def reset_state() -> None:
         conn.execute(
             "TRUNCATE runs, run_messages, run_events, checkpoint_history, inbox, agents, agent_workers,"
             " doctor_runs, doctor_looks,"
-            " sends, approvals, deliveries, delivery_bodies, schedules, schedule_fires"
+            " sends, approvals, deliveries, delivery_bodies, schedules, schedule_fires, lead_news"
         )
     redis.Redis.from_url(test_redis_url()).flushdb()

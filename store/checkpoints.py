@@ -413,7 +413,9 @@ def _delete_run(conn: Connection, session_id: str, keep_history: bool) -> int:
 class PostgresCheckpointStore:
     """Checkpoints, history and inbox of runs in Postgres."""
 
-    def __init__(self, engine: Engine, history_limit: int = 50, *, events: bool = True) -> None:
+    def __init__(
+        self, engine: Engine, history_limit: int = 50, *, events: bool = True, keep_connection: bool = False
+    ) -> None:
         self.engine = engine
         self.history_limit = history_limit
         #: Whether saves write the run's durable events (off only to measure what they cost).
@@ -421,7 +423,8 @@ class PostgresCheckpointStore:
         # One-statement writes are atomic alone: autocommit saves the BEGIN and COMMIT round trips.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._transcripts = transcripts.Transcripts()
-        self._direct = Direct(engine)
+        #: ``keep_connection``: a worker process's steps keep their pinned connection from one step to the next.
+        self._direct = Direct(engine, keep=keep_connection)
 
     # -- the step's hot path ---------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import threading
@@ -156,9 +157,14 @@ class Direct:
     Postgres restart) is noticed before its next statement, without a round trip, and replaced.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, keep: bool = False) -> None:
         self.engine = engine
         self._local = threading.local()
+        #: Whether the main thread keeps its pinned connection from one pin to the next (a worker process's steps:
+        #: a checkout and a check-in less per step). The kept one stays checked out until the process ends.
+        self.keep = keep
+        #: The main thread's connection between two pins (pid, proxy).
+        self._kept: tuple[int, Any] | None = None
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
@@ -166,14 +172,29 @@ class Direct:
         if getattr(self._local, "proxy", None) is not None:
             yield
             return
-        self._local.proxy = None
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] != os.getpid():
+            kept = None  # the parent's, before a fork: never used (nor checked in) here
+        elif kept is not None and threading.current_thread() is not threading.main_thread():
+            self._kept, kept = kept, None  # another thread's pin: it checks out its own
+        self._local.proxy = kept[1] if kept is not None else None
         self._local.pinning = True
         try:
             yield
         finally:
             proxy, self._local.proxy, self._local.pinning = self._local.proxy, None, False
             if proxy is not None:
-                _check_in(proxy)
+                conn = proxy.driver_connection
+                if (
+                    self.keep
+                    and threading.current_thread() is threading.main_thread()
+                    and self._kept is None
+                    and conn is not None
+                    and not (conn.broken or conn.closed)
+                ):
+                    self._kept = (os.getpid(), proxy)  # the next step's pin starts with it (checked before use)
+                else:
+                    _check_in(proxy)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:

@@ -131,6 +131,14 @@ def _renewed(lease: Lease, answer: Any) -> bool:
     return True
 
 
+def _run(client: redis.Redis, script: Any, run_keys: list[str], args: list[Any]) -> Any:
+    """``script(keys=run_keys, args=args)`` without redis-py's per-call Script overhead; loads it when missing."""
+    try:
+        return client.execute_command("EVALSHA", script.sha, len(run_keys), *run_keys, *args)  # type: ignore[no-untyped-call]
+    except redis.exceptions.NoScriptError:
+        return script(keys=run_keys, args=args)
+
+
 class LeaseManager:
     """Takes, renews and releases run leases on one Redis client; Redis's errors come out as ``StorageError``."""
 
@@ -153,8 +161,8 @@ class LeaseManager:
         records.validate_session_id(session_id)
         owner = owners.new_owner()
         run_keys = [keys.lease_key(session_id), keys.fence_key(session_id), *_signal_keys(session_id)]
-        token, watched, abort, steer, *held = self._acquire(
-            keys=run_keys, args=[owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS]
+        token, watched, abort, steer, *held = _run(
+            self._client, self._acquire, run_keys, [owner, self.ttl_ms, floor, keys.FENCE_EXPIRE_MS]
         )
         if not token:
             holder = _text(held[0]) if held else None
@@ -212,7 +220,7 @@ class LeaseManager:
     @translated
     def release(self, lease: Lease) -> bool:
         """Drop the lease if we still own it."""
-        return bool(self._release(keys=[keys.lease_key(lease.session_id)], args=[lease.owner]))
+        return bool(_run(self._client, self._release, [keys.lease_key(lease.session_id)], [lease.owner]))
 
     @translated
     def holder(self, session_id: str) -> str | None:

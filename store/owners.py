@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +100,16 @@ def this_process() -> Owner:
     return cached
 
 
+_prefix: tuple[int, str] = (0, "")
+
+
 def new_owner() -> str:
     """A new owner id for one lease taken by this process."""
-    me = this_process()
-    return str(Owner(me.host, me.pid, me.start, me.boot, me.pidns, uuid.uuid4().hex[:12]))
+    global _prefix
+    pid = os.getpid()
+    if _prefix[0] != pid:
+        _prefix = (pid, str(this_process()))  # ends with ':' (no nonce)
+    return _prefix[1] + os.urandom(6).hex()
 
 
 def parse(owner: str) -> Owner | None:

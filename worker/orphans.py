@@ -106,16 +106,18 @@ class DeadSteps:
         self._keep(current, time.monotonic())
         with self._recent_lock:
             listed = [step for _, step in self._recent.values()]
-        self._handled &= {step.task_id for step in listed}
+        if self._handled:
+            self._handled &= {step.task_id for step in listed}
         running = {pid for pid in (children or ()) if owners.is_running(pid)}
-        died = (
-            self._children is None
-            or self._children != running
-            or any(step.pid is not None and not owners.is_running(step.pid) for step in listed)
-        )
+        died = self._children is None or self._children != running
+        if not died:
+            # One /proc read per distinct pid, not per listed step (a pid in ``running`` was just read).
+            died = any(not owners.is_running(pid) for pid in {s.pid for s in listed if s.pid is not None} - running)
         self._children = running
+        if not died:
+            return []
         candidates = [step for step in listed if step.task_id not in self._handled]
-        if not died or not candidates:
+        if not candidates:
             return []
         freed = set(self._leases.release_gone(sorted({step.session_id for step in candidates})))
         sent = []

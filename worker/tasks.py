@@ -101,7 +101,7 @@ def _build() -> StepDeps:
     # connections belong to the process that exports. Does nothing unless LOUSHO_TRACING is on.
     tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
-    store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events)
+    store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events, keep_connection=True)
     client = _state["redis"] = redis_client.connect(
         settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10
     )

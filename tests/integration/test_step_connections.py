@@ -76,3 +76,34 @@ def test_a_pinned_connection_the_server_closed_is_replaced_before_its_next_state
         assert store.inbox("pin-2", 0)[0].messages[0].content == "hi"
         assert store.note_usage("pin-2", 1, claim.checkpoint.usage)
     engine.dispose()
+
+
+def test_a_worker_store_keeps_its_steps_connection_and_still_replaces_one_the_server_closed(
+    make_driver: Callable[..., Driver], client: Client, settings: Settings
+) -> None:
+    engine = make_engine(settings, pool_size=2)
+    checkouts: list[int] = []
+    event.listen(engine, "checkout", lambda *_: checkouts.append(1))
+    driver = make_driver(_agent())
+    driver.deps.store = PostgresCheckpointStore(engine, settings.history_limit, keep_connection=True)
+    client.agent("pinned").send("look things up", session_id="pin-3")
+    first = driver.step("pin-3")
+    assert first.value == "advanced" and len(checkouts) == 1
+    checkouts.clear()
+    with psycopg.connect(services.test_database_url(), autocommit=True) as admin:  # between two steps
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND application_name = 'lousho' AND state = 'idle'"
+        ).fetchall()
+    assert killed, "the kept connection should have been idle and terminated"
+    per_step: list[int] = []
+    while driver.step("pin-3").value != "idle" and len(per_step) < 10:
+        per_step.append(len(checkouts))
+        checkouts.clear()
+    final = driver.deps.store.load("pin-3")
+    engine.dispose()
+    print(f"\npool checkouts per step after the kept connection was killed (tool batch, final turn): {per_step}")
+    assert final is not None and final.status == "finished"
+    # The batch replaces the killed one (its tool threads check out their own); the final turn keeps it.
+    assert per_step[0] <= 3 and per_step[1] == 0

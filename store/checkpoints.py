@@ -218,9 +218,12 @@ _EXISTS = text("SELECT 1 FROM runs WHERE session_id = :sid")
 # Only leads with news of a child since their step's claim are read (``lead_news``, migration 0022): each of these
 # conditions follows from a child's change that came after it, so a lead without news meets none of them, and a
 # pass reads the leads with news, however many wait.
+# Each lead with news is looked up by id (a lateral subquery with a LIMIT is never turned into a join: a generic
+# plan of a prepared statement could otherwise read every waiting lead first).
 _WAITING_LEADS = text(f"""
-SELECT l.session_id, l.seq, l.agent FROM lead_news n JOIN runs l ON l.session_id = n.lead_id
-WHERE n.n > n.seen AND l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
+SELECT w.session_id, w.seq, w.agent FROM lead_news n CROSS JOIN LATERAL (
+SELECT l.session_id, l.seq, l.agent, l.updated_at FROM runs l
+WHERE l.session_id = n.lead_id AND l.waiting AND l.updated_at < now() - make_interval(secs => :stale)
   AND (l.swept_at IS NULL OR l.swept_at < now() - make_interval(secs => :stale))
   AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id
                   AND {runs.has_work_sql("c")} AND {runs.not_parked_sql("c")})
@@ -229,13 +232,16 @@ WHERE n.n > n.seen AND l.waiting AND l.updated_at < now() - make_interval(secs =
        OR NOT EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id)
        OR EXISTS (SELECT 1 FROM runs c WHERE c.parent_id = l.session_id AND {_SETTLED_CHILD}
                   AND c.session_id IN ({_waited_sql("l.document")})))
-ORDER BY l.updated_at LIMIT :limit
+LIMIT 1) w
+WHERE n.n > n.seen
+ORDER BY w.updated_at LIMIT :limit
 """)
 # News no sweep needs: of leads gone, and of leads that stopped (finished or aborted) without waiting, which move
 # again only through a step whose claim copies the news anew.
 _NEWS_DROPPED = text("""
 DELETE FROM lead_news n WHERE n.n > n.seen AND NOT EXISTS (
-  SELECT 1 FROM runs l WHERE l.session_id = n.lead_id AND (l.waiting OR (l.status <> 'finished' AND NOT l.aborted)))
+  SELECT 1 FROM runs l WHERE l.session_id = n.lead_id AND (l.waiting OR (l.status <> 'finished' AND NOT l.aborted))
+  LIMIT 1)
 """)
 _SET_PARENT = text("""
 UPDATE runs SET parent_id = :lead,

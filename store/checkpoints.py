@@ -434,6 +434,10 @@ class PostgresCheckpointStore:
 
     # -- the step's hot path ---------------------------------------------------------------
 
+    def close(self) -> None:
+        """Give back the connection a worker's steps keep (``keep_connection``); the store stays usable."""
+        self._direct.release_kept()
+
     def pinned(self) -> AbstractContextManager[None]:
         """One pooled connection for this thread's calls until the block ends: a step's claim, reads and saves."""
         return self._direct.pinned()

@@ -196,6 +196,12 @@ class Direct:
                 else:
                     _check_in(proxy)
 
+    def release_kept(self) -> None:
+        """Give the connection kept between pins back to the pool (before the engine is disposed)."""
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] == os.getpid():
+            _check_in(kept[1])
+
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """This thread's pinned connection (checked out at its first use), or one of its own.

@@ -101,7 +101,11 @@ def _build() -> StepDeps:
     # connections belong to the process that exports. Does nothing unless LOUSHO_TRACING is on.
     tracing.enable(settings)
     engine = _state["engine"] = make_engine(settings)
-    store = PostgresCheckpointStore(engine, settings.history_limit, events=settings.events, keep_connection=True)
+    # A pool process's steps keep their connection from one step to the next (the process's whole life).
+    pool_process = _state.get("pool_process") == os.getpid()
+    store = PostgresCheckpointStore(
+        engine, settings.history_limit, events=settings.events, keep_connection=pool_process
+    )
     client = _state["redis"] = redis_client.connect(
         settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10
     )
@@ -447,8 +451,14 @@ def _warm_process(**_: Any) -> None:
 
 @signals.worker_process_shutdown.connect
 def _flush_spans(**_: Any) -> None:
-    """Export this pool process's last spans: it exits without running ``atexit`` handlers."""
+    """At a pool process's end: its last spans exported, the connection its steps kept given back.
+
+    The process exits without running ``atexit`` handlers.
+    """
     tracing.flush()
+    built = _state.get("deps") if _state.get("pid") == os.getpid() else None
+    if built is not None and isinstance(built.store, PostgresCheckpointStore):
+        built.store.close()
 
 
 class StepFailed(Exception):

@@ -85,7 +85,8 @@ def test_a_worker_store_keeps_its_steps_connection_and_still_replaces_one_the_se
     checkouts: list[int] = []
     event.listen(engine, "checkout", lambda *_: checkouts.append(1))
     driver = make_driver(_agent())
-    driver.deps.store = PostgresCheckpointStore(engine, settings.history_limit, keep_connection=True)
+    store = PostgresCheckpointStore(engine, settings.history_limit, keep_connection=True)
+    driver.deps.store = store
     client.agent("pinned").send("look things up", session_id="pin-3")
     first = driver.step("pin-3")
     assert first.value == "advanced" and len(checkouts) == 1
@@ -101,7 +102,9 @@ def test_a_worker_store_keeps_its_steps_connection_and_still_replaces_one_the_se
     while driver.step("pin-3").value != "idle" and len(per_step) < 10:
         per_step.append(len(checkouts))
         checkouts.clear()
-    final = driver.deps.store.load("pin-3")
+    final = store.load("pin-3")
+    store.close()
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     engine.dispose()
     print(f"\npool checkouts per step after the kept connection was killed (tool batch, final turn): {per_step}")
     assert final is not None and final.status == "finished"

@@ -39,6 +39,9 @@ class MemoryCheckpointStore:
 
     # -- the step's hot path ---------------------------------------------------------------
 
+    def close(self) -> None:
+        """Nothing to give back in memory (``PostgresCheckpointStore.close`` returns a kept connection)."""
+
     def pinned(self) -> AbstractContextManager[None]:
         """Nothing to keep in memory (``PostgresCheckpointStore.pinned`` keeps one connection)."""
         return nullcontext()

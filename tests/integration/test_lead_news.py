@@ -138,13 +138,13 @@ def test_news_goes_with_a_save_that_does_not_wait_a_stopped_lead_and_a_deleted_o
 
 @pytest.mark.parametrize("first", ["child", "delete"])
 def test_a_child_settling_while_its_lead_is_deleted_waits_for_the_delete_or_the_delete_for_it(
-    store: PostgresCheckpointStore, settings: Settings, first: str
+    store: PostgresCheckpointStore, first: str
 ) -> None:
     """The child's write holds its row, then its lead's news; the delete the lead's row, then the child's: whichever
     comes first, the other waits for it, and no deadlock ends either."""
     lead = f"ln-race-{first}"
     child, _ = _lead_with_child(store, lead)
-    url = settings.sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://")
+    url = services.test_database_url()
     done: list[object] = []
     with psycopg.connect(url) as holder:
         holder.execute("SET lock_timeout = '10s'")
@@ -159,7 +159,7 @@ def test_a_child_settling_while_its_lead_is_deleted_waits_for_the_delete_or_the_
             thread = threading.Thread(target=lambda: done.append(_settle_raw(url, child)))
             expected = 0  # the child is gone once the write gets its row
         thread.start()
-        _wait_for_a_lock(holder)
+        _wait_for_a_lock(url)
         if first == "delete":
             holder.execute("DELETE FROM runs WHERE session_id = ANY(%s)", ([child, lead],))
         holder.commit()
@@ -186,9 +186,8 @@ def _settle_raw(url: str, child: str) -> object:
         return exc
 
 
-def _wait_for_a_lock(holder: psycopg.Connection[object]) -> None:
+def _wait_for_a_lock(url: str) -> None:
     """Until another connection waits on a lock (the holder's transaction is on its own snapshot: ask outside it)."""
-    url = holder.info.dsn
     with psycopg.connect(url, autocommit=True) as watcher:
         for _ in range(int(LOCK_WAIT_S / 0.02)):
             waiting = watcher.execute(

@@ -68,12 +68,18 @@ def _connect_args(settings: Settings) -> dict[str, Any]:
 def migrate(settings: Settings, revision: str = "head") -> None:
     """Bring the database schema to ``revision`` with Alembic (safe to run concurrently)."""
     from alembic import command
+
+    command.upgrade(alembic_config(settings), revision)
+
+
+def alembic_config(settings: Settings) -> Any:
+    """Alembic's configuration (``alembic.config.Config``) of this project's migrations on ``settings``'s database."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
-    command.upgrade(config, revision)
+    return config
 
 
 def ensure_database(settings: Settings) -> bool:

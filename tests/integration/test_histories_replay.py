@@ -40,12 +40,7 @@ def _load(name: str) -> dict[str, Any]:
 @pytest.fixture
 def replay_settings(settings: Settings) -> Iterator[Settings]:
     """A database of its own, so it can be built at an old revision."""
-    name = f"{services.TEST_DATABASE}_replay"
-    admin = services.SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield settings.model_copy(update={"database_url": services._with_database(services.SERVER_URL, name)})
+    yield services.own_database(settings, f"{services.TEST_DATABASE}_replay")
 
 
 def _restore(settings: Settings, fixture: dict[str, Any]) -> None:

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
+from alembic import command
 from sqlalchemy import Engine, text
 
 from store.checkpoints import PostgresCheckpointStore
-from store.database import MIGRATIONS, make_engine, migrate
+from store.database import alembic_config, make_engine, migrate
 from store.settings import Settings
 from tests.fakes.store_contract.subject import AGENT, claimed_run, new_run, save_next
 from tests.support import services
@@ -159,7 +159,7 @@ def test_a_child_settling_while_its_lead_is_deleted_waits_for_the_delete_or_the_
             thread = threading.Thread(target=lambda: done.append(_settle_raw(url, child)))
             expected = 0  # the child is gone once the write gets its row
         thread.start()
-        _wait_for_a_lock(url)
+        services.wait_for_lock_waiter(store.engine, "the other side")
         if first == "delete":
             holder.execute("DELETE FROM runs WHERE session_id = ANY(%s)", ([child, lead],))
         holder.commit()
@@ -186,30 +186,12 @@ def _settle_raw(url: str, child: str) -> object:
         return exc
 
 
-def _wait_for_a_lock(url: str) -> None:
-    """Until another connection waits on a lock (the holder's transaction is on its own snapshot: ask outside it)."""
-    with psycopg.connect(url, autocommit=True) as watcher:
-        for _ in range(int(LOCK_WAIT_S / 0.02)):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            ).fetchone()
-            if waiting is not None and int(str(waiting[0])) > 0:
-                return
-            threading.Event().wait(0.02)
-    pytest.fail("nobody came to wait on the holder's locks")
-
-
 @pytest.fixture
 def old_settings(settings: Settings) -> Iterator[Settings]:
     """A database of its own, built at the revision before news."""
     name = f"{services.TEST_DATABASE}_news"
-    admin = services.SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield settings.model_copy(update={"database_url": services._with_database(services.SERVER_URL, name)})
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    yield services.own_database(settings, name)
+    services.drop_database(name)
 
 
 def test_the_upgrade_gives_every_waiting_lead_news_and_the_downgrade_takes_it_back(old_settings: Settings) -> None:
@@ -235,18 +217,8 @@ def test_the_upgrade_gives_every_waiting_lead_news_and_the_downgrade_takes_it_ba
 
         assert _unseen(engine, "ln-old")
         assert [due.session_id for due in PostgresCheckpointStore(engine).waiting_leads(0.0)] == ["ln-old"]
-        _downgrade(old_settings, "0021")
+        command.downgrade(alembic_config(old_settings), "0021")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT to_regclass('lead_news')")).scalar() is None
     finally:
         engine.dispose()
-
-
-def _downgrade(settings: Settings, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
-    command.downgrade(config, revision)

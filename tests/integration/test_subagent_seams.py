@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from producer.client import Client
 from store import errors, records
 from store.checkpoints import PostgresCheckpointStore
 from store.records import Message
+from tests.support import services
 from tests.support.driver import Driver
 from worker import Agent, ToolContext, subagents, tool
 from worker.providers import MockModel
@@ -88,21 +88,6 @@ def _tool_results(client: Client, agent: str, session_id: str) -> list[Message]:
     return [m for m in checkpoint.messages if m.role == "tool"]
 
 
-def _wait_for_lock_waiter(engine: Engine, what: str) -> None:
-    """Until another connection of this database waits on a row lock (a statement blocked by ours)."""
-    deadline = time.monotonic() + LOCK_WAIT_S
-    with engine.connect() as conn:
-        while not conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        ).scalar():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {LOCK_WAIT_S} s waiting for {what} to wait on a lock")
-            conn.rollback()
-            time.sleep(0.02)
-
-
 # -- a deleted lead -------------------------------------------------------------------------------------------
 
 
@@ -146,7 +131,7 @@ def test_a_delete_takes_the_children_a_step_started_while_it_waited_for_the_lead
         )
         deleting = threading.Thread(target=lambda: deleted.append(client.agent("lead").delete("seam-race")))
         deleting.start()
-        _wait_for_lock_waiter(store.engine, "the delete")
+        services.wait_for_lock_waiter(store.engine, "the delete")
         starting.commit()
     deleting.join(timeout=LOCK_WAIT_S)
 

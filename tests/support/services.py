@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import psycopg
 import redis
+from psycopg import sql
+from sqlalchemy import Engine, text
 
 from store.database import migrate
 from store.settings import Settings
@@ -112,3 +115,34 @@ def reset_state() -> None:
             " sends, approvals, deliveries, delivery_bodies, schedules, schedule_fires, lead_news"
         )
     redis.Redis.from_url(test_redis_url()).flushdb()
+
+
+def own_database(settings: Settings, name: str) -> Settings:
+    """``settings`` on an empty database ``name`` of the test server (dropped first if it exists)."""
+    admin = SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return settings.model_copy(update={"database_url": _with_database(SERVER_URL, name)})
+
+
+def drop_database(name: str) -> None:
+    """Drop database ``name`` of the test server (``own_database``'s), whoever is connected to it."""
+    admin = SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def wait_for_lock_waiter(engine: Engine, what: str, timeout_s: float = 10.0) -> None:
+    """Until another connection of this database waits on a row lock (a statement blocked by ours)."""
+    deadline = time.monotonic() + timeout_s
+    with engine.connect() as conn:
+        while not conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what} to wait on a lock")
+            conn.rollback()
+            time.sleep(0.02)

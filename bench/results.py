@@ -109,12 +109,20 @@ def steps_taken(tasks: dict[str, list[Span]], saves: dict[str, list[float]]) -> 
     """Per run, how many of its steps were saved during each of its timed tasks, in ``tasks``' order.
 
     One per task in strict mode; a task that took its run's next steps itself (``--continue``) saved several.
-    ``saves`` are each run's save times, on the same clock as the spans (one host).
+    ``saves`` are each run's save times, on the same clock as the spans (one host). A task's span ends, for
+    this count, where the run's next task begins: a task publishes its run's next step before its span ends, and
+    the next task (in another pool process) may save before it does.
     """
     taken: dict[str, list[int]] = {}
     for run_id, spans in tasks.items():
         times = sorted(saves.get(run_id, []))
-        taken[run_id] = [bisect_right(times, end) - bisect_left(times, start) for start, end, _ in spans]
+        starts = sorted(start for start, _, _ in spans)
+        counts = []
+        for start, end, _ in spans:
+            following = bisect_right(starts, start)
+            until = min(end, starts[following]) if following < len(starts) else end
+            counts.append(bisect_right(times, until) - bisect_left(times, start))
+        taken[run_id] = counts
     return taken
 
 

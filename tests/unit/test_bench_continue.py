@@ -107,6 +107,18 @@ def test_steps_saved_inside_one_task_count_as_chained_and_its_gap_is_found_past_
     assert gaps_ms(tasks) == []
 
 
+def test_a_save_of_the_next_task_before_the_previous_task_ended_counts_for_the_next_task() -> None:
+    # Given a strict run whose task 1 published its next step, and the next task saved it before task 1's span
+    # ended (task 1 was still finishing after its publish), as in a measured round (seq 600 and 601 of 601r2-000)
+    tasks: dict[str, list[Span]] = {"r": [(29.6813, 29.6985, 599), (29.6900, 29.7010, 600)]}
+    saves = {"r": [29.6851, 29.6979]}
+    # When the steps each task took are counted
+    taken = steps_taken(tasks, saves)
+    # Then each task took its own step: none was chained
+    assert taken == {"r": [1, 1]}
+    assert chained_steps(taken) == 0
+
+
 def test_a_chain_worker_that_took_one_step_per_task_fails_the_round(tmp_path: Path) -> None:
     bench = Bench(parse_args(["--continue", "on,off"]), tmp_path)
     chained, strict = bench.systems[0], bench.systems[1]

@@ -33,7 +33,7 @@ metadata = MetaData()
 transcript_ids = Sequence("run_transcript_ids", metadata=metadata)
 
 #: Runs with work to do (``store.runs.has_work_sql``, spelled out: this module imports no other), the
-#: predicate of the sweep's index.
+#: predicate of the sweep's indexes.
 MOVABLE = (
     "((status = 'in-progress' AND NOT aborted AND NOT waiting)"
     " OR ((status = 'finished' OR aborted) AND inbox_head > inbox_cursor)"
@@ -91,12 +91,6 @@ runs = Table(
     #: The ``lead_news`` number the run's last claim found: its save marks it seen (``lead_news``).
     Column("news_claimed", BigInteger, nullable=False, server_default="0"),
     Index("runs_status_updated_idx", "status", "updated_at"),
-    Index(
-        "runs_movable_idx",
-        func.coalesce(text("next_attempt_at"), text("updated_at")),
-        "session_id",
-        postgresql_where=text(MOVABLE),
-    ),
     Index("runs_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
     Index("runs_waiting_idx", "updated_at", postgresql_where=text("waiting")),
     #: Finished runs of their own by last save: what the retention sweep reads (``store.retention``).

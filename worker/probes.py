@@ -168,7 +168,8 @@ def schema_ready(current: Collection[str], head: str, known: Collection[str]) ->
     """Whether a database at revisions ``current`` serves a release whose newest migration is ``head``.
 
     True at ``head``, and at a revision this release does not know: a newer release migrated, and schema
-    changes only add, so an older worker still runs there (a rollback). An empty database is not ready.
+    changes only add (or drop what the release before no longer reads), so an older worker still runs there (a
+    rollback). An empty database is not ready.
     """
     return head in current or any(revision not in known for revision in current)
 

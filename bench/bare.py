@@ -7,14 +7,15 @@ work: lease, claim-and-load, model or tool call, fenced save, release. With ``--
 hop's message carries a payload of N bytes (the tool result's size), which the hop passes on to the next
 one unchanged: the broker, serialization and delivery costs of the data grow with N as in Lousho.
 
-Start a worker with ``celery -A bench.bare worker -Q <queue>`` and ``LOUSHO_QUEUE=<queue>``.
+Start a worker with ``celery -A bench.bare worker -Q <queue>`` and ``LOUSHO_QUEUE=<queue>``. With
+``BENCH_FLOOR`` set, each hop first makes a strict Lousho step's round trips (``bench.floor``).
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from bench import timing
+from bench import floor, timing
 from store.settings import Settings
 from worker.celery import check_configuration, configure
 
@@ -27,10 +28,16 @@ def make_app(settings: Settings) -> Celery:
     configure(bare, settings)
     bare.conf.beat_schedule = {}
     check_configuration(bare)
+    handed_over = floor.enabled()
 
     @bare.task(name=HOP, ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def hop(chain: str, n: int, total: int, payload: str = "") -> None:
-        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop with the same payload, nothing else."""
+        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop with the same payload, nothing else.
+
+        The floor's worker saves the hop fenced under a lease first (``bench.floor``).
+        """
+        if handed_over:
+            floor.hop(chain, n, payload, settings)
         if n < total:
             hop.apply_async((chain, n + 1, total, payload))
 

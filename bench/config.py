@@ -45,6 +45,8 @@ class Config:
     other_tree: str | None = None
     result_bytes: int = 0
     peer: str | None = None
+    #: Also the ``floor`` system: bare Celery hops that make a strict Lousho step's round trips (``bench.floor``).
+    floor: bool = False
     dbos_polling_s: float = 0.05
     storage: bool = False
     rss_steps: int = 0
@@ -126,6 +128,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         "--peer",
         choices=["dbos"],
         help="also measure the same work as DBOS workflow steps (needs the optional dbos package)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the bare chain with a strict Lousho step's round trips on each hop (lease, fenced claim"
+        " and save, release): what the durable hand-over costs, without Lousho's own code",
     )
     parser.add_argument(
         "--dbos-polling",
@@ -248,6 +256,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         other_tree=args.other_tree,
         result_bytes=args.result_bytes,
         peer=args.peer,
+        floor=args.floor,
         dbos_polling_s=args.dbos_polling,
         storage=args.storage,
         rss_steps=args.rss_steps,

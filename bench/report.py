@@ -102,6 +102,7 @@ def _ratios(rows: dict[str, dict[str, Any]], results: list[RoundResult]) -> dict
     pairs = [(s, "bare") for s in rows if s != "bare"] + [
         ("other", "lousho"),
         ("lousho", "dbos"),
+        ("lousho", "floor"),
         (CHAIN, "dbos"),
         (CHAIN, "lousho"),
     ]
@@ -354,7 +355,7 @@ def report(config: Config, summary: dict[str, Any], rss: dict[str, dict[str, int
     lengths: dict[int, dict[str, Any]] = summary["lengths"]
     systems = [
         name
-        for name in (CHAIN, "lousho", "ev-off", "watched", "other", "dbos", "bare")
+        for name in (CHAIN, "lousho", "ev-off", "watched", "other", "dbos", "floor", "bare")
         if any(name in figures["systems"] for figures in lengths.values())
     ]
     print()

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import dbos_app, dbos_peer, rounds, rss, storage, timing
+from bench import dbos_app, dbos_peer, floor, rounds, rss, storage, timing
 from bench.config import CHAIN, ROOT, Config, parse_args
 from bench.report import HEADER, aggregate, format_row, report, write_json
 from bench.results import RoundResult
@@ -32,6 +32,7 @@ __all__ = ["CHAIN", "Bench", "Config", "chain_system", "main", "parse_args"]
 LOUSHO_QUEUE = "bench-lousho"
 BARE_QUEUE = "bench-bare"
 OTHER_QUEUE = "bench-other"
+FLOOR_QUEUE = "bench-floor"
 
 #: ``--events`` variants as systems: the one with events on keeps the Lousho worker's name, queue and tag.
 EVENT_SYSTEMS = {
@@ -65,6 +66,8 @@ class Bench:
             self.systems.append(System("other", "lousho", OTHER_QUEUE, Path(config.other_tree), "o"))
         if not config.rss_steps:  # the RSS mode measures the Lousho worker alone
             self.systems.append(System("bare", "bare", BARE_QUEUE, ROOT, "b"))
+            if config.floor:
+                self.systems.append(System("floor", "bare", FLOOR_QUEUE, ROOT, "f", ((floor.ENV, "1"),)))
         self.peer: dbos_peer.DbosPeer | None = None
         if config.peer == "dbos" and dbos_peer.missing() is None:
             self.peer = dbos_peer.DbosPeer(config, workdir)
@@ -105,6 +108,8 @@ class Bench:
         migrate(self.settings())
         redis.Redis.from_url(self.config.bench_redis_url, socket_connect_timeout=5).flushdb()
         self._db = psycopg.connect(self.config.database_url, autocommit=True)
+        if any(system.name == "floor" for system in self.systems):
+            floor.prepare(self.config.database_url)
         if self.peer is not None:
             self.peer.prepare()
 
@@ -209,6 +214,8 @@ class Bench:
             worker.pause(False)
             time.sleep(0.2)
         database = {"lousho": self.config.database, "dbos": self.config.dbos_database}.get(system.kind)
+        if system.name == "floor":  # its table is in the bench database
+            database = self.config.database
         cpu_before, pg_before = worker.cpu(), self.postgres_cpu(database)
         spec = rounds.RoundSpec(
             system.name,

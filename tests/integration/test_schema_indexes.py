@@ -44,7 +44,9 @@ def own_settings(settings: Settings) -> Iterator[Settings]:
     services.drop_database(name)
 
 
-def test_the_downgrade_from_0023_builds_the_movable_index_again_and_the_upgrade_drops_it(own_settings: Settings) -> None:
+def test_the_downgrade_from_0023_builds_the_movable_index_again_and_the_upgrade_drops_it(
+    own_settings: Settings,
+) -> None:
     migrate(own_settings)
     engine = make_engine(own_settings)
     try:

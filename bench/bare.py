@@ -32,9 +32,10 @@ def make_app(settings: Settings) -> Celery:
 
     @bare.task(name=HOP, ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def hop(chain: str, n: int, total: int, payload: str = "") -> None:
-        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop with the same payload, nothing else.
+        """Hop ``n`` of ``total`` of chain ``chain``: enqueue the next hop with the same payload.
 
-        The floor's worker saves the hop fenced under a lease first (``bench.floor``).
+        That is all a hop of the bare chain does; the floor's hop first saves itself fenced under a lease
+        (``bench.floor``).
         """
         if handed_over:
             floor.hop(chain, n, payload, settings)

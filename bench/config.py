@@ -231,9 +231,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         parser.error("--result-bytes must be at least 0 and --dbos-polling above 0")
     if args.rss_steps < 0:
         parser.error("--rss-steps must be at least 0")
-    if args.rss_steps and (args.peer or args.other_tree or args.storage or args.events):
+    if args.rss_steps and (args.peer or args.other_tree or args.storage or args.events or args.floor):
         parser.error(
-            "--rss-steps measures the Lousho worker alone: without --peer, --other-tree, --storage or --events"
+            "--rss-steps measures the Lousho worker alone: without --peer, --other-tree, --storage, --events or --floor"
         )
     if args.other_tree is not None:
         other = Path(args.other_tree).resolve()

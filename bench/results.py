@@ -5,7 +5,7 @@ Pure computation on numbers already collected; it starts nothing and talks to no
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,19 +109,21 @@ def steps_taken(tasks: dict[str, list[Span]], saves: dict[str, list[float]]) -> 
     """Per run, how many of its steps were saved during each of its timed tasks, in ``tasks``' order.
 
     One per task in strict mode; a task that took its run's next steps itself (``--continue``) saved several.
-    ``saves`` are each run's save times, on the same clock as the spans (one host). A task's span ends, for
-    this count, where the run's next task begins: a task publishes its run's next step before its span ends, and
-    the next task (in another pool process) may save before it does.
+    ``saves`` are each run's save times, on the same clock as the spans (one host). A save counts for the
+    latest-starting task whose span holds it: a task publishes its run's next step before its span ends, so the
+    next task (in another pool process) may save before it does; and a duplicate delivery dropped as busy inside
+    a task's span, ended before that task saved, takes nothing from it. A save no span holds counts for none.
     """
     taken: dict[str, list[int]] = {}
     for run_id, spans in tasks.items():
-        times = sorted(saves.get(run_id, []))
-        starts = sorted(start for start, _, _ in spans)
-        counts = []
-        for start, end, _ in spans:
-            following = bisect_right(starts, start)
-            until = min(end, starts[following]) if following < len(starts) else end
-            counts.append(bisect_right(times, until) - bisect_left(times, start))
+        by_start = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        starts = [spans[i][0] for i in by_start]
+        counts = [0] * len(spans)
+        for saved in saves.get(run_id, []):
+            for k in range(bisect_right(starts, saved) - 1, -1, -1):
+                if spans[by_start[k]][1] >= saved:
+                    counts[by_start[k]] += 1
+                    break
         taken[run_id] = counts
     return taken
 
@@ -135,12 +137,13 @@ def gaps_ms(tasks: dict[str, list[Span]], taken: dict[str, list[int]] | None = N
     """Time from the end of one task to the start of the next task of the same run (delivery and ack).
 
     ``taken`` (from ``steps_taken``) tells how many steps each task took, so the next task of a run that
-    chained is found past them; without it every task took one.
+    chained is found past them; without it every task took one. A task that took none (a duplicate delivery
+    dropped as busy) is passed over.
     """
     gaps = []
     for run_id, spans in tasks.items():
         counts = taken.get(run_id, []) if taken is not None else []
-        ordered = sorted(zip(spans, counts or [1] * len(spans), strict=True))
+        ordered = sorted(item for item in zip(spans, counts or [1] * len(spans), strict=True) if item[1])
         for ((_, end, position), count), ((start, _, following), _) in pairwise(ordered):
             # Only neighbours: a pool process's first task is not timed (the hook loads with the agents).
             if position is not None and following == position + count:

@@ -207,15 +207,19 @@ class Bench:
 
     # rounds
 
+    def database_of(self, system: System) -> str | None:
+        """The database whose server processes work for ``system`` (their CPU is its Postgres CPU), if any."""
+        if system.name == "floor":  # its table is in the bench database
+            return self.config.database
+        return {"lousho": self.config.database, "dbos": self.config.dbos_database}.get(system.kind)
+
     def run_round(self, system: System, label: str, number: int, runs: int, length: int) -> RoundResult:
         """One round of ``system`` (``runs`` runs of ``length`` steps) with its CPU use measured around it."""
         worker = self.workers[system.name]
         if system.kind == "dbos":  # it polls its queue: paused outside its own rounds
             worker.pause(False)
             time.sleep(0.2)
-        database = {"lousho": self.config.database, "dbos": self.config.dbos_database}.get(system.kind)
-        if system.name == "floor":  # its table is in the bench database
-            database = self.config.database
+        database = self.database_of(system)
         cpu_before, pg_before = worker.cpu(), self.postgres_cpu(database)
         spec = rounds.RoundSpec(
             system.name,
@@ -243,6 +247,10 @@ class Bench:
         result.postgres_cpu_s = sum(v - pg_before.get(pid, 0.0) for pid, v in pg_after.items())
         if system.kind == "dbos":
             worker.pause()
+        if system.name == "floor":
+            assert self._db is not None
+            if floor.finished(self._db, spec.prefix, length) != runs:
+                raise BenchError(f"a chain {spec.prefix}* of the floor did not save all its {length} hops")
         if self.config.continuation:
             self.check_continuation(system, result, spec.prefix)
         setting = dict(system.env).get("LOUSHO_EVENTS")

@@ -119,6 +119,18 @@ def test_a_save_of_the_next_task_before_the_previous_task_ended_counts_for_the_n
     assert chained_steps(taken) == 0
 
 
+def test_a_save_at_the_next_tasks_start_counts_once_and_a_busy_duplicate_takes_nothing() -> None:
+    # Given a save at the very start of the next task, and a duplicate delivery (same seq) dropped as busy
+    # inside the first task's span before that task saved
+    tie: dict[str, list[Span]] = {"r": [(1.0, 2.0, 0), (1.5, 2.5, 1)]}
+    busy: dict[str, list[Span]] = {"r": [(1.0, 2.0, 0), (1.2, 1.3, 0), (2.1, 2.5, 1)]}
+    # When the steps each task took are counted
+    # Then the save at the tie goes to the task that began there, and the busy drop took no step
+    assert steps_taken(tie, {"r": [1.2, 1.5]}) == {"r": [1, 1]}
+    assert steps_taken(busy, {"r": [1.8, 2.2]}) == {"r": [1, 0, 1]}
+    assert gaps_ms(busy, steps_taken(busy, {"r": [1.8, 2.2]})) == pytest.approx([100.0])
+
+
 def test_a_chain_worker_that_took_one_step_per_task_fails_the_round(tmp_path: Path) -> None:
     bench = Bench(parse_args(["--continue", "on,off"]), tmp_path)
     chained, strict = bench.systems[0], bench.systems[1]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import floor
 from bench.config import parse_args
 from bench.report import aggregate
@@ -32,6 +34,19 @@ def test_the_floor_runs_on_the_bare_workers_app_with_its_switch_on(tmp_path: Pat
     assert dict(systems["floor"].env) == {floor.ENV: "1"}
     assert systems["floor"].queue != systems["bare"].queue
     assert "floor" not in {system.name for system in Bench(parse_args([]), tmp_path).systems}
+
+
+def test_the_floors_postgres_cpu_is_read_from_the_bench_database(tmp_path: Path) -> None:
+    bench = Bench(parse_args(["--floor"]), tmp_path)
+    systems = {system.name: system for system in bench.systems}
+    assert bench.database_of(systems["floor"]) == bench.config.database
+    assert bench.database_of(systems["lousho"]) == bench.config.database
+    assert bench.database_of(systems["bare"]) is None
+
+
+def test_the_floor_is_not_measured_beside_the_rss_rounds() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--floor", "--rss-steps", "100"])
 
 
 def test_the_report_gives_floor_over_bare_and_lousho_over_floor() -> None:

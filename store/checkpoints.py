@@ -124,7 +124,9 @@ unwaited AS (DELETE FROM lead_news WHERE lead_id = :sid AND NOT :waiting AND EXI
 _SAVE_HEAD = f"""
 WITH doc AS (SELECT CAST(:doc AS jsonb) AS body),
 saved AS (
-  UPDATE runs SET status = :status, seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
+  UPDATE runs SET status = CASE WHEN CAST(:paused_before AS boolean) AND runs.status = 'in-progress'
+      AND CAST(:status AS text) = 'awaiting-approval' THEN 'in-progress' ELSE :status END,
+    seq = :seq, attempts = 0, last_error = NULL, uncounted_usage = NULL,
     next_attempt_at = NULL, retry_since = NULL, failures = 0,
     inbox_cursor = :cursor, document = (SELECT body FROM doc), updated_at = now(),
     transcript_id = CASE WHEN :rewrites THEN nextval('run_transcript_ids') ELSE transcript_id END,
@@ -555,6 +557,7 @@ class PostgresCheckpointStore:
             "end_due": checkpoint.end_due,
             "waiting": checkpoint.waiting,
             "clear_abort": write.settles_abort or checkpoint.status == "finished",
+            "paused_before": write.paused_before,
             "n_events": len(drafts),
             "events": events.encode(drafts, _slot_finder(rows)) if drafts else "[]",
         }
@@ -621,6 +624,7 @@ class PostgresCheckpointStore:
         approvals: Sequence[records.Approval] = (),
         drafts: Sequence[records.EventDraft] = (),
         settles_abort: bool = False,
+        paused_before: bool = False,
     ) -> datetime | None:
         """``record_step`` of a whole checkpoint: a step that does not say what it added.
 
@@ -634,6 +638,7 @@ class PostgresCheckpointStore:
                 approvals=tuple(approvals),
                 events=tuple(drafts),
                 settles_abort=settles_abort,
+                paused_before=paused_before,
             )
         )
 

@@ -812,6 +812,10 @@ class StepWrite(_Record):
     events: tuple[EventDraft, ...] = ()
     #: The write settles an abort request: the run stops as aborted and the request is cleared.
     settles_abort: bool = False
+    #: The step began on a run paused on approvals. If their last decision continued the run while the step held
+    #: its lease (the stored run is in progress again), a write that leaves it paused keeps it in progress: the
+    #: step read the approvals before the decision, and must not undo it.
+    paused_before: bool = False
 
     @property
     def new_messages(self) -> list[Message]:

@@ -191,12 +191,15 @@ def save(
             approvals=tuple(approvals),
             events=tuple(drafts),
             settles_abort=settles_abort,
+            paused_before=status_before == "awaiting-approval",
         )
     )
     if saved is None:
         log.info("save refused for %s (fence %s): another holder took over", new.session_id, new.fence)
         raise errors.FencedOutError(new.session_id, new.fence)
     _noted(new, restarted, ending, approvals)
+    if live is not None and status_before == "awaiting-approval" and new.status == "awaiting-approval":
+        live.paused_through = True
     if live is not None:
         live.pending.clear()
         live.saved(len(drafts), ended=any(draft.type == "run.done" for draft in drafts))

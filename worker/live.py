@@ -201,6 +201,9 @@ class Live:
         #: Runs ``(id, agent)`` a model slot this step freed or found free went to: each is sent a step once the
         #: lease is released.
         self.woken: list[tuple[str, str | None]] = []
+        #: The step began on a run paused on approvals and saved it paused: a decision that came meanwhile found
+        #: the lease held (its step dropped as busy), so the run is read again once the lease is released.
+        self.paused_through = False
 
     def claimed(self, now: datetime | None, end_hooks: bool) -> None:
         """The step claimed the run at ``now`` (Postgres's clock); its agent has ``on_run_end`` hooks or not."""

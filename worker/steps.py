@@ -101,6 +101,15 @@ def run_step(deps: StepDeps, session_id: str, seq: int | None = None) -> Outcome
             None,
             name=telemetry.step_name(state.current_agent if state is not None else None, telemetry.CHILDREN_SETTLED),
         )
+    if live.paused_through and _continued(deps, session_id):
+        # A decision continued the run while this step held the lease: its step found the run busy and was dropped.
+        deps.enqueue(
+            session_id,
+            None,
+            0.0,
+            None,
+            name=telemetry.step_name(state.current_agent if state is not None else None, telemetry.RESUME),
+        )
     lead = records.lead_of(session_id)
     if lead is not None and result.outcome in _SETTLED:
         # A child that settled wakes its lead (the sweep, if this is lost).
@@ -152,6 +161,15 @@ def _chained_step(
 _SETTLED = (Outcome.FINISHED, Outcome.PARKED, Outcome.ABORTED, Outcome.PAUSED, Outcome.IDLE)
 #: Child states in which a child still moves by itself: it wakes its lead when it leaves them.
 _MOVING = ("running", "retrying")
+
+
+def _continued(deps: StepDeps, session_id: str) -> bool:
+    """Whether the run, saved paused by a step that began paused, is in progress again: a decision came meanwhile.
+
+    Read after the lease is released: a decision made later finds the lease free and its own step gets through.
+    """
+    stored = deps.store.load(session_id)
+    return stored is not None and stored.status == "in-progress"
 
 
 def _moved_on(deps: StepDeps, watch: tuple[tuple[str, str], ...]) -> bool:

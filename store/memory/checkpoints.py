@@ -89,6 +89,7 @@ class MemoryCheckpointStore:
             approvals=write.approvals,
             drafts=write.events,
             settles_abort=write.settles_abort,
+            paused_before=write.paused_before,
         )
 
     def save(
@@ -99,8 +100,11 @@ class MemoryCheckpointStore:
         approvals: Sequence[records.Approval] = (),
         drafts: Sequence[records.EventDraft] = (),
         settles_abort: bool = False,
+        paused_before: bool = False,
     ) -> datetime | None:
         """Write ``checkpoint`` as a step that does not say what it added, with the approvals it opened.
+
+        ``paused_before``: as ``StepWrite.paused_before`` (a decision that continued the run meanwhile stands).
 
         Raises:
             InputTooLargeError: the serialized checkpoint is over the size limit.
@@ -122,7 +126,8 @@ class MemoryCheckpointStore:
             if self.history_limit > 0 and seq in ring:
                 raise errors.StorageError("database error: UniqueViolation")
             now = state.clock()
-            run.status, run.seq = checkpoint.status, seq
+            continued = paused_before and checkpoint.status == "awaiting-approval" and run.status == "in-progress"
+            run.status, run.seq = "in-progress" if continued else checkpoint.status, seq
             run.clear_failures()
             run.uncounted_usage = None
             run.inbox_cursor, run.document, run.updated_at = checkpoint.inbox_cursor, body, now

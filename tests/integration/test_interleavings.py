@@ -162,6 +162,17 @@ class Interleavings(RuleBasedStateMachine):
         self.world.decide(pick, decision)
         self.world.drain(then)
 
+    @_rule(run=PICK, decision=st.integers(0, 2), plan=st.sampled_from(["gated-task", "gated"]))
+    def decide_inside_a_step(self, run: int, decision: int, plan: str) -> None:
+        """A run of its own is sent ``plan``, and a person decides its approval while a step of the run holds the
+        lease, right after that step read it still pending (the step of the paused lead its child woke, say): the
+        decision's own step meets the lease (a worker drops it as busy). The next step reading a pending approval
+        of its run, of any run, takes the decision if this run's steps do not."""
+        root = self._top(run)
+        self.world.send(root, plan)
+        self.world.decide_at_read = decision
+        self.world.drain(12, only=lambda message: records.runs_to(message.session_id)[0] == root)
+
     @_rule(run=PICK, back=st.integers(0, 3), plan=st.none() | PLAN, run_it=st.booleans(), then=THEN)
     def fork(self, run: int, back: int, plan: str | None, run_it: bool, then: int) -> None:
         """Fork a run from its latest step (``back``: that many steps earlier), with ``plan``'s input if given, and
@@ -215,7 +226,7 @@ class Interleavings(RuleBasedStateMachine):
         """The children's queued messages only: sub-agents run ahead of their leads."""
         self.world.drain(60, only=lambda message: records.is_child_id(message.session_id))
 
-    @_rule(run=PICK, plan=st.sampled_from(["background", "task", "task-gated"]))
+    @_rule(run=PICK, plan=st.sampled_from(["background", "task", "task-gated", "gated-task"]))
     def children_inside_a_step(self, run: int, plan: str) -> None:
         """A run of its own is sent ``plan`` (sub-agents), and the queued steps of its tree run inside the next step
         of the tree that calls a tool: children settle while their lead's step holds its lease, and the lead's own

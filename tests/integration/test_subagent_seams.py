@@ -409,3 +409,54 @@ def test_the_sweep_wakes_a_lead_whose_last_child_settled_before_the_leads_save(
     driver.drain("seam-swept")
 
     assert str(run.wait(timeout=5).text).count("found: ") == 2
+
+
+# -- a decision while a step of the paused lead holds it --------------------------------------------------------
+
+
+@tool(needs_approval=True)
+def charge() -> str:
+    """Charge the customer (a person approves it first)."""
+    return "charged"
+
+
+def test_a_decision_made_while_a_step_of_the_paused_lead_holds_it_still_moves_the_run(
+    make_driver: Callable[..., Driver], client: Client, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a lead paused on an approval and waiting on a child, whose child settles and wakes it
+    researcher = Researcher()
+    driver = make_driver(_delegating("lead", researcher, tools=(charge,)), researcher.agent)
+    run = client.agent("lead").send("charge and research", session_id="seam-decide")
+    driver.step("seam-decide")
+    assert driver.step() == Outcome.PAUSED
+    assert driver.step() == Outcome.FINISHED
+    real_decisions = store.decisions
+    raced: list[Outcome] = []
+
+    def decisions(approval_ids: Any) -> dict[str, records.Approval]:
+        found = real_decisions(approval_ids)
+        if approval_ids and not raced:  # the lead's step read the approval undecided; a person decides it now
+            (pending,) = client.agent("lead").approvals.list()
+
+            def decide_and_deliver() -> None:
+                client.agent("lead").approvals.resolve(pending.approval_id, approved=True)
+                driver.queue.insert(0, ("seam-decide", None))  # the decision's step, while the lead's step holds it
+                raced.append(driver.step())
+
+            other = threading.Thread(target=decide_and_deliver)
+            other.start()
+            other.join(LOCK_WAIT_S)
+            assert not other.is_alive(), "the decision did not end"
+        return found
+
+    # When the lead's step (woken by its child) saves it paused from what it read before the decision
+    monkeypatch.setattr(store, "decisions", decisions)
+    driver.step()
+    monkeypatch.setattr(store, "decisions", real_decisions)
+    assert raced == [Outcome.BUSY]
+
+    # Then the decision stands and the run goes on to its answer
+    driver.drain()
+    done = client.agent("lead").load("seam-decide")
+    assert done is not None and done.status == "finished", f"the lead was left {done.status if done else None!r}"
+    assert "found: " in str(run.wait(timeout=5).text)

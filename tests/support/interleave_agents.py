@@ -59,6 +59,7 @@ PLANS: dict[str, list[list[dict[str, Any]]]] = {
     "task": [[_look("charts"), _task("fine")]],
     "task-broken": [[_look("charts"), _task("broken")]],
     "task-gated": [[_look("charts"), _task("gated")]],
+    "gated-task": [[_charge("o-4"), _task("fine")]],
     "handoff": [[{"name": "transfer_to_billing", "args": {"reason": "a refund"}}, _charge("o-2")]],
     "background": [
         [_look("charts"), _task("fine", background=True)],

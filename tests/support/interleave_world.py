@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +27,7 @@ from store import errors, keys, payloads, records, telemetry
 from store.checkpoints import PostgresCheckpointStore
 from store.leases import LeaseManager
 from store.model_slots import RedisModelSlots
-from store.records import Checkpoint, Message
+from store.records import Approval, Checkpoint, Message
 from store.runs import has_work, is_parked
 from store.settings import Settings
 from store.signals import RedisSignals
@@ -212,6 +212,9 @@ class World:
     redeliver: dict[str, bool] = field(default_factory=dict)
     #: The action armed to run inside the next step, just before a tool's effect, and whether the step hears it.
     armed: tuple[str, int, bool] | None = None
+    #: A decision (approve or answer 0, reject or decline 1, 2) armed for the next step that reads an approval of
+    #: its run still pending (``decide_inside_a_step``).
+    decide_at_read: int | None = None
     delivered: list[StepMessage] = field(default_factory=list)
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _cache: dict[str, tuple[Row, Checkpoint, list[str]]] = field(default_factory=dict)
@@ -227,6 +230,8 @@ class World:
         self.client.nudge = self._nudge  # type: ignore[method-assign]  # producers' messages go to this queue
         self.observer = env.observer
         self.observer.reset(self._during_tool)
+        self._read_decisions = self.store.decisions
+        self.store.decisions = self._decisions  # type: ignore[method-assign]  # a person decides as a step reads
         agents = env.agents
         self.heartbeat = ManualHeartbeat(env.leases)
         self.deps = StepDeps(
@@ -368,6 +373,30 @@ class World:
         if heard:
             self.heartbeat.beat()
 
+    def _decisions(self, approval_ids: Sequence[str]) -> dict[str, Approval]:
+        """The store's ``decisions``; when a decision is armed and a step reads one of its run's approvals still
+        pending, a person decides it right after, and the decision's step is delivered while that step holds the
+        lease (a worker drops it as busy)."""
+        found = self._read_decisions(approval_ids)
+        session_id = self.observer.current.session_id
+        if self.decide_at_read is None or self._in_action or not session_id:
+            return found
+        if not any(a.status == "pending" and a.session_id == session_id for a in found.values()):
+            return found
+        decision, self.decide_at_read = self.decide_at_read, None
+        self._in_action = True
+        self._stepping.add(session_id)
+        try:
+            self.decide(0, decision, session_id=session_id)
+            for message in [m for m in self.queue.messages if m.session_id == session_id]:
+                self.queue.messages.remove(message)
+                _count("a decision's step ran inside a step of its run")
+                self.deliver(message)
+        finally:
+            self._in_action = False
+            self._stepping.clear()
+        return found
+
     def act(self, action: str, session_id: str, choice: int) -> None:
         """Do ``action`` to ``session_id`` (``choice`` picks a plan, an approval or a step where one is needed)."""
         plans = ("chat", "look", "gated", "task")
@@ -467,10 +496,11 @@ class World:
             # I14: resume() can act on every run that is not finished.
             self.note("wrong-answer", f"resume of the stopped run {session_id} did nothing")
 
-    def decide(self, pick: int, decision: int) -> None:
-        """Decide the ``pick``-th pending approval: approve or answer (0), reject or decline (1, 2)."""
+    def decide(self, pick: int, decision: int, *, session_id: str | None = None) -> None:
+        """Decide the ``pick``-th pending approval (of ``session_id`` when given): approve or answer (0), reject or
+        decline (1, 2)."""
         with self.env.engine.connect() as conn:
-            pending = conn.execute(_PENDING).all()
+            pending = [a for a in conn.execute(_PENDING).all() if session_id in (None, a.session_id)]
         if not pending:
             return
         approval = pending[pick % len(pending)]

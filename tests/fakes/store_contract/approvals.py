@@ -102,6 +102,33 @@ def check_the_last_decision_of_a_pause_lets_the_run_continue(make: StoreFactory)
         subject.approvals.resolve("ct-decide-unknown", approved=True)
 
 
+def _status(store: interfaces.CheckpointStore, session_id: str) -> str | None:
+    loaded = store.load(session_id)
+    return None if loaded is None else loaded.status
+
+
+def check_a_decision_made_while_a_step_of_the_paused_run_held_it_stands_through_the_steps_paused_save(
+    make: StoreFactory,
+) -> None:
+    subject = make(50)
+    _paused(subject.store, "ct-meanwhile", calls=1)
+    step = claimed_run(subject.store, "ct-meanwhile", 2)  # a step of the paused run begins (a child's result, say)
+    assert subject.approvals.resolve("ct-meanwhile-ap0", approved=True).run_continues  # the run continues meanwhile
+    # The step saves the run paused, from the approvals it read before the decision
+    assert write(subject.store, step.model_copy(update={"seq": step.seq + 1}), paused_before=True) is not None
+    assert _status(subject.store, "ct-meanwhile") == "in-progress", "the step's save undid the decision"
+
+    # Without a decision meanwhile such a save keeps the run paused, and a step that began in progress pauses it
+    _paused(subject.store, "ct-still", calls=1)
+    step = claimed_run(subject.store, "ct-still", 2)
+    assert write(subject.store, step.model_copy(update={"seq": step.seq + 1}), paused_before=True) is not None
+    assert _status(subject.store, "ct-still") == "awaiting-approval"
+    running = new_run(subject.store, "ct-pausing")
+    paused = running.model_copy(update={"seq": running.seq + 1, "status": "awaiting-approval", "inbox_cursor": 1})
+    assert write(subject.store, paused, drained_inbox=True) is not None
+    assert _status(subject.store, "ct-pausing") == "awaiting-approval"
+
+
 def check_an_approval_of_a_deleted_run_is_withdrawn_and_orphaned(make: StoreFactory) -> None:
     subject = make(50)
     _paused(subject.store, "ct-orphan")
@@ -345,6 +372,7 @@ def check_a_reconciliation_keeps_its_kind_and_question_and_is_answered_approved_
 CHECKS: tuple[Callable[[StoreFactory], None], ...] = (
     check_a_pausing_save_creates_one_pending_approval_per_gated_call,
     check_the_last_decision_of_a_pause_lets_the_run_continue,
+    check_a_decision_made_while_a_step_of_the_paused_run_held_it_stands_through_the_steps_paused_save,
     check_an_approval_of_a_deleted_run_is_withdrawn_and_orphaned,
     check_an_approval_the_run_no_longer_waits_on_is_withdrawn_when_resolved,
     check_refuse_parks_the_run_and_puts_its_decisions_back,

@@ -70,6 +70,11 @@ def write(
     *,
     drained_inbox: bool = False,
     approvals: Sequence[Approval] = (),
+    paused_before: bool = False,
 ) -> datetime | None:
     """What a step hands the store for ``checkpoint``, without saying which messages it added."""
-    return store.record_step(StepWrite(checkpoint=checkpoint, drained_inbox=drained_inbox, approvals=tuple(approvals)))
+    return store.record_step(
+        StepWrite(
+            checkpoint=checkpoint, drained_inbox=drained_inbox, approvals=tuple(approvals), paused_before=paused_before
+        )
+    )

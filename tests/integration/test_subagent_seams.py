@@ -339,6 +339,14 @@ def _two_tasks(researcher: Researcher) -> Agent:
     return Agent(name="lead", model=MockModel(answer), subagents=[researcher.agent])
 
 
+def _meanwhile(action: Callable[[], None], what: str) -> None:
+    """``action`` in another thread (another worker, a person) while this one waits inside a step; it must end."""
+    other = threading.Thread(target=action)
+    other.start()
+    other.join(LOCK_WAIT_S)
+    assert not other.is_alive(), f"{what} did not end"
+
+
 def _settle_second_child_inside_the_leads_step(
     driver: Driver, store: PostgresCheckpointStore, monkeypatch: pytest.MonkeyPatch, lead: str
 ) -> list[Outcome]:
@@ -365,10 +373,7 @@ def _settle_second_child_inside_the_leads_step(
                 raced.append(driver.step())  # the child finishes and queues its lead's wake-up
                 raced.append(driver.step())  # that wake-up, while the lead's step holds the lease
 
-            other = threading.Thread(target=child_then_wake)
-            other.start()
-            other.join(LOCK_WAIT_S)
-            assert not other.is_alive(), "the second child's step did not end"
+            _meanwhile(child_then_wake, "the second child's step")
         return state
 
     monkeypatch.setattr(store, "load", load)
@@ -443,10 +448,7 @@ def test_a_decision_made_while_a_step_of_the_paused_lead_holds_it_still_moves_th
                 driver.queue.insert(0, ("seam-decide", None))  # the decision's step, while the lead's step holds it
                 raced.append(driver.step())
 
-            other = threading.Thread(target=decide_and_deliver)
-            other.start()
-            other.join(LOCK_WAIT_S)
-            assert not other.is_alive(), "the decision did not end"
+            _meanwhile(decide_and_deliver, "the decision")
         return found
 
     # When the lead's step (woken by its child) saves it paused from what it read before the decision

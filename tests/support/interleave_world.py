@@ -10,6 +10,7 @@ invariant. Actions can also run inside a step, just before a tool's effect (``ar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections import Counter
@@ -361,15 +362,11 @@ class World:
         if action == "tree_steps" and not self._tree_queue(records.runs_to(session_id)[0]):
             return  # kept for a step whose tree has messages queued
         self.armed = None
-        self._in_action = True
-        self._stepping.add(session_id)
-        try:
-            self.act(action, records.runs_to(session_id)[0], choice)
-        except Exception as exc:  # noted, never raised: the step would take it for the tool's own failure
-            self.note("unexpected-error", f"{action} during a step of {session_id}: {type(exc).__name__}: {exc}")
-        finally:
-            self._in_action = False
-            self._stepping.clear()
+        with self._inside(session_id):
+            try:
+                self.act(action, records.runs_to(session_id)[0], choice)
+            except Exception as exc:  # noted, never raised: the step would take it for the tool's own failure
+                self.note("unexpected-error", f"{action} during a step of {session_id}: {type(exc).__name__}: {exc}")
         if heard:
             self.heartbeat.beat()
 
@@ -384,18 +381,25 @@ class World:
         if not any(a.status == "pending" and a.session_id == session_id for a in found.values()):
             return found
         decision, self.decide_at_read = self.decide_at_read, None
-        self._in_action = True
-        self._stepping.add(session_id)
-        try:
+        with self._inside(session_id):
             self.decide(0, decision, session_id=session_id)
             for message in [m for m in self.queue.messages if m.session_id == session_id]:
                 self.queue.messages.remove(message)
                 _count("a decision's step ran inside a step of its run")
                 self.deliver(message)
+        return found
+
+    @contextlib.contextmanager
+    def _inside(self, session_id: str) -> Iterator[None]:
+        """An action inside a step of ``session_id``: no other armed action fires in it, and the run's own
+        messages delivered meanwhile meet its lease (busy is expected of them)."""
+        self._in_action = True
+        self._stepping.add(session_id)
+        try:
+            yield
         finally:
             self._in_action = False
             self._stepping.clear()
-        return found
 
     def act(self, action: str, session_id: str, choice: int) -> None:
         """Do ``action`` to ``session_id`` (``choice`` picks a plan, an approval or a step where one is needed)."""

@@ -119,9 +119,8 @@ def reset_state() -> None:
 
 def own_database(settings: Settings, name: str) -> Settings:
     """``settings`` on an empty database ``name`` of the test server (dropped first if it exists)."""
-    admin = SERVER_URL.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    drop_database(name)
+    with psycopg.connect(SERVER_URL.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return settings.model_copy(update={"database_url": _with_database(SERVER_URL, name)})
 
